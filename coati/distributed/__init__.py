@@ -1,0 +1,1 @@
+"""The distributed RL system: producers (rollout + reward) and consumers (training) as Ray actors."""

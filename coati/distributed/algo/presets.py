@@ -1,0 +1,107 @@
+"""``ALGO_MAP``: each named algorithm as a preset ``AlgorithmConfig`` (estimator, loss, aggregation, filters, defaults).
+
+A preset is data. The consumer reads the fields and never compares algorithm names, so DAPO is a set of knobs, not
+a branch. ``resolve_algorithm`` applies user overrides to a preset and validates the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from coati.distributed.config import AlgorithmConfig
+from coati.registry import Registry
+
+ALGO_MAP: Registry = Registry("algorithm")
+
+ALGO_MAP.register(
+    "GRPO",
+    AlgorithmConfig(
+        advantage_estimator="grpo",
+        policy_loss="ppo_clip",
+        loss_agg_mode="seq-mean-token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.04,
+        kl_estimator="k3",
+    ),
+)
+ALGO_MAP.register(
+    "DAPO",
+    AlgorithmConfig(
+        advantage_estimator="grpo",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        beta=0.0,
+        dynamic_sampling=True,
+        overlong_buffer_ratio=0.25,
+        overlong_penalty_factor=1.0,
+    ),
+)
+ALGO_MAP.register(
+    "DR_GRPO",
+    AlgorithmConfig(
+        advantage_estimator="drgrpo",
+        policy_loss="ppo_clip",
+        loss_agg_mode="seq-mean-token-sum-norm",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.0,
+    ),
+)
+ALGO_MAP.register(
+    "RLOO",
+    AlgorithmConfig(
+        advantage_estimator="rloo",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.0,
+    ),
+)
+ALGO_MAP.register(
+    "REINFORCE_PPB",
+    AlgorithmConfig(
+        advantage_estimator="reinforce_ppb",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.001,
+        kl_estimator="k2",
+    ),
+)
+ALGO_MAP.register(
+    "GSPO",
+    AlgorithmConfig(
+        advantage_estimator="grpo",
+        policy_loss="gspo",
+        loss_agg_mode="seq-mean-token-mean",
+        clip_eps_low=3e-4,
+        clip_eps_high=4e-4,
+        beta=0.0,
+    ),
+)
+ALGO_MAP.register(
+    "CISPO",
+    AlgorithmConfig(
+        advantage_estimator="grpo",
+        policy_loss="cispo",
+        loss_agg_mode="token-mean",
+        clip_eps_low=1.0,
+        clip_eps_high=4.0,
+        beta=0.0,
+    ),
+)
+
+
+def resolve_algorithm(name: str, **overrides) -> AlgorithmConfig:
+    """The preset ``name`` with ``overrides`` applied (None values are ignored), validated."""
+    preset = ALGO_MAP.get(name)
+    known = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown algorithm option(s) {unknown}; known: {', '.join(sorted(known))}")
+    return dataclasses.replace(preset, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,276 @@
+"""Typed, frozen configs, one per component, checked when built so bad input fails before any actor starts.
+
+Each field carries a docstring under it; ``field_docs`` reads them so the CLI's ``--help`` says the same thing.
+Derived values (DP size, steps per episode) are properties computed from the fields, never stored twice.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal under each annotated field of dataclass ``cls`` (and its bases)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        docs.update(_class_field_docs(klass))
+    return docs
+
+
+@lru_cache(maxsize=None)
+def _class_field_docs(klass) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    body = tree.body[0].body
+    out = {}
+    for node, nxt in zip(body, body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                out[node.target.id] = " ".join(nxt.value.value.split())
+    return out
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _positive(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _require(
+            isinstance(value, int) and value > 0,
+            f"{type(obj).__name__}.{name} must be a positive integer, got {value!r}",
+        )
+
+
+def _divides(small_name: str, small: int, big_name: str, big: int) -> None:
+    if big % small:
+        lower = max(d for d in range(1, small + 1) if big % d == 0)
+        upper = next(m for m in range(small, big + 1) if big % m == 0)
+        raise ValueError(
+            f"{big_name}={big} is not divisible by {small_name}={small}; "
+            f"use {small_name}={lower} or {upper}, or change {big_name}"
+        )
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How producers sample completions."""
+
+    temperature: float = 1.0
+    """sampling temperature; the trainer computes log-probs at the same temperature"""
+    top_k: int = 0
+    """keep only the k most likely tokens (0 = off)"""
+    top_p: float = 1.0
+    """nucleus sampling mass in (0, 1] (1 = off)"""
+    max_new_tokens: int = 64
+    """response budget in tokens; longer responses are cut and flagged truncated"""
+    max_prompt_tokens: int = 256
+    """prompts longer than this (after the chat template) are rejected"""
+    stop_strings: tuple[str, ...] = ()
+    """extra strings that end a response (EOS always does)"""
+
+    def __post_init__(self):
+        _require(self.temperature > 0, f"temperature must be > 0, got {self.temperature}; use greedy eval for 0")
+        _require(self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        _require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _positive(self, "max_new_tokens", "max_prompt_tokens")
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """One RL algorithm as a bundle of pure pieces; ``ALGO_MAP`` holds the named presets."""
+
+    advantage_estimator: str = "grpo"
+    """advantage estimator: grpo, drgrpo, rloo, reinforce_ppb"""
+    policy_loss: str = "ppo_clip"
+    """policy loss: ppo_clip, gspo, cispo"""
+    loss_agg_mode: str = "token-mean"
+    """loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"""
+    clip_eps_low: float = 0.2
+    """lower clip range: ratios below 1 - clip_eps_low are clipped"""
+    clip_eps_high: float = 0.2
+    """upper clip range: ratios above 1 + clip_eps_high are clipped (clip-higher when > clip_eps_low)"""
+    dual_clip_c: float | None = None
+    """dual-clip bound c > 1 for negative advantages (None = off)"""
+    beta: float = 0.0
+    """KL coefficient to the reference policy (0 = no reference model)"""
+    kl_estimator: str = "k3"
+    """KL estimator in the loss: k1, k2, k3"""
+    tis_cap: float | None = None
+    """truncated importance sampling against rollout log-probs, weight capped at this value (None = off)"""
+    dynamic_sampling: bool = False
+    """drop groups whose completions all got the same reward and draw more prompts to refill the batch"""
+    overlong_buffer_ratio: float = 0.0
+    """soft overlong punishment over the last ratio * max_new_tokens tokens of the budget (0 = off)"""
+    overlong_penalty_factor: float = 1.0
+    """maximum overlong penalty subtracted from the reward"""
+    mask_truncated: bool = False
+    """truncated responses contribute no loss"""
+    adv_eps: float = 1e-6
+    """epsilon added to standard deviations in advantage normalisation"""
+
+    def __post_init__(self):
+        from coati.distributed.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+        for registry, name in (
+            (ADVANTAGE_ESTIMATORS, self.advantage_estimator),
+            (POLICY_LOSSES, self.policy_loss),
+            (LOSS_AGGREGATIONS, self.loss_agg_mode),
+            (KL_ESTIMATORS, self.kl_estimator),
+        ):
+            _require(name in registry, f"unknown {registry.kind} {name!r}; known: {', '.join(registry.names())}")
+        _require(0 <= self.clip_eps_low <= 1, f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
+        _require(self.clip_eps_high >= 0, f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
+        _require(
+            self.dual_clip_c is None or self.dual_clip_c > 1,
+            f"dual_clip_c must be > 1 (or None to disable), got {self.dual_clip_c}",
+        )
+        _require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        _require(self.tis_cap is None or self.tis_cap > 0, f"tis_cap must be > 0 or None, got {self.tis_cap}")
+        _require(
+            0 <= self.overlong_buffer_ratio < 1,
+            f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
+        )
+        _require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+
+    def overlong_buffer_len(self, max_new_tokens: int) -> int:
+        return int(round(self.overlong_buffer_ratio * max_new_tokens))
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Rollout actors: how many, how big their batches, which inference backend."""
+
+    num_producers: int = 1
+    """number of producer actors"""
+    num_proc_per_producer: int = 1
+    """accelerators per producer (tensor parallelism of the inference engine); ignored on CPU"""
+    inference_batch_size: int = 8
+    """prompts each producer rolls out per step"""
+    inference_microbatch_size: int = 8
+    """prompts per generate call; divides inference_batch_size"""
+    num_generations: int = 4
+    """completions sampled per prompt (the group size G)"""
+    backend: str = "transformers"
+    """inference backend from BACKEND_MAP"""
+
+    def __post_init__(self):
+        _positive(self, "num_producers", "num_proc_per_producer", "inference_batch_size", "inference_microbatch_size")
+        _require(
+            isinstance(self.num_generations, int) and self.num_generations >= 2,
+            f"num_generations must be >= 2 (group baselines need at least two samples), got {self.num_generations}",
+        )
+        _divides("inference_microbatch_size", self.inference_microbatch_size,
+                 "inference_batch_size", self.inference_batch_size)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """ColossalAI HybridParallelPlugin layout of the consumers."""
+
+    tp_size: int = 1
+    """tensor-parallel size"""
+    pp_size: int = 1
+    """pipeline-parallel size"""
+    zero_stage: int = 0
+    """ZeRO stage 0, 1 or 2"""
+    precision: str = "fp32"
+    """training precision: fp32, bf16 or fp16 (fp16 needs CUDA)"""
+    pp_num_microbatches: int = 1
+    """micro-batches per pipeline pass when pp_size > 1"""
+
+    def __post_init__(self):
+        _positive(self, "tp_size", "pp_size", "pp_num_microbatches")
+        _require(self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2, got {self.zero_stage}")
+        _require(
+            self.precision in ("fp32", "bf16", "fp16"),
+            f"precision must be fp32, bf16 or fp16, got {self.precision!r}",
+        )
+        _require(
+            not (self.pp_size > 1 and self.zero_stage > 1),
+            f"zero_stage={self.zero_stage} cannot be combined with pp_size={self.pp_size}; use zero_stage<=1",
+        )
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Training actors: batch arithmetic (per DP rank, in prompts), optimiser, parallel layout."""
+
+    num_consumer_procs: int = 1
+    """training processes (DP x TP x PP)"""
+    train_batch_size: int = 8
+    """prompts per DP rank consumed per training step (one weight version)"""
+    train_minibatch_size: int = 8
+    """prompts per DP rank per optimizer step; train_batch_size / train_minibatch_size optimizer steps per step"""
+    train_microbatch_size: int = 8
+    """completions per forward/backward pass; divides train_minibatch_size * num_generations"""
+    learning_rate: float = 1e-6
+    """optimizer learning rate"""
+    weight_decay: float = 0.0
+    """optimizer weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm (0 = off)"""
+    plugin: PluginConfig = field(default_factory=PluginConfig)
+    """parallel layout"""
+
+    def __post_init__(self):
+        _positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size", "train_microbatch_size")
+        _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        model_parallel = self.plugin.tp_size * self.plugin.pp_size
+        _divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
+        _divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)
+
+    @property
+    def dp_size(self) -> int:
+        return self.num_consumer_procs // (self.plugin.tp_size * self.plugin.pp_size)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A whole run: the component configs plus the checks that span them."""
+
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    """rollout side"""
+    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    """training side"""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """sampling"""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """the algorithm bundle"""
+    num_episodes: int = 1
+    """passes over the training prompts"""
+
+    def __post_init__(self):
+        _positive(self, "num_episodes")
+        p, c = self.producer, self.consumer
+        samples = c.train_minibatch_size * p.num_generations
+        _divides("train_microbatch_size", c.train_microbatch_size,
+                 "train_minibatch_size * num_generations", samples)  # fmt: skip
+        produced = p.inference_batch_size * p.num_producers
+        consumed = c.train_batch_size * c.dp_size
+        _require(
+            produced % consumed == 0 or consumed % produced == 0,
+            f"producers roll out inference_batch_size * num_producers = {produced} prompts per step and consumers "
+            f"train on train_batch_size * dp_size = {consumed}; one must divide the other "
+            f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
+        )
+        buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
+        _require(
+            buffer < self.generation.max_new_tokens,
+            f"overlong buffer of {buffer} tokens must be shorter than max_new_tokens={self.generation.max_new_tokens}",
+        )
+
+    @property
+    def global_train_batch_size(self) -> int:
+        """prompts per training step across all DP ranks"""
+        return self.consumer.train_batch_size * self.consumer.dp_size

@@ -1,0 +1,122 @@
+"""Config validation: each bad value fails at construction with a message that names it and the fix."""
+
+import dataclasses
+
+import pytest
+
+from coati.distributed.algo import ALGO_MAP, resolve_algorithm
+from coati.distributed.config import (
+    AlgorithmConfig,
+    ConsumerConfig,
+    GenerationConfig,
+    LaunchConfig,
+    PluginConfig,
+    ProducerConfig,
+    field_docs,
+)
+from coati.registry import Registry, resolve_callable
+
+BAD = [
+    (lambda: GenerationConfig(temperature=0), "temperature must be > 0, got 0"),
+    (lambda: GenerationConfig(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    (lambda: GenerationConfig(max_new_tokens=0), "GenerationConfig.max_new_tokens must be a positive integer, got 0"),
+    (lambda: AlgorithmConfig(advantage_estimator="ppo"), "unknown advantage estimator 'ppo'; known: grpo, drgrpo"),
+    (lambda: AlgorithmConfig(policy_loss="clip"), "unknown policy loss 'clip'; known: ppo_clip, gspo, cispo"),
+    (lambda: AlgorithmConfig(loss_agg_mode="mean"), "unknown loss aggregation 'mean'; known: token-mean"),
+    (lambda: AlgorithmConfig(kl_estimator="k4"), "unknown KL estimator 'k4'; known: k1, k2, k3"),
+    (lambda: AlgorithmConfig(dual_clip_c=0.5), "dual_clip_c must be > 1"),
+    (lambda: AlgorithmConfig(beta=-1), "beta must be >= 0, got -1"),
+    (lambda: ProducerConfig(num_generations=1), "num_generations must be >= 2"),
+    (
+        lambda: ProducerConfig(inference_batch_size=6, inference_microbatch_size=4),
+        "inference_batch_size=6 is not divisible by inference_microbatch_size=4; use inference_microbatch_size=3 or 6",
+    ),
+    (
+        lambda: ConsumerConfig(train_batch_size=6, train_minibatch_size=4),
+        "train_batch_size=6 is not divisible by train_minibatch_size=4; use train_minibatch_size=3 or 6",
+    ),
+    (
+        lambda: ConsumerConfig(num_consumer_procs=3, plugin=PluginConfig(tp_size=2)),
+        r"num_consumer_procs=3 is not divisible by tp_size \* pp_size=2",
+    ),
+    (lambda: PluginConfig(zero_stage=3), "zero_stage must be 0, 1 or 2, got 3"),
+    (lambda: PluginConfig(precision="fp8"), "precision must be fp32, bf16 or fp16, got 'fp8'"),
+    (lambda: PluginConfig(pp_size=2, zero_stage=2), "zero_stage=2 cannot be combined with pp_size=2"),
+    (
+        lambda: LaunchConfig(
+            producer=ProducerConfig(num_generations=3),
+            consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=4),
+        ),
+        r"train_minibatch_size \* num_generations=6 is not divisible by train_microbatch_size=4",
+    ),
+    (
+        lambda: LaunchConfig(
+            producer=ProducerConfig(inference_batch_size=3, inference_microbatch_size=3),
+            consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=2),
+        ),
+        "one must divide the other",
+    ),
+    (lambda: LaunchConfig(num_episodes=0), "LaunchConfig.num_episodes must be a positive integer, got 0"),
+    (lambda: resolve_algorithm("PPO"), "unknown algorithm 'PPO'; known: CISPO, DAPO, DR_GRPO, GRPO"),
+    (lambda: resolve_algorithm("DAPO", clip_high=0.3), r"unknown algorithm option\(s\) \['clip_high'\]"),
+]
+
+
+@pytest.mark.parametrize("make, message", BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_config_errors_name_value_and_fix(make, message):
+    with pytest.raises((ValueError, KeyError), match=message):
+        make()
+
+
+def test_configs_are_frozen():
+    cfg = GenerationConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.temperature = 2.0
+
+
+def test_derived_values():
+    cfg = LaunchConfig(
+        producer=ProducerConfig(num_producers=2, inference_batch_size=4, inference_microbatch_size=2),
+        consumer=ConsumerConfig(num_consumer_procs=4, train_batch_size=2, train_minibatch_size=1,
+                                train_microbatch_size=4, plugin=PluginConfig(tp_size=2)),  # fmt: skip
+    )
+    assert cfg.consumer.dp_size == 2
+    assert cfg.global_train_batch_size == 4
+
+
+def test_every_field_has_a_docstring():
+    for cls in (GenerationConfig, AlgorithmConfig, ProducerConfig, PluginConfig, ConsumerConfig, LaunchConfig):
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def test_dapo_preset_defaults():
+    dapo = ALGO_MAP["DAPO"]
+    assert (dapo.clip_eps_low, dapo.clip_eps_high) == (0.2, 0.28)
+    assert dapo.loss_agg_mode == "token-mean" and dapo.beta == 0
+    assert dapo.dynamic_sampling and dapo.overlong_buffer_ratio > 0
+
+
+def test_resolve_algorithm_overrides():
+    cfg = resolve_algorithm("DAPO", beta=0.01, clip_eps_high=None)
+    assert cfg.beta == 0.01 and cfg.clip_eps_high == 0.28
+    assert ALGO_MAP["DAPO"].beta == 0  # the preset itself is untouched
+
+
+def test_registry_rejects_duplicates_and_lists_known_names():
+    reg = Registry("widget")
+    reg.register("a", 1)
+    with pytest.raises(ValueError, match="widget 'a' is already registered"):
+        reg.register("a", 2)
+    with pytest.raises(KeyError, match="unknown widget 'b'; known: a"):
+        reg.get("b")
+
+
+def test_resolve_callable_dotted_path():
+    reg = Registry("reward function")
+    assert resolve_callable("math:sqrt", reg)(4.0) == 2.0
+    with pytest.raises(ValueError, match="module 'math' has no attribute 'nope'"):
+        resolve_callable("math:nope", reg)
+    with pytest.raises(ValueError, match="cannot import module 'no_such_mod_xyz'"):
+        resolve_callable("no_such_mod_xyz:f", reg)
