@@ -1,0 +1,359 @@
+"""Weight and object transport between consumers and producers over Ray collective groups.
+
+Consumers push fresh weights to every producer after each update with ``ray_broadcast_tensor_dict``. Groups are Ray
+collective groups (``ray.util.collective.init_collective_group``) on backends registered here, each owning a private
+torch process group with its own TCPStore: ``COATI_GLOO`` for CPU tensors, ``COATI_NCCL`` for CUDA tensors. Unlike
+Ray's built-in gloo backend, they never touch torch's default process group, so a ColossalAI consumer (which has its
+own torch.distributed world) and a producer that belongs to several groups both work.
+
+Wire format of one push (all collectives on the same group, rooted at ``src``):
+1. a fixed header of 4 int64: version, schema id, byte length of an optional pickled schema, bucket count;
+2. the pickled schema (keys, shapes, dtypes, bucket layout), only when it differs from the last push on this group;
+3. one uint8 broadcast per bucket: tensors packed back to back (16-byte aligned) up to ``bucket_bytes``.
+Receivers may stream each bucket into a consumer callback (``on_bucket``) instead of keeping the whole dict.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+import ray.experimental.internal_kv as internal_kv
+import ray.util.collective as cc
+import torch
+import torch.distributed as dist
+from ray.util.collective.backend_registry import _global_registry, register_collective_backend
+from ray.util.collective.collective_group.base_collective_group import BaseGroup
+
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_BUCKET_BYTES = 64 << 20
+_ALIGN = 16
+_group_timeouts: dict[str, float] = {}
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out; the message names the group, the rank and the cause."""
+
+
+def _kv_key(group_name: str) -> str:
+    return f"coati/collective/{group_name}"
+
+
+class _IsolatedTorchGroup(BaseGroup):
+    """A Ray collective group backed by a private torch ProcessGroup (never the default one)."""
+
+    torch_backend = "gloo"
+
+    def __init__(self, world_size: int, rank: int, group_name: str):
+        super().__init__(world_size, rank, group_name)
+        self.timeout_s = _group_timeouts.get(group_name, DEFAULT_TIMEOUT_S)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        key = _kv_key(group_name)
+        if rank == 0:
+            # Bind the store on this node's address (not 127.0.0.1) so peers on other nodes can reach it; port 0
+            # lets the OS pick a free one. wait_for_workers=False: the address must be published before peers come.
+            host = ray.util.get_node_ip_address()
+            self._store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
+            internal_kv._internal_kv_put(key, f"{host}:{self._store.port}", overwrite=True)
+        else:
+            host, port = self._wait_for_address(key, group_name, rank)
+            self._store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+        store = dist.PrefixStore(f"coati/{group_name}", self._store)
+        self._pg = self._make_process_group(store, rank, world_size, timeout)
+
+    def _wait_for_address(self, key: str, group_name: str, rank: int) -> tuple[str, int]:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            value = internal_kv._internal_kv_get(key)
+            if value is not None:
+                host, port = value.decode().rsplit(":", 1)
+                return host, int(port)
+            time.sleep(0.02)
+        raise CollectiveError(
+            f"group {group_name!r} rank {rank}: rank 0 did not publish its address within {self.timeout_s:.0f} s; "
+            "is rank 0 alive and did it call init_collective_group with the same group name?"
+        )
+
+    def _make_process_group(self, store, rank, world_size, timeout):
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+    @classmethod
+    def backend(cls):
+        return cls.__name__
+
+    @classmethod
+    def check_backend_availability(cls) -> bool:
+        return dist.is_available()
+
+    def destroy_group(self):
+        if self.rank == 0:
+            internal_kv._internal_kv_del(_kv_key(self.group_name))
+        self._pg = None
+        self._store = None
+
+    def _run(self, what: str, work) -> None:
+        try:
+            ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except Exception as e:  # noqa: BLE001 - re-raised with the group and rank named
+            raise CollectiveError(
+                f"{what} in group {self.group_name!r} failed on rank {self.rank}/{self.world_size}: {e}"
+            ) from e
+        if ok is False:
+            raise CollectiveError(
+                f"{what} in group {self.group_name!r} timed out after {self.timeout_s:.0f} s on rank "
+                f"{self.rank}/{self.world_size}; a peer is dead or never joined"
+            )
+
+    def broadcast(self, tensors, broadcast_options=None):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = broadcast_options.root_rank
+        opts.rootTensor = 0
+        self._run(f"broadcast from rank {opts.rootRank}", self._pg.broadcast(tensors, opts))
+
+    def allreduce(self, tensors, allreduce_options=None):
+        self._run("allreduce", self._pg.allreduce(tensors))
+
+    def allgather(self, tensor_lists, tensors, allgather_options=None):
+        self._run("allgather", self._pg.allgather(tensor_lists, tensors))
+
+    def barrier(self, barrier_options=None):
+        self._run("barrier", self._pg.allreduce([torch.zeros(1, device=self._device())]))
+
+    def _device(self):
+        return "cpu"
+
+    def reduce(self, *args, **kwargs):
+        raise NotImplementedError("reduce is not used by coati")
+
+    def reducescatter(self, *args, **kwargs):
+        raise NotImplementedError("reducescatter is not used by coati")
+
+    def send(self, *args, **kwargs):
+        raise NotImplementedError("send is not used by coati")
+
+    def recv(self, *args, **kwargs):
+        raise NotImplementedError("recv is not used by coati")
+
+
+class COATI_GLOO(_IsolatedTorchGroup):
+    """CPU tensors over a private gloo process group."""
+
+
+class COATI_NCCL(_IsolatedTorchGroup):
+    """CUDA tensors over a private NCCL process group (GPU-to-GPU, no host copy)."""
+
+    def _make_process_group(self, store, rank, world_size, timeout):
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+
+    def _device(self):
+        return torch.device("cuda", torch.cuda.current_device())
+
+    @classmethod
+    def check_backend_availability(cls) -> bool:
+        return dist.is_nccl_available() and torch.cuda.is_available()
+
+
+def register_backends() -> None:
+    """Register COATI_GLOO and COATI_NCCL with Ray in this process (idempotent; every process must call it)."""
+    for cls in (COATI_GLOO, COATI_NCCL):
+        if not _global_registry.is_registered(cls.__name__):
+            register_collective_backend(cls.__name__, cls)
+
+
+def init_group(
+    world_size: int, rank: int, group_name: str, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Join the collective group ``group_name`` from inside an actor: NCCL for CUDA tensors, isolated gloo for CPU.
+
+    ``timeout_s`` bounds the rendezvous and every collective on the group.
+    """
+    register_backends()
+    _group_timeouts[group_name] = float(timeout_s)
+    backend = "COATI_NCCL" if torch.device(device).type == "cuda" else "COATI_GLOO"
+    cc.init_collective_group(world_size, rank, backend=backend, group_name=group_name)
+
+
+def destroy_group(group_name: str) -> None:
+    if cc.is_group_initialized(group_name):
+        cc.destroy_collective_group(group_name)
+    _group_timeouts.pop(group_name, None)
+    _sent_schema.pop(group_name, None)
+    _recv_schema.pop(group_name, None)
+
+
+# ---- objects ---------------------------------------------------------------------------------------------------
+
+
+def ray_broadcast_object(obj: Any, src: int = 0, device=None, group_name: str = "default") -> Any:
+    """Broadcast a picklable object from rank ``src``; every rank returns it."""
+    device = torch.device(device or "cpu")
+    rank = cc.get_rank(group_name)
+    if rank == src:
+        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+        size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    else:
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+    cc.broadcast(size, src, group_name)
+    if rank != src:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if payload.numel():
+        cc.broadcast(payload, src, group_name)
+    if rank == src:
+        return obj
+    return pickle.loads(payload.cpu().numpy().tobytes())
+
+
+# ---- tensor dicts ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    key: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _Schema:
+    entries: tuple[_Entry, ...]
+    bucket_sizes: tuple[int, ...]
+    extras: Any
+    """non-tensor values of the dict, sent with the schema"""
+
+
+_sent_schema: dict[str, tuple[int, _Schema]] = {}
+_recv_schema: dict[str, dict[int, _Schema]] = {}
+
+
+def _plan(tensor_dict: dict[str, Any], bucket_bytes: int) -> _Schema:
+    entries, sizes = [], []
+    used = bucket_bytes  # forces a new bucket for the first tensor
+    # Group by dtype so each bucket mostly holds one dtype, in a deterministic order.
+    items = [(k, v) for k, v in tensor_dict.items() if isinstance(v, torch.Tensor)]
+    items.sort(key=lambda kv: str(kv[1].dtype))
+    for key, t in items:
+        nbytes = t.numel() * t.element_size()
+        start = -(-used // _ALIGN) * _ALIGN
+        if sizes and start + nbytes <= bucket_bytes:
+            entries.append(_Entry(key, tuple(t.shape), t.dtype, len(sizes) - 1, start, nbytes))
+            used = start + nbytes
+            sizes[-1] = used
+        else:
+            entries.append(_Entry(key, tuple(t.shape), t.dtype, len(sizes), 0, nbytes))
+            sizes.append(nbytes)
+            used = nbytes
+    extras = {k: v for k, v in tensor_dict.items() if not isinstance(v, torch.Tensor)}
+    return _Schema(tuple(entries), tuple(sizes), extras)
+
+
+def _schema_id(schema: _Schema) -> int:
+    buf = io.BytesIO()
+    pickle.dump(schema, buf)
+    return int.from_bytes(hashlib.blake2b(buf.getvalue(), digest_size=7).digest(), "little")
+
+
+def _pack(bucket: int, schema: _Schema, tensor_dict, device) -> torch.Tensor:
+    buf = torch.empty(schema.bucket_sizes[bucket], dtype=torch.uint8, device=device)
+    for e in schema.entries:
+        if e.bucket == bucket and e.nbytes:
+            flat = tensor_dict[e.key].detach().reshape(-1).to(device)
+            buf[e.offset : e.offset + e.nbytes].copy_(flat.view(torch.uint8))
+    return buf
+
+
+def _unpack(bucket: int, schema: _Schema, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = {}
+    for e in schema.entries:
+        if e.bucket == bucket:
+            out[e.key] = buf[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape)
+    return out
+
+
+class VersionedDict(dict):
+    """A received tensor dict with the ``version`` the sender attached to the push."""
+
+    version: int = -1
+
+
+def ray_broadcast_tensor_dict(
+    tensor_dict: dict[str, Any] | None,
+    src: int = 0,
+    device=None,
+    group_name: str = "default",
+    *,
+    version: int = 0,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    on_bucket: Callable[[dict[str, torch.Tensor]], None] | None = None,
+) -> VersionedDict:
+    """Broadcast ``tensor_dict`` (on rank ``src``; ignored elsewhere) to every rank of ``group_name``.
+
+    Tensors of any dtype and shape (0-dim and non-contiguous included) arrive bitwise equal; non-tensor values
+    travel with the schema. On receivers, ``on_bucket`` (if given) is called with each bucket's tensors as soon as it
+    lands and the returned dict holds only the non-tensor values, so a backend can load weights without two full
+    copies. The source returns its own dict (as a VersionedDict).
+    """
+    device = torch.device(device or "cpu")
+    rank = cc.get_rank(group_name)
+    header = torch.zeros(4, dtype=torch.int64, device=device)
+    if rank == src:
+        schema = _plan(tensor_dict, bucket_bytes)
+        sid = _schema_id(schema)
+        last = _sent_schema.get(group_name)
+        blob = b"" if last is not None and last[0] == sid else pickle.dumps(schema)
+        header[:] = torch.tensor([version, sid, len(blob), len(schema.bucket_sizes)], device=device)
+    cc.broadcast(header, src, group_name)
+    version, sid, blob_len, num_buckets = (int(x) for x in header.tolist())
+    if rank == src:
+        if blob:
+            ray_broadcast_object_bytes(blob, src, device, group_name)
+            _sent_schema[group_name] = (sid, schema)
+        result = VersionedDict(tensor_dict)
+        for b in range(num_buckets):
+            cc.broadcast(_pack(b, schema, tensor_dict, device), src, group_name)
+    else:
+        known = _recv_schema.setdefault(group_name, {})
+        if blob_len:
+            known.clear()
+            known[sid] = pickle.loads(ray_broadcast_object_bytes(None, src, device, group_name, blob_len))
+        if sid not in known:
+            raise CollectiveError(
+                f"group {group_name!r} rank {rank}: push {version} reuses schema {sid:x} this rank never received; "
+                "every rank must take part in every push of a group"
+            )
+        schema = known[sid]
+        result = VersionedDict(schema.extras)
+        for b in range(num_buckets):
+            buf = torch.empty(schema.bucket_sizes[b], dtype=torch.uint8, device=device)
+            cc.broadcast(buf, src, group_name)
+            tensors = _unpack(b, schema, buf)
+            if on_bucket is not None:
+                on_bucket(tensors)
+            else:
+                result.update(tensors)
+        if on_bucket is None:
+            # Keep the sender's key order.
+            order = {e.key: i for i, e in enumerate(schema.entries)}
+            result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
+    result.version = version
+    return result
+
+
+def ray_broadcast_object_bytes(blob: bytes | None, src: int, device, group_name: str, length: int = 0) -> bytes:
+    """Broadcast raw bytes whose length every rank already knows (from a header)."""
+    if blob is not None:
+        buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(length, dtype=torch.uint8, device=device)
+    cc.broadcast(buf, src, group_name)
+    return blob if blob is not None else buf.cpu().numpy().tobytes()

@@ -1,0 +1,217 @@
+"""Weight transport with real Ray actors on CPU: isolated gloo groups, bitwise round trips, timeouts."""
+
+import time
+import uuid
+
+import pytest
+import ray
+import torch
+
+from coati.distributed.comm import CollectiveError
+
+
+@ray.remote(num_cpus=0.1)
+class Peer:
+    def __init__(self):
+        torch.set_num_threads(1)
+        self.received = []
+
+    def init_default_world(self, rank, world_size, port):
+        """Start a torch.distributed default world, as ColossalAI does in a consumer."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        return dist.get_world_size()
+
+    def default_allreduce(self, value):
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)])
+        dist.all_reduce(t)
+        return t.item()
+
+    def join(self, world_size, rank, group, timeout_s=60.0):
+        from coati.distributed.comm import init_group
+
+        init_group(world_size, rank, group, timeout_s=timeout_s)
+        return True
+
+    def push(self, group, tensors, version=0, bucket_bytes=1 << 20):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes)
+        return out.version
+
+    def pull(self, group, bucket_bytes=1 << 20, stream=False):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        buckets = []
+        out = ray_broadcast_tensor_dict(
+            None,
+            0,
+            group_name=group,
+            bucket_bytes=bucket_bytes,
+            on_bucket=(lambda b: buckets.append({k: v.clone() for k, v in b.items()})) if stream else None,
+        )
+        result = dict(out)
+        for b in buckets:
+            result.update(b)
+        return {"version": out.version, "tensors": result, "num_buckets": len(buckets), "keys": list(out)}
+
+    def object(self, group, obj=None):
+        from coati.distributed.comm import ray_broadcast_object
+
+        return ray_broadcast_object(obj, 0, group_name=group)
+
+    def pull_timed(self, group):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        start = time.monotonic()
+        try:
+            ray_broadcast_tensor_dict(None, 0, group_name=group)
+            return ("ok", time.monotonic() - start)
+        except CollectiveError as e:
+            return (str(e), time.monotonic() - start)
+
+    def push_timed(self, group, tensors):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        start = time.monotonic()
+        try:
+            ray_broadcast_tensor_dict(tensors, 0, group_name=group)
+            return ("ok", time.monotonic() - start)
+        except CollectiveError as e:
+            return (str(e), time.monotonic() - start)
+
+
+def sample_dict():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g)
+    return {
+        "fp32": torch.randn(7, 3, generator=g),
+        "bf16": torch.randn(4, 9, generator=g).to(torch.bfloat16),
+        "fp16": torch.randn(11, generator=g).to(torch.float16),
+        "int64": torch.randint(-(2**40), 2**40, (5, 2), generator=g),
+        "scalar": torch.tensor(3.25),
+        "non_contiguous": base.t(),
+        "bool": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "step": 17,  # a non-tensor value travels with the schema
+    }
+
+
+def as_bytes(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_bitwise_equal(got, want):
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+            assert torch.equal(as_bytes(got[k]), as_bytes(v)), k
+        else:
+            assert got[k] == v, k
+
+
+def new_group():
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def topology(ray_cluster):
+    """Two consumers in their own torch.distributed world; consumer 0 feeds two producers that also share a group."""
+    consumers = [Peer.remote() for _ in range(2)]
+    producers = [Peer.remote() for _ in range(2)]
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert ray.get([c.init_default_world.remote(i, 2, port) for i, c in enumerate(consumers)]) == [2, 2]
+    weights, data = new_group(), new_group()
+    ray.get([consumers[0].join.remote(3, 0, weights)] + [p.join.remote(3, i + 1, weights) for i, p in enumerate(producers)])
+    ray.get([p.join.remote(2, i, data) for i, p in enumerate(producers)])
+    yield consumers, producers, weights, data
+    for a in consumers + producers:
+        ray.kill(a)
+
+
+def broadcast(sender, receivers, group, tensors, **kw):
+    stream = kw.pop("stream", False)
+    refs = [sender.push.remote(group, tensors, **kw)]
+    refs += [r.pull.remote(group, kw.get("bucket_bytes", 1 << 20), stream) for r in receivers]
+    out = ray.get(refs, timeout=120)
+    return out[0], out[1:]
+
+
+def test_bitwise_round_trip_beside_a_default_world(topology):
+    consumers, producers, weights, data = topology
+    tensors = sample_dict()
+    version, received = broadcast(consumers[0], producers, weights, tensors, version=5)
+    assert version == 5
+    for r in received:
+        assert r["version"] == 5
+        assert_bitwise_equal(r["tensors"], tensors)
+    # The consumers' own torch.distributed world still works, and so does the producers' second group.
+    assert ray.get([c.default_allreduce.remote(i + 1) for i, c in enumerate(consumers)]) == [3.0, 3.0]
+    other = {"x": torch.arange(4)}
+    _, got = broadcast(producers[0], producers[1:], data, other)
+    assert torch.equal(got[0]["tensors"]["x"], other["x"])
+
+
+def test_empty_dict_and_schema_changes(topology):
+    consumers, producers, weights, _ = topology
+    _, got = broadcast(consumers[0], producers, weights, {}, version=1)
+    assert all(r["tensors"] == {} and r["version"] == 1 for r in got)
+    first = {"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.int64)}
+    second = {"a": torch.full((3,), 2.0), "b": torch.ones(2, dtype=torch.int64)}  # same schema, new values
+    changed = {"a": torch.ones(4, dtype=torch.bfloat16), "c": torch.tensor(1.5)}  # new schema
+    for i, d in enumerate([first, second, changed, first]):
+        _, got = broadcast(consumers[0], producers, weights, d, version=10 + i)
+        for r in got:
+            assert r["version"] == 10 + i
+            assert_bitwise_equal(r["tensors"], d)
+
+
+def test_streamed_buckets(topology):
+    consumers, producers, weights, _ = topology
+    tensors = {f"w{i}": torch.randn(100, 10) for i in range(10)}  # 4 kB each
+    _, got = broadcast(consumers[0], producers, weights, tensors, bucket_bytes=10_000, stream=True)
+    for r in got:
+        assert r["num_buckets"] == 5  # two 4000-byte tensors (16-byte aligned) per 10 kB bucket
+        assert r["keys"] == []  # nothing kept beside what the callback took
+        assert_bitwise_equal(r["tensors"], tensors)
+
+
+def test_broadcast_object(topology):
+    consumers, producers, weights, _ = topology
+    obj = {"config": [1, 2, {"x": "y"}], "n": None}
+    out = ray.get([consumers[0].object.remote(weights, obj)] + [p.object.remote(weights) for p in producers])
+    assert out == [obj, obj, obj]
+
+
+def test_dead_peer_gives_named_error_within_timeout(ray_cluster):
+    sender, alive, doomed = Peer.remote(), Peer.remote(), Peer.remote()
+    group = new_group()
+    ray.get([a.join.remote(3, i, group, 5.0) for i, a in enumerate([sender, alive, doomed])])
+    ray.kill(doomed)
+    time.sleep(0.5)
+    big = {"w": torch.randn(1 << 20)}
+    msg, elapsed = ray.get(sender.push_timed.remote(group, big), timeout=60)
+    assert group in msg and "rank 0/3" in msg, msg
+    assert elapsed < 5.0 + 2.0
+    msg2, elapsed2 = ray.get(alive.pull_timed.remote(group), timeout=60)
+    assert msg2 != "ok" and group in msg2 and "rank 1/3" in msg2, msg2
+    assert elapsed2 < 5.0 + 2.0
+    for a in (sender, alive):
+        ray.kill(a)
+
+
+def test_missing_peer_times_out_at_rendezvous(ray_cluster):
+    lonely = Peer.remote()
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match="did not publish its address"):
+        ray.get(lonely.join.remote(2, 1, new_group(), 2.0), timeout=60)
+    assert time.monotonic() - start < 10
+    ray.kill(lonely)

@@ -1,0 +1,46 @@
+"""Shared fixtures: one Ray cluster per test session (a ray.init costs ~4 s), every worker single-threaded."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs CUDA; run on a GPU machine with `pytest -m gpu`")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (gpu mark)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={
+                "env_vars": {
+                    "OMP_NUM_THREADS": "1",
+                    "HF_HUB_OFFLINE": "1",
+                    "PYTHONPATH": str(ROOT),
+                }
+            },
+        )
+    yield ray
+    ray.shutdown()
