@@ -32,7 +32,7 @@ from ray.util.collective.backend_registry import _global_registry, register_coll
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 DEFAULT_TIMEOUT_S = 300.0
-DEFAULT_BUCKET_BYTES = 64 << 20
+DEFAULT_BUCKET_BYTES = 128 << 20
 _ALIGN = 16
 _group_timeouts: dict[str, float] = {}
 
@@ -111,10 +111,18 @@ class _IsolatedTorchGroup(BaseGroup):
             )
 
     def broadcast(self, tensors, broadcast_options=None):
+        root = broadcast_options.root_rank
+        self._run(f"broadcast from rank {root}", self.broadcast_async(tensors[0], root))
+
+    def broadcast_async(self, tensor: torch.Tensor, root: int):
+        """Start a broadcast and return its work handle; finish it with ``wait``."""
         opts = dist.BroadcastOptions()
-        opts.rootRank = broadcast_options.root_rank
+        opts.rootRank = root
         opts.rootTensor = 0
-        self._run(f"broadcast from rank {opts.rootRank}", self._pg.broadcast(tensors, opts))
+        return self._pg.broadcast([tensor], opts)
+
+    def wait(self, work, what: str = "broadcast") -> None:
+        self._run(what, work)
 
     def allreduce(self, tensors, allreduce_options=None):
         self._run("allreduce", self._pg.allreduce(tensors))
@@ -187,6 +195,8 @@ def destroy_group(group_name: str) -> None:
     _group_timeouts.pop(group_name, None)
     _sent_schema.pop(group_name, None)
     _recv_schema.pop(group_name, None)
+    for key in [k for k in _staging if k[0] == group_name]:
+        del _staging[key]
 
 
 # ---- objects ---------------------------------------------------------------------------------------------------
@@ -265,11 +275,15 @@ def _schema_id(schema: _Schema) -> int:
 
 def _pack(bucket: int, schema: _Schema, tensor_dict, device) -> torch.Tensor:
     buf = torch.empty(schema.bucket_sizes[bucket], dtype=torch.uint8, device=device)
+    _pack_into(buf, bucket, schema, tensor_dict, device)
+    return buf
+
+
+def _pack_into(buf: torch.Tensor, bucket: int, schema: _Schema, tensor_dict, device) -> None:
     for e in schema.entries:
         if e.bucket == bucket and e.nbytes:
             flat = tensor_dict[e.key].detach().reshape(-1).to(device)
             buf[e.offset : e.offset + e.nbytes].copy_(flat.view(torch.uint8))
-    return buf
 
 
 def _unpack(bucket: int, schema: _Schema, buf: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -319,8 +333,7 @@ def ray_broadcast_tensor_dict(
             ray_broadcast_object_bytes(blob, src, device, group_name)
             _sent_schema[group_name] = (sid, schema)
         result = VersionedDict(tensor_dict)
-        for b in range(num_buckets):
-            cc.broadcast(_pack(b, schema, tensor_dict, device), src, group_name)
+        _send_buckets(group_name, src, schema, tensor_dict, device)
     else:
         known = _recv_schema.setdefault(group_name, {})
         if blob_len:
@@ -333,10 +346,7 @@ def ray_broadcast_tensor_dict(
             )
         schema = known[sid]
         result = VersionedDict(schema.extras)
-        for b in range(num_buckets):
-            buf = torch.empty(schema.bucket_sizes[b], dtype=torch.uint8, device=device)
-            cc.broadcast(buf, src, group_name)
-            tensors = _unpack(b, schema, buf)
+        for tensors in _recv_buckets(group_name, src, schema, device, reuse=on_bucket is not None):
             if on_bucket is not None:
                 on_bucket(tensors)
             else:
@@ -347,6 +357,70 @@ def ray_broadcast_tensor_dict(
             result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
     result.version = version
     return result
+
+
+_staging: dict[tuple[str, str], list[torch.Tensor]] = {}
+
+
+def _staging_buffers(group_name: str, device, nbytes: int) -> list[torch.Tensor]:
+    """Two reusable bucket-sized buffers per group and device: one is filled while the other is on the wire."""
+    key = (group_name, str(device))
+    bufs = _staging.get(key)
+    if bufs is None or bufs[0].numel() < nbytes:
+        bufs = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        _staging[key] = bufs
+    return bufs
+
+
+def _send_buckets(group_name: str, src: int, schema: _Schema, tensor_dict, device) -> None:
+    """Pack bucket b+1 while bucket b is being broadcast (double buffering on the isolated backends)."""
+    if not schema.bucket_sizes:
+        return
+    group = cc.collective.get_group_handle(group_name)
+    if not isinstance(group, _IsolatedTorchGroup):
+        for b in range(len(schema.bucket_sizes)):
+            cc.broadcast(_pack(b, schema, tensor_dict, device), src, group_name)
+        return
+    bufs = _staging_buffers(group_name, device, max(schema.bucket_sizes))
+    pending = [None, None]
+    for b, size in enumerate(schema.bucket_sizes):
+        slot = b % 2
+        if pending[slot] is not None:
+            group.wait(pending[slot], f"broadcast of bucket {b - 2} from rank {src}")
+        buf = bufs[slot][:size]
+        _pack_into(buf, b, schema, tensor_dict, device)
+        pending[slot] = group.broadcast_async(buf, src)
+    for slot, work in enumerate(pending):
+        if work is not None:
+            group.wait(work, f"broadcast from rank {src}")
+
+
+def _recv_buckets(group_name: str, src: int, schema: _Schema, device, reuse: bool):
+    """Yield each bucket's tensors as it lands; with ``reuse`` they are views of staging buffers, valid until the
+    next bucket is requested, else each bucket gets its own storage."""
+    group = cc.collective.get_group_handle(group_name)
+    sizes = schema.bucket_sizes
+    if not isinstance(group, _IsolatedTorchGroup):
+        for b, size in enumerate(sizes):
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
+            cc.broadcast(buf, src, group_name)
+            yield _unpack(b, schema, buf)
+        return
+    if not sizes:
+        return
+    bufs = _staging_buffers(group_name, device, max(sizes)) if reuse else None
+
+    def start(b):
+        buf = bufs[b % 2][: sizes[b]] if reuse else torch.empty(sizes[b], dtype=torch.uint8, device=device)
+        return buf, group.broadcast_async(buf, src)
+
+    nxt = start(0)
+    for b in range(len(sizes)):
+        buf, work = nxt
+        group.wait(work, f"broadcast of bucket {b} from rank {src}")
+        # Post the next receive before handing this bucket out, so the wire stays busy during the callback.
+        nxt = start(b + 1) if b + 1 < len(sizes) else None
+        yield _unpack(b, schema, buf)
 
 
 def ray_broadcast_object_bytes(blob: bytes | None, src: int, device, group_name: str, length: int = 0) -> bytes:

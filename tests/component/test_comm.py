@@ -10,8 +10,7 @@ import torch
 from coati.distributed.comm import CollectiveError
 
 
-@ray.remote(num_cpus=0.1)
-class Peer:
+class PeerBase:
     def __init__(self):
         torch.set_num_threads(1)
         self.received = []
@@ -82,6 +81,9 @@ class Peer:
             return ("ok", time.monotonic() - start)
         except CollectiveError as e:
             return (str(e), time.monotonic() - start)
+
+
+Peer = ray.remote(num_cpus=0.1)(PeerBase)
 
 
 def sample_dict():
@@ -215,3 +217,40 @@ def test_missing_peer_times_out_at_rendezvous(ray_cluster):
         ray.get(lonely.join.remote(2, 1, new_group(), 2.0), timeout=60)
     assert time.monotonic() - start < 10
     ray.kill(lonely)
+
+
+class GpuPeerBase(PeerBase):
+    def join_cuda(self, world_size, rank, group):
+        from coati.distributed.comm import init_group
+
+        torch.cuda.set_device(0)
+        init_group(world_size, rank, group, device="cuda", timeout_s=60)
+        return True
+
+    def push_cuda(self, group, tensors):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        return ray_broadcast_tensor_dict({k: v.cuda() for k, v in tensors.items()}, 0, "cuda", group).version
+
+    def pull_cuda(self, group):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        out = ray_broadcast_tensor_dict(None, 0, "cuda", group)
+        assert all(v.is_cuda for v in out.values())
+        return {k: v.cpu() for k, v in out.items()}
+
+
+GpuPeer = ray.remote(num_gpus=1)(GpuPeerBase)
+
+
+@pytest.mark.gpu
+def test_nccl_round_trip(ray_cluster):
+    """Needs two GPUs (one per actor); run with `pytest -m gpu` on a GPU machine."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    a, b = GpuPeer.remote(), GpuPeer.remote()
+    group = new_group()
+    ray.get([a.join_cuda.remote(2, 0, group), b.join_cuda.remote(2, 1, group)])
+    tensors = {k: v for k, v in sample_dict().items() if isinstance(v, torch.Tensor)}
+    _, got = ray.get([a.push_cuda.remote(group, tensors), b.pull_cuda.remote(group)])
+    assert_bitwise_equal(got, tensors)
