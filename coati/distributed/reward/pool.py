@@ -1,0 +1,181 @@
+"""RewardPool: reward functions run in worker processes, so rewards overlap generation and never block or crash a
+producer.
+
+Each worker is a single-threaded process (math_verify's signal-based timeouts need a main thread). A dispatcher thread
+feeds idle workers from a bounded queue (``submit`` blocks when it is full: back-pressure), enforces a wall-clock
+limit per item by killing the worker, and replaces any worker that dies; the item it held is scored 0 with the
+reason in ``info['error']``. Results come back as futures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from multiprocessing.connection import wait
+
+from coati.distributed.reward.base import RewardResult, resolve_reward_fn, truncate_for_log
+
+log = logging.getLogger(__name__)
+
+
+def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    fn = resolve_reward_fn(fn_name)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        task_id, completion, fields = msg
+        try:
+            out = fn([completion], **{k: [v] for k, v in fields.items()}, **fn_kwargs)
+            assert len(out) == 1, f"reward function {fn_name} returned {len(out)} results for 1 completion"
+            conn.send((task_id, out[0], None))
+        except Exception as e:  # noqa: BLE001 - a reward bug scores 0 with its reason, the producer goes on
+            conn.send((task_id, None, f"{type(e).__name__}: {truncate_for_log(str(e))}"))
+
+
+class _Worker:
+    def __init__(self, ctx, fn_name: str, fn_kwargs: dict):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, fn_name, fn_kwargs), daemon=True)
+        self.proc.start()
+        child.close()
+        self.task: tuple[int, Future, float] | None = None
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class RewardPool:
+    """Score completions with reward function ``fn_name`` in ``num_workers`` processes."""
+
+    def __init__(
+        self,
+        fn_name: str,
+        num_workers: int = 2,
+        item_timeout_s: float = 30.0,
+        max_pending: int = 1024,
+        fn_kwargs: dict | None = None,
+    ):
+        resolve_reward_fn(fn_name)  # fail here, in the caller, on an unknown name
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.fn_name = fn_name
+        self.fn_kwargs = dict(fn_kwargs or {})
+        self.item_timeout_s = item_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._ids = itertools.count()
+        self._workers = [_Worker(self._ctx, fn_name, self.fn_kwargs) for _ in range(num_workers)]
+        self._closed = threading.Event()
+        self.replaced_workers = 0
+        self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
+        self._thread.start()
+
+    def submit(self, completion: str, fields: dict) -> Future:
+        """Queue one completion with its sample fields; blocks while ``max_pending`` items wait."""
+        if self._closed.is_set():
+            raise RuntimeError("RewardPool is closed")
+        fut: Future = Future()
+        self._queue.put((next(self._ids), completion, dict(fields), fut))
+        return fut
+
+    def score(self, completions: list[str], fields: dict[str, list]) -> list[RewardResult]:
+        """Score a batch; ``fields`` maps each column name to one value per completion."""
+        for name, values in fields.items():
+            if len(values) != len(completions):
+                raise ValueError(f"field {name!r} has {len(values)} values for {len(completions)} completions")
+        futures = [
+            self.submit(c, {k: v[i] for k, v in fields.items()}) for i, c in enumerate(completions)
+        ]
+        return [f.result() for f in futures]
+
+    def _fail(self, fut: Future, reason: str) -> None:
+        log.warning("reward item scored 0: %s", reason)
+        fut.set_result(RewardResult(0.0, False, False, {"error": reason}))
+
+    def _replace(self, i: int) -> None:
+        self._workers[i].kill()
+        self._workers[i] = _Worker(self._ctx, self.fn_name, self.fn_kwargs)
+        self.replaced_workers += 1
+
+    def _dispatch(self) -> None:
+        while not self._closed.is_set():
+            for w in self._workers:
+                if w.task is None:
+                    try:
+                        task_id, completion, fields, fut = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    try:
+                        w.conn.send((task_id, completion, fields))
+                    except (BrokenPipeError, OSError):
+                        self._queue.put((task_id, completion, fields, fut))
+                        continue
+                    w.task = (task_id, fut, time.monotonic() + self.item_timeout_s)
+            busy = [w for w in self._workers if w.task is not None]
+            if not busy:
+                time.sleep(0.002)
+                continue
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.01)
+            now = time.monotonic()
+            for i, w in enumerate(self._workers):
+                if w.task is None:
+                    continue
+                task_id, fut, deadline = w.task
+                if w.conn in ready:
+                    try:
+                        got_id, result, error = w.conn.recv()
+                    except (EOFError, OSError):
+                        w.task = None
+                        self._fail(fut, f"reward worker died (exit code {w.proc.exitcode})")
+                        self._replace(i)
+                        continue
+                    assert got_id == task_id, (got_id, task_id)
+                    w.task = None
+                    if error is not None:
+                        self._fail(fut, error)
+                    else:
+                        fut.set_result(result)
+                elif w.proc.sentinel in ready or not w.proc.is_alive():
+                    w.task = None
+                    self._fail(fut, f"reward worker died (exit code {w.proc.exitcode})")
+                    self._replace(i)
+                elif now > deadline:
+                    w.task = None
+                    self._fail(fut, f"reward timed out after {self.item_timeout_s:.1f} s; worker killed")
+                    self._replace(i)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            w.kill()
+        while True:
+            try:
+                *_, fut = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._fail(fut, "RewardPool closed before this item was scored")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

