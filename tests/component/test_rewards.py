@@ -144,3 +144,21 @@ def test_crashed_worker_is_replaced_and_item_scored_zero():
 def test_unknown_reward_fn_fails_in_caller():
     with pytest.raises(KeyError, match="unknown reward function 'nope'; known: code, math"):
         RewardPool("nope")
+
+
+def test_many_runs_leave_no_zombies():
+    """Killed sandboxes' orphans are reaped, so the sandbox uid's process budget never runs out."""
+    sandbox = Sandbox(max_processes=16)
+    results = [sandbox.run("print(1)") for _ in range(60)]
+    assert all(r.returncode == 0 and r.stdout == "1\n" for r in results)
+    me = str(os.getpid())
+    zombies = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rfind(")") + 2 :].split()
+        if fields[0] == "Z" and fields[1] == me:
+            zombies.append(entry)
+    assert zombies == []

@@ -115,6 +115,7 @@ class Sandbox:
         # A uid of its own per worker, so one sandbox's fork bomb does not use up another's process budget.
         self.uid = uid if uid is not None else 61000 + os.getpid() % 4000
         self.python = python or sandbox_python()
+        _become_subreaper()
         self.mode = self._detect_mode()
 
     def _detect_mode(self) -> str:
@@ -211,6 +212,7 @@ class Sandbox:
                 pass
             finally:
                 _kill_group(proc)
+                _reap_orphans()
             reader.join(timeout=1.0)
             out.seek(0)
             err.seek(0)
@@ -238,6 +240,38 @@ def _drain(fd: int, chunks: list[bytes], limit: int) -> None:
             total += len(data)
     finally:
         os.close(fd)
+
+
+def _become_subreaper() -> None:
+    """Orphans of a killed sandbox (bwrap's inner processes) are re-parented to us rather than to PID 1, which in
+    some containers never reaps them: without this, zombies pile up and exhaust the sandbox uid's process budget."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_orphans() -> None:
+    """Reap zombie bwrap processes re-parented to this process (only those: other children keep their status)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat_line = f.read()
+        except OSError:
+            continue
+        comm_end = stat_line.rfind(")")
+        comm = stat_line[stat_line.find("(") + 1 : comm_end]
+        fields = stat_line[comm_end + 2 :].split()
+        if comm == "bwrap" and fields[0] == "Z" and int(fields[1]) == me:
+            try:
+                os.waitpid(int(entry), os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
