@@ -1,0 +1,32 @@
+"""Teacher-forced log-probs of a rollout under a model: what the consumer trains on and what the tests compare the
+inference backends with. Takes the RolloutBatch layout (left-padded prompt, right-padded response)."""
+
+from __future__ import annotations
+
+import torch
+
+from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
+
+
+def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and position_ids of prompt + response ([N, P + R]); positions count real tokens
+    only, as ``generate`` does with left padding."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention = torch.cat([prompt_mask, response_mask], dim=1).long()
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
+
+
+def sequence_logprobs(
+    model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log p(response token t | prefix) at ``temperature`` [N, R], entropy [N, R] or None)."""
+    inputs = model_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    logits = model(**inputs, use_cache=False).logits
+    p = prompt_ids.shape[1]
+    r = response_ids.shape[1]
+    # Logits at position j predict token j + 1: response token t is predicted at p - 1 + t.
+    resp_logits = logits[:, p - 1 : p - 1 + r]
+    logprobs = token_logprobs(resp_logits, response_ids, temperature)
+    entropy = entropy_from_logits(resp_logits.detach(), temperature) if with_entropy else None
+    return logprobs, entropy

@@ -1,0 +1,140 @@
+"""Rollouts with Hugging Face transformers ``generate``: runs everywhere, the only backend that runs on CPU.
+
+Batched generation with KV cache and left padding, n samples per prompt, temperature/top-k/top-p, stop strings,
+greedy mode for evaluation. Rollout log-probs come from the raw logits of each step scaled by the temperature, the
+same formula (``token_logprobs``) the trainer uses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from coati.distributed.algo.logprobs import token_logprobs
+from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.base import InferenceBackend
+from coati.distributed.rollout import RolloutBatch, left_pad, responses_from_token_lists
+
+
+class TransformersBackend(InferenceBackend):
+    def __init__(
+        self,
+        model_path: str,
+        generation: GenerationConfig,
+        device: str | None = None,
+        dtype: str | None = None,
+        model=None,
+        tokenizer=None,
+        **options,
+    ):
+        super().__init__(model_path, generation, **options)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
+        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch_dtype)
+        self.model.to(self.device).eval()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        if self.tokenizer.eos_token_id is not None:
+            eos = eos + [self.tokenizer.eos_token_id]
+        self.eos_ids = sorted({e for e in eos if e is not None})
+        if not self.eos_ids:
+            raise ValueError(f"model {model_path} has no EOS token; set eos_token_id in its generation config")
+        self._state = None
+
+    def _generation_config(self, greedy: bool):
+        from transformers import GenerationConfig as HFGenerationConfig
+
+        g = self.generation
+        return HFGenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else g.temperature,
+            top_k=None if greedy else g.top_k,
+            top_p=None if greedy else g.top_p,
+            max_new_tokens=g.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            stop_strings=list(g.stop_strings) or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+            if len(p) > self.generation.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens > max_prompt_tokens={self.generation.max_prompt_tokens}"
+                )
+        rows = [p for p in prompts for _ in range(n)]
+        ids, mask = left_pad(rows, self.pad_id)
+        input_ids = torch.from_numpy(ids).to(self.device)
+        attention = torch.from_numpy(mask).to(self.device, torch.long)
+        kwargs = {"tokenizer": self.tokenizer} if self.generation.stop_strings else {}
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=attention, generation_config=self._generation_config(greedy), **kwargs
+        )
+        new = out.sequences[:, ids.shape[1] :]
+        logits = torch.stack(out.logits, dim=1)
+        temperature = 1.0 if greedy else self.generation.temperature
+        logprobs = token_logprobs(logits, new, temperature).cpu().numpy()
+        new = new.cpu().numpy()
+        tokens, lps, finished = [], [], []
+        for i in range(len(rows)):
+            length, done = self._response_length(new[i])
+            tokens.append(new[i, :length].tolist())
+            lps.append(logprobs[i, :length].tolist())
+            finished.append(done)
+        r_ids, r_mask, r_lp, r_len, truncated = responses_from_token_lists(tokens, lps, finished, self.pad_id)
+        return RolloutBatch(
+            prompt_ids=ids,
+            prompt_mask=mask,
+            response_ids=r_ids,
+            response_mask=r_mask,
+            rollout_logprobs=r_lp,
+            response_lengths=r_len,
+            truncated=truncated,
+            group_ids=np.repeat(np.arange(len(prompts), dtype=np.int64), n),
+        ).validate()
+
+    def _response_length(self, seq: np.ndarray) -> tuple[int, bool]:
+        """(tokens to keep including the terminator, whether a terminator was produced)."""
+        hits = np.nonzero(np.isin(seq, self.eos_ids))[0]
+        end = int(hits[0]) + 1 if len(hits) else len(seq)
+        for stop in self.generation.stop_strings:
+            for t in range(end):
+                if stop in self.tokenizer.decode(seq[: t + 1].tolist()):
+                    end = t + 1
+                    return end, True
+        return end, bool(len(hits))
+
+    @torch.no_grad()
+    def load_weights(self, weights) -> None:
+        if self._state is None:
+            self._state = self.model.state_dict(keep_vars=True)
+        for batch in self._as_batches(weights):
+            unknown = [k for k in batch if k not in self._state]
+            if unknown:
+                raise KeyError(f"load_weights got {len(unknown)} names the model does not have, e.g. {unknown[:3]}")
+            for name, tensor in batch.items():
+                target = self._state[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(target.shape)}")
+                target.data.copy_(tensor)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def sleep(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)

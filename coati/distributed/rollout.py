@@ -1,0 +1,145 @@
+"""The one record that crosses process boundaries: a batch of rollouts, producer -> consumer.
+
+Arrays are numpy so the Ray object store moves them zero-copy. N rows = prompts x completions, P = padded prompt
+length, R = padded response length. Invariants (checked by ``validate``):
+- prompts are LEFT-padded, responses RIGHT-padded; ``prompt_mask``/``response_mask`` mark real tokens;
+- ``response_mask`` is also the loss mask: the response tokens up to and including EOS (or the stop string's last
+  token); the inference backend fills it, nobody recomputes it (DAPO may zero rows of truncated responses);
+- ``rollout_logprobs[i, t]`` is log p(response_ids[i, t]) under the sampling distribution at the configured
+  temperature (no top-k/top-p renormalisation), 0 where ``response_mask`` is 0;
+- rows of one prompt share ``group_ids``; ``policy_version`` is the weight version that sampled the row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: np.ndarray
+    """int64 [N, P] left-padded prompt token ids"""
+    prompt_mask: np.ndarray
+    """bool [N, P] True on real prompt tokens"""
+    response_ids: np.ndarray
+    """int64 [N, R] right-padded sampled token ids"""
+    response_mask: np.ndarray
+    """bool [N, R] True on response tokens up to and including EOS: the loss mask"""
+    rollout_logprobs: np.ndarray
+    """float32 [N, R] log-prob of each sampled token at the sampling temperature; 0 on padding"""
+    response_lengths: np.ndarray
+    """int64 [N] number of True in response_mask"""
+    truncated: np.ndarray
+    """bool [N] the response hit max_new_tokens without EOS or stop string"""
+    group_ids: np.ndarray = None
+    """int64 [N] one id per prompt, shared by its completions"""
+    policy_version: np.ndarray = None
+    """int64 [N] weight version that generated the row"""
+    rewards: np.ndarray = None
+    """float32 [N] scalar reward (after shaping), filled by the producer"""
+    extras: dict = field(default_factory=dict)
+    """name -> array [N]: per-row diagnostics (answer_ok, format_ok, prompt index, ...)"""
+
+    def __len__(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    def validate(self) -> "RolloutBatch":
+        n = len(self)
+        assert self.prompt_mask.shape == self.prompt_ids.shape, (self.prompt_mask.shape, self.prompt_ids.shape)
+        r = self.response_ids.shape
+        assert r[0] == n and self.response_mask.shape == r and self.rollout_logprobs.shape == r
+        assert self.response_lengths.shape == (n,) and self.truncated.shape == (n,)
+        assert np.array_equal(self.response_mask.sum(-1), self.response_lengths), "response_mask != lengths"
+        # Right padding: the mask is a prefix of ones.
+        assert np.array_equal(self.response_mask, np.arange(r[1])[None, :] < self.response_lengths[:, None])
+        # Left padding: the prompt mask is a suffix of ones.
+        if self.prompt_ids.shape[1]:
+            plen = self.prompt_mask.sum(-1)
+            assert np.array_equal(self.prompt_mask, np.arange(self.prompt_ids.shape[1])[None, ::-1] < plen[:, None])
+        for name in ("group_ids", "policy_version", "rewards"):
+            value = getattr(self, name)
+            assert value is None or value.shape == (n,), (name, None if value is None else value.shape)
+        for name, value in self.extras.items():
+            assert len(value) == n, (name, len(value))
+        return self
+
+    def select(self, index) -> "RolloutBatch":
+        """Rows ``index`` (array of ints or bool mask) as a new batch."""
+        kw = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extras":
+                kw[f.name] = {k: np.asarray(v)[index] for k, v in value.items()}
+            else:
+                kw[f.name] = None if value is None else value[index]
+        return RolloutBatch(**kw)
+
+    @staticmethod
+    def concat(batches: list["RolloutBatch"], pad_id: int = 0) -> "RolloutBatch":
+        """Stack batches, re-padding prompts (left) and responses (right) to the longest."""
+        assert batches, "nothing to concatenate"
+        p = max(b.prompt_ids.shape[1] for b in batches)
+        r = max(b.response_ids.shape[1] for b in batches)
+
+        def left(a, width, fill):
+            return np.pad(a, ((0, 0), (width - a.shape[1], 0)), constant_values=fill)
+
+        def right(a, width, fill):
+            return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill)
+
+        out = RolloutBatch(
+            prompt_ids=np.concatenate([left(b.prompt_ids, p, pad_id) for b in batches]),
+            prompt_mask=np.concatenate([left(b.prompt_mask, p, False) for b in batches]),
+            response_ids=np.concatenate([right(b.response_ids, r, pad_id) for b in batches]),
+            response_mask=np.concatenate([right(b.response_mask, r, False) for b in batches]),
+            rollout_logprobs=np.concatenate([right(b.rollout_logprobs, r, 0.0) for b in batches]),
+            response_lengths=np.concatenate([b.response_lengths for b in batches]),
+            truncated=np.concatenate([b.truncated for b in batches]),
+        )
+        for name in ("group_ids", "policy_version", "rewards"):
+            values = [getattr(b, name) for b in batches]
+            if all(v is not None for v in values):
+                setattr(out, name, np.concatenate(values))
+        keys = set.intersection(*(set(b.extras) for b in batches))
+        out.extras = {k: np.concatenate([np.asarray(b.extras[k]) for b in batches]) for k in keys}
+        return out
+
+
+def responses_from_token_lists(
+    token_lists: list[list[int]],
+    logprob_lists: list[list[float]] | None,
+    finished: list[bool],
+    pad_id: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Right-pad ragged responses: (ids, mask, logprobs, lengths, truncated). ``finished[i]`` is False when the
+    response ended because it ran out of budget. Used by every backend to build a RolloutBatch."""
+    n = len(token_lists)
+    width = max((len(t) for t in token_lists), default=0)
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    mask = np.zeros((n, width), dtype=bool)
+    logprobs = np.zeros((n, width), dtype=np.float32)
+    lengths = np.zeros(n, dtype=np.int64)
+    for i, tokens in enumerate(token_lists):
+        k = len(tokens)
+        ids[i, :k] = tokens
+        mask[i, :k] = True
+        lengths[i] = k
+        if logprob_lists is not None:
+            assert len(logprob_lists[i]) == k, f"row {i}: {len(logprob_lists[i])} log-probs for {k} tokens"
+            logprobs[i, :k] = logprob_lists[i]
+    truncated = ~np.asarray(finished, dtype=bool)
+    return ids, mask, logprobs, lengths, truncated
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad prompt token lists: (ids [N, P], mask [N, P])."""
+    width = max((len(p) for p in prompts), default=0)
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=bool)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p) :] = p
+            mask[i, width - len(p) :] = True
+    return ids, mask

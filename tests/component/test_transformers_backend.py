@@ -1,0 +1,135 @@
+"""The transformers backend on CPU with tiny models built from configs."""
+
+import numpy as np
+import pytest
+import torch
+
+from coati.distributed.config import GenerationConfig
+from coati.distributed.forward import sequence_logprobs
+from coati.distributed.inference.transformers_backend import TransformersBackend
+from coati.models import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    torch.set_num_threads(1)
+    a = build_tiny_model(tmp_path_factory.mktemp("tiny_a"), seed=0)
+    b = build_tiny_model(tmp_path_factory.mktemp("tiny_b"), seed=1)
+    return a, b
+
+
+def prompts(tok):
+    return [
+        tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True),
+        tok("x")["input_ids"],
+        tok("a longer prompt here")["input_ids"],
+    ]
+
+
+def uniform_next_token(backend):
+    """Zero the output layer: every token, EOS included, is equally likely (EOS within 64 tokens ~ half the time)."""
+    backend.load_weights({"lm_head.weight": torch.zeros_like(backend.model.lm_head.weight)})
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_equal_teacher_forced_forward(model_dirs, temperature):
+    backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=24, temperature=temperature, top_k=10, top_p=0.9))
+    torch.manual_seed(0)
+    batch = backend.generate(prompts(backend.tokenizer), n=2)
+    t = {k: torch.from_numpy(getattr(batch, k)) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")}
+    with torch.no_grad():
+        ref, _ = sequence_logprobs(backend.model, **t, temperature=temperature)
+    mask = t["response_mask"]
+    got = torch.from_numpy(batch.rollout_logprobs)
+    # Tolerance: KV-cached incremental decoding vs one full forward in float32.
+    torch.testing.assert_close(got[mask], ref[mask], rtol=0, atol=1e-4)
+    assert torch.all(got[~mask] == 0)
+    # Sampling at temperature T with top-k/top-p: log-probs are of the temperature-scaled distribution only.
+    assert (got[mask] < 0).all()
+
+
+def test_n_samples_masks_stop_at_eos_and_truncation_flagged(model_dirs):
+    backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=64))
+    uniform_next_token(backend)
+    torch.manual_seed(1)
+    batch = backend.generate(prompts(backend.tokenizer), n=8)
+    assert len(batch) == 24 and batch.group_ids.tolist() == [i for i in range(3) for _ in range(8)]
+    eos = backend.tokenizer.eos_token_id
+    ended = ~batch.truncated
+    assert ended.any() and batch.truncated.any(), "seed should give both kinds of rows"
+    for i in range(len(batch)):
+        n = batch.response_lengths[i]
+        row = batch.response_ids[i, :n]
+        assert batch.response_mask[i, :n].all() and not batch.response_mask[i, n:].any()
+        if batch.truncated[i]:
+            assert n == 64 and eos not in row.tolist()
+        else:
+            assert row[-1] == eos and eos not in row[:-1].tolist()  # mask stops at, and includes, the first EOS
+    # Completions of one prompt differ (sampling), prompts repeat n times.
+    assert len({tuple(r) for r in batch.response_ids[:8].tolist()}) > 1
+
+
+def test_stop_strings_end_the_response(model_dirs):
+    backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=64, stop_strings=("a",)))
+    uniform_next_token(backend)
+    torch.manual_seed(2)
+    batch = backend.generate(prompts(backend.tokenizer), n=4)
+    tok = backend.tokenizer
+    stopped = 0
+    for i in range(len(batch)):
+        row = batch.response_ids[i, : batch.response_lengths[i]].tolist()
+        # Stop strings match the decoded text (special tokens included, as generate's stop criteria do).
+        assert "a" not in tok.decode(row[:-1]), tok.decode(row)
+        if "a" in tok.decode(row):
+            assert not batch.truncated[i]
+            stopped += 1
+    assert stopped > 0
+
+
+def test_greedy_is_deterministic(model_dirs):
+    backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=16))
+    a = backend.generate(prompts(backend.tokenizer), n=2, greedy=True)
+    b = backend.generate(prompts(backend.tokenizer), n=1, greedy=True)
+    assert np.array_equal(a.response_ids[::2], b.response_ids)
+
+
+def test_load_weights_full_partial_and_streamed(model_dirs):
+    gen = GenerationConfig(max_new_tokens=16)
+    a = TransformersBackend(str(model_dirs[0]), gen)
+    b = TransformersBackend(str(model_dirs[1]), gen)
+    ps = prompts(a.tokenizer)
+    before = a.generate(ps, greedy=True).response_ids
+    target = b.generate(ps, greedy=True).response_ids
+    assert not np.array_equal(before, target)
+    weights = b.state_dict()
+    keys = list(weights)
+    # Streamed in two partial buckets, as ray_broadcast_tensor_dict's on_bucket delivers them.
+    a.load_weights(iter([{k: weights[k] for k in keys[::2]}, {k: weights[k] for k in keys[1::2]}]))
+    assert np.array_equal(a.generate(ps, greedy=True).response_ids, target)
+    # Same result as load_state_dict, bitwise.
+    ref = TransformersBackend(str(model_dirs[0]), gen)
+    ref.model.load_state_dict(weights)
+    for k, v in ref.model.state_dict().items():
+        assert torch.equal(a.model.state_dict()[k], v), k
+    # A partial dict (one pipeline stage) changes only its own tensors.
+    layer0 = {k: torch.zeros_like(v) for k, v in weights.items() if ".layers.0." in k}
+    a.load_weights(layer0)
+    after = a.model.state_dict()
+    assert all(torch.equal(after[k], layer0[k]) for k in layer0)
+    assert all(torch.equal(after[k], weights[k]) for k in weights if k not in layer0)
+
+
+def test_load_weights_rejects_unknown_names_and_shapes(model_dirs):
+    a = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=4))
+    with pytest.raises(KeyError, match="names the model does not have"):
+        a.load_weights({"nope.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="lm_head.weight: shape"):
+        a.load_weights({"lm_head.weight": torch.zeros(2, 2)})
+
+
+def test_bad_prompts(model_dirs):
+    a = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=4, max_prompt_tokens=5))
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        a.generate([[5], []])
+    with pytest.raises(ValueError, match="prompt 0 has 6 tokens > max_prompt_tokens=5"):
+        a.generate([[5] * 6])
