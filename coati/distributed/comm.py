@@ -45,59 +45,83 @@ def _kv_key(group_name: str) -> str:
     return f"coati/collective/{group_name}"
 
 
-class _IsolatedTorchGroup(BaseGroup):
-    """A Ray collective group backed by a private torch ProcessGroup (never the default one)."""
+def _node_address() -> str:
+    if ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    import socket
 
-    torch_backend = "gloo"
+    return socket.gethostbyname(socket.gethostname())
 
-    def __init__(self, world_size: int, rank: int, group_name: str):
-        super().__init__(world_size, rank, group_name)
-        self.timeout_s = _group_timeouts.get(group_name, DEFAULT_TIMEOUT_S)
+
+class TorchGroup:
+    """A private torch process group (gloo or NCCL) with its own TCPStore; never torch's default group.
+
+    Rank 0 binds the store on its node's address (not 127.0.0.1, so other nodes can reach it) on a free port and,
+    when connected to Ray, publishes ``host:port`` in Ray's KV store. Other ranks take ``address`` when given (for
+    processes outside Ray, such as inference-engine workers) or wait for it in the KV store.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        rank: int,
+        group_name: str,
+        backend: str = "gloo",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        address: str | None = None,
+    ):
+        self._world_size, self._rank, self._group_name = world_size, rank, group_name
+        self.torch_backend = backend
+        self.timeout_s = float(timeout_s)
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        key = _kv_key(group_name)
         if rank == 0:
-            # Bind the store on this node's address (not 127.0.0.1) so peers on other nodes can reach it; port 0
-            # lets the OS pick a free one. wait_for_workers=False: the address must be published before peers come.
-            host = ray.util.get_node_ip_address()
+            host = _node_address()
+            # wait_for_workers=False: the address must be published before the peers can come.
             self._store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
-            internal_kv._internal_kv_put(key, f"{host}:{self._store.port}", overwrite=True)
+            self.address = f"{host}:{self._store.port}"
+            if ray.is_initialized():
+                internal_kv._internal_kv_put(_kv_key(group_name), self.address, overwrite=True)
         else:
-            host, port = self._wait_for_address(key, group_name, rank)
-            self._store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+            self.address = address or self._wait_for_address()
+            host, port = self.address.rsplit(":", 1)
+            self._store = dist.TCPStore(host, int(port), world_size, False, timeout=timeout)
         store = dist.PrefixStore(f"coati/{group_name}", self._store)
-        self._pg = self._make_process_group(store, rank, world_size, timeout)
+        if backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self._pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+            self.device = torch.device("cpu")
 
-    def _wait_for_address(self, key: str, group_name: str, rank: int) -> tuple[str, int]:
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _wait_for_address(self) -> str:
+        key = _kv_key(self.group_name)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             value = internal_kv._internal_kv_get(key)
             if value is not None:
-                host, port = value.decode().rsplit(":", 1)
-                return host, int(port)
+                return value.decode()
             time.sleep(0.02)
         raise CollectiveError(
-            f"group {group_name!r} rank {rank}: rank 0 did not publish its address within {self.timeout_s:.0f} s; "
-            "is rank 0 alive and did it call init_collective_group with the same group name?"
+            f"group {self.group_name!r} rank {self.rank}: rank 0 did not publish its address within "
+            f"{self.timeout_s:.0f} s; is rank 0 alive and did it join with the same group name?"
         )
 
-    def _make_process_group(self, store, rank, world_size, timeout):
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-
-    @classmethod
-    def backend(cls):
-        return cls.__name__
-
-    @classmethod
-    def check_backend_availability(cls) -> bool:
-        return dist.is_available()
-
-    def destroy_group(self):
-        if self.rank == 0:
-            internal_kv._internal_kv_del(_kv_key(self.group_name))
-        self._pg = None
-        self._store = None
-
-    def _run(self, what: str, work) -> None:
+    def wait(self, work, what: str = "collective") -> None:
+        """Finish ``work`` within the group's timeout, or raise CollectiveError naming the group and rank."""
         try:
             ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except Exception as e:  # noqa: BLE001 - re-raised with the group and rank named
@@ -110,10 +134,6 @@ class _IsolatedTorchGroup(BaseGroup):
                 f"{self.rank}/{self.world_size}; a peer is dead or never joined"
             )
 
-    def broadcast(self, tensors, broadcast_options=None):
-        root = broadcast_options.root_rank
-        self._run(f"broadcast from rank {root}", self.broadcast_async(tensors[0], root))
-
     def broadcast_async(self, tensor: torch.Tensor, root: int):
         """Start a broadcast and return its work handle; finish it with ``wait``."""
         opts = dist.BroadcastOptions()
@@ -121,20 +141,49 @@ class _IsolatedTorchGroup(BaseGroup):
         opts.rootTensor = 0
         return self._pg.broadcast([tensor], opts)
 
-    def wait(self, work, what: str = "broadcast") -> None:
-        self._run(what, work)
+    def broadcast_tensor(self, tensor: torch.Tensor, root: int) -> None:
+        self.wait(self.broadcast_async(tensor, root), f"broadcast from rank {root}")
+
+    def destroy(self) -> None:
+        if self.rank == 0 and ray.is_initialized():
+            internal_kv._internal_kv_del(_kv_key(self.group_name))
+        self._pg = None
+        self._store = None
+
+
+class _IsolatedTorchGroup(TorchGroup, BaseGroup):
+    """A TorchGroup registered as a Ray collective backend (``ray.util.collective`` API)."""
+
+    torch_backend = "gloo"
+
+    def __init__(self, world_size: int, rank: int, group_name: str):
+        TorchGroup.__init__(
+            self, world_size, rank, group_name, type(self).torch_backend,
+            _group_timeouts.get(group_name, DEFAULT_TIMEOUT_S),
+        )  # fmt: skip
+
+    @classmethod
+    def backend(cls):
+        return cls.__name__
+
+    @classmethod
+    def check_backend_availability(cls) -> bool:
+        return dist.is_available()
+
+    def destroy_group(self):
+        self.destroy()
+
+    def broadcast(self, tensors, broadcast_options=None):
+        self.broadcast_tensor(tensors[0], broadcast_options.root_rank)
 
     def allreduce(self, tensors, allreduce_options=None):
-        self._run("allreduce", self._pg.allreduce(tensors))
+        self.wait(self._pg.allreduce(tensors), "allreduce")
 
     def allgather(self, tensor_lists, tensors, allgather_options=None):
-        self._run("allgather", self._pg.allgather(tensor_lists, tensors))
+        self.wait(self._pg.allgather(tensor_lists, tensors), "allgather")
 
     def barrier(self, barrier_options=None):
-        self._run("barrier", self._pg.allreduce([torch.zeros(1, device=self._device())]))
-
-    def _device(self):
-        return "cpu"
+        self.wait(self._pg.allreduce([torch.zeros(1, device=self.device)]), "barrier")
 
     def reduce(self, *args, **kwargs):
         raise NotImplementedError("reduce is not used by coati")
@@ -156,17 +205,29 @@ class COATI_GLOO(_IsolatedTorchGroup):
 class COATI_NCCL(_IsolatedTorchGroup):
     """CUDA tensors over a private NCCL process group (GPU-to-GPU, no host copy)."""
 
-    def _make_process_group(self, store, rank, world_size, timeout):
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
-
-    def _device(self):
-        return torch.device("cuda", torch.cuda.current_device())
+    torch_backend = "nccl"
 
     @classmethod
     def check_backend_availability(cls) -> bool:
         return dist.is_nccl_available() and torch.cuda.is_available()
+
+
+class _RayGroup:
+    """Adapter for groups on Ray's own backends: the same calls, synchronous."""
+
+    def __init__(self, group_name: str):
+        self.group_name = group_name
+        self.rank = cc.get_rank(group_name)
+
+    def broadcast_tensor(self, tensor, root):
+        cc.broadcast(tensor, root, self.group_name)
+
+
+def _handle(group_name: str, group: TorchGroup | None):
+    if group is not None:
+        return group
+    g = cc.collective.get_group_handle(group_name)
+    return g if isinstance(g, TorchGroup) else _RayGroup(group_name)
 
 
 def register_backends() -> None:
@@ -189,6 +250,17 @@ def init_group(
     cc.init_collective_group(world_size, rank, backend=backend, group_name=group_name)
 
 
+def group_address(group_name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """``host:port`` of a group's rank 0, for members outside Ray (``TorchGroup(..., address=...)``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = internal_kv._internal_kv_get(_kv_key(group_name))
+        if value is not None:
+            return value.decode()
+        time.sleep(0.02)
+    raise CollectiveError(f"group {group_name!r}: no address published within {timeout_s:.0f} s")
+
+
 def destroy_group(group_name: str) -> None:
     if cc.is_group_initialized(group_name):
         cc.destroy_collective_group(group_name)
@@ -202,21 +274,23 @@ def destroy_group(group_name: str) -> None:
 # ---- objects ---------------------------------------------------------------------------------------------------
 
 
-def ray_broadcast_object(obj: Any, src: int = 0, device=None, group_name: str = "default") -> Any:
+def ray_broadcast_object(
+    obj: Any, src: int = 0, device=None, group_name: str = "default", group: TorchGroup | None = None
+) -> Any:
     """Broadcast a picklable object from rank ``src``; every rank returns it."""
     device = torch.device(device or "cpu")
-    rank = cc.get_rank(group_name)
-    if rank == src:
+    g = _handle(group_name, group)
+    if g.rank == src:
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
         size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
     else:
         size = torch.zeros(1, dtype=torch.int64, device=device)
-    cc.broadcast(size, src, group_name)
-    if rank != src:
+    g.broadcast_tensor(size, src)
+    if g.rank != src:
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if payload.numel():
-        cc.broadcast(payload, src, group_name)
-    if rank == src:
+        g.broadcast_tensor(payload, src)
+    if g.rank == src:
         return obj
     return pickle.loads(payload.cpu().numpy().tobytes())
 
@@ -309,16 +383,20 @@ def ray_broadcast_tensor_dict(
     version: int = 0,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     on_bucket: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    group: TorchGroup | None = None,
 ) -> VersionedDict:
     """Broadcast ``tensor_dict`` (on rank ``src``; ignored elsewhere) to every rank of ``group_name``.
 
     Tensors of any dtype and shape (0-dim and non-contiguous included) arrive bitwise equal; non-tensor values
     travel with the schema. On receivers, ``on_bucket`` (if given) is called with each bucket's tensors as soon as it
     lands and the returned dict holds only the non-tensor values, so a backend can load weights without two full
-    copies. The source returns its own dict (as a VersionedDict).
+    copies. The source returns its own dict (as a VersionedDict). ``group`` (a TorchGroup) replaces the Ray group
+    name in processes that are not Ray actors.
     """
     device = torch.device(device or "cpu")
-    rank = cc.get_rank(group_name)
+    g = _handle(group_name, group)
+    group_name = g.group_name
+    rank = g.rank
     header = torch.zeros(4, dtype=torch.int64, device=device)
     if rank == src:
         schema = _plan(tensor_dict, bucket_bytes)
@@ -326,19 +404,19 @@ def ray_broadcast_tensor_dict(
         last = _sent_schema.get(group_name)
         blob = b"" if last is not None and last[0] == sid else pickle.dumps(schema)
         header[:] = torch.tensor([version, sid, len(blob), len(schema.bucket_sizes)], device=device)
-    cc.broadcast(header, src, group_name)
+    g.broadcast_tensor(header, src)
     version, sid, blob_len, num_buckets = (int(x) for x in header.tolist())
     if rank == src:
         if blob:
-            ray_broadcast_object_bytes(blob, src, device, group_name)
+            _broadcast_bytes(g, blob, src, device)
             _sent_schema[group_name] = (sid, schema)
         result = VersionedDict(tensor_dict)
-        _send_buckets(group_name, src, schema, tensor_dict, device)
+        _send_buckets(g, src, schema, tensor_dict, device)
     else:
         known = _recv_schema.setdefault(group_name, {})
         if blob_len:
             known.clear()
-            known[sid] = pickle.loads(ray_broadcast_object_bytes(None, src, device, group_name, blob_len))
+            known[sid] = pickle.loads(_broadcast_bytes(g, None, src, device, blob_len))
         if sid not in known:
             raise CollectiveError(
                 f"group {group_name!r} rank {rank}: push {version} reuses schema {sid:x} this rank never received; "
@@ -346,7 +424,7 @@ def ray_broadcast_tensor_dict(
             )
         schema = known[sid]
         result = VersionedDict(schema.extras)
-        for tensors in _recv_buckets(group_name, src, schema, device, reuse=on_bucket is not None):
+        for tensors in _recv_buckets(g, src, schema, device, reuse=on_bucket is not None):
             if on_bucket is not None:
                 on_bucket(tensors)
             else:
@@ -372,62 +450,60 @@ def _staging_buffers(group_name: str, device, nbytes: int) -> list[torch.Tensor]
     return bufs
 
 
-def _send_buckets(group_name: str, src: int, schema: _Schema, tensor_dict, device) -> None:
+def _send_buckets(g, src: int, schema: _Schema, tensor_dict, device) -> None:
     """Pack bucket b+1 while bucket b is being broadcast (double buffering on the isolated backends)."""
     if not schema.bucket_sizes:
         return
-    group = cc.collective.get_group_handle(group_name)
-    if not isinstance(group, _IsolatedTorchGroup):
+    if not isinstance(g, TorchGroup):
         for b in range(len(schema.bucket_sizes)):
-            cc.broadcast(_pack(b, schema, tensor_dict, device), src, group_name)
+            g.broadcast_tensor(_pack(b, schema, tensor_dict, device), src)
         return
-    bufs = _staging_buffers(group_name, device, max(schema.bucket_sizes))
+    bufs = _staging_buffers(g.group_name, device, max(schema.bucket_sizes))
     pending = [None, None]
     for b, size in enumerate(schema.bucket_sizes):
         slot = b % 2
         if pending[slot] is not None:
-            group.wait(pending[slot], f"broadcast of bucket {b - 2} from rank {src}")
+            g.wait(pending[slot], f"broadcast of bucket {b - 2} from rank {src}")
         buf = bufs[slot][:size]
         _pack_into(buf, b, schema, tensor_dict, device)
-        pending[slot] = group.broadcast_async(buf, src)
-    for slot, work in enumerate(pending):
+        pending[slot] = g.broadcast_async(buf, src)
+    for work in pending:
         if work is not None:
-            group.wait(work, f"broadcast from rank {src}")
+            g.wait(work, f"broadcast from rank {src}")
 
 
-def _recv_buckets(group_name: str, src: int, schema: _Schema, device, reuse: bool):
+def _recv_buckets(g, src: int, schema: _Schema, device, reuse: bool):
     """Yield each bucket's tensors as it lands; with ``reuse`` they are views of staging buffers, valid until the
     next bucket is requested, else each bucket gets its own storage."""
-    group = cc.collective.get_group_handle(group_name)
     sizes = schema.bucket_sizes
-    if not isinstance(group, _IsolatedTorchGroup):
+    if not isinstance(g, TorchGroup):
         for b, size in enumerate(sizes):
             buf = torch.empty(size, dtype=torch.uint8, device=device)
-            cc.broadcast(buf, src, group_name)
+            g.broadcast_tensor(buf, src)
             yield _unpack(b, schema, buf)
         return
     if not sizes:
         return
-    bufs = _staging_buffers(group_name, device, max(sizes)) if reuse else None
+    bufs = _staging_buffers(g.group_name, device, max(sizes)) if reuse else None
 
     def start(b):
         buf = bufs[b % 2][: sizes[b]] if reuse else torch.empty(sizes[b], dtype=torch.uint8, device=device)
-        return buf, group.broadcast_async(buf, src)
+        return buf, g.broadcast_async(buf, src)
 
     nxt = start(0)
     for b in range(len(sizes)):
         buf, work = nxt
-        group.wait(work, f"broadcast of bucket {b} from rank {src}")
+        g.wait(work, f"broadcast of bucket {b} from rank {src}")
         # Post the next receive before handing this bucket out, so the wire stays busy during the callback.
         nxt = start(b + 1) if b + 1 < len(sizes) else None
         yield _unpack(b, schema, buf)
 
 
-def ray_broadcast_object_bytes(blob: bytes | None, src: int, device, group_name: str, length: int = 0) -> bytes:
+def _broadcast_bytes(g, blob: bytes | None, src: int, device, length: int = 0) -> bytes:
     """Broadcast raw bytes whose length every rank already knows (from a header)."""
     if blob is not None:
         buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(length, dtype=torch.uint8, device=device)
-    cc.broadcast(buf, src, group_name)
+    g.broadcast_tensor(buf, src)
     return blob if blob is not None else buf.cpu().numpy().tobytes()

@@ -24,6 +24,10 @@ class InferenceBackend:
         self.generation = generation
         self.options = options
 
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise ImportError, with the install command, when the engine is not installed."""
+
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
         raise NotImplementedError
 
@@ -35,6 +39,13 @@ class InferenceBackend:
 
     def wake(self) -> None:
         """Undo ``sleep`` (optional)."""
+
+    @staticmethod
+    def _require(module: str, hint: str) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"the {module} inference backend needs {module} installed: {hint}")
 
     @staticmethod
     def _as_batches(weights) -> Iterable[Mapping[str, torch.Tensor]]:

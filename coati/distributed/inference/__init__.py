@@ -1,0 +1,26 @@
+"""Inference backends, chosen by name. Heavy engines (vllm, sglang) are imported only when selected."""
+
+from __future__ import annotations
+
+import importlib
+
+from coati.registry import Registry
+
+BACKEND_MAP: Registry = Registry("inference backend")
+BACKEND_MAP.register("transformers", "coati.distributed.inference.transformers_backend:TransformersBackend")
+BACKEND_MAP.register("vllm", "coati.distributed.inference.vllm_backend:VLLMBackend")
+BACKEND_MAP.register("sglang", "coati.distributed.inference.sglang_backend:SGLangBackend")
+
+INSTALL_HINTS = {
+    "vllm": "pip install 'vllm>=0.8.5,<0.10' (GPU only; needs its own torch, see README)",
+    "sglang": "pip install 'sglang[all]==0.4.6.post5' (GPU only; needs its own torch, see README)",
+}
+
+
+def backend_class(name: str):
+    """The backend class registered as ``name``; an ImportError with the install command if its engine is missing."""
+    module_name, _, attr = BACKEND_MAP.get(name).partition(":")
+    module = importlib.import_module(module_name)
+    cls = getattr(module, attr)
+    cls.check_available()
+    return cls

@@ -1,0 +1,67 @@
+"""Pure conversions from inference-engine outputs to a RolloutBatch (unit-tested without the engines).
+
+vLLM: ``RequestOutput.outputs[j]`` has ``token_ids``, ``logprobs`` (one ``{token_id: Logprob}`` per token, with
+``SamplingParams(logprobs=0)`` holding the sampled token) and ``finish_reason`` ('stop' or 'length').
+SGLang: ``Engine.generate(..., return_logprob=True)`` returns dicts with ``output_ids`` and ``meta_info`` holding
+``output_token_logprobs`` (``(logprob, token_id, text)`` per token) and ``finish_reason`` (``{'type': ...}``).
+Both engines report log-probs of the unscaled distribution, which equals the sampling distribution only at
+temperature 1 with top-k/top-p off; otherwise ``extras['logprobs_valid']`` is False and the log-probs are zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coati.distributed.rollout import RolloutBatch, left_pad, responses_from_token_lists
+
+
+def _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid) -> RolloutBatch:
+    rows = [p for p in prompts for _ in range(n)]
+    p_ids, p_mask = left_pad(rows, pad_id)
+    ids, mask, lps, lengths, truncated = responses_from_token_lists(
+        tokens, logprobs if logprobs_valid else None, finished, pad_id
+    )
+    return RolloutBatch(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        response_ids=ids,
+        response_mask=mask,
+        rollout_logprobs=lps,
+        response_lengths=lengths,
+        truncated=truncated,
+        group_ids=np.repeat(np.arange(len(prompts), dtype=np.int64), n),
+        extras={"logprobs_valid": np.full(len(rows), logprobs_valid)},
+    ).validate()
+
+
+def rollout_from_vllm(outputs, prompts, n: int, pad_id: int, logprobs_valid: bool) -> RolloutBatch:
+    """``outputs``: one RequestOutput per prompt (in order), each with n completions."""
+    assert len(outputs) == len(prompts), (len(outputs), len(prompts))
+    tokens, logprobs, finished = [], [], []
+    for req in outputs:
+        assert len(req.outputs) == n, f"expected {n} completions, got {len(req.outputs)}"
+        for comp in req.outputs:
+            ids = list(comp.token_ids)
+            tokens.append(ids)
+            if logprobs_valid:
+                assert comp.logprobs is not None and len(comp.logprobs) == len(ids)
+                logprobs.append([step[t].logprob for t, step in zip(ids, comp.logprobs, strict=True)])
+            finished.append(comp.finish_reason != "length")
+    return _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid)
+
+
+def rollout_from_sglang(outputs, prompts, n: int, pad_id: int, logprobs_valid: bool) -> RolloutBatch:
+    """``outputs``: one dict per row, rows prompt-major (each prompt repeated n times)."""
+    assert len(outputs) == len(prompts) * n, (len(outputs), len(prompts), n)
+    tokens, logprobs, finished = [], [], []
+    for out in outputs:
+        ids = list(out["output_ids"])
+        meta = out["meta_info"]
+        tokens.append(ids)
+        if logprobs_valid:
+            steps = meta["output_token_logprobs"]
+            assert [s[1] for s in steps] == ids, "log-prob token ids do not match output_ids"
+            logprobs.append([s[0] for s in steps])
+        reason = meta.get("finish_reason") or {}
+        finished.append((reason.get("type") if isinstance(reason, dict) else reason) != "length")
+    return _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid)

@@ -1,0 +1,69 @@
+"""vLLM/SGLang output -> RolloutBatch conversion, on objects shaped like the engines' outputs."""
+
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+
+from coati.distributed.inference import BACKEND_MAP, backend_class
+from coati.distributed.inference.engine_outputs import rollout_from_sglang, rollout_from_vllm
+
+PROMPTS = [[5, 6, 7], [8]]
+EOS = 1
+
+
+def vllm_completion(ids, lps, reason):
+    steps = [{t: NS(logprob=lp, rank=1), 99: NS(logprob=-9.0, rank=2)} for t, lp in zip(ids, lps)]
+    return NS(token_ids=tuple(ids), logprobs=steps, finish_reason=reason, text="")
+
+
+def test_vllm_conversion():
+    outputs = [
+        NS(prompt_token_ids=PROMPTS[0], outputs=[vllm_completion([3, EOS], [-0.5, -0.1], "stop"),
+                                                 vllm_completion([4, 4, 4], [-1.0, -2.0, -3.0], "length")]),
+        NS(prompt_token_ids=PROMPTS[1], outputs=[vllm_completion([EOS], [-0.2], "stop"),
+                                                 vllm_completion([2, 3], [-0.3, -0.4], "stop")]),
+    ]  # fmt: skip
+    b = rollout_from_vllm(outputs, PROMPTS, n=2, pad_id=0, logprobs_valid=True)
+    assert b.group_ids.tolist() == [0, 0, 1, 1]
+    assert b.prompt_ids.tolist() == [[5, 6, 7], [5, 6, 7], [0, 0, 8], [0, 0, 8]]
+    assert b.prompt_mask.tolist()[2] == [False, False, True]
+    assert b.response_ids.tolist() == [[3, EOS, 0], [4, 4, 4], [EOS, 0, 0], [2, 3, 0]]
+    assert b.response_lengths.tolist() == [2, 3, 1, 2]
+    assert b.truncated.tolist() == [False, True, False, False]
+    np.testing.assert_allclose(b.rollout_logprobs[1], [-1.0, -2.0, -3.0])
+    assert b.rollout_logprobs[0, 2] == 0.0
+    assert b.extras["logprobs_valid"].all()
+
+
+def test_vllm_conversion_without_valid_logprobs():
+    outputs = [NS(outputs=[NS(token_ids=(3,), logprobs=None, finish_reason="stop")]) for _ in PROMPTS]
+    b = rollout_from_vllm(outputs, PROMPTS, n=1, pad_id=0, logprobs_valid=False)
+    assert not b.extras["logprobs_valid"].any() and (b.rollout_logprobs == 0).all()
+
+
+def test_sglang_conversion():
+    def out(ids, lps, reason):
+        return {"output_ids": ids, "meta_info": {"output_token_logprobs": [(lp, t, None) for t, lp in zip(ids, lps)],
+                                                 "finish_reason": {"type": reason}}}  # fmt: skip
+
+    outputs = [out([3, EOS], [-0.5, -0.1], "stop"), out([4, 4], [-1.0, -2.0], "length"), out([EOS], [-0.2], "stop"),
+               out([2], [-0.3], "stop")]  # fmt: skip
+    b = rollout_from_sglang(outputs, PROMPTS, n=2, pad_id=0, logprobs_valid=True)
+    assert b.truncated.tolist() == [False, True, False, False]
+    assert b.response_lengths.tolist() == [2, 2, 1, 1]
+    np.testing.assert_allclose(b.rollout_logprobs[0], [-0.5, -0.1])
+    with pytest.raises(AssertionError, match="do not match"):
+        bad = [out([3], [-0.5], "stop")] * 4
+        bad[0] = {"output_ids": [3], "meta_info": {"output_token_logprobs": [(-0.5, 7, None)], "finish_reason": None}}
+        rollout_from_sglang(bad, PROMPTS, n=2, pad_id=0, logprobs_valid=True)
+
+
+def test_backend_map_and_missing_engines():
+    assert BACKEND_MAP.names() == ["transformers", "vllm", "sglang"]
+    with pytest.raises(ImportError, match="pip install 'vllm"):
+        backend_class("vllm")
+    with pytest.raises(ImportError, match="pip install 'sglang"):
+        backend_class("sglang")
+    with pytest.raises(KeyError, match="unknown inference backend 'hf'; known: sglang, transformers, vllm"):
+        backend_class("hf")
