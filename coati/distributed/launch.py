@@ -1,8 +1,140 @@
-"""The driver: validate config -> place actors -> connect groups -> push weights -> loop.
-
-``ALGO_MAP`` is importable from here without starting anything: importing this module starts no Ray actor.
+"""The driver: validate config -> place actors -> connect groups -> initial weight push -> loop (produce, consume,
+push, eval, save). ``ALGO_MAP`` is importable from here without starting anything.
 """
 
-from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
+from __future__ import annotations
 
-__all__ = ["ALGO_MAP", "resolve_algorithm"]
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable
+
+from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
+from coati.distributed.config import (
+    AlgorithmConfig,
+    ConsumerConfig,
+    GenerationConfig,
+    LaunchConfig,
+    PluginConfig,
+    ProducerConfig,
+)
+
+__all__ = ["ALGO_MAP", "launch_distributed", "resolve_algorithm"]
+log = logging.getLogger(__name__)
+_ALGO_FIELDS = set(AlgorithmConfig.__dataclass_fields__)
+
+
+def build_config(
+    num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
+    inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config, plugin_config,
+    inference_backend, num_generations, core_algo,
+) -> LaunchConfig:  # fmt: skip
+    """All checks that need no actor: batch arithmetic, algorithm, sampling, parallel layout."""
+    grpo_config = dict(grpo_config or {})
+    algo_overrides = {k: grpo_config.pop(k) for k in list(grpo_config) if k in _ALGO_FIELDS}
+    known_grpo = {"lr", "train_microbatch_size", "reward_fn_type", "reward_kwargs", "weight_decay", "max_grad_norm"}
+    unknown = sorted(set(grpo_config) - known_grpo)
+    if unknown:
+        raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(known_grpo | _ALGO_FIELDS)}")
+    return LaunchConfig(
+        producer=ProducerConfig(
+            num_producers=num_producers,
+            num_proc_per_producer=num_proc_per_producer,
+            inference_batch_size=inference_batch_size,
+            inference_microbatch_size=inference_microbatch_size,
+            num_generations=num_generations,
+            backend=inference_backend,
+        ),
+        consumer=ConsumerConfig(
+            num_consumer_procs=num_consumer_procs,
+            train_batch_size=train_batch_size,
+            train_minibatch_size=train_minibatch_size,
+            train_microbatch_size=grpo_config.get("train_microbatch_size", train_minibatch_size * num_generations),
+            learning_rate=grpo_config.get("lr", 1e-6),
+            weight_decay=grpo_config.get("weight_decay", 0.0),
+            max_grad_norm=grpo_config.get("max_grad_norm", 1.0),
+            plugin=PluginConfig(**(plugin_config or {})),
+        ),
+        generation=GenerationConfig(**(generate_config or {})),
+        algorithm=resolve_algorithm(core_algo, **algo_overrides),
+        num_episodes=num_episodes,
+    )
+
+
+def launch_distributed(
+    num_producers: int,
+    num_proc_per_producer: int,
+    num_consumer_procs: int,
+    num_episodes: int,
+    inference_batch_size: int,
+    inference_microbatch_size: int,
+    train_batch_size: int,
+    train_minibatch_size: int,
+    train_dataset_config: dict[str, Any],
+    inference_model_config: dict[str, Any],
+    generate_config: dict[str, Any],
+    train_model_config: dict[str, Any],
+    grpo_config: dict[str, Any],
+    plugin_config: dict[str, Any],
+    tokenizer_config: dict[str, Any] | None = None,
+    inference_backend: str = "transformers",
+    num_generations: int = 8,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    core_algo: str = "GRPO",
+    project_name: str = "coati",
+    save_interval: int = 0,
+    save_dir: str | None = None,
+    eval_dataset_config: dict[str, Any] | None = None,
+    eval_interval: int = 0,
+    max_staleness: int = 0,
+    max_steps: int | None = None,
+    seed: int = 0,
+    cpus_per_actor: float = 0.5,
+    reward_workers: int = 1,
+    weight_sync_timeout_s: float = 300.0,
+    on_step: Callable[[dict], None] | None = None,
+    dataloaders_config: dict[str, Any] | None = None,
+) -> dict:
+    """Run RL training; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None}.
+
+    Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else changes between
+    one box and a cluster.
+    """
+    import ray
+
+    from coati.distributed.loop import Run, preflight
+
+    cfg = build_config(
+        num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
+        inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config,
+        plugin_config, inference_backend, num_generations, core_algo,
+    )  # fmt: skip
+    grpo_config = dict(grpo_config or {})
+    train_model = train_model_config["path"]
+    plan = preflight(
+        cfg,
+        train_model_path=train_model,
+        inference_model_path=inference_model_config["path"],
+        tokenizer_path=(tokenizer_config or {}).get("path", train_model),
+        train_dataset=train_dataset_config,
+        eval_dataset=eval_dataset_config,
+        reward_fn=grpo_config.get("reward_fn_type", "math"),
+        cpus_per_actor=cpus_per_actor,
+    )
+    if not ray.is_initialized():
+        raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
+    run = Run(
+        cfg, plan, seed=seed, reward_kwargs=grpo_config.get("reward_kwargs"), reward_workers=reward_workers,
+        weight_sync_timeout_s=weight_sync_timeout_s, max_staleness=max_staleness, master_addr=master_addr,
+        master_port=master_port, run_name=f"{project_name}-{uuid.uuid4().hex[:8]}",
+    )  # fmt: skip
+    try:
+        run.start_actors()
+        run.connect_weight_group()
+        run.push_weights()
+        return run.loop(max_steps=max_steps, eval_interval=eval_interval, save_interval=save_interval,
+                        save_dir=save_dir, on_step=on_step)  # fmt: skip
+    finally:
+        run.shutdown()

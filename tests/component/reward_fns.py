@@ -14,3 +14,12 @@ def crashy(completions, **fields):
             raise ValueError("bad sample")
         out.append(RewardResult(1.0, True, True))
     return out
+
+
+def digit_fraction(completions, **fields):
+    """Fraction of the response's characters that are digits: an easy signal for a tiny random model to climb."""
+    out = []
+    for c in completions:
+        frac = sum(ch.isdigit() for ch in c) / max(len(c), 1)
+        out.append(RewardResult(frac, True, frac > 0.5))
+    return out

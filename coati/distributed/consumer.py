@@ -1,0 +1,239 @@
+"""GRPOConsumer: the training actor. ColossalAI Booster + HybridParallelPlugin + HybridAdam; algorithm-blind.
+
+Each training step receives the global RolloutBatch of the step (every DP rank gets the same object-store reference),
+computes advantages over all of it, keeps its DP shard, and runs ``train_batch_size / train_minibatch_size``
+optimizer steps of micro-batched forward/backward passes. What the algorithm is comes only from the AlgorithmConfig
+fields: estimator, loss, aggregation, KL, masking. Rank 0 pushes the new weights to the producers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
+from coati.distributed.algo.shaping import mask_truncated
+from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
+from coati.distributed.forward import sequence_logprobs
+from coati.distributed.rollout import RolloutBatch
+
+
+class GRPOConsumer:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        model_path: str,
+        consumer: ConsumerConfig,
+        algorithm: AlgorithmConfig,
+        generation: GenerationConfig,
+        num_generations: int,
+        seed: int = 0,
+    ):
+        torch.set_num_threads(int(os.environ.get("COATI_THREADS", "1")))
+        self.rank, self.world_size = rank, world_size
+        self.master_addr, self.master_port = master_addr, master_port
+        self.model_path = model_path
+        self.cfg, self.algo, self.generation = consumer, algorithm, generation
+        self.n = num_generations
+        self.seed = seed
+        self.weight_group = None
+
+    def setup(self) -> dict:
+        import colossalai
+        from colossalai.booster import Booster
+        from colossalai.booster.plugin import HybridParallelPlugin
+        from colossalai.nn.optimizer import HybridAdam
+        from transformers import AutoModelForCausalLM
+
+        from coati.distributed.colossal_cpu import apply_cpu_shims
+
+        on_cpu = apply_cpu_shims()
+        backend = "gloo" if on_cpu else "nccl"
+        colossalai.launch(self.rank, self.world_size, self.master_addr, self.master_port, backend=backend, seed=self.seed)
+        self.device = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
+        p = self.cfg.plugin
+        self.plugin = HybridParallelPlugin(
+            tp_size=p.tp_size,
+            pp_size=p.pp_size,
+            zero_stage=p.zero_stage,
+            precision=p.precision,
+            max_norm=self.cfg.max_grad_norm,
+            microbatch_size=1 if p.pp_size > 1 else None,
+            make_vocab_size_divisible_by=p.tp_size,
+            enable_metadata_cache=False,
+        )
+        self.booster = Booster(plugin=self.plugin)
+        torch.manual_seed(self.seed)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
+        model.config.use_cache = False
+        self.param_names = [n for n, _ in model.named_parameters()]
+        optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
+        self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
+        self.ref_model = None
+        if self.algo.beta > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        self.dp_rank = self.plugin.dp_group.rank()
+        self.dp_size = self.plugin.dp_size
+        self.step_count = 0
+        return {"node_id": _node_id(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "pid": os.getpid()}
+
+    # ---- training --------------------------------------------------------------------------------------------
+
+    def _tensors(self, batch: RolloutBatch, rows) -> dict[str, torch.Tensor]:
+        def t(a, dtype=None):
+            x = torch.from_numpy(np.ascontiguousarray(a[rows]))
+            return x.to(self.device, dtype) if dtype else x.to(self.device)
+
+        return {
+            "prompt_ids": t(batch.prompt_ids),
+            "prompt_mask": t(batch.prompt_mask),
+            "response_ids": t(batch.response_ids),
+            "response_mask": t(batch.response_mask),
+        }
+
+    def train_step(self, batch: RolloutBatch) -> dict:
+        """One training step on the global batch of the step; returns averaged metrics."""
+        start = time.perf_counter()
+        metrics: dict[str, list] = defaultdict(list)
+        n_rows = len(batch)
+        assert n_rows % (self.dp_size * self.n) == 0, (n_rows, self.dp_size, self.n)
+        # Arrays from the object store are read-only: copy the small ones into tensors.
+        loss_mask = torch.tensor(batch.response_mask, dtype=torch.float32)
+        if self.algo.mask_truncated:
+            loss_mask = mask_truncated(loss_mask, torch.tensor(batch.truncated))
+        adv = ADVANTAGE_ESTIMATORS.get(self.algo.advantage_estimator)(
+            torch.tensor(batch.rewards), torch.tensor(batch.group_ids), loss_mask, self.algo
+        ).advantages
+        # DP shard: contiguous whole groups (rows are prompt-major).
+        shard = n_rows // self.dp_size
+        num_minibatches = self.cfg.train_batch_size // self.cfg.train_minibatch_size
+        mb_rows = shard // num_minibatches
+        shard_rows = np.arange(self.dp_rank * shard, (self.dp_rank + 1) * shard)
+        old_lp = self._logprobs_no_grad(self.model, batch, shard_rows) if num_minibatches > 1 else None
+        ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
+        step_loss = torch.zeros(1, dtype=torch.float64)
+        for m in range(num_minibatches):
+            # The loss is normalised over the global minibatch m: rows of minibatch m on every DP rank.
+            global_rows = np.concatenate(
+                [np.arange(r * shard + m * mb_rows, r * shard + (m + 1) * mb_rows) for r in range(self.dp_size)]
+            )
+            norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
+            local = np.arange(m * mb_rows, (m + 1) * mb_rows)
+            for lo in range(0, mb_rows, self.cfg.train_microbatch_size):
+                idx = local[lo : lo + self.cfg.train_microbatch_size]
+                rows = shard_rows[idx]
+                t = self._tensors(batch, rows)
+                logprobs, entropy = sequence_logprobs(self.model, **t, temperature=self.generation.temperature,
+                                                      with_entropy=True)  # fmt: skip
+                mask = loss_mask[rows].to(self.device)
+                inp = LossInput(
+                    logprobs=logprobs,
+                    old_logprobs=old_lp[idx] if old_lp is not None else logprobs.detach(),
+                    advantages=adv[rows].to(self.device),
+                    mask=mask,
+                    ref_logprobs=ref_lp[idx] if ref_lp is not None else None,
+                    rollout_logprobs=self._rollout_logprobs(batch, rows),
+                )
+                loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+                self.booster.backward(loss, self.optimizer)
+                weight = float(mask.sum())
+                for k, v in m_metrics.items():
+                    if k != "loss/policy":
+                        metrics[k].append((float(v), weight))
+                step_loss += loss.item() / self.dp_size / num_minibatches
+                metrics["actor/entropy"].append((float((entropy * mask).sum() / mask.sum().clamp(min=1)), weight))
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        self.step_count += 1
+        out = {k: sum(v * w for v, w in vals) / max(sum(w for _, w in vals), 1e-9) for k, vals in metrics.items()}
+        if self.dp_size > 1:
+            torch.distributed.all_reduce(step_loss, group=self.plugin.dp_group)
+        out["loss/policy"] = float(step_loss)
+        out["time/train_step"] = time.perf_counter() - start
+        out["actor/lr"] = self.cfg.learning_rate
+        return out
+
+    def _rollout_logprobs(self, batch: RolloutBatch, rows):
+        valid = batch.extras.get("logprobs_valid")
+        if valid is not None and not np.all(valid[rows]):
+            return None
+        return torch.from_numpy(batch.rollout_logprobs[rows]).to(self.device)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model, batch: RolloutBatch, rows) -> torch.Tensor:
+        out = []
+        for lo in range(0, len(rows), self.cfg.train_microbatch_size):
+            t = self._tensors(batch, rows[lo : lo + self.cfg.train_microbatch_size])
+            lp, _ = sequence_logprobs(model, **t, temperature=self.generation.temperature)
+            out.append(lp)
+        return torch.cat(out)
+
+    # ---- weights ---------------------------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (TP-gathered) weights under the Hugging Face names; collective over the TP group."""
+        from colossalai.checkpoint_io.utils import gather_distributed_param
+
+        module = self.model.unwrap()
+        out = {}
+        for name, param in module.named_parameters():
+            full = gather_distributed_param(param, keep_vars=False)
+            out[name] = full.detach()
+        return out
+
+    def join_weight_group(self, world_size: int, group_name: str, timeout_s: float) -> bool:
+        from coati.distributed.comm import init_group
+
+        init_group(world_size, 0, group_name, device=str(self.device), timeout_s=timeout_s)
+        self.weight_group = group_name
+        return True
+
+    def push_weights(self, version: int) -> float:
+        """Rank 0 broadcasts its weights to the producers; every rank takes part in the TP gather."""
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        start = time.perf_counter()
+        state = self.full_state_dict()
+        if self.rank == 0:
+            ray_broadcast_tensor_dict(state, 0, self.device, self.weight_group, version=version)
+        return time.perf_counter() - start
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.cpu().clone() for k, v in self.full_state_dict().items()}
+
+    def save_hf(self, path: str, tokenizer_path: str | None = None) -> str:
+        """Write a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM."""
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return path
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(self.model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict({k: v.cpu() for k, v in state.items()}, strict=False, assign=True)
+        model.tie_weights()
+        tmp = f"{path}.tmp-{os.getpid()}"
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(tokenizer_path or self.model_path).save_pretrained(tmp)
+        if os.path.exists(path):
+            import shutil
+
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        return path
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

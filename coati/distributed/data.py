@@ -1,0 +1,138 @@
+"""Prompt datasets: rows of chat messages (or a plain prompt) plus the fields the reward function reads.
+
+A row is a dict with ``messages`` (a list of ``{"role", "content"}``) or ``prompt`` (a string), and any other columns
+(``gt_answer``, ``test_cases``, ...) that are passed to the reward function by name. Sources: a JSONL file, a list of
+rows, or a reasoning-gym task (``reasoning_gym:<task>``). Everything is validated in the driver, before any actor
+starts: a bad JSONL line is reported with its number.
+
+``DataCursor`` gives each producer its shard in a seeded order, reshuffled every episode, with a position that a
+checkpoint can save and restore.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SYSTEM_PROMPT = (
+    "Solve the problem. Think briefly, then give the final answer as \\boxed{answer}."
+)
+
+
+def load_rows(source, size: int | None = None, seed: int = 0) -> list[dict]:
+    """Rows from a JSONL path, a list of dicts, or ``reasoning_gym:<task>`` (``size`` items from ``seed``)."""
+    if isinstance(source, list):
+        rows = [dict(r) for r in source]
+    elif isinstance(source, str) and source.startswith("reasoning_gym:"):
+        rows = reasoning_gym_rows(source.split(":", 1)[1], size or 100, seed)
+    else:
+        rows = read_jsonl(source)
+    if size is not None and not (isinstance(source, str) and source.startswith("reasoning_gym:")):
+        rows = rows[:size]
+    for i, row in enumerate(rows):
+        check_row(row, f"row {i}")
+    if not rows:
+        raise ValueError(f"dataset {source!r} has no rows")
+    return rows
+
+
+def read_jsonl(path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist")
+    rows = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            check_row(row, f"{path}:{lineno}")
+            rows.append(row)
+    return rows
+
+
+def check_row(row: dict, where: str) -> None:
+    if "messages" in row:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "content" in m for m in msgs):
+            raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+        if not any(str(m["content"]).strip() for m in msgs):
+            raise ValueError(f"{where}: every message is empty")
+    elif "prompt" in row:
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+    else:
+        raise ValueError(f"{where}: needs 'messages' or 'prompt'; has {sorted(row)}")
+
+
+def reasoning_gym_rows(task: str, size: int, seed: int) -> list[dict]:
+    """``size`` items of a reasoning-gym task as rows (question -> messages, answer -> gt_answer)."""
+    import reasoning_gym
+
+    data = reasoning_gym.create_dataset(task, size=size, seed=seed)
+    return [{"prompt": item["question"], "gt_answer": str(item["answer"])} for item in data]
+
+
+def encode_prompt(tokenizer, row: dict, system_prompt: str | None = None) -> list[int]:
+    """Token ids of the row's prompt, through the tokenizer's chat template when it has one."""
+    messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+    if system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system_prompt}] + list(messages)
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    text = "\n".join(m["content"] for m in messages)
+    return list(tokenizer(text)["input_ids"])
+
+
+def reward_fields(row: dict) -> dict:
+    """The columns passed to the reward function (everything but the prompt itself)."""
+    return {k: v for k, v in row.items() if k not in ("messages", "prompt")}
+
+
+@dataclass
+class DataCursor:
+    """Walks one shard of ``num_rows`` rows in a seeded order, reshuffled per episode."""
+
+    num_rows: int
+    shard: int
+    num_shards: int
+    seed: int = 0
+    episode: int = 0
+    position: int = 0
+
+    def __post_init__(self):
+        self.indices = list(range(self.shard, self.num_rows, self.num_shards))
+        if not self.indices:
+            raise ValueError(f"shard {self.shard} of {self.num_shards} has no rows (dataset has {self.num_rows})")
+        self._order = self._order_for(self.episode)
+
+    def _order_for(self, episode: int) -> list[int]:
+        order = list(self.indices)
+        random.Random(self.seed * 100_003 + episode).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[tuple[int, int]]:
+        """Next ``k`` (episode, row index) pairs, moving to the next episode (reshuffled) when the shard runs out."""
+        out = []
+        while len(out) < k:
+            if self.position >= len(self._order):
+                self.episode += 1
+                self.position = 0
+                self._order = self._order_for(self.episode)
+            out.append((self.episode, self._order[self.position]))
+            self.position += 1
+        return out
+
+    def state(self) -> dict:
+        return {"episode": self.episode, "position": self.position}
+
+    def restore(self, state: dict) -> None:
+        self.episode, self.position = int(state["episode"]), int(state["position"])
+        self._order = self._order_for(self.episode)

@@ -1,0 +1,311 @@
+"""The run itself: preflight checks, actor start-up, weight group, and the produce -> consume -> push loop.
+
+The loop keeps a buffer of scored groups. A step takes ``train_batch_size * dp_size`` groups from it (drawing more
+rollouts while it is short: DAPO's dynamic sampling drops zero-signal groups and refills instead of skipping
+steps), trains, and pushes weights. With ``max_staleness >= 1`` the producers already roll out the next batch, with
+the previous weights, while the consumers train (one-step off-policy); every row records the weight version that
+sampled it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from coati.distributed.algo.grouping import degenerate_groups
+from coati.distributed.config import LaunchConfig
+from coati.distributed.rollout import RolloutBatch
+
+log = logging.getLogger(__name__)
+MAX_DRAWS_PER_STEP = 8
+
+
+@dataclass
+class Plan:
+    producer_slots: list
+    consumer_slots: list
+    train_model_path: str
+    inference_model_path: str
+    tokenizer_path: str
+    train_dataset: dict
+    eval_dataset: dict | None
+    reward_fn: str
+    num_rows: int
+    steps_per_episode: int
+    system_prompt: str | None
+
+
+def _check_model_path(path: str, what: str) -> None:
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{what} folder {path} has no config.json; pass a Hugging Face model folder")
+    elif os.environ.get("HF_HUB_OFFLINE") == "1" or os.path.sep in path or path.startswith("."):
+        raise FileNotFoundError(f"{what} {path!r} is not a local folder (and the hub is offline); check the path")
+
+
+def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
+              eval_dataset, reward_fn, cpus_per_actor) -> Plan:  # fmt: skip
+    """Every check that needs no actor, so bad input fails before anything starts."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from coati.distributed.data import encode_prompt, load_rows
+    from coati.distributed.inference import backend_class
+    from coati.distributed.placement import alive_nodes, plan_placement
+    from coati.distributed.reward import resolve_reward_fn
+
+    _check_model_path(train_model_path, "train model")
+    _check_model_path(inference_model_path, "inference model")
+    backend_class(cfg.producer.backend)
+    resolve_reward_fn(reward_fn)
+    train_dataset = dict(train_dataset)
+    system_prompt = train_dataset.pop("system_prompt", None)
+    eval_dataset = dict(eval_dataset) if eval_dataset else None
+    if eval_dataset:
+        eval_dataset.pop("system_prompt", None)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    rows = load_rows(**_dataset_kwargs(train_dataset))
+    for i, row in enumerate(rows + (load_rows(**_dataset_kwargs(eval_dataset)) if eval_dataset else [])):
+        n = len(encode_prompt(tokenizer, row, system_prompt))
+        if n > cfg.generation.max_prompt_tokens:
+            raise ValueError(
+                f"prompt of row {i} has {n} tokens > max_prompt_tokens={cfg.generation.max_prompt_tokens}; "
+                "raise max_prompt_tokens or drop the row"
+            )
+    per_step = cfg.global_train_batch_size
+    if len(rows) < per_step:
+        raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
+    if len(rows) < cfg.producer.num_producers:
+        raise ValueError(f"{cfg.producer.num_producers} producers but only {len(rows)} rows")
+    producers, consumers = plan_placement(
+        alive_nodes() if ray.is_initialized() else [],
+        cfg.producer.num_producers, cfg.producer.num_proc_per_producer, cfg.consumer.num_consumer_procs,
+        cpus_per_actor,
+    ) if ray.is_initialized() else ([], [])  # fmt: skip
+    return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path,
+                _dataset_kwargs(train_dataset), _dataset_kwargs(eval_dataset) if eval_dataset else None,
+                reward_fn, len(rows), len(rows) // per_step, system_prompt)  # fmt: skip
+
+
+def _dataset_kwargs(spec: dict) -> dict:
+    spec = dict(spec)
+    source = spec.pop("path", None) or spec.pop("rows", None) or spec.pop("source", None)
+    out = {"source": source, "size": spec.pop("size", None), "seed": spec.pop("seed", 0)}
+    if out["source"] is None:
+        raise ValueError("dataset config needs 'path' (a JSONL file or reasoning_gym:<task>) or 'rows' (a list)")
+    if spec:
+        raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: path, rows, size, seed, system_prompt")
+    return out
+
+
+def _get(refs, what: str, timeout: float | None = None):
+    import ray
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.RayActorError as e:
+        raise RuntimeError(f"{what}: an actor died: {e}") from e
+    except ray.exceptions.RayTaskError as e:
+        raise RuntimeError(f"{what} failed: {e}") from e
+
+
+class Run:
+    def __init__(self, cfg: LaunchConfig, plan: Plan, *, seed, reward_kwargs, reward_workers, weight_sync_timeout_s,
+                 max_staleness, master_addr, master_port, run_name):  # fmt: skip
+        self.cfg, self.plan, self.seed = cfg, plan, seed
+        self.reward_kwargs, self.reward_workers = reward_kwargs, reward_workers
+        self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
+        self.master_addr, self.master_port, self.run_name = master_addr, master_port, run_name
+        self.producers, self.consumers = [], []
+        self.version = 0
+        self.buffer: list[RolloutBatch] = []
+
+    def start_actors(self) -> None:
+        import ray
+
+        from coati.distributed.consumer import GRPOConsumer
+        from coati.distributed.placement import actor_options
+        from coati.distributed.producer import Producer
+
+        env = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+                                            "TOKENIZERS_PARALLELISM": "false"}}}  # fmt: skip
+        c, p = self.cfg, self.plan
+        for i, slot in enumerate(p.producer_slots):
+            actor = ray.remote(Producer).options(**actor_options(slot), **env, name=f"{self.run_name}-producer-{i}")
+            self.producers.append(actor.remote(
+                i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
+                p.train_dataset, p.reward_fn, c.producer.num_generations, c.producer.inference_microbatch_size,
+                reward_kwargs=self.reward_kwargs, reward_workers=self.reward_workers, system_prompt=p.system_prompt,
+                eval_dataset=p.eval_dataset, seed=self.seed,
+                backend_options={"tensor_parallel_size": c.producer.num_proc_per_producer}
+                if c.producer.backend != "transformers" else {},
+            ))  # fmt: skip
+        world = c.consumer.num_consumer_procs
+        addr = self.master_addr or p.consumer_slots[0].address
+        port = self.master_port or _free_port()
+        for rank, slot in enumerate(p.consumer_slots):
+            actor = ray.remote(GRPOConsumer).options(**actor_options(slot), **env, name=f"{self.run_name}-consumer-{rank}")
+            self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
+                                               c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
+        self.producer_info = _get([a.setup.remote() for a in self.producers], "producer setup")
+        self.consumer_info = _get([a.setup.remote() for a in self.consumers], "consumer setup")
+
+    def connect_weight_group(self) -> None:
+        group = f"{self.run_name}-weights"
+        world = 1 + len(self.producers)
+        refs = [self.consumers[0].join_weight_group.remote(world, group, self.timeout_s)]
+        refs += [p.join_weight_group.remote(world, i + 1, group, self.timeout_s) for i, p in enumerate(self.producers)]
+        _get(refs, "joining the weight group")
+
+    def push_weights(self) -> float:
+        start = time.perf_counter()
+        refs = [c.push_weights.remote(self.version) for c in self.consumers]
+        refs += [p.receive_weights.remote() for p in self.producers]
+        _get(refs, f"weight push {self.version}")
+        return time.perf_counter() - start
+
+    # ---- rollouts --------------------------------------------------------------------------------------------
+
+    def _start_generation(self):
+        return [p.generate.remote(self.cfg.producer.inference_batch_size) for p in self.producers]
+
+    def _collect(self, refs, stats: dict) -> None:
+        for batch in _get(refs, "rollout"):
+            stats["rollouts"].append(batch)
+            if self.cfg.algorithm.dynamic_sampling:
+                import torch
+
+                degenerate = degenerate_groups(torch.tensor(batch.rewards), torch.tensor(batch.group_ids)).numpy()
+                stats["dropped_groups"] += int(degenerate.sum()) // self.cfg.producer.num_generations
+                stats["zero_signal"].append(batch.select(degenerate))
+                batch = batch.select(~degenerate)
+            if len(batch):
+                self.buffer.append(batch)
+
+    def _buffered_groups(self) -> int:
+        return sum(len(b) for b in self.buffer) // self.cfg.producer.num_generations
+
+    def _take(self, groups: int, stats: dict, pending) -> tuple[RolloutBatch, object]:
+        draws = 0
+        while self._buffered_groups() < groups:
+            if draws >= MAX_DRAWS_PER_STEP:
+                fill = RolloutBatch.concat(stats["zero_signal"])
+                need = (groups - self._buffered_groups()) * self.cfg.producer.num_generations
+                log.warning("dynamic sampling: %d draws left the batch short; filling with %d zero-signal groups",
+                            draws, need // self.cfg.producer.num_generations)  # fmt: skip
+                stats["filled_zero_signal_groups"] += need // self.cfg.producer.num_generations
+                self.buffer.append(fill.select(np.arange(need)))
+                break
+            self._collect(pending if pending is not None else self._start_generation(), stats)
+            pending = None
+            draws += 1
+        merged = RolloutBatch.concat(self.buffer)
+        rows = groups * self.cfg.producer.num_generations
+        self.buffer = [merged.select(np.arange(rows, len(merged)))] if len(merged) > rows else []
+        return merged.select(np.arange(rows)), pending
+
+    # ---- loop ------------------------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        results = _get([p.evaluate.remote() for p in self.producers], "evaluation")
+        count = sum(r["count"] for r in results)
+        if not count:
+            return {}
+        return {"eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
+                "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count, "eval/count": count}  # fmt: skip
+
+    def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step) -> dict:
+        import ray
+
+        total = self.cfg.num_episodes * self.plan.steps_per_episode
+        total = min(total, max_steps) if max_steps else total
+        history, evals = [], []
+        if eval_interval and self.plan.eval_dataset:
+            evals.append({"step": 0, **self.evaluate()})
+        groups = self.cfg.global_train_batch_size
+        pending = None
+        for step in range(1, total + 1):
+            t0 = time.perf_counter()
+            stats = {"rollouts": [], "dropped_groups": 0, "zero_signal": [], "filled_zero_signal_groups": 0}
+            batch, pending = self._take(groups, stats, pending)
+            t_rollout = time.perf_counter() - t0
+            ref = ray.put(batch)
+            train_refs = [c.train_step.remote(ref) for c in self.consumers]
+            if self.max_staleness >= 1 and step < total and self._buffered_groups() < groups:
+                pending = self._start_generation()  # overlaps training, with the weights of this step
+            t1 = time.perf_counter()
+            train_metrics = _get(train_refs, f"training step {step}")[0]
+            t_train = time.perf_counter() - t1
+            if pending is not None:
+                self._collect(pending, stats)
+                pending = None
+            self.version = step
+            t_push = self.push_weights()
+            metrics = self._metrics(step, total, batch, stats, train_metrics, t_rollout, t_train, t_push, t0)
+            if eval_interval and self.plan.eval_dataset and (step % eval_interval == 0 or step == total):
+                evals.append({"step": step, **self.evaluate()})
+                metrics.update(evals[-1])
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+            if save_dir and save_interval and step % save_interval == 0 and step != total:
+                self.save(os.path.join(save_dir, f"step-{step}"))
+        final = self.save(os.path.join(save_dir, "final")) if save_dir else None
+        return {"history": history, "evals": evals, "final_model": final, "total_steps": total}
+
+    def save(self, path: str) -> str:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        _get([c.save_hf.remote(path, self.plan.tokenizer_path) for c in self.consumers], f"saving {path}")
+        return path
+
+    def _metrics(self, step, total, batch, stats, train, t_rollout, t_train, t_push, t0) -> dict:
+        n = self.cfg.producer.num_generations
+        drawn = RolloutBatch.concat(stats["rollouts"]) if stats["rollouts"] else batch
+        ex = drawn.extras
+        out = {
+            "step": step,
+            "total_steps": total,
+            "reward/mean": float(drawn.rewards.mean()),
+            "reward/accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
+            "reward/lenient_accuracy": float(np.mean(ex["lenient_ok"])) if "lenient_ok" in ex else float("nan"),
+            "reward/train_batch_mean": float(batch.rewards.mean()),
+            "response/length_mean": float(drawn.response_lengths.mean()),
+            "response/truncated_frac": float(drawn.truncated.mean()),
+            "response/tokens": int(drawn.response_lengths.sum()),
+            "rollout/drawn_groups": len(drawn) // n,
+            "rollout/dropped_zero_signal_groups": stats["dropped_groups"],
+            "rollout/filled_zero_signal_groups": stats["filled_zero_signal_groups"],
+            "rollout/policy_lag_max": int(self.version - 1 - batch.policy_version.min()),
+            "time/rollout_wait": t_rollout,
+            "time/train": t_train,
+            "time/weight_push": t_push,
+            "time/step": time.perf_counter() - t0,
+        }
+        for key in ("time/generate", "time/reward_wait", "time/producer_total"):
+            if key in ex:
+                out[key] = float(np.max(ex[key]))
+        out.update({k: v for k, v in train.items()})
+        return out
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.producers:
+            try:
+                ray.get(a.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        for a in self.producers + self.consumers:
+            ray.kill(a)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

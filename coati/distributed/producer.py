@@ -1,0 +1,191 @@
+"""Producer actor: owns a dataset shard, an inference backend and a reward pool; turns prompts into scored
+RolloutBatches for the consumers, and loads the weights the consumers push.
+
+Generation runs micro-batch by micro-batch; each finished micro-batch's completions go to the reward pool at once, so
+scoring overlaps the next micro-batch's generation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+from coati.distributed.algo.shaping import overlong_penalty
+from coati.distributed.config import AlgorithmConfig, GenerationConfig
+from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
+from coati.distributed.rollout import RolloutBatch
+
+
+class Producer:
+    def __init__(
+        self,
+        producer_idx: int,
+        num_producers: int,
+        model_path: str,
+        backend: str,
+        generation: GenerationConfig,
+        algorithm: AlgorithmConfig,
+        dataset: dict,
+        reward_fn: str,
+        num_generations: int,
+        microbatch_size: int,
+        reward_kwargs: dict | None = None,
+        reward_workers: int = 1,
+        reward_timeout_s: float = 30.0,
+        system_prompt: str | None = None,
+        eval_dataset: dict | None = None,
+        seed: int = 0,
+        backend_options: dict | None = None,
+    ):
+        torch.set_num_threads(int(os.environ.get("COATI_THREADS", "1")))
+        self.idx, self.num_producers = producer_idx, num_producers
+        self.model_path, self.backend_name = model_path, backend
+        self.generation, self.algorithm = generation, algorithm
+        self.dataset_spec, self.eval_spec = dataset, eval_dataset
+        self.reward_fn, self.reward_kwargs = reward_fn, dict(reward_kwargs or {})
+        self.reward_workers, self.reward_timeout_s = reward_workers, reward_timeout_s
+        self.n, self.microbatch_size = num_generations, microbatch_size
+        self.system_prompt, self.seed = system_prompt, seed
+        self.backend_options = dict(backend_options or {})
+        self.version = 0
+        self.weight_group = None
+
+    def setup(self) -> dict:
+        from coati.distributed.inference import backend_class
+        from coati.distributed.reward import RewardPool
+
+        torch.manual_seed(self.seed * 1000 + self.idx)
+        self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **self.backend_options)
+        self.tokenizer = self.backend.tokenizer
+        self.rows = load_rows(**self.dataset_spec)
+        self.cursor = DataCursor(len(self.rows), self.idx, self.num_producers, seed=self.seed)
+        self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
+        self.pool = RewardPool(
+            self.reward_fn, self.reward_workers, self.reward_timeout_s, fn_kwargs=self.reward_kwargs
+        )
+        return {"node_id": _node_id(), "pid": os.getpid(), "rows": len(self.cursor.indices)}
+
+    # ---- rollouts ------------------------------------------------------------------------------------------------
+
+    def generate(self, num_prompts: int) -> RolloutBatch:
+        """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped."""
+        start = time.perf_counter()
+        picks = self.cursor.take(num_prompts)
+        batches, futures, gen_s = [], [], 0.0
+        for lo in range(0, len(picks), self.microbatch_size):
+            chunk = picks[lo : lo + self.microbatch_size]
+            rows = [self.rows[i] for _, i in chunk]
+            t0 = time.perf_counter()
+            batch = self.backend.generate([encode_prompt(self.tokenizer, r, self.system_prompt) for r in rows], self.n)
+            gen_s += time.perf_counter() - t0
+            futures.extend(self._submit_rewards(batch, rows))
+            batch.extras["prompt_index"] = np.repeat(np.array([i for _, i in chunk], dtype=np.int64), self.n)
+            batch.extras["episode"] = np.repeat(np.array([e for e, _ in chunk], dtype=np.int64), self.n)
+            batch.group_ids = batch.group_ids + lo  # unique within this call
+            batches.append(batch)
+        t0 = time.perf_counter()
+        results = [f.result() for f in futures]
+        wait_s = time.perf_counter() - t0
+        out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
+        rewards = np.array([r.reward for r in results], dtype=np.float32)
+        buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
+        if buffer:
+            penalty = overlong_penalty(
+                torch.from_numpy(out.response_lengths), self.generation.max_new_tokens, buffer,
+                self.algorithm.overlong_penalty_factor,
+            )  # fmt: skip
+            rewards = rewards + penalty.numpy()
+        out.rewards = rewards
+        out.extras["answer_ok"] = np.array([r.answer_ok for r in results])
+        out.extras["format_ok"] = np.array([r.format_ok for r in results])
+        out.extras["lenient_ok"] = np.array([bool(r.info.get("lenient_ok", r.answer_ok)) for r in results])
+        out.extras["reward_error"] = np.array([bool(r.info.get("error")) for r in results])
+        out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
+        out.group_ids = out.group_ids + (self.idx << 40) + (self._calls() << 20)
+        out.policy_version = np.full(len(out), self.version, dtype=np.int64)
+        out.extras["time/generate"] = np.full(len(out), gen_s)
+        out.extras["time/reward_wait"] = np.full(len(out), wait_s)
+        out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - start)
+        return out.validate()
+
+    def _calls(self) -> int:
+        self._num_calls = getattr(self, "_num_calls", 0) + 1
+        return self._num_calls
+
+    def _submit_rewards(self, batch: RolloutBatch, rows: list[dict]):
+        futures = []
+        for i in range(len(batch)):
+            text = self.tokenizer.decode(
+                batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True
+            )
+            futures.append(self.pool.submit(text, reward_fields(rows[batch.group_ids[i]])))
+        return futures
+
+    def sample_texts(self, batch: RolloutBatch, k: int = 4) -> list[dict]:
+        """A few decoded rollouts for logging."""
+        out = []
+        for i in range(min(k, len(batch))):
+            out.append({
+                "prompt": self.tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
+                "response": self.tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
+                "reward": float(batch.rewards[i]),
+            })  # fmt: skip
+        return out
+
+    def evaluate(self, max_items: int | None = None) -> dict:
+        """Greedy accuracy on this producer's share of the held-out rows (strict and lenient)."""
+        rows = self.eval_rows[self.idx :: self.num_producers][:max_items]
+        if not rows:
+            return {"count": 0, "strict": 0.0, "lenient": 0.0}
+        ok, lenient = 0, 0
+        for lo in range(0, len(rows), self.microbatch_size):
+            chunk = rows[lo : lo + self.microbatch_size]
+            batch = self.backend.generate([encode_prompt(self.tokenizer, r, self.system_prompt) for r in chunk], 1, greedy=True)
+            for f in self._submit_rewards(batch, chunk):
+                r = f.result()
+                ok += bool(r.answer_ok)
+                lenient += bool(r.info.get("lenient_ok", r.answer_ok))
+        return {"count": len(rows), "strict_correct": ok, "lenient_correct": lenient}
+
+    # ---- weights and state ---------------------------------------------------------------------------------------
+
+    def join_weight_group(self, world_size: int, rank: int, group_name: str, timeout_s: float) -> bool:
+        from coati.distributed.comm import init_group
+
+        init_group(world_size, rank, group_name, device=str(getattr(self.backend, "device", "cpu")), timeout_s=timeout_s)
+        self.weight_group = group_name
+        return True
+
+    def receive_weights(self) -> int:
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        device = getattr(self.backend, "device", "cpu")
+        loaded = ray_broadcast_tensor_dict(
+            None, 0, device, self.weight_group, on_bucket=lambda bucket: self.backend.load_weights(bucket)
+        )
+        self.version = loaded.version
+        return self.version
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The backend's current weights (tests compare them with the consumer's)."""
+        return self.backend.state_dict()
+
+    def data_state(self) -> dict:
+        return {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version}
+
+    def restore_data_state(self, state: dict) -> None:
+        self.cursor.restore(state["cursor"])
+        self._num_calls = state["calls"]
+        self.version = state["version"]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
