@@ -47,8 +47,10 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     seed: int = 0,
     tie_word_embeddings: bool = False,
+    vocab_multiple: int = 1,
 ) -> Path:
-    """Write a random tiny causal LM and its tokenizer to ``path``; returns the path."""
+    """Write a random tiny causal LM and its tokenizer to ``path``; returns the path. ``vocab_multiple`` rounds the
+    embedding rows up (tensor parallelism splits the vocabulary evenly)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -58,7 +60,7 @@ def build_tiny_model(
     if arch not in configs:
         raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
     config = configs[arch](
-        vocab_size=len(tokenizer),
+        vocab_size=-(-len(tokenizer) // vocab_multiple) * vocab_multiple,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers,

@@ -6,14 +6,13 @@ works around. With CUDA, nothing here runs and ColossalAI is used as shipped.
    fallback) builds on x86 too: we register it as available. One JIT build (~30 s), cached under ~/.cache/colossalai.
 2. ZeRO-1/2, TP and PP call CUDA-only APIs: ``torch.cuda.Stream``/``Event``/``current_stream``/``stream`` (made
    no-ops), ``get_accelerator().get_rng_state(device)`` (CPU takes no device argument),
-   ``torch.distributed.is_hccl_available`` (absent from CPU builds), and an accelerator-name assertion in the ZeRO
+   ``manual_seed`` (refused by the CPU accelerator), ``torch.distributed.is_hccl_available`` (absent from CPU builds), and an accelerator-name assertion in the ZeRO
    optimizer ("device is required") that rejects "cpu".
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -107,18 +106,12 @@ def _accelerator_rng_state() -> None:
     from colossalai.accelerator import get_accelerator
 
     acc = get_accelerator()
-    get_state, set_state = acc.get_rng_state, acc.set_rng_state
-
-    @functools.wraps(get_state)
-    def get_rng_state(device=None):
-        return get_state()
-
-    @functools.wraps(set_state)
-    def set_rng_state(new_state, device=None):
-        return set_state(new_state)
-
-    acc.get_rng_state = get_rng_state
-    acc.set_rng_state = set_rng_state
+    # CpuAccelerator.get_rng_state(device) forwards the device to torch.get_rng_state(), which takes none.
+    acc.get_rng_state = lambda device=None: torch.get_rng_state()
+    acc.set_rng_state = lambda new_state, device=None: torch.set_rng_state(new_state)
+    # The CPU accelerator refuses to seed (TP's vocab-parallel embedding forks a seeded RNG): the CPU generator is it.
+    acc.manual_seed = lambda seed: torch.manual_seed(seed)
+    acc.manual_seed_all = lambda seed: torch.manual_seed(seed)
 
 
 def _zero_device_check() -> None:

@@ -196,6 +196,11 @@ class PluginConfig:
             f"precision must be fp32, bf16 or fp16, got {self.precision!r}",
         )
         _require(
+            self.zero_stage == 0 or self.precision != "fp32",
+            f"zero_stage={self.zero_stage} needs precision bf16 or fp16 (ColossalAI keeps fp32 master weights "
+            "itself); use precision='bf16' or zero_stage=0",
+        )
+        _require(
             not (self.pp_size > 1 and self.zero_stage > 1),
             f"zero_stage={self.zero_stage} cannot be combined with pp_size={self.pp_size}; use zero_stage<=1",
         )

@@ -69,12 +69,13 @@ class GRPOConsumer:
             microbatch_size=1 if p.pp_size > 1 else None,
             make_vocab_size_divisible_by=p.tp_size,
             enable_metadata_cache=False,
+            parallel_output=False,
         )
         self.booster = Booster(plugin=self.plugin)
         torch.manual_seed(self.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
         model.config.use_cache = False
-        self.param_names = [n for n, _ in model.named_parameters()]
+        self.vocab_size = model.config.vocab_size
         optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         self.ref_model = None
@@ -133,7 +134,7 @@ class GRPOConsumer:
                 rows = shard_rows[idx]
                 t = self._tensors(batch, rows)
                 logprobs, entropy = sequence_logprobs(self.model, **t, temperature=self.generation.temperature,
-                                                      with_entropy=True)  # fmt: skip
+                                                      with_entropy=True, vocab_size=self.vocab_size)  # fmt: skip
                 mask = loss_mask[rows].to(self.device)
                 inp = LossInput(
                     logprobs=logprobs,
@@ -173,7 +174,7 @@ class GRPOConsumer:
         out = []
         for lo in range(0, len(rows), self.cfg.train_microbatch_size):
             t = self._tensors(batch, rows[lo : lo + self.cfg.train_microbatch_size])
-            lp, _ = sequence_logprobs(model, **t, temperature=self.generation.temperature)
+            lp, _ = sequence_logprobs(model, **t, temperature=self.generation.temperature, vocab_size=self.vocab_size)
             out.append(lp)
         return torch.cat(out)
 
@@ -182,12 +183,16 @@ class GRPOConsumer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (TP-gathered) weights under the Hugging Face names; collective over the TP group."""
         from colossalai.checkpoint_io.utils import gather_distributed_param
+        from colossalai.tensor.padded_tensor import is_padded_tensor
 
         module = self.model.unwrap()
         out = {}
         for name, param in module.named_parameters():
-            full = gather_distributed_param(param, keep_vars=False)
-            out[name] = full.detach()
+            full = gather_distributed_param(param, keep_vars=False).detach()
+            if is_padded_tensor(param):
+                # TP pads the vocabulary to a multiple of tp_size; the producers' models have the real size.
+                full = full.narrow(param._padding_dim, 0, param._origin_length)
+            out[name] = full
         return out
 
     def join_weight_group(self, world_size: int, group_name: str, timeout_s: float) -> bool:

@@ -18,11 +18,17 @@ def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[s
 
 
 def sequence_logprobs(
-    model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0, with_entropy: bool = False
+    model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0, with_entropy: bool = False,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log p(response token t | prefix) at ``temperature`` [N, R], entropy [N, R] or None)."""
+    """(log p(response token t | prefix) at ``temperature`` [N, R], entropy [N, R] or None).
+
+    ``vocab_size`` drops logits of padding rows that tensor parallelism adds to the vocabulary.
+    """
     inputs = model_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     logits = model(**inputs, use_cache=False).logits
+    if vocab_size is not None and logits.shape[-1] > vocab_size:
+        logits = logits[..., :vocab_size]
     p = prompt_ids.shape[1]
     r = response_ids.shape[1]
     # Logits at position j predict token j + 1: response token t is predicted at p - 1 + t.
