@@ -1,0 +1,36 @@
+"""Run as a script: a simulated 3-node cluster with fake GPUs; prints where producers and consumers landed."""
+
+import json
+
+import ray
+from ray.cluster_utils import Cluster
+
+from coati.distributed.placement import actor_options, alive_nodes, plan_placement
+
+
+@ray.remote
+class Probe:
+    def where(self):
+        import os
+
+        return ray.get_runtime_context().get_node_id(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+if __name__ == "__main__":
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    nodes = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(3)]
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    order = [n["NodeID"] for n in alive_nodes() if n["Resources"].get("GPU", 0) > 0]
+    producers, consumers = plan_placement(alive_nodes(), num_producers=2, gpus_per_producer=1, num_consumers=3)
+    p_actors = [Probe.options(**actor_options(s)).remote() for s in producers]
+    c_actors = [Probe.options(**actor_options(s)).remote() for s in consumers]
+    where = ray.get([a.where.remote() for a in p_actors + c_actors])
+    try:
+        plan_placement(alive_nodes(), num_producers=4, gpus_per_producer=2, num_consumers=1)
+        short = "no error"
+    except ValueError as e:
+        short = str(e)
+    print(json.dumps({"gpu_nodes": order, "producers": where[:2], "consumers": where[2:], "short": short}))
+    ray.shutdown()
+    cluster.shutdown()

@@ -1,0 +1,47 @@
+"""Placement on a simulated multi-node cluster (ray.cluster_utils.Cluster with fake GPUs), in its own process so the
+session's Ray cluster is untouched."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coati.distributed.placement import plan_placement
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def node(i, gpus, cpus=2):
+    return {"NodeID": f"n{i}", "NodeManagerAddress": f"10.0.0.{i}", "Resources": {"GPU": gpus, "CPU": cpus}}
+
+
+def test_plan_puts_producers_low_and_consumers_high():
+    producers, consumers = plan_placement([node(0, 2), node(1, 2), node(2, 2)], 2, 1, 3)
+    assert [s.node_id for s in producers] == ["n0", "n0"]
+    assert sorted(s.node_id for s in consumers) == ["n1", "n2", "n2"]
+    assert [s.node_id for s in consumers][0] == "n1"  # rank 0 on the lowest consumer node
+
+
+def test_plan_errors_when_resources_are_short():
+    with pytest.raises(ValueError, match="need 9 GPUs, the cluster has 4 on 2 alive nodes"):
+        plan_placement([node(0, 2), node(1, 2)], 4, 2, 1)
+    with pytest.raises(ValueError, match="producer 1 needs 2 GPUs on one node"):
+        plan_placement([node(0, 3), node(1, 1)], 2, 2, 0)
+    with pytest.raises(ValueError, match=r"3 actors x 1.0 CPUs = 3.0 CPUs, the cluster has 2"):
+        plan_placement([node(0, 0, cpus=2)], 1, 1, 2, cpus_per_actor=1.0)
+
+
+def test_simulated_cluster_places_actors_on_planned_nodes():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS="")
+    out = subprocess.run([sys.executable, str(ROOT / "tests/e2e/placement_cluster.py")], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    gpu_nodes = result["gpu_nodes"]
+    assert [w[0] for w in result["producers"]] == [gpu_nodes[0]] * 2
+    assert sorted(gpu_nodes.index(w[0]) for w in result["consumers"]) == [1, 2, 2]
+    assert all(w[1] not in (None, "") for w in result["producers"] + result["consumers"])
+    assert "need 9 GPUs" in result["short"]
