@@ -73,11 +73,29 @@ def check_row(row: dict, where: str) -> None:
 
 
 def reasoning_gym_rows(task: str, size: int, seed: int) -> list[dict]:
-    """``size`` items of a reasoning-gym task as rows (question -> messages, answer -> gt_answer)."""
+    """``size`` items of a reasoning-gym task as rows (question -> prompt, answer -> gt_answer). Task options follow
+    a '?': ``chain_sum?min_terms=2&max_terms=3`` (integers and floats are converted)."""
     import reasoning_gym
 
-    data = reasoning_gym.create_dataset(task, size=size, seed=seed)
+    name, _, query = task.partition("?")
+    options = {}
+    for pair in filter(None, query.split("&")):
+        key, _, value = pair.partition("=")
+        options[key] = _number(value)
+    try:
+        data = reasoning_gym.create_dataset(name, size=size, seed=seed, **options)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"reasoning-gym task {task!r}: {e}") from e
     return [{"prompt": item["question"], "gt_answer": str(item["answer"])} for item in data]
+
+
+def _number(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 def encode_prompt(tokenizer, row: dict, system_prompt: str | None = None) -> list[int]:

@@ -123,6 +123,9 @@ class Run:
         self.producers, self.consumers = [], []
         self.version = 0
         self.buffer: list[RolloutBatch] = []
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path)
 
     def start_actors(self) -> None:
         import ray
@@ -289,6 +292,12 @@ class Run:
             if key in ex:
                 out[key] = float(np.max(ex[key]))
         out.update({k: v for k, v in train.items()})
+        out["samples"] = [
+            {"prompt": self.tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
+             "response": self.tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
+             "reward": float(batch.rewards[i]), "policy_version": int(batch.policy_version[i])}
+            for i in range(0, min(len(batch), 2 * n), n)
+        ]  # fmt: skip
         return out
 
     def shutdown(self) -> None:
