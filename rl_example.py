@@ -26,7 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--eval-size", type=int, default=96, help="held-out rows")
     a("-p", "--project", default="coati", help="project name (run folder, wandb project)")
     a("-e", "--num-episodes", type=int, default=1, help="passes over the training prompts")
-    a("--max-steps", type=int, default=24, help="stop after this many training steps (0: run all episodes)")
+    a("--max-steps", type=int, default=30, help="stop after this many training steps (0: run all episodes)")
     a("-t", "--num-trainers", type=int, default=1, help="consumer (training) processes")
     a("-i", "--num-inferencer", type=int, default=1, help="producer (rollout) actors")
     a("-g", "--num-generations", type=int, default=4, help="completions per prompt (group size)")
@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--precision", default="fp32", help="consumer precision: fp32, bf16, fp16 (fp16 needs CUDA)")
     a("-ptp", "--producer-tensor-parallel-size", type=int, default=1, help="GPUs per producer (vLLM/SGLang)")
     a("--seed", type=int, default=0, help="seed for data order, sampling and initialisation")
+    a("--resume", default=None, help="continue from a checkpoint: 'latest' or a checkpoint folder")
+    a("--keep-checkpoints", type=int, default=2, help="checkpoints to keep")
+    a("--max-restarts", type=int, default=0, help="after a failure, restart from the last checkpoint up to N times")
     a("--address", default=None, help="Ray cluster address to join (default: start a local one)")
     a("--wandb", action="store_true", help="log to wandb (offline unless WANDB_API_KEY is set)")
     a("--no-progress", action="store_true", help="no progress bar")
@@ -72,6 +75,7 @@ def main(argv=None) -> dict:
     import ray
 
     from coati.distributed.launch import launch_distributed
+    from coati.distributed.loop import RunError
     from coati.distributed.reporting import Reporter
 
     model = args.model
@@ -90,8 +94,23 @@ def main(argv=None) -> dict:
     elif not ray.is_initialized():
         ray.init(include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
     reporter = Reporter(run_dir, use_wandb=args.wandb, project=args.project, config=vars(args),
-                        progress=not args.no_progress)  # fmt: skip
-    result = launch_distributed(
+                        progress=not args.no_progress, append=bool(args.resume))  # fmt: skip
+    for attempt in range(args.max_restarts + 1):
+        try:
+            result = run_once(args, model, eval_source, run_dir, grpo_config, reporter, launch_distributed)
+            break
+        except RunError as e:
+            if attempt == args.max_restarts:
+                raise
+            print(f"run failed ({e}); restarting from the last checkpoint ({attempt + 1}/{args.max_restarts})")
+            args.resume = "latest"
+    summary = reporter.finish(result)
+    print_summary(summary, run_dir)
+    return summary
+
+
+def run_once(args, model, eval_source, run_dir, grpo_config, reporter, launch_distributed) -> dict:
+    return launch_distributed(
         num_producers=args.num_inferencer,
         num_proc_per_producer=args.producer_tensor_parallel_size,
         num_consumer_procs=args.num_trainers,
@@ -122,10 +141,9 @@ def main(argv=None) -> dict:
         max_steps=args.max_steps or None,
         seed=args.seed,
         on_step=reporter.on_step,
+        resume=args.resume,
+        keep_checkpoints=args.keep_checkpoints,
     )  # fmt: skip
-    summary = reporter.finish(result)
-    print_summary(summary, run_dir)
-    return summary
 
 
 def print_summary(summary: dict, run_dir: str) -> None:

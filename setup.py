@@ -15,6 +15,7 @@ setup(
     version="0.1.0",
     description="Producer/consumer RL post-training of language models with verifiable rewards, on Ray",
     packages=find_packages(include=["coati", "coati.*"]),
+    py_modules=["rl_example"],
     python_requires=">=3.10",
     install_requires=requirements,
     extras_require={

@@ -215,6 +215,21 @@ class GRPOConsumer:
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.cpu().clone() for k, v in self.full_state_dict().items()}
 
+    def save_checkpoint(self, folder: str) -> bool:
+        """Model and optimizer through the booster (sharded as the plugin holds them), plus this rank's RNG."""
+        self.booster.save_model(self.model, os.path.join(folder, "model"), shard=True)
+        self.booster.save_optimizer(self.optimizer, os.path.join(folder, "optimizer"), shard=True)
+        torch.save({"torch": torch.get_rng_state(), "step": self.step_count}, os.path.join(folder, f"rng-consumer-{self.rank}.pt"))
+        return True
+
+    def load_checkpoint(self, folder: str) -> int:
+        self.booster.load_model(self.model, os.path.join(folder, "model"))
+        self.booster.load_optimizer(self.optimizer, os.path.join(folder, "optimizer"))
+        state = torch.load(os.path.join(folder, f"rng-consumer-{self.rank}.pt"), weights_only=False)
+        torch.set_rng_state(state["torch"])
+        self.step_count = state["step"]
+        return self.step_count
+
     def save_hf(self, path: str, tokenizer_path: str | None = None) -> str:
         """Write a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM."""
         state = self.full_state_dict()

@@ -26,13 +26,13 @@ def sequence_logprobs(
     ``vocab_size`` drops logits of padding rows that tensor parallelism adds to the vocabulary.
     """
     inputs = model_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-    logits = model(**inputs, use_cache=False).logits
+    r = response_ids.shape[1]
+    # Logits at position j predict token j + 1: response token t is predicted at position P - 1 + t, so only the last
+    # R + 1 positions need the output layer (a large share of a small model's FLOPs on long prompts).
+    logits = model(**inputs, use_cache=False, logits_to_keep=r + 1).logits
     if vocab_size is not None and logits.shape[-1] > vocab_size:
         logits = logits[..., :vocab_size]
-    p = prompt_ids.shape[1]
-    r = response_ids.shape[1]
-    # Logits at position j predict token j + 1: response token t is predicted at p - 1 + t.
-    resp_logits = logits[:, p - 1 : p - 1 + r]
+    resp_logits = logits[:, -(r + 1) : -1]
     logprobs = token_logprobs(resp_logits, response_ids, temperature)
     entropy = entropy_from_logits(resp_logits.detach(), temperature) if with_entropy else None
     return logprobs, entropy

@@ -95,12 +95,15 @@ def launch_distributed(
     reward_workers: int = 1,
     weight_sync_timeout_s: float = 300.0,
     on_step: Callable[[dict], None] | None = None,
+    resume: str | None = None,
+    keep_checkpoints: int = 2,
     dataloaders_config: dict[str, Any] | None = None,
 ) -> dict:
     """Run RL training; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None}.
 
     Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else changes between
-    one box and a cluster.
+    one box and a cluster. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
+    ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking its config matches.
     """
     import ray
 
@@ -125,6 +128,16 @@ def launch_distributed(
     )
     if not ray.is_initialized():
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
+    checkpoint = None
+    if resume:
+        from coati.distributed.checkpoint import CheckpointManager, check_compatible, config_dict
+
+        if not save_dir:
+            raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
+        checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)
+        import json
+
+        check_compatible(json.loads((checkpoint / "meta.json").read_text())["config"], config_dict(cfg), str(checkpoint))
     run = Run(
         cfg, plan, seed=seed, reward_kwargs=grpo_config.get("reward_kwargs"), reward_workers=reward_workers,
         weight_sync_timeout_s=weight_sync_timeout_s, max_staleness=max_staleness, master_addr=master_addr,
@@ -133,8 +146,10 @@ def launch_distributed(
     try:
         run.start_actors()
         run.connect_weight_group()
-        run.push_weights()
+        if checkpoint is not None:
+            run.restore(str(checkpoint))
+        run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
         return run.loop(max_steps=max_steps, eval_interval=eval_interval, save_interval=save_interval,
-                        save_dir=save_dir, on_step=on_step)  # fmt: skip
+                        save_dir=save_dir, on_step=on_step, keep_checkpoints=keep_checkpoints)  # fmt: skip
     finally:
         run.shutdown()

@@ -102,15 +102,36 @@ def _dataset_kwargs(spec: dict) -> dict:
     return out
 
 
-def _get(refs, what: str, timeout: float | None = None):
+class RunError(RuntimeError):
+    """An actor died, failed or stopped answering; the message names it and the last checkpoint."""
+
+
+STEP_TIMEOUT_S = 3600.0
+
+
+ACTOR_NAMES: dict[str, str] = {}
+"""actor id (hex) -> the name the driver gave it, for error messages"""
+
+
+def _get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
+    """ray.get bounded in time, with failures re-raised as RunError naming what was being waited for."""
     import ray
 
     try:
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"{what}: an actor died: {e}") from e
+        name = ACTOR_NAMES.get(getattr(e, "actor_id", None) or "", getattr(e, "actor_id", "unknown"))
+        raise RunError(f"{what}: actor {name} died ({_first_line(e)})") from e
     except ray.exceptions.RayTaskError as e:
-        raise RuntimeError(f"{what} failed: {e}") from e
+        raise RunError(f"{what} failed: {_first_line(e)}") from e
+    except ray.exceptions.GetTimeoutError as e:
+        raise RunError(f"{what}: no answer within {timeout:.0f} s") from e
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    tail = [line for line in text if "Error" in line]
+    return (tail[-1] if tail else text[0] if text else type(e).__name__)[:500]
 
 
 class Run:
@@ -122,6 +143,8 @@ class Run:
         self.master_addr, self.master_port, self.run_name = master_addr, master_port, run_name
         self.producers, self.consumers = [], []
         self.version = 0
+        self.start_step = 0
+        self.last_checkpoint: str | None = None
         self.buffer: list[RolloutBatch] = []
         from transformers import AutoTokenizer
 
@@ -134,8 +157,10 @@ class Run:
         from coati.distributed.placement import actor_options
         from coati.distributed.producer import Producer
 
+        # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         env = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
-                                            "TOKENIZERS_PARALLELISM": "false"}}}  # fmt: skip
+                                            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}  # fmt: skip
         c, p = self.cfg, self.plan
         for i, slot in enumerate(p.producer_slots):
             actor = ray.remote(Producer).options(**actor_options(slot), **env, name=f"{self.run_name}-producer-{i}")
@@ -154,6 +179,10 @@ class Run:
             actor = ray.remote(GRPOConsumer).options(**actor_options(slot), **env, name=f"{self.run_name}-consumer-{rank}")
             self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
                                                c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
+        for i, a in enumerate(self.producers):
+            ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-producer-{i}"
+        for i, a in enumerate(self.consumers):
+            ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-consumer-{i}"
         self.producer_info = _get([a.setup.remote() for a in self.producers], "producer setup")
         self.consumer_info = _get([a.setup.remote() for a in self.consumers], "consumer setup")
 
@@ -170,6 +199,39 @@ class Run:
         refs += [p.receive_weights.remote() for p in self.producers]
         _get(refs, f"weight push {self.version}")
         return time.perf_counter() - start
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+
+    def checkpoint(self, manager, step: int) -> str:
+        from coati.distributed.checkpoint import config_dict, save_driver_state
+
+        folder = manager.staging(step)
+        _get([c.save_checkpoint.remote(str(folder)) for c in self.consumers], f"checkpoint {step} (consumers)")
+        states = _get([p.state.remote() for p in self.producers], f"checkpoint {step} (producers)")
+        save_driver_state(folder, self.buffer, states)
+        meta = {"step": step, "version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name}
+        self.last_checkpoint = str(manager.commit(folder, step, meta))
+        return self.last_checkpoint
+
+    def restore(self, folder: str) -> int:
+        """Load a checkpoint into the running actors; returns the step it was taken after."""
+        import json
+        from pathlib import Path
+
+        from coati.distributed.checkpoint import check_compatible, config_dict, load_driver_state
+
+        folder = Path(folder)
+        meta = json.loads((folder / "meta.json").read_text())
+        check_compatible(meta["config"], config_dict(self.cfg), str(folder))
+        _get([c.load_checkpoint.remote(str(folder)) for c in self.consumers], f"loading {folder} (consumers)")
+        state = load_driver_state(folder)
+        if len(state["producers"]) != len(self.producers):
+            raise ValueError(f"checkpoint has {len(state['producers'])} producers, this run {len(self.producers)}")
+        _get([p.restore.remote(s) for p, s in zip(self.producers, state["producers"], strict=True)], "restoring producers")
+        self.buffer = state["buffer"]
+        self.version = self.start_step = meta["step"]
+        self.last_checkpoint = str(folder)
+        return self.start_step
 
     # ---- rollouts --------------------------------------------------------------------------------------------
 
@@ -192,7 +254,7 @@ class Run:
     def _buffered_groups(self) -> int:
         return sum(len(b) for b in self.buffer) // self.cfg.producer.num_generations
 
-    def _take(self, groups: int, stats: dict, pending) -> tuple[RolloutBatch, object]:
+    def _take(self, groups: int, stats: dict) -> RolloutBatch:
         draws = 0
         while self._buffered_groups() < groups:
             if draws >= MAX_DRAWS_PER_STEP:
@@ -203,13 +265,23 @@ class Run:
                 stats["filled_zero_signal_groups"] += need // self.cfg.producer.num_generations
                 self.buffer.append(fill.select(np.arange(need)))
                 break
-            self._collect(pending if pending is not None else self._start_generation(), stats)
-            pending = None
+            self._collect(self._start_generation(), stats)
             draws += 1
         merged = RolloutBatch.concat(self.buffer)
         rows = groups * self.cfg.producer.num_generations
         self.buffer = [merged.select(np.arange(rows, len(merged)))] if len(merged) > rows else []
-        return merged.select(np.arange(rows)), pending
+        return merged.select(np.arange(rows))
+
+    def _fill_while_training(self, train_refs, groups: int, stats: dict) -> None:
+        """Roll out the next step's groups with the current weights while the consumers train (one-step
+        off-policy); keep drawing while the buffer is short and training is still running."""
+        import ray
+
+        while self._buffered_groups() < groups:
+            self._collect(self._start_generation(), stats)
+            done, _ = ray.wait(train_refs, num_returns=len(train_refs), timeout=0)
+            if len(done) == len(train_refs):
+                break
 
     # ---- loop ------------------------------------------------------------------------------------------------
 
@@ -221,31 +293,36 @@ class Run:
         return {"eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
                 "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count, "eval/count": count}  # fmt: skip
 
-    def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step) -> dict:
+    def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints: int = 2) -> dict:
+        try:
+            return self._loop(max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints)
+        except RunError as e:
+            raise RunError(f"{e}\nlast checkpoint: {self.last_checkpoint or 'none'}") from e
+
+    def _loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints) -> dict:
         import ray
 
+        from coati.distributed.checkpoint import CheckpointManager
+
+        manager = CheckpointManager(os.path.join(save_dir, "checkpoints"), keep_checkpoints) if save_dir else None
         total = self.cfg.num_episodes * self.plan.steps_per_episode
         total = min(total, max_steps) if max_steps else total
         history, evals = [], []
-        if eval_interval and self.plan.eval_dataset:
+        if eval_interval and self.plan.eval_dataset and self.start_step == 0:
             evals.append({"step": 0, **self.evaluate()})
         groups = self.cfg.global_train_batch_size
-        pending = None
-        for step in range(1, total + 1):
+        for step in range(self.start_step + 1, total + 1):
             t0 = time.perf_counter()
             stats = {"rollouts": [], "dropped_groups": 0, "zero_signal": [], "filled_zero_signal_groups": 0}
-            batch, pending = self._take(groups, stats, pending)
+            batch = self._take(groups, stats)
             t_rollout = time.perf_counter() - t0
             ref = ray.put(batch)
             train_refs = [c.train_step.remote(ref) for c in self.consumers]
-            if self.max_staleness >= 1 and step < total and self._buffered_groups() < groups:
-                pending = self._start_generation()  # overlaps training, with the weights of this step
             t1 = time.perf_counter()
+            if self.max_staleness >= 1 and step < total:
+                self._fill_while_training(train_refs, groups, stats)
             train_metrics = _get(train_refs, f"training step {step}")[0]
             t_train = time.perf_counter() - t1
-            if pending is not None:
-                self._collect(pending, stats)
-                pending = None
             self.version = step
             t_push = self.push_weights()
             metrics = self._metrics(step, total, batch, stats, train_metrics, t_rollout, t_train, t_push, t0)
@@ -255,8 +332,8 @@ class Run:
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
-            if save_dir and save_interval and step % save_interval == 0 and step != total:
-                self.save(os.path.join(save_dir, f"step-{step}"))
+            if manager is not None and ((save_interval and step % save_interval == 0) or step == total):
+                self.checkpoint(manager, step)
         final = self.save(os.path.join(save_dir, "final")) if save_dir else None
         return {"history": history, "evals": evals, "final_model": final, "total_steps": total}
 
@@ -292,6 +369,7 @@ class Run:
             if key in ex:
                 out[key] = float(np.max(ex[key]))
         out.update({k: v for k, v in train.items()})
+        out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
         out["samples"] = [
             {"prompt": self.tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
              "response": self.tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),

@@ -173,13 +173,17 @@ class Producer:
         """The backend's current weights (tests compare them with the consumer's)."""
         return self.backend.state_dict()
 
-    def data_state(self) -> dict:
-        return {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version}
+    def state(self) -> dict:
+        """Dataset position, call counter and RNG: what a checkpoint needs to continue with the same data order and
+        the same samples."""
+        return {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
+                "torch_rng": torch.get_rng_state()}  # fmt: skip
 
-    def restore_data_state(self, state: dict) -> None:
+    def restore(self, state: dict) -> None:
         self.cursor.restore(state["cursor"])
         self._num_calls = state["calls"]
         self.version = state["version"]
+        torch.set_rng_state(state["torch_rng"])
 
     def close(self) -> None:
         self.pool.close()

@@ -20,11 +20,12 @@ PLOTS = {
 
 class Reporter:
     def __init__(self, out_dir: str, total_steps: int | None = None, use_wandb: bool = False, project: str = "coati",
-                 config: dict | None = None, progress: bool = True):  # fmt: skip
+                 config: dict | None = None, progress: bool = True, append: bool = False):  # fmt: skip
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        if not append:  # a resumed run keeps the metrics of the steps before the checkpoint
+            self.metrics_path.write_text("")
         self.history: list[dict] = []
         self.start = time.perf_counter()
         self.bar = None

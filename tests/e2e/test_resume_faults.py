@@ -1,0 +1,124 @@
+"""Resume restores everything; faults end the run with the actor named; bad input never starts an actor."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from coati.distributed.launch import launch_distributed
+from coati.distributed.loop import RunError
+from coati.models import build_tiny_model
+
+REWARD = "tests.component.reward_fns:digit_fraction"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("resume_model")))
+
+
+def kwargs(tiny, save_dir, **over):
+    kw = dict(
+        num_producers=2, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=2,
+        inference_batch_size=2, inference_microbatch_size=2, train_batch_size=4, train_minibatch_size=2,
+        train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(8)]},  # 2 steps per episode
+        inference_model_config={"path": tiny}, train_model_config={"path": tiny},
+        generate_config={"max_new_tokens": 8, "temperature": 1.0},
+        grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4},
+        plugin_config={}, num_generations=4, core_algo="DAPO", save_dir=str(save_dir), save_interval=2,
+        max_staleness=0, seed=3,
+    )  # fmt: skip
+    kw.update(over)
+    return kw
+
+
+def trace(history):
+    return [(m["step"], m["loss/policy"], m["rollout/prompt_index"]) for m in history]
+
+
+def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
+    full = launch_distributed(**kwargs(tiny, tmp_path / "full"))
+    assert [m["step"] for m in full["history"]] == [1, 2, 3, 4]
+
+    def die_at_step_3(metrics):
+        if metrics["step"] == 3:  # step 3 trained, its checkpoint not written: the run must resume from step 2
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch_distributed(**kwargs(tiny, tmp_path / "cut", on_step=die_at_step_3))
+    ckpts = sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir())
+    assert ckpts == ["latest", "step-2"], ckpts  # atomic: no temp folder, nothing half-written
+    resumed = launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))
+    assert [m["step"] for m in resumed["history"]] == [3, 4]
+    for (s1, loss1, ids1), (s2, loss2, ids2) in zip(trace(full["history"])[2:], trace(resumed["history"]), strict=True):
+        assert s1 == s2 and ids1 == ids2, (s1, ids1, ids2)
+        assert loss2 == pytest.approx(loss1, rel=1e-6, abs=1e-9), (s1, loss1, loss2)
+    # Every prompt of each episode trained exactly once (the episode boundary is at step 2).
+    ids = [i for _, _, ids in trace(full["history"]) for i in ids]
+    assert sorted(ids[:4] + ids[4:8]) == sorted(list(range(8)))
+
+
+def test_resume_refuses_an_incompatible_config(ray_cluster, tiny, tmp_path):
+    launch_distributed(**kwargs(tiny, tmp_path, max_steps=2))
+    with pytest.raises(ValueError, match=r"consumer.train_minibatch_size: checkpoint 2, this run 4"):
+        launch_distributed(**kwargs(tiny, tmp_path, resume="latest", train_minibatch_size=4))
+    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+        launch_distributed(**kwargs(tiny, tmp_path / "empty", resume="latest"))
+
+
+@pytest.mark.parametrize("victim", ["consumer", "producer"])
+def test_killed_actor_ends_the_run_naming_it(ray_cluster, tiny, tmp_path, victim):
+    killed = {}
+
+    def kill_after_step_1(metrics):
+        if metrics["step"] == 1:
+            name = next(n for n in ray.util.list_named_actors() if n.endswith(f"{victim}-0"))
+            ray.kill(ray.get_actor(name))
+            killed["name"], killed["at"] = name, time.monotonic()
+
+    with pytest.raises(RunError) as err:
+        launch_distributed(**kwargs(tiny, tmp_path, on_step=kill_after_step_1, weight_sync_timeout_s=20))
+    assert time.monotonic() - killed["at"] < 60
+    message = str(err.value)
+    assert killed["name"] in message and "died" in message, message
+    assert "last checkpoint: none" in message
+    time.sleep(1)
+    assert not [n for n in ray.util.list_named_actors() if n.startswith(killed["name"].rsplit("-", 2)[0])]
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+BAD = [
+    ("malformed JSONL", lambda t, d: {"train_dataset_config": {"path": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
+     ValueError, r"a.jsonl:2: not valid JSON"),
+    ("empty prompt", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": ""}] * 8}},
+     ValueError, r"row 0: 'prompt' must be a non-empty string"),
+    ("prompt too long", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x" * 400}] * 8}},
+     ValueError, r"prompt of row 0 has \d+ tokens > max_prompt_tokens=256"),
+    ("missing model folder", lambda t, d: {"train_model_config": {"path": str(d / "nope")}},
+     FileNotFoundError, r"train model .*nope.* is not a local folder"),
+    ("impossible batch arithmetic", lambda t, d: {"train_batch_size": 3},
+     ValueError, r"train_batch_size=3 is not divisible by train_minibatch_size=2"),
+    ("more actors than resources", lambda t, d: {"cpus_per_actor": 5.0},
+     ValueError, r"3 actors x 5.0 CPUs = 15.0 CPUs, the cluster has 8.0"),
+    ("unknown algorithm", lambda t, d: {"core_algo": "PPOX"}, KeyError, r"unknown algorithm 'PPOX'; known:"),
+    ("unknown backend", lambda t, d: {"inference_backend": "tgi"}, KeyError, r"unknown inference backend 'tgi'"),
+    ("unknown reward", lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}}, KeyError,
+     r"unknown reward function 'nope'; known: code, math"),
+    ("too few rows", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}}, ValueError,
+     r"the training set has 3 rows, fewer than one step's 4 prompts"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, change, exc, message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_catalogue(ray_cluster, tiny, tmp_path, name, change, exc, message):
+    before = set(ray.util.list_named_actors())
+    with pytest.raises(exc, match=message):
+        launch_distributed(**kwargs(tiny, tmp_path, **change(tiny, tmp_path)))
+    assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
