@@ -66,7 +66,7 @@ class GRPOConsumer:
             zero_stage=p.zero_stage,
             precision=p.precision,
             max_norm=self.cfg.max_grad_norm,
-            microbatch_size=1 if p.pp_size > 1 else None,
+            num_microbatches=p.pp_num_microbatches if p.pp_size > 1 else None,
             make_vocab_size_divisible_by=p.tp_size,
             enable_metadata_cache=False,
             parallel_output=False,
@@ -84,8 +84,12 @@ class GRPOConsumer:
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.dp_rank = self.plugin.dp_group.rank()
         self.dp_size = self.plugin.dp_size
+        self.tp_rank = self.plugin.tp_group.rank() if p.tp_size > 1 else 0
+        self.pp_rank = self.plugin.stage_manager.stage if p.pp_size > 1 else 0
+        self.is_last_stage = p.pp_size == 1 or self.plugin.stage_manager.is_last_stage()
         self.step_count = 0
-        return {"node_id": _node_id(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "pid": os.getpid()}
+        return {"node_id": _node_id(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
+                "pp_rank": self.pp_rank, "pid": os.getpid()}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -129,6 +133,11 @@ class GRPOConsumer:
             )
             norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
             local = np.arange(m * mb_rows, (m + 1) * mb_rows)
+            if self.cfg.plugin.pp_size > 1:
+                step_loss += self._pipeline_minibatch(batch, shard_rows[local], loss_mask, adv, norm, metrics)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+                continue
             for lo in range(0, mb_rows, self.cfg.train_microbatch_size):
                 idx = local[lo : lo + self.cfg.train_microbatch_size]
                 rows = shard_rows[idx]
@@ -162,6 +171,42 @@ class GRPOConsumer:
         out["time/train_step"] = time.perf_counter() - start
         out["actor/lr"] = self.cfg.learning_rate
         return out
+
+    def _pipeline_minibatch(self, batch, rows, loss_mask, adv, norm, metrics) -> float:
+        """One minibatch through ColossalAI's pipeline schedule. The last stage computes the loss per micro-batch in
+        ``criterion``; the schedule divides it by the number of micro-batches, which we undo so the loss keeps its
+        global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)"""
+        from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
+        from coati.distributed.forward import model_inputs
+
+        t = self._tensors(batch, rows)
+        inputs = model_inputs(**t)
+        r = t["response_ids"].shape[1]
+        n_micro = self.cfg.plugin.pp_num_microbatches
+        size = len(rows) // n_micro
+        seen = {"i": 0, "loss": 0.0}
+
+        def criterion(outputs, _micro):
+            i = seen["i"]
+            seen["i"] += 1
+            sl = slice(i * size, (i + 1) * size)
+            logits = outputs.logits[..., : self.vocab_size][:, -(r + 1) : -1]
+            logprobs = token_logprobs(logits, t["response_ids"][sl], self.generation.temperature)
+            mask = loss_mask[rows[sl]].to(self.device)
+            inp = LossInput(logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=adv[rows[sl]].to(self.device),
+                            mask=mask, rollout_logprobs=self._rollout_logprobs(batch, rows[sl]))  # fmt: skip
+            loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+            weight = float(mask.sum())
+            for k, v in m_metrics.items():
+                if k != "loss/policy":
+                    metrics[k].append((float(v), weight))
+            entropy = entropy_from_logits(logits.detach(), self.generation.temperature)
+            metrics["actor/entropy"].append((float((entropy * mask).sum() / mask.sum().clamp(min=1)), weight))
+            seen["loss"] += loss.item() / self.dp_size
+            return loss * n_micro
+
+        self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
+        return seen["loss"] / (self.cfg.train_batch_size // self.cfg.train_minibatch_size)
 
     def _rollout_logprobs(self, batch: RolloutBatch, rows):
         valid = batch.extras.get("logprobs_valid")
@@ -203,16 +248,17 @@ class GRPOConsumer:
         return True
 
     def push_weights(self, version: int) -> float:
-        """Rank 0 broadcasts its weights to the producers; every rank takes part in the TP gather."""
+        """Senders broadcast their stage's weights to the producers; every rank takes part in the TP gather."""
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
         state = self.full_state_dict()
-        if self.rank == 0:
+        if self.weight_group is not None:
             ray_broadcast_tensor_dict(state, 0, self.device, self.weight_group, version=version)
         return time.perf_counter() - start
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """This stage's full weights on CPU (all stages' when pp_size == 1); collective over TP."""
         return {k: v.cpu().clone() for k, v in self.full_state_dict().items()}
 
     def save_checkpoint(self, folder: str) -> bool:
@@ -229,28 +275,6 @@ class GRPOConsumer:
         torch.set_rng_state(state["torch"])
         self.step_count = state["step"]
         return self.step_count
-
-    def save_hf(self, path: str, tokenizer_path: str | None = None) -> str:
-        """Write a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM."""
-        state = self.full_state_dict()
-        if self.rank != 0:
-            return path
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        config = AutoConfig.from_pretrained(self.model_path)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        model.load_state_dict({k: v.cpu() for k, v in state.items()}, strict=False, assign=True)
-        model.tie_weights()
-        tmp = f"{path}.tmp-{os.getpid()}"
-        model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(tokenizer_path or self.model_path).save_pretrained(tmp)
-        if os.path.exists(path):
-            import shutil
-
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-        return path
 
 
 def _node_id() -> str:

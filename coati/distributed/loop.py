@@ -187,11 +187,18 @@ class Run:
         self.consumer_info = _get([a.setup.remote() for a in self.consumers], "consumer setup")
 
     def connect_weight_group(self) -> None:
-        group = f"{self.run_name}-weights"
+        """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
+        stages = sorted({info["pp_rank"] for info in self.consumer_info})
+        self.senders = [
+            next(i for i, info in enumerate(self.consumer_info)
+                 if info["pp_rank"] == s and info["dp_rank"] == 0 and info["tp_rank"] == 0)
+            for s in stages
+        ]  # fmt: skip
+        groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
         world = 1 + len(self.producers)
-        refs = [self.consumers[0].join_weight_group.remote(world, group, self.timeout_s)]
-        refs += [p.join_weight_group.remote(world, i + 1, group, self.timeout_s) for i, p in enumerate(self.producers)]
-        _get(refs, "joining the weight group")
+        refs = [self.consumers[i].join_weight_group.remote(world, g, self.timeout_s) for i, g in zip(self.senders, groups)]
+        refs += [p.join_weight_groups.remote(world, i + 1, groups, self.timeout_s) for i, p in enumerate(self.producers)]
+        _get(refs, "joining the weight groups")
 
     def push_weights(self) -> float:
         start = time.perf_counter()
@@ -321,7 +328,8 @@ class Run:
             t1 = time.perf_counter()
             if self.max_staleness >= 1 and step < total:
                 self._fill_while_training(train_refs, groups, stats)
-            train_metrics = _get(train_refs, f"training step {step}")[0]
+            # With pipeline parallelism only the last stage sees the loss: report the fullest metrics.
+            train_metrics = max(_get(train_refs, f"training step {step}"), key=len)
             t_train = time.perf_counter() - t1
             self.version = step
             t_push = self.push_weights()
@@ -337,9 +345,36 @@ class Run:
         final = self.save(os.path.join(save_dir, "final")) if save_dir else None
         return {"history": history, "evals": evals, "final_model": final, "total_steps": total}
 
+    def full_weights(self) -> dict:
+        """The whole model's weights, merged from each pipeline stage's sender (all ranks join the TP gathers)."""
+        states = _get([c.weights.remote() for c in self.consumers], "gathering weights")
+        merged = {}
+        for i in self.senders:
+            merged.update(states[i])
+        return merged
+
     def save(self, path: str) -> str:
+        """Write a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM, atomically."""
+        import shutil
+
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        state = self.full_weights()
+        config = AutoConfig.from_pretrained(self.plan.train_model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        model.tie_weights()
+        still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+        assert not still_meta and not unexpected, (still_meta, unexpected)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        if os.path.exists(path):
+            shutil.rmtree(path)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        _get([c.save_hf.remote(path, self.plan.tokenizer_path) for c in self.consumers], f"saving {path}")
+        os.replace(tmp, path)
         return path
 
     def _metrics(self, step, total, batch, stats, train, t_rollout, t_train, t_push, t0) -> dict:

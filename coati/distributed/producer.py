@@ -51,7 +51,7 @@ class Producer:
         self.system_prompt, self.seed = system_prompt, seed
         self.backend_options = dict(backend_options or {})
         self.version = 0
-        self.weight_group = None
+        self.weight_groups: list[str] = []
 
     def setup(self) -> dict:
         from coati.distributed.inference import backend_class
@@ -152,21 +152,24 @@ class Producer:
 
     # ---- weights and state ---------------------------------------------------------------------------------------
 
-    def join_weight_group(self, world_size: int, rank: int, group_name: str, timeout_s: float) -> bool:
+    def join_weight_groups(self, world_size: int, rank: int, group_names: list[str], timeout_s: float) -> bool:
+        """Join one weight group per consumer pipeline stage (one group when pp_size == 1)."""
         from coati.distributed.comm import init_group
 
-        init_group(world_size, rank, group_name, device=str(getattr(self.backend, "device", "cpu")), timeout_s=timeout_s)
-        self.weight_group = group_name
+        device = str(getattr(self.backend, "device", "cpu"))
+        for name in group_names:
+            init_group(world_size, rank, name, device=device, timeout_s=timeout_s)
+        self.weight_groups = list(group_names)
         return True
 
     def receive_weights(self) -> int:
+        """Receive one push per stage and load each bucket as it lands (partial dicts: one stage at a time)."""
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         device = getattr(self.backend, "device", "cpu")
-        loaded = ray_broadcast_tensor_dict(
-            None, 0, device, self.weight_group, on_bucket=lambda bucket: self.backend.load_weights(bucket)
-        )
-        self.version = loaded.version
+        for name in self.weight_groups:
+            loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights)
+            self.version = loaded.version
         return self.version
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -65,7 +65,7 @@ class Reporter:
         if self.bar is not None:
             self.bar.close()
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
-        plots = plot_history(self.history, self.out / "plots")
+        plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,
                    "evals": result.get("evals", []), "final_model": result.get("final_model"), "plots": plots}  # fmt: skip
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -74,8 +74,9 @@ class Reporter:
         return summary
 
 
-def plot_history(history: list[dict], folder: Path) -> list[str]:
-    """One PNG per PLOTS entry with the series that the run recorded; returns the paths written."""
+def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> list[str]:
+    """One PNG per PLOTS entry with the series that the run recorded (evaluations, including the one before
+    training at step 0, come from ``evals``); returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +88,8 @@ def plot_history(history: list[dict], folder: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         drawn = 0
         for key in keys:
-            pts = [(m["step"], m[key]) for m in history if key in m and isinstance(m[key], (int, float))
+            source = evals if key.startswith("eval/") and evals else history
+            pts = [(m["step"], m[key]) for m in source if key in m and isinstance(m[key], (int, float))
                    and math.isfinite(m[key])]  # fmt: skip
             if pts:
                 ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=key)

@@ -65,14 +65,20 @@ def start_run(tiny, **over):
     return run
 
 
-def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny):
-    run = start_run(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2)
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"num_consumer_procs": 2, "core_algo": "RLOO", "plugin_config": {"pp_size": 2, "pp_num_microbatches": 2}}],
+    ids=["dp1", "pp2"],
+)
+def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny, layout):
+    run = start_run(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2, **layout)
     try:
-        before = ray.get(run.consumers[0].weights.remote())
+        before = run.full_weights()
+        assert len(before) == len(ray.get(run.producers[0].weights.remote()))  # every stage pushed
         for p in run.producers:
             assert_same(ray.get(p.weights.remote()), before)
         run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
-        after = ray.get(run.consumers[0].weights.remote())
+        after = run.full_weights()
         unchanged = [k for k in before if torch.equal(before[k], after[k])]
         assert not unchanged, f"parameters that did not change: {unchanged}"
         for p in run.producers:  # after the last push, bitwise equal
@@ -88,13 +94,14 @@ def assert_same(producer: dict, consumer: dict) -> None:
 
 @pytest.mark.parametrize(
     "plugin",
-    [{}, {"zero_stage": 2, "precision": "bf16"}, {"tp_size": 2}],
-    ids=["dp2", "zero2", "tp2"],
+    [{}, {"zero_stage": 2, "precision": "bf16"}, {"tp_size": 2}, {"pp_size": 2, "pp_num_microbatches": 4}],
+    ids=["dp2", "zero2", "tp2", "pp2"],
 )
 def test_parallel_layouts_run_a_step(ray_cluster, tiny, plugin):
-    tbs = 2 if plugin.get("tp_size", 1) == 1 else 4
+    tbs = 2 if plugin.get("tp_size", 1) == 1 and plugin.get("pp_size", 1) == 1 else 4
     out = launch_distributed(**run_kwargs(
-        tiny, num_consumer_procs=2, plugin_config=plugin, train_batch_size=tbs, train_minibatch_size=tbs, max_steps=1
+        tiny, num_consumer_procs=2, plugin_config=plugin, train_batch_size=tbs, train_minibatch_size=tbs, max_steps=1,
+        core_algo="RLOO",
     ))  # fmt: skip
     assert len(out["history"]) == 1 and np.isfinite(out["history"][0]["loss/policy"])
 

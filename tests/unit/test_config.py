@@ -41,7 +41,8 @@ BAD = [
     ),
     (lambda: PluginConfig(zero_stage=3), "zero_stage must be 0, 1 or 2, got 3"),
     (lambda: PluginConfig(precision="fp8"), "precision must be fp32, bf16 or fp16, got 'fp8'"),
-    (lambda: PluginConfig(pp_size=2, zero_stage=2), "zero_stage=2 cannot be combined with pp_size=2"),
+    (lambda: PluginConfig(pp_size=2, zero_stage=2, precision="bf16"), "zero_stage=2 cannot be combined with pp_size=2"),
+    (lambda: PluginConfig(zero_stage=1), "zero_stage=1 needs precision bf16 or fp16"),
     (
         lambda: LaunchConfig(
             producer=ProducerConfig(num_generations=3),
