@@ -403,6 +403,9 @@ class Run:
         for key in ("time/generate", "time/reward_wait", "time/producer_total"):
             if key in ex:
                 out[key] = float(np.max(ex[key]))
+        # Driver time that is none of: waiting for rollouts, training, pushing weights (batching, object store puts,
+        # metrics). Rollout wait itself is generation + reward + transfer, reported by the producers above.
+        out["time/overhead"] = max(out["time/step"] - t_rollout - t_train - t_push, 0.0)
         out.update({k: v for k, v in train.items()})
         out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
         out["samples"] = [

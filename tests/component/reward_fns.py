@@ -23,3 +23,11 @@ def digit_fraction(completions, **fields):
         frac = sum(ch.isdigit() for ch in c) / max(len(c), 1)
         out.append(RewardResult(frac, True, frac > 0.5))
     return out
+
+
+def plain_floats(completions, **fields):
+    return [float(len(c)) for c in completions]
+
+
+def wrong_type(completions, **fields):
+    return ["1.0" for _ in completions]

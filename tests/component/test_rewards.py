@@ -162,3 +162,30 @@ def test_many_runs_leave_no_zombies():
         if fields[0] == "Z" and fields[1] == me:
             zombies.append(entry)
     assert zombies == []
+
+
+def test_plain_float_rewards_and_wrong_return_types():
+    with RewardPool("tests.component.reward_fns:plain_floats", num_workers=1) as pool:
+        assert [r.reward for r in pool.score(["ab", "abcd"], {})] == [2.0, 4.0]
+    with RewardPool("tests.component.reward_fns:wrong_type", num_workers=1) as pool:
+        [r] = pool.score(["x"], {})
+        assert r.reward == 0.0 and "returned str; expected RewardResult or float" in r.info["error"]
+
+
+def test_fallback_without_bwrap_warns_and_still_blocks_network(monkeypatch, listener):
+    """Where bwrap cannot run: rlimits plus a private network namespace, with a loud warning."""
+    import coati.distributed.reward.sandbox as sandbox_module
+
+    if os.geteuid() != 0:
+        pytest.skip("the network-namespace fallback needs root (without it the fallback is rlimits only)")
+    port, hits = listener
+    monkeypatch.setattr(sandbox_module, "staged_bwrap", lambda: None)
+    with pytest.warns(RuntimeWarning, match="SANDBOX DEGRADED"):
+        sandbox = Sandbox()
+    assert sandbox.mode == "netns"
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')"
+    out = run_tests(code, {"inputs": [""], "outputs": ["ok"]}, sandbox=sandbox)
+    assert out["passed"] == 0 and hits == []
+    assert run_tests("print('ok')", {"inputs": [""], "outputs": ["ok"]}, sandbox=sandbox)["passed"] == 1
+    fork = run_tests("import os\nwhile True:\n    os.fork()", {"inputs": [""], "outputs": ["x"]}, sandbox=sandbox)
+    assert fork["passed"] == 0

@@ -1,6 +1,7 @@
 """The reward contract: ``fn(completions: list[str], **sample_fields) -> list[RewardResult]``, batched.
 
-Dataset columns arrive by name (``gt_answer=[...]``, ``test_cases=[...]``), one list entry per completion. Reward
+Dataset columns arrive by name (``gt_answer=[...]``, ``test_cases=[...]``), one list entry per completion. Plain
+floats are accepted in place of RewardResult (so reward functions written for TRL work unchanged). Reward
 functions are registered by name in ``REWARD_FNS``; a dotted path ``package.module:function`` resolves too.
 Producers never call them directly: they go through ``RewardPool``, which runs them in worker processes.
 """

@@ -38,7 +38,12 @@ def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
         try:
             out = fn([completion], **{k: [v] for k, v in fields.items()}, **fn_kwargs)
             assert len(out) == 1, f"reward function {fn_name} returned {len(out)} results for 1 completion"
-            conn.send((task_id, out[0], None))
+            result = out[0]
+            if isinstance(result, (int, float)):  # plain float rewards (TRL-style functions) are accepted too
+                result = RewardResult(float(result))
+            elif not isinstance(result, RewardResult):
+                raise TypeError(f"reward function {fn_name} returned {type(result).__name__}; expected RewardResult or float")
+            conn.send((task_id, result, None))
         except Exception as e:  # noqa: BLE001 - a reward bug scores 0 with its reason, the producer goes on
             conn.send((task_id, None, f"{type(e).__name__}: {truncate_for_log(str(e))}"))
 

@@ -1,0 +1,31 @@
+"""Every recipe in examples/ runs a step on a tiny model (the same code path as with the default model)."""
+
+import runpy
+import sys
+
+import pytest
+
+from coati.models import build_tiny_model
+
+EXAMPLES = ["math_boxed.py", "gsm8k_jsonl.py", "code_humaneval.py", "custom_reward.py"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("examples_model")))
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = ["-m", tiny, "--max-steps", "1", "-sd", str(tmp_path), "--no-progress", "-mnt", "8", "-mpt", "4096",
+            "--eval-size", "2", "--train-size", "16"]  # fmt: skip
+    if name == "code_humaneval.py":
+        args = ["--problems", "8"] + args
+    monkeypatch.setattr(sys, "argv", [name] + args)
+    monkeypatch.chdir(root)
+    runpy.run_path(str(root / "examples" / name), run_name="__main__")
+    metrics = list(tmp_path.glob("*/metrics.jsonl"))
+    assert len(metrics) == 1 and metrics[0].read_text().count("\n") == 1
