@@ -143,3 +143,29 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndar
             ids[i, width - len(p) :] = p
             mask[i, width - len(p) :] = True
     return ids, mask
+
+
+def batch_from_responses(
+    prompts: list[list[int]],
+    n: int,
+    tokens: list[list[int]],
+    logprobs: list[list[float]] | None,
+    finished: list[bool],
+    pad_id: int,
+    extras: dict | None = None,
+) -> RolloutBatch:
+    """A validated RolloutBatch from tokenised prompts and ragged responses, rows prompt-major (the n completions of
+    prompt i are rows i*n .. i*n+n-1, group id i). Every backend builds its record here."""
+    p_ids, p_mask = left_pad([p for p in prompts for _ in range(n)], pad_id)
+    ids, mask, lps, lengths, truncated = responses_from_token_lists(tokens, logprobs, finished, pad_id)
+    return RolloutBatch(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        response_ids=ids,
+        response_mask=mask,
+        rollout_logprobs=lps,
+        response_lengths=lengths,
+        truncated=truncated,
+        group_ids=np.repeat(np.arange(len(prompts), dtype=np.int64), n),
+        extras=dict(extras or {}),
+    ).validate()

@@ -12,26 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from coati.distributed.rollout import RolloutBatch, left_pad, responses_from_token_lists
+from coati.distributed.rollout import RolloutBatch, batch_from_responses
 
 
 def _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid) -> RolloutBatch:
-    rows = [p for p in prompts for _ in range(n)]
-    p_ids, p_mask = left_pad(rows, pad_id)
-    ids, mask, lps, lengths, truncated = responses_from_token_lists(
-        tokens, logprobs if logprobs_valid else None, finished, pad_id
-    )
-    return RolloutBatch(
-        prompt_ids=p_ids,
-        prompt_mask=p_mask,
-        response_ids=ids,
-        response_mask=mask,
-        rollout_logprobs=lps,
-        response_lengths=lengths,
-        truncated=truncated,
-        group_ids=np.repeat(np.arange(len(prompts), dtype=np.int64), n),
-        extras={"logprobs_valid": np.full(len(rows), logprobs_valid)},
-    ).validate()
+    valid = {"logprobs_valid": np.full(len(prompts) * n, logprobs_valid)}
+    return batch_from_responses(prompts, n, tokens, logprobs if logprobs_valid else None, finished, pad_id, valid)
 
 
 def rollout_from_vllm(outputs, prompts, n: int, pad_id: int, logprobs_valid: bool) -> RolloutBatch:

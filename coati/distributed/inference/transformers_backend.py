@@ -13,7 +13,7 @@ import torch
 from coati.distributed.algo.logprobs import token_logprobs
 from coati.distributed.config import GenerationConfig
 from coati.distributed.inference.base import InferenceBackend
-from coati.distributed.rollout import RolloutBatch, left_pad, responses_from_token_lists
+from coati.distributed.rollout import RolloutBatch, batch_from_responses, left_pad
 
 
 class TransformersBackend(InferenceBackend):
@@ -90,17 +90,7 @@ class TransformersBackend(InferenceBackend):
             tokens.append(new[i, :length].tolist())
             lps.append(logprobs[i, :length].tolist())
             finished.append(done)
-        r_ids, r_mask, r_lp, r_len, truncated = responses_from_token_lists(tokens, lps, finished, self.pad_id)
-        return RolloutBatch(
-            prompt_ids=ids,
-            prompt_mask=mask,
-            response_ids=r_ids,
-            response_mask=r_mask,
-            rollout_logprobs=r_lp,
-            response_lengths=r_len,
-            truncated=truncated,
-            group_ids=np.repeat(np.arange(len(prompts), dtype=np.int64), n),
-        ).validate()
+        return batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id)
 
     def _response_length(self, seq: np.ndarray) -> tuple[int, bool]:
         """(tokens to keep including the terminator, whether a terminator was produced)."""
