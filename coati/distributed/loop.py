@@ -195,9 +195,12 @@ class Run:
             for s in stages
         ]  # fmt: skip
         groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
-        world = 1 + len(self.producers)
+        # Engines with worker processes (vLLM) put each of a producer's GPUs in the group; transformers one process.
+        per = self.cfg.producer.num_proc_per_producer if self.cfg.producer.backend == "vllm" else 1
+        world = 1 + len(self.producers) * per
         refs = [self.consumers[i].join_weight_group.remote(world, g, self.timeout_s) for i, g in zip(self.senders, groups)]
-        refs += [p.join_weight_groups.remote(world, i + 1, groups, self.timeout_s) for i, p in enumerate(self.producers)]
+        refs += [p.join_weight_groups.remote(world, 1 + i * per, groups, self.timeout_s)
+                 for i, p in enumerate(self.producers)]  # fmt: skip
         _get(refs, "joining the weight groups")
 
     def push_weights(self) -> float:

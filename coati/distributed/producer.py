@@ -153,12 +153,16 @@ class Producer:
     # ---- weights and state ---------------------------------------------------------------------------------------
 
     def join_weight_groups(self, world_size: int, rank: int, group_names: list[str], timeout_s: float) -> bool:
-        """Join one weight group per consumer pipeline stage (one group when pp_size == 1)."""
-        from coati.distributed.comm import init_group
+        """Join one weight group per consumer pipeline stage (one group when pp_size == 1). Engines whose weights
+        live in worker processes (vLLM) have those workers join instead, at ranks ``rank ..``."""
+        from coati.distributed.comm import group_address, init_group
 
         device = str(getattr(self.backend, "device", "cpu"))
         for name in group_names:
-            init_group(world_size, rank, name, device=device, timeout_s=timeout_s)
+            if hasattr(self.backend, "join_weight_group"):
+                self.backend.join_weight_group(group_address(name, timeout_s), world_size, rank, name)
+            else:
+                init_group(world_size, rank, name, device=device, timeout_s=timeout_s)
         self.weight_groups = list(group_names)
         return True
 
@@ -168,8 +172,11 @@ class Producer:
 
         device = getattr(self.backend, "device", "cpu")
         for name in self.weight_groups:
-            loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights)
-            self.version = loaded.version
+            if hasattr(self.backend, "receive_weights"):
+                self.version = self.backend.receive_weights(name)
+            else:
+                loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights)
+                self.version = loaded.version
         return self.version
 
     def weights(self) -> dict[str, torch.Tensor]:

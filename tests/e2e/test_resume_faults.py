@@ -48,6 +48,7 @@ def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         launch_distributed(**kwargs(tiny, tmp_path / "cut", on_step=die_at_step_3))
+    assert not [n for n in ray.util.list_named_actors() if "producer" in n or "consumer" in n], "actors left behind"
     ckpts = sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir())
     assert ckpts == ["latest", "step-2"], ckpts  # atomic: no temp folder, nothing half-written
     resumed = launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))

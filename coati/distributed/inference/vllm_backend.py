@@ -64,10 +64,11 @@ class VLLMBackend(InferenceBackend):
         """Every vLLM worker joins the consumer's NCCL weight group as rank ``rank_offset + its TP rank``."""
         self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank_offset, group_name))
 
-    def receive_weights(self, src: int = 0) -> None:
-        """Every worker receives one push from the consumer and loads it bucket by bucket."""
-        self.llm.collective_rpc("receive_weights", args=(src,))
+    def receive_weights(self, group_name: str) -> int:
+        """Every worker receives one push on ``group_name`` and loads it bucket by bucket; returns its version."""
+        versions = self.llm.collective_rpc("receive_weights", args=(group_name,))
         self.llm.reset_prefix_cache()
+        return int(versions[0])
 
     def load_weights(self, weights) -> None:
         raise NotImplementedError(

@@ -13,12 +13,16 @@ class WeightSyncExtension:
 
     def join_weight_group(self, address: str, world_size: int, rank_offset: int, group_name: str) -> None:
         rank = rank_offset + getattr(self, "rank", 0)
-        self._coati_group = TorchGroup(world_size, rank, group_name, backend="nccl", address=address)
+        if not hasattr(self, "_coati_groups"):
+            self._coati_groups = {}
+        self._coati_groups[group_name] = TorchGroup(world_size, rank, group_name, backend="nccl", address=address)
 
-    def receive_weights(self, src: int = 0) -> None:
+    def receive_weights(self, group_name: str) -> int:
         model = self.model_runner.model
         device = torch.device("cuda", torch.cuda.current_device())
-        ray_broadcast_tensor_dict(
-            None, src, device, group=self._coati_group, on_bucket=lambda bucket: model.load_weights(bucket.items())
-        )
+        loaded = ray_broadcast_tensor_dict(
+            None, 0, device, group=self._coati_groups[group_name],
+            on_bucket=lambda bucket: model.load_weights(bucket.items()),
+        )  # fmt: skip
         torch.cuda.synchronize()
+        return loaded.version

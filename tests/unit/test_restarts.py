@@ -1,0 +1,42 @@
+"""rl_example's --max-restarts: after a RunError the run restarts from the last checkpoint, at most N times.
+(The launcher is replaced by a recorder here; resuming itself is tested end to end in tests/e2e.)"""
+
+import pytest
+
+import coati.distributed.launch as launch
+import rl_example
+from coati.distributed.loop import RunError
+
+
+def fake_launcher(fail_times):
+    calls = []
+
+    def launch_distributed(**kwargs):
+        calls.append(kwargs["resume"])
+        if len(calls) <= fail_times:
+            raise RunError("step 3: actor x-consumer-0 died\nlast checkpoint: runs/p/checkpoints/step-2")
+        return {"history": [], "evals": [], "final_model": None}
+
+    return launch_distributed, calls
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+
+
+def test_restarts_resume_from_latest(monkeypatch, tmp_path, no_ray):
+    fake, calls = fake_launcher(fail_times=2)
+    monkeypatch.setattr(launch, "launch_distributed", fake)
+    rl_example.main(["-m", str(tmp_path), "-sd", str(tmp_path), "--no-progress", "--max-restarts", "2"])
+    assert calls == [None, "latest", "latest"]
+
+
+def test_gives_up_after_max_restarts(monkeypatch, tmp_path, no_ray):
+    fake, calls = fake_launcher(fail_times=5)
+    monkeypatch.setattr(launch, "launch_distributed", fake)
+    with pytest.raises(RunError, match="x-consumer-0 died"):
+        rl_example.main(["-m", str(tmp_path), "-sd", str(tmp_path), "--no-progress", "--max-restarts", "1"])
+    assert calls == [None, "latest"]
