@@ -8,7 +8,6 @@ fields: estimator, loss, aggregation, KL, masking. Rank 0 pushes the new weights
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import defaultdict

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from typing import Any, Callable
 
@@ -105,8 +104,6 @@ def launch_distributed(
     one box and a cluster. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
     ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking its config matches.
     """
-    import ray
-
     from coati.distributed.loop import Run, preflight
 
     cfg = build_config(
@@ -126,8 +123,6 @@ def launch_distributed(
         reward_fn=grpo_config.get("reward_fn_type", "math"),
         cpus_per_actor=cpus_per_actor,
     )
-    if not ray.is_initialized():
-        raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
     checkpoint = None
     if resume:
         from coati.distributed.checkpoint import CheckpointManager, check_compatible, config_dict

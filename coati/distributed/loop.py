@@ -81,11 +81,12 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
     if len(rows) < cfg.producer.num_producers:
         raise ValueError(f"{cfg.producer.num_producers} producers but only {len(rows)} rows")
+    if not ray.is_initialized():
+        raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
     producers, consumers = plan_placement(
-        alive_nodes() if ray.is_initialized() else [],
-        cfg.producer.num_producers, cfg.producer.num_proc_per_producer, cfg.consumer.num_consumer_procs,
-        cpus_per_actor,
-    ) if ray.is_initialized() else ([], [])  # fmt: skip
+        alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
+        cfg.consumer.num_consumer_procs, cpus_per_actor,
+    )  # fmt: skip
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path,
                 _dataset_kwargs(train_dataset), _dataset_kwargs(eval_dataset) if eval_dataset else None,
                 reward_fn, len(rows), len(rows) // per_step, system_prompt)  # fmt: skip

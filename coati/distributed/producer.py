@@ -124,17 +124,6 @@ class Producer:
             futures.append(self.pool.submit(text, reward_fields(rows[batch.group_ids[i]])))
         return futures
 
-    def sample_texts(self, batch: RolloutBatch, k: int = 4) -> list[dict]:
-        """A few decoded rollouts for logging."""
-        out = []
-        for i in range(min(k, len(batch))):
-            out.append({
-                "prompt": self.tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
-                "response": self.tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
-                "reward": float(batch.rewards[i]),
-            })  # fmt: skip
-        return out
-
     def evaluate(self, max_items: int | None = None) -> dict:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient)."""
         rows = self.eval_rows[self.idx :: self.num_producers][:max_items]

@@ -1,9 +1,7 @@
 """Resume restores everything; faults end the run with the actor named; bad input never starts an actor."""
 
-import json
 import time
 
-import numpy as np
 import pytest
 import ray
 

@@ -1,7 +1,6 @@
 """Conventions as tests: registered pieces are documented, the README matches the registries, pure modules stay pure."""
 
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path

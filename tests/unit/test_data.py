@@ -1,6 +1,5 @@
 """Datasets: JSONL schema errors with line numbers, reasoning-gym rows, cursor order and resumption."""
 
-import json
 
 import pytest
 
