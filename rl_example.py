@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("-zero", "--zero-stage", type=int, default=0, help="consumer ZeRO stage (needs --precision bf16)")
     a("--precision", default="fp32", help="consumer precision: fp32, bf16, fp16 (fp16 needs CUDA)")
     a("-ptp", "--producer-tensor-parallel-size", type=int, default=1, help="GPUs per producer (vLLM/SGLang)")
+    a("--colocate", action="store_true", help="producer i and consumer i share GPU i (for one-GPU machines; "
+      "weights travel through host memory)")
     a("--seed", type=int, default=0, help="seed for data order, sampling and initialisation")
     a("--resume", default=None, help="continue from a checkpoint: 'latest' or a checkpoint folder")
     a("--keep-checkpoints", type=int, default=2, help="checkpoints to keep")
@@ -140,6 +142,7 @@ def run_once(args, model, eval_source, run_dir, grpo_config, reporter, launch_di
         max_staleness=args.n_behind,
         max_steps=args.max_steps or None,
         seed=args.seed,
+        colocate=args.colocate,
         on_step=reporter.on_step,
         resume=args.resume,
         keep_checkpoints=args.keep_checkpoints,

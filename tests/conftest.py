@@ -38,7 +38,7 @@ def ray_cluster():
                 "env_vars": {
                     "OMP_NUM_THREADS": "1",
                     "HF_HUB_OFFLINE": "1",
-                    "PYTHONPATH": str(ROOT),
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                 }
             },
         )

@@ -238,16 +238,18 @@ def register_backends() -> None:
 
 
 def init_group(
-    world_size: int, rank: int, group_name: str, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S
+    world_size: int, rank: int, group_name: str, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> None:
-    """Join the collective group ``group_name`` from inside an actor: NCCL for CUDA tensors, isolated gloo for CPU.
+    """Join the collective group ``group_name`` from inside an actor: ``"nccl"`` (CUDA tensors, GPU to GPU; every
+    member on its own GPU) or ``"gloo"`` (through host memory). Every member must pass the same backend.
 
     ``timeout_s`` bounds the rendezvous and every collective on the group.
     """
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"weight group backend must be 'gloo' or 'nccl', got {backend!r}")
     register_backends()
     _group_timeouts[group_name] = float(timeout_s)
-    backend = "COATI_NCCL" if torch.device(device).type == "cuda" else "COATI_GLOO"
-    cc.init_collective_group(world_size, rank, backend=backend, group_name=group_name)
+    cc.init_collective_group(world_size, rank, backend=f"COATI_{backend.upper()}", group_name=group_name)
 
 
 def group_address(group_name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
@@ -278,8 +280,8 @@ def ray_broadcast_object(
     obj: Any, src: int = 0, device=None, group_name: str = "default", group: TorchGroup | None = None
 ) -> Any:
     """Broadcast a picklable object from rank ``src``; every rank returns it."""
-    device = torch.device(device or "cpu")
     g = _handle(group_name, group)
+    device = g.device if isinstance(g, TorchGroup) else torch.device(device or "cpu")
     if g.rank == src:
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
         size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
@@ -391,10 +393,12 @@ def ray_broadcast_tensor_dict(
     travel with the schema. On receivers, ``on_bucket`` (if given) is called with each bucket's tensors as soon as it
     lands and the returned dict holds only the non-tensor values, so a backend can load weights without two full
     copies. The source returns its own dict (as a VersionedDict). ``group`` (a TorchGroup) replaces the Ray group
-    name in processes that are not Ray actors.
+    name in processes that are not Ray actors. On coati's groups the wire device is the group's (CUDA for NCCL, host
+    memory for gloo) and received tensors live there; ``device`` only matters for groups on Ray's own backends.
     """
-    device = torch.device(device or "cpu")
     g = _handle(group_name, group)
+    # The wire lives where the group's backend works (host memory for gloo); tensors are moved there and back.
+    device = g.device if isinstance(g, TorchGroup) else torch.device(device or "cpu")
     group_name = g.group_name
     rank = g.rank
     header = torch.zeros(4, dtype=torch.int64, device=device)

@@ -87,8 +87,10 @@ class GRPOConsumer:
         self.pp_rank = self.plugin.stage_manager.stage if p.pp_size > 1 else 0
         self.is_last_stage = p.pp_size == 1 or self.plugin.stage_manager.is_last_stage()
         self.step_count = 0
-        return {"node_id": _node_id(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
-                "pp_rank": self.pp_rank, "pid": os.getpid()}  # fmt: skip
+        from coati.distributed.placement import whereabouts
+
+        return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
+                "pp_rank": self.pp_rank, "device": str(self.device)}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -239,10 +241,10 @@ class GRPOConsumer:
             out[name] = full
         return out
 
-    def join_weight_group(self, world_size: int, group_name: str, timeout_s: float) -> bool:
+    def join_weight_group(self, world_size: int, group_name: str, backend: str, timeout_s: float) -> bool:
         from coati.distributed.comm import init_group
 
-        init_group(world_size, 0, group_name, device=str(self.device), timeout_s=timeout_s)
+        init_group(world_size, 0, group_name, backend=backend, timeout_s=timeout_s)
         self.weight_group = group_name
         return True
 
@@ -274,9 +276,3 @@ class GRPOConsumer:
         torch.set_rng_state(state["torch"])
         self.step_count = state["step"]
         return self.step_count
-
-
-def _node_id() -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id()

@@ -91,6 +91,7 @@ def launch_distributed(
     max_steps: int | None = None,
     seed: int = 0,
     cpus_per_actor: float = 0.5,
+    colocate: bool = False,
     reward_workers: int = 1,
     weight_sync_timeout_s: float = 300.0,
     on_step: Callable[[dict], None] | None = None,
@@ -103,6 +104,8 @@ def launch_distributed(
     Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else changes between
     one box and a cluster. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
     ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking its config matches.
+    ``colocate`` lets producer i and consumer i share GPU i (one GPU is enough); weights then travel through host
+    memory instead of NCCL, and the inference engine must leave the trainer room (e.g. vLLM's gpu_memory_utilization).
     """
     from coati.distributed.loop import Run, preflight
 
@@ -122,6 +125,7 @@ def launch_distributed(
         eval_dataset=eval_dataset_config,
         reward_fn=grpo_config.get("reward_fn_type", "math"),
         cpus_per_actor=cpus_per_actor,
+        colocate=colocate,
     )
     checkpoint = None
     if resume:

@@ -48,7 +48,7 @@ def _check_model_path(path: str, what: str) -> None:
 
 
 def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-              eval_dataset, reward_fn, cpus_per_actor) -> Plan:  # fmt: skip
+              eval_dataset, reward_fn, cpus_per_actor, colocate=False) -> Plan:  # fmt: skip
     """Every check that needs no actor, so bad input fails before anything starts."""
     import ray
     from transformers import AutoTokenizer
@@ -85,7 +85,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
     producers, consumers = plan_placement(
         alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
-        cfg.consumer.num_consumer_procs, cpus_per_actor,
+        cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
     )  # fmt: skip
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path,
                 _dataset_kwargs(train_dataset), _dataset_kwargs(eval_dataset) if eval_dataset else None,
@@ -143,6 +143,7 @@ class Run:
         self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
         self.master_addr, self.master_port, self.run_name = master_addr, master_port, run_name
         self.producers, self.consumers = [], []
+        self.shared_gpus: dict[int, object] = {}
         self.version = 0
         self.start_step = 0
         self.last_checkpoint: str | None = None
@@ -155,7 +156,7 @@ class Run:
         import ray
 
         from coati.distributed.consumer import GRPOConsumer
-        from coati.distributed.placement import actor_options
+        from coati.distributed.placement import actor_options, reserve_shared_gpus
         from coati.distributed.producer import Producer
 
         # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
@@ -163,8 +164,9 @@ class Run:
         env = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
                                             "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}  # fmt: skip
         c, p = self.cfg, self.plan
+        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
         for i, slot in enumerate(p.producer_slots):
-            actor = ray.remote(Producer).options(**actor_options(slot), **env, name=f"{self.run_name}-producer-{i}")
+            actor = ray.remote(Producer).options(**actor_options(slot, self.shared_gpus), **env, name=f"{self.run_name}-producer-{i}")
             self.producers.append(actor.remote(
                 i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
                 p.train_dataset, p.reward_fn, c.producer.num_generations, c.producer.inference_microbatch_size,
@@ -177,7 +179,7 @@ class Run:
         addr = self.master_addr or p.consumer_slots[0].address
         port = self.master_port or _free_port()
         for rank, slot in enumerate(p.consumer_slots):
-            actor = ray.remote(GRPOConsumer).options(**actor_options(slot), **env, name=f"{self.run_name}-consumer-{rank}")
+            actor = ray.remote(GRPOConsumer).options(**actor_options(slot, self.shared_gpus), **env, name=f"{self.run_name}-consumer-{rank}")
             self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
                                                c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
         for i, a in enumerate(self.producers):
@@ -189,6 +191,9 @@ class Run:
 
     def connect_weight_group(self) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
+        from coati.distributed.placement import weight_backend
+
+        backend = weight_backend(self.plan.producer_slots, self.plan.consumer_slots)
         stages = sorted({info["pp_rank"] for info in self.consumer_info})
         self.senders = [
             next(i for i, info in enumerate(self.consumer_info)
@@ -199,8 +204,9 @@ class Run:
         # Engines with worker processes (vLLM) put each of a producer's GPUs in the group; transformers one process.
         per = self.cfg.producer.num_proc_per_producer if self.cfg.producer.backend == "vllm" else 1
         world = 1 + len(self.producers) * per
-        refs = [self.consumers[i].join_weight_group.remote(world, g, self.timeout_s) for i, g in zip(self.senders, groups)]
-        refs += [p.join_weight_groups.remote(world, 1 + i * per, groups, self.timeout_s)
+        refs = [self.consumers[i].join_weight_group.remote(world, g, backend, self.timeout_s)
+                for i, g in zip(self.senders, groups)]  # fmt: skip
+        refs += [p.join_weight_groups.remote(world, 1 + i * per, groups, backend, self.timeout_s)
                  for i, p in enumerate(self.producers)]  # fmt: skip
         _get(refs, "joining the weight groups")
 
@@ -430,6 +436,8 @@ class Run:
                 pass
         for a in self.producers + self.consumers:
             ray.kill(a)
+        for g in self.shared_gpus.values():
+            ray.util.remove_placement_group(g)
 
 
 def _free_port() -> int:

@@ -66,7 +66,9 @@ class Producer:
         self.pool = RewardPool(
             self.reward_fn, self.reward_workers, self.reward_timeout_s, fn_kwargs=self.reward_kwargs
         )
-        return {"node_id": _node_id(), "pid": os.getpid(), "rows": len(self.cursor.indices)}
+        from coati.distributed.placement import whereabouts
+
+        return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", ""))}
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 
@@ -141,17 +143,19 @@ class Producer:
 
     # ---- weights and state ---------------------------------------------------------------------------------------
 
-    def join_weight_groups(self, world_size: int, rank: int, group_names: list[str], timeout_s: float) -> bool:
-        """Join one weight group per consumer pipeline stage (one group when pp_size == 1). Engines whose weights
-        live in worker processes (vLLM) have those workers join instead, at ranks ``rank ..``."""
+    def join_weight_groups(
+        self, world_size: int, rank: int, group_names: list[str], backend: str, timeout_s: float
+    ) -> bool:
+        """Join one weight group per consumer pipeline stage (one group when pp_size == 1) on ``backend`` (nccl or
+        gloo). Engines whose weights live in worker processes (vLLM) have those workers join instead, at ranks
+        ``rank ..``."""
         from coati.distributed.comm import group_address, init_group
 
-        device = str(getattr(self.backend, "device", "cpu"))
         for name in group_names:
             if hasattr(self.backend, "join_weight_group"):
-                self.backend.join_weight_group(group_address(name, timeout_s), world_size, rank, name)
+                self.backend.join_weight_group(group_address(name, timeout_s), world_size, rank, name, backend)
             else:
-                init_group(world_size, rank, name, device=device, timeout_s=timeout_s)
+                init_group(world_size, rank, name, backend=backend, timeout_s=timeout_s)
         self.weight_groups = list(group_names)
         return True
 
@@ -187,8 +191,3 @@ class Producer:
     def close(self) -> None:
         self.pool.close()
 
-
-def _node_id() -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id()

@@ -224,7 +224,7 @@ class GpuPeerBase(PeerBase):
         from coati.distributed.comm import init_group
 
         torch.cuda.set_device(0)
-        init_group(world_size, rank, group, device="cuda", timeout_s=60)
+        init_group(world_size, rank, group, backend="nccl", timeout_s=60)
         return True
 
     def push_cuda(self, group, tensors):

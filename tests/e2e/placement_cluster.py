@@ -5,7 +5,7 @@ import json
 import ray
 from ray.cluster_utils import Cluster
 
-from coati.distributed.placement import actor_options, alive_nodes, plan_placement
+from coati.distributed.placement import actor_options, alive_nodes, plan_placement, reserve_shared_gpus
 
 
 @ray.remote
@@ -26,11 +26,19 @@ if __name__ == "__main__":
     p_actors = [Probe.options(**actor_options(s)).remote() for s in producers]
     c_actors = [Probe.options(**actor_options(s)).remote() for s in consumers]
     where = ray.get([a.where.remote() for a in p_actors + c_actors])
+    for a in p_actors + c_actors:
+        ray.kill(a)
+    # Colocated: 5 pairs on the 6 GPUs, each pair sharing one GPU through its placement group.
+    producers, consumers = plan_placement(alive_nodes(), 5, 1, 5, colocate=True)
+    shared = reserve_shared_gpus(producers + consumers)
+    pairs = [[Probe.options(**actor_options(s, shared)).remote() for s in pc] for pc in zip(producers, consumers)]
+    colocated = [ray.get([a.where.remote() for a in pair]) for pair in pairs]
     try:
         plan_placement(alive_nodes(), num_producers=4, gpus_per_producer=2, num_consumers=1)
         short = "no error"
     except ValueError as e:
         short = str(e)
-    print(json.dumps({"gpu_nodes": order, "producers": where[:2], "consumers": where[2:], "short": short}))
+    print(json.dumps({"gpu_nodes": order, "producers": where[:2], "consumers": where[2:], "short": short,
+                      "colocated": colocated, "planned": [s.node_id for s in producers]}))
     ray.shutdown()
     cluster.shutdown()

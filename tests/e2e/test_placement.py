@@ -34,6 +34,18 @@ def test_plan_errors_when_resources_are_short():
         plan_placement([node(0, 0, cpus=2)], 1, 1, 2, cpus_per_actor=1.0)
 
 
+def test_colocated_plan_pairs_producer_and_consumer_on_each_gpu():
+    producers, consumers = plan_placement([node(0, 1), node(1, 2)], 2, 1, 3, colocate=True)
+    assert [(s.node_id, s.share, s.num_gpus) for s in producers] == [("n0", 0, 0.5), ("n1", 1, 0.5)]
+    assert [(s.node_id, s.share) for s in consumers] == [("n0", 0), ("n1", 1), ("n1", 2)]
+    with pytest.raises(ValueError, match="4 producers and 1 consumers need 4 GPUs, the cluster has 3"):
+        plan_placement([node(0, 1), node(1, 2)], 4, 1, 1, colocate=True)
+    with pytest.raises(ValueError, match="got num_proc_per_producer=2; set it to 1 or turn colocate off"):
+        plan_placement([node(0, 2)], 1, 2, 1, colocate=True)
+    with pytest.raises(ValueError, match="or pass colocate=True"):
+        plan_placement([node(0, 1)], 1, 1, 1)
+
+
 def test_simulated_cluster_places_actors_on_planned_nodes():
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS="")
     out = subprocess.run([sys.executable, str(ROOT / "tests/e2e/placement_cluster.py")], capture_output=True,
@@ -45,3 +57,8 @@ def test_simulated_cluster_places_actors_on_planned_nodes():
     assert sorted(gpu_nodes.index(w[0]) for w in result["consumers"]) == [1, 2, 2]
     assert all(w[1] not in (None, "") for w in result["producers"] + result["consumers"])
     assert "need 9 GPUs" in result["short"]
+    # Each colocated pair: same node as planned, same one GPU; no GPU holds two pairs.
+    for (p_where, c_where), planned in zip(result["colocated"], result["planned"], strict=True):
+        assert p_where == c_where and p_where[0] == planned and len(p_where[1].split(",")) == 1
+    gpus = [tuple(p) for p, _ in result["colocated"]]
+    assert len(set(gpus)) == 5

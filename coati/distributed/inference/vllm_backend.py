@@ -60,9 +60,11 @@ class VLLMBackend(InferenceBackend):
         valid = greedy or (g.temperature == 1.0 and g.top_k == 0 and g.top_p == 1.0)
         return rollout_from_vllm(outputs, prompts, n, self.pad_id, logprobs_valid=valid)
 
-    def join_weight_group(self, address: str, world_size: int, rank_offset: int, group_name: str) -> None:
-        """Every vLLM worker joins the consumer's NCCL weight group as rank ``rank_offset + its TP rank``."""
-        self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank_offset, group_name))
+    def join_weight_group(
+        self, address: str, world_size: int, rank_offset: int, group_name: str, backend: str = "nccl"
+    ) -> None:
+        """Every vLLM worker joins the consumer's weight group as rank ``rank_offset + its TP rank``."""
+        self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank_offset, group_name, backend))
 
     def receive_weights(self, group_name: str) -> int:
         """Every worker receives one push on ``group_name`` and loads it bucket by bucket; returns its version."""
@@ -72,8 +74,8 @@ class VLLMBackend(InferenceBackend):
 
     def load_weights(self, weights) -> None:
         raise NotImplementedError(
-            "vLLM weights arrive on its workers over NCCL (join_weight_group + receive_weights), not through the "
-            "producer process"
+            "vLLM weights arrive on its workers over the weight group (join_weight_group + receive_weights), "
+            "not through the producer process"
         )
 
     def sleep(self) -> None:

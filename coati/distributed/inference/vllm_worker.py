@@ -11,11 +11,13 @@ from coati.distributed.comm import TorchGroup, ray_broadcast_tensor_dict
 class WeightSyncExtension:
     """Mixed into vLLM's worker class; ``self.model_runner`` and ``self.rank`` come from the worker."""
 
-    def join_weight_group(self, address: str, world_size: int, rank_offset: int, group_name: str) -> None:
+    def join_weight_group(
+        self, address: str, world_size: int, rank_offset: int, group_name: str, backend: str = "nccl"
+    ) -> None:
         rank = rank_offset + getattr(self, "rank", 0)
         if not hasattr(self, "_coati_groups"):
             self._coati_groups = {}
-        self._coati_groups[group_name] = TorchGroup(world_size, rank, group_name, backend="nccl", address=address)
+        self._coati_groups[group_name] = TorchGroup(world_size, rank, group_name, backend=backend, address=address)
 
     def receive_weights(self, group_name: str) -> int:
         model = self.model_runner.model
