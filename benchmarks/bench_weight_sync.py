@@ -1,7 +1,8 @@
 """Weight push throughput between two Ray actors on this machine, measured side by side in one run.
 
 State dict shaped like a 135M-parameter Llama (SmolLM2-135M: 30 layers, hidden 576, 272 tensors, fp32). Methods:
-  bucketed     ray_broadcast_tensor_dict (64 MiB buckets, schema cached)
+  bucketed     ray_broadcast_tensor_dict (schema cached; tensors of 1 MiB or more sent alone from and into their
+               own storage, smaller ones packed into buckets of the given size)
   per-tensor   one collective broadcast per tensor (the reference's way), same group
   raw-flat     one broadcast of a single flat buffer of the same bytes (the practical limit of the link)
   object-store ray.put of the state dict, ray.get on the receiver (torch tensors are pickled)
@@ -73,9 +74,11 @@ class Endpoint:
             self._barrier(group)
             start = time.perf_counter()
             if method == "bucketed":
+                # As a producer does: large tensors straight into its weights, the bucketed rest copied into place.
                 ray_broadcast_tensor_dict(
-                    self.sd if self.rank == 0 else None, 0, group_name=group, on_bucket=self._load, bucket_bytes=bucket_mb << 20
-                )
+                    self.sd if self.rank == 0 else None, 0, group_name=group, on_bucket=self._load, into=self.sd,
+                    bucket_bytes=bucket_mb << 20,
+                )  # fmt: skip
             elif method == "per-tensor":
                 for t in self.sd.values():
                     cc.broadcast(t, 0, group)

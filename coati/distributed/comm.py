@@ -9,8 +9,10 @@ own torch.distributed world) and a producer that belongs to several groups both 
 Wire format of one push (all collectives on the same group, rooted at ``src``):
 1. a fixed header of 4 int64: version, schema id, byte length of an optional pickled schema, bucket count;
 2. the pickled schema (keys, shapes, dtypes, bucket layout), only when it differs from the last push on this group;
-3. one uint8 broadcast per bucket: tensors packed back to back (16-byte aligned) up to ``bucket_bytes``.
-Receivers may stream each bucket into a consumer callback (``on_bucket``) instead of keeping the whole dict.
+3. one uint8 broadcast per transfer: a tensor of at least ``direct_bytes`` alone, from its own storage, or a bucket of
+   smaller tensors packed back to back (16-byte aligned) up to ``bucket_bytes``.
+Receivers may take large tensors straight into destination tensors (``into``: a model's parameters) and stream the
+rest into a callback (``on_bucket``) instead of keeping the whole dict.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import io
 import pickle
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,6 +36,8 @@ from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BUCKET_BYTES = 128 << 20
+DEFAULT_DIRECT_BYTES = 1 << 20
+_IN_FLIGHT = 8
 _ALIGN = 16
 _group_timeouts: dict[str, float] = {}
 
@@ -305,7 +310,7 @@ class _Entry:
     key: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    bucket: int
+    transfer: int
     offset: int
     nbytes: int
 
@@ -313,34 +318,48 @@ class _Entry:
 @dataclass(frozen=True)
 class _Schema:
     entries: tuple[_Entry, ...]
-    bucket_sizes: tuple[int, ...]
+    sizes: tuple[int, ...]
+    """bytes of each transfer (one broadcast each)"""
+    direct: tuple[bool, ...]
+    """per transfer: one tensor sent as it is (no packing), else a bucket of small tensors packed back to back"""
     extras: Any
     """non-tensor values of the dict, sent with the schema"""
+
+    def transfer_entries(self) -> list[list[_Entry]]:
+        out = [[] for _ in self.sizes]
+        for e in self.entries:
+            out[e.transfer].append(e)
+        return out
 
 
 _sent_schema: dict[str, tuple[int, _Schema]] = {}
 _recv_schema: dict[str, dict[int, _Schema]] = {}
 
 
-def _plan(tensor_dict: dict[str, Any], bucket_bytes: int) -> _Schema:
-    entries, sizes = [], []
-    used = bucket_bytes  # forces a new bucket for the first tensor
+def _plan(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes: int) -> _Schema:
+    """Tensors of ``direct_bytes`` or more travel alone, straight from their storage (no copy on either side when
+    they are contiguous on the wire device); smaller ones are packed into buckets of up to ``bucket_bytes``."""
+    entries, sizes, direct = [], [], []
+    open_bucket, used = None, 0
     # Group by dtype so each bucket mostly holds one dtype, in a deterministic order.
     items = [(k, v) for k, v in tensor_dict.items() if isinstance(v, torch.Tensor)]
     items.sort(key=lambda kv: str(kv[1].dtype))
     for key, t in items:
         nbytes = t.numel() * t.element_size()
-        start = -(-used // _ALIGN) * _ALIGN
-        if sizes and start + nbytes <= bucket_bytes:
-            entries.append(_Entry(key, tuple(t.shape), t.dtype, len(sizes) - 1, start, nbytes))
-            used = start + nbytes
-            sizes[-1] = used
-        else:
+        if nbytes >= direct_bytes:
             entries.append(_Entry(key, tuple(t.shape), t.dtype, len(sizes), 0, nbytes))
             sizes.append(nbytes)
-            used = nbytes
+            direct.append(True)
+            continue
+        start = -(-used // _ALIGN) * _ALIGN
+        if open_bucket is None or start + nbytes > bucket_bytes:
+            open_bucket, start = len(sizes), 0
+            sizes.append(0)
+            direct.append(False)
+        entries.append(_Entry(key, tuple(t.shape), t.dtype, open_bucket, start, nbytes))
+        used = sizes[open_bucket] = start + nbytes
     extras = {k: v for k, v in tensor_dict.items() if not isinstance(v, torch.Tensor)}
-    return _Schema(tuple(entries), tuple(sizes), extras)
+    return _Schema(tuple(entries), tuple(sizes), tuple(direct), extras)
 
 
 def _schema_id(schema: _Schema) -> int:
@@ -349,25 +368,28 @@ def _schema_id(schema: _Schema) -> int:
     return int.from_bytes(hashlib.blake2b(buf.getvalue(), digest_size=7).digest(), "little")
 
 
-def _pack(bucket: int, schema: _Schema, tensor_dict, device) -> torch.Tensor:
-    buf = torch.empty(schema.bucket_sizes[bucket], dtype=torch.uint8, device=device)
-    _pack_into(buf, bucket, schema, tensor_dict, device)
-    return buf
-
-
-def _pack_into(buf: torch.Tensor, bucket: int, schema: _Schema, tensor_dict, device) -> None:
-    for e in schema.entries:
-        if e.bucket == bucket and e.nbytes:
+def _pack_into(buf: torch.Tensor, entries: list[_Entry], tensor_dict, device) -> None:
+    for e in entries:
+        if e.nbytes:
             flat = tensor_dict[e.key].detach().reshape(-1).to(device)
             buf[e.offset : e.offset + e.nbytes].copy_(flat.view(torch.uint8))
 
 
-def _unpack(bucket: int, schema: _Schema, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-    out = {}
-    for e in schema.entries:
-        if e.bucket == bucket:
-            out[e.key] = buf[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape)
-    return out
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's storage viewed as flat uint8 (no copy)."""
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def _wire_bytes(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` as flat bytes on the wire device: its own storage when contiguous there, else one copy."""
+    t = t.detach()
+    if t.device != device or not t.is_contiguous():
+        t = t.to(device).contiguous()
+    return _as_bytes(t)
+
+
+def _unpack(entries: list[_Entry], buf: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {e.key: buf[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape) for e in entries}
 
 
 class VersionedDict(dict):
@@ -384,17 +406,24 @@ def ray_broadcast_tensor_dict(
     *,
     version: int = 0,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    direct_bytes: int = DEFAULT_DIRECT_BYTES,
     on_bucket: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    into: dict[str, torch.Tensor] | None = None,
     group: TorchGroup | None = None,
 ) -> VersionedDict:
     """Broadcast ``tensor_dict`` (on rank ``src``; ignored elsewhere) to every rank of ``group_name``.
 
     Tensors of any dtype and shape (0-dim and non-contiguous included) arrive bitwise equal; non-tensor values
-    travel with the schema. On receivers, ``on_bucket`` (if given) is called with each bucket's tensors as soon as it
-    lands and the returned dict holds only the non-tensor values, so a backend can load weights without two full
-    copies. The source returns its own dict (as a VersionedDict). ``group`` (a TorchGroup) replaces the Ray group
-    name in processes that are not Ray actors. On coati's groups the wire device is the group's (CUDA for NCCL, host
-    memory for gloo) and received tensors live there; ``device`` only matters for groups on Ray's own backends.
+    travel with the schema. Tensors of at least ``direct_bytes`` go alone, straight from and into their storage;
+    smaller ones are packed into buckets of up to ``bucket_bytes``. On receivers:
+    - ``into`` (optional) maps names to destination tensors (a model's parameters); a direct tensor whose
+      destination has its shape and dtype and lives contiguous on the wire device is received in place, no copy;
+    - ``on_bucket`` (optional) is called with every other tensor as soon as its bucket lands, and the returned dict
+      holds only the non-tensor values, so a backend can load weights without two full copies;
+    - without either, the returned dict holds every tensor.
+    The source returns its own dict (as a VersionedDict). ``group`` (a TorchGroup) replaces the Ray group name in
+    processes that are not Ray actors. On coati's groups the wire device is the group's (CUDA for NCCL, host memory
+    for gloo) and received tensors live there; ``device`` only matters for groups on Ray's own backends.
     """
     g = _handle(group_name, group)
     # The wire lives where the group's backend works (host memory for gloo); tensors are moved there and back.
@@ -403,19 +432,19 @@ def ray_broadcast_tensor_dict(
     rank = g.rank
     header = torch.zeros(4, dtype=torch.int64, device=device)
     if rank == src:
-        schema = _plan(tensor_dict, bucket_bytes)
+        schema = _plan(tensor_dict, bucket_bytes, direct_bytes)
         sid = _schema_id(schema)
         last = _sent_schema.get(group_name)
         blob = b"" if last is not None and last[0] == sid else pickle.dumps(schema)
-        header[:] = torch.tensor([version, sid, len(blob), len(schema.bucket_sizes)], device=device)
+        header[:] = torch.tensor([version, sid, len(blob), len(schema.sizes)], device=device)
     g.broadcast_tensor(header, src)
-    version, sid, blob_len, num_buckets = (int(x) for x in header.tolist())
+    version, sid, blob_len, _ = (int(x) for x in header.tolist())
     if rank == src:
         if blob:
             _broadcast_bytes(g, blob, src, device)
             _sent_schema[group_name] = (sid, schema)
         result = VersionedDict(tensor_dict)
-        _send_buckets(g, src, schema, tensor_dict, device)
+        _send(g, src, schema, tensor_dict, device)
     else:
         known = _recv_schema.setdefault(group_name, {})
         if blob_len:
@@ -428,12 +457,16 @@ def ray_broadcast_tensor_dict(
             )
         schema = known[sid]
         result = VersionedDict(schema.extras)
-        for tensors in _recv_buckets(g, src, schema, device, reuse=on_bucket is not None):
+        for tensors in _receive(g, src, schema, device, into or {}, reuse=on_bucket is not None):
             if on_bucket is not None:
-                on_bucket(tensors)
+                if tensors:
+                    on_bucket(tensors)
             else:
                 result.update(tensors)
         if on_bucket is None:
+            for e in schema.entries:  # received in place: hand back the destination
+                if e.key not in result:
+                    result[e.key] = into[e.key]
             # Keep the sender's key order.
             order = {e.key: i for i, e in enumerate(schema.entries)}
             result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
@@ -445,7 +478,7 @@ _staging: dict[tuple[str, str], list[torch.Tensor]] = {}
 
 
 def _staging_buffers(group_name: str, device, nbytes: int) -> list[torch.Tensor]:
-    """Two reusable bucket-sized buffers per group and device: one is filled while the other is on the wire."""
+    """Two reusable transfer-sized buffers per group and device: one is filled while the other is on the wire."""
     key = (group_name, str(device))
     bufs = _staging.get(key)
     if bufs is None or bufs[0].numel() < nbytes:
@@ -454,53 +487,92 @@ def _staging_buffers(group_name: str, device, nbytes: int) -> list[torch.Tensor]
     return bufs
 
 
-def _send_buckets(g, src: int, schema: _Schema, tensor_dict, device) -> None:
-    """Pack bucket b+1 while bucket b is being broadcast (double buffering on the isolated backends)."""
-    if not schema.bucket_sizes:
-        return
+def _send(g, src: int, schema: _Schema, tensor_dict, device) -> None:
+    """Direct tensors go from their own storage; buckets are packed into one of two staging buffers while earlier
+    transfers are on the wire. Up to ``_IN_FLIGHT`` transfers are posted at once, so the fixed cost of each
+    collective call overlaps the others' transfer."""
+    groups = schema.transfer_entries()
     if not isinstance(g, TorchGroup):
-        for b in range(len(schema.bucket_sizes)):
-            g.broadcast_tensor(_pack(b, schema, tensor_dict, device), src)
-        return
-    bufs = _staging_buffers(g.group_name, device, max(schema.bucket_sizes))
-    pending = [None, None]
-    for b, size in enumerate(schema.bucket_sizes):
-        slot = b % 2
-        if pending[slot] is not None:
-            g.wait(pending[slot], f"broadcast of bucket {b - 2} from rank {src}")
-        buf = bufs[slot][:size]
-        _pack_into(buf, b, schema, tensor_dict, device)
-        pending[slot] = g.broadcast_async(buf, src)
-    for work in pending:
-        if work is not None:
-            g.wait(work, f"broadcast from rank {src}")
-
-
-def _recv_buckets(g, src: int, schema: _Schema, device, reuse: bool):
-    """Yield each bucket's tensors as it lands; with ``reuse`` they are views of staging buffers, valid until the
-    next bucket is requested, else each bucket gets its own storage."""
-    sizes = schema.bucket_sizes
-    if not isinstance(g, TorchGroup):
-        for b, size in enumerate(sizes):
-            buf = torch.empty(size, dtype=torch.uint8, device=device)
+        for t, entries in enumerate(groups):
+            if schema.direct[t]:
+                buf = _wire_bytes(tensor_dict[entries[0].key], device)
+            else:
+                buf = torch.empty(schema.sizes[t], dtype=torch.uint8, device=device)
+                _pack_into(buf, entries, tensor_dict, device)
             g.broadcast_tensor(buf, src)
-            yield _unpack(b, schema, buf)
         return
-    if not sizes:
+    packed = [size for size, d in zip(schema.sizes, schema.direct, strict=True) if not d]
+    bufs = _staging_buffers(g.group_name, device, max(packed)) if packed else []
+    in_flight: deque = deque()  # (transfer, work, buffer kept alive until done, staging slot or None)
+    free_slots = [0, 1]
+
+    def retire():
+        t, work, _, slot = in_flight.popleft()
+        g.wait(work, f"broadcast of transfer {t} from rank {src}")
+        if slot is not None:
+            free_slots.append(slot)
+
+    for t, entries in enumerate(groups):
+        while len(in_flight) >= _IN_FLIGHT or (not schema.direct[t] and not free_slots):
+            retire()
+        slot = None
+        if schema.direct[t]:
+            buf = _wire_bytes(tensor_dict[entries[0].key], device)
+        else:
+            slot = free_slots.pop(0)
+            buf = bufs[slot][: schema.sizes[t]]
+            _pack_into(buf, entries, tensor_dict, device)
+        in_flight.append((t, g.broadcast_async(buf, src), buf, slot))
+    while in_flight:
+        retire()
+
+
+def _destination(entry: _Entry, into: dict, device) -> torch.Tensor | None:
+    dest = into.get(entry.key)
+    if dest is None:
+        return None
+    dest = dest.data if isinstance(dest, torch.nn.Parameter) else dest
+    ok = dest.dtype == entry.dtype and tuple(dest.shape) == entry.shape and dest.device == device
+    return dest if ok and dest.is_contiguous() else None
+
+
+def _receive(g, src: int, schema: _Schema, device, into: dict, reuse: bool):
+    """Yield each transfer's tensors as it lands (an empty dict when it went straight into ``into``). With
+    ``reuse`` the tensors are views of one of two staging buffers, valid until the next one is requested; else each
+    transfer gets its own storage. Up to ``_IN_FLIGHT`` receives are posted ahead."""
+    groups = schema.transfer_entries()
+    if not groups:
         return
-    bufs = _staging_buffers(g.group_name, device, max(sizes)) if reuse else None
-
-    def start(b):
-        buf = bufs[b % 2][: sizes[b]] if reuse else torch.empty(sizes[b], dtype=torch.uint8, device=device)
-        return buf, g.broadcast_async(buf, src)
-
-    nxt = start(0)
-    for b in range(len(sizes)):
-        buf, work = nxt
-        g.wait(work, f"broadcast of bucket {b} from rank {src}")
-        # Post the next receive before handing this bucket out, so the wire stays busy during the callback.
-        nxt = start(b + 1) if b + 1 < len(sizes) else None
-        yield _unpack(b, schema, buf)
+    if not isinstance(g, TorchGroup):
+        for t, entries in enumerate(groups):
+            buf = torch.empty(schema.sizes[t], dtype=torch.uint8, device=device)
+            g.broadcast_tensor(buf, src)
+            yield _unpack(entries, buf)
+        return
+    dests = [_destination(e[0], into, device) if d else None for e, d in zip(groups, schema.direct, strict=True)]
+    bufs = _staging_buffers(g.group_name, device, max(schema.sizes)) if reuse else None
+    free_slots = [0, 1]
+    posted: deque = deque()  # (transfer, buffer, work, staging slot or None)
+    nxt = 0
+    for t in range(len(groups)):
+        while nxt < len(groups) and len(posted) < _IN_FLIGHT:
+            slot = None
+            if dests[nxt] is not None:
+                buf = _as_bytes(dests[nxt])
+            elif reuse:
+                if not free_slots:
+                    break
+                slot = free_slots.pop(0)
+                buf = bufs[slot][: schema.sizes[nxt]]
+            else:
+                buf = torch.empty(schema.sizes[nxt], dtype=torch.uint8, device=device)
+            posted.append((nxt, buf, g.broadcast_async(buf, src), slot))
+            nxt += 1
+        _, buf, work, slot = posted.popleft()
+        g.wait(work, f"broadcast of transfer {t} from rank {src}")
+        yield {} if dests[t] is not None else _unpack(groups[t], buf)
+        if slot is not None:  # the caller is done with this bucket's views
+            free_slots.append(slot)
 
 
 def _broadcast_bytes(g, blob: bytes | None, src: int, device, length: int = 0) -> bytes:

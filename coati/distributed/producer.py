@@ -168,7 +168,8 @@ class Producer:
             if hasattr(self.backend, "receive_weights"):
                 self.version = self.backend.receive_weights(name)
             else:
-                loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights)
+                loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights,
+                                                   into=self.backend.weight_destinations())  # fmt: skip
                 self.version = loaded.version
         return self.version
 

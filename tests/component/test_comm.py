@@ -35,11 +35,30 @@ class PeerBase:
         init_group(world_size, rank, group, timeout_s=timeout_s)
         return True
 
-    def push(self, group, tensors, version=0, bucket_bytes=1 << 20):
+    def push(self, group, tensors, version=0, bucket_bytes=1 << 20, direct_bytes=1 << 20):
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
-        out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes)
+        out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes,
+                                        direct_bytes=direct_bytes)  # fmt: skip
         return out.version
+
+    def pull_into(self, group, destinations, stream):
+        """Receive with ``into=destinations``; report which tensors landed in their destination's storage."""
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        ptrs = {k: v.data_ptr() for k, v in destinations.items()}
+        streamed = {}
+        out = ray_broadcast_tensor_dict(
+            None, 0, group_name=group, into=destinations,
+            on_bucket=(lambda b: streamed.update({k: v.clone() for k, v in b.items()})) if stream else None,
+        )  # fmt: skip
+        got = {**dict(out), **streamed}
+        if stream:  # what landed in place is neither streamed nor returned
+            in_place = sorted(k for k in destinations if k not in got)
+            got.update({k: destinations[k] for k in in_place})
+        else:  # returned as the destination tensor itself
+            in_place = sorted(k for k, v in got.items() if k in ptrs and v.data_ptr() == ptrs[k])
+        return {"tensors": got, "in_place": in_place, "streamed": sorted(streamed), "returned": sorted(out)}
 
     def pull(self, group, bucket_bytes=1 << 20, stream=False):
         from coati.distributed.comm import ray_broadcast_tensor_dict
@@ -184,6 +203,34 @@ def test_streamed_buckets(topology):
         assert r["num_buckets"] == 5  # two 4000-byte tensors (16-byte aligned) per 10 kB bucket
         assert r["keys"] == []  # nothing kept beside what the callback took
         assert_bitwise_equal(r["tensors"], tensors)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["returned", "streamed"])
+def test_large_tensors_land_in_their_destinations(topology, stream):
+    consumers, producers, weights, _ = topology
+    g = torch.Generator().manual_seed(1)
+    tensors = {
+        "big": torch.randn(64, 32, generator=g),  # 8 kB: sent alone
+        "big_bf16": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        "big_strided": torch.randn(40, 60, generator=g).t(),  # non-contiguous source: one copy on the sender
+        "wrong_dtype": torch.randn(50, 50, generator=g),
+        "no_destination": torch.randn(70, 40, generator=g),
+        "small": torch.randn(3, generator=g),  # bucketed
+        "step": 3,
+    }
+    destinations = {
+        "big": torch.zeros(64, 32), "big_bf16": torch.zeros(64, 64, dtype=torch.bfloat16),
+        "big_strided": torch.zeros(60, 40), "wrong_dtype": torch.zeros(50, 50, dtype=torch.float16),
+        "small": torch.zeros(3),
+    }  # fmt: skip
+    refs = [consumers[0].push.remote(weights, tensors, direct_bytes=4096)]
+    refs += [p.pull_into.remote(weights, destinations, stream) for p in producers]
+    _, *received = ray.get(refs, timeout=120)
+    for r in received:
+        assert r["in_place"] == ["big", "big_bf16", "big_strided"]
+        assert_bitwise_equal(r["tensors"], tensors)
+        if stream:
+            assert r["streamed"] == ["no_destination", "small", "wrong_dtype"] and r["returned"] == ["step"]
 
 
 def test_broadcast_object(topology):

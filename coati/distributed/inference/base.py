@@ -34,6 +34,11 @@ class InferenceBackend:
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 
+    def weight_destinations(self) -> Mapping[str, torch.Tensor]:
+        """Tensors a weight push may be received into in place, by name (the default, none: everything goes
+        through ``load_weights``)."""
+        return {}
+
     def sleep(self) -> None:
         """Free accelerator memory between rollouts (optional)."""
 

@@ -103,10 +103,15 @@ class TransformersBackend(InferenceBackend):
                     return end, True
         return end, bool(len(hits))
 
-    @torch.no_grad()
-    def load_weights(self, weights) -> None:
+    def weight_destinations(self) -> dict[str, torch.Tensor]:
+        """The model's own parameters and buffers: large pushed tensors land in them with no copy."""
         if self._state is None:
             self._state = self.model.state_dict(keep_vars=True)
+        return self._state
+
+    @torch.no_grad()
+    def load_weights(self, weights) -> None:
+        self.weight_destinations()
         for batch in self._as_batches(weights):
             unknown = [k for k in batch if k not in self._state]
             if unknown:
