@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("-pp", "--pipeline-parallel-size", type=int, default=1, help="consumer pipeline parallelism")
     a("-zero", "--zero-stage", type=int, default=0, help="consumer ZeRO stage (needs --precision bf16)")
     a("--precision", default="fp32", help="consumer precision: fp32, bf16, fp16 (fp16 needs CUDA)")
+    a("--inference-options", default="{}", help="JSON engine options, e.g. '{\"gpu_memory_utilization\": 0.3}' for "
+      "vLLM (each backend lists the ones it knows when given an unknown one)")
     a("-ptp", "--producer-tensor-parallel-size", type=int, default=1, help="GPUs per producer (vLLM/SGLang)")
     a("--colocate", action="store_true", help="producer i and consumer i share GPU i (for one-GPU machines; "
       "weights travel through host memory)")
@@ -125,7 +127,7 @@ def run_once(args, model, eval_source, run_dir, grpo_config, reporter, launch_di
                               "system_prompt": args.system_prompt},  # fmt: skip
         eval_dataset_config={"path": eval_source, "size": args.eval_size, "seed": args.seed + 10_000}
         if eval_source else None,
-        inference_model_config={"path": model},
+        inference_model_config={"path": model, **json.loads(args.inference_options)},
         train_model_config={"path": model},
         generate_config={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                          "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens},

@@ -126,6 +126,7 @@ def launch_distributed(
         reward_fn=grpo_config.get("reward_fn_type", "math"),
         cpus_per_actor=cpus_per_actor,
         colocate=colocate,
+        inference_options={k: v for k, v in inference_model_config.items() if k != "path"},
     )
     checkpoint = None
     if resume:

@@ -37,6 +37,7 @@ class Plan:
     num_rows: int
     steps_per_episode: int
     system_prompt: str | None
+    inference_options: dict
 
 
 def _check_model_path(path: str, what: str) -> None:
@@ -48,7 +49,7 @@ def _check_model_path(path: str, what: str) -> None:
 
 
 def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-              eval_dataset, reward_fn, cpus_per_actor, colocate=False) -> Plan:  # fmt: skip
+              eval_dataset, reward_fn, cpus_per_actor, colocate=False, inference_options=None) -> Plan:  # fmt: skip
     """Every check that needs no actor, so bad input fails before anything starts."""
     import ray
     from transformers import AutoTokenizer
@@ -60,7 +61,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
 
     _check_model_path(train_model_path, "train model")
     _check_model_path(inference_model_path, "inference model")
-    backend_class(cfg.producer.backend)
+    backend_class(cfg.producer.backend).check_options(inference_options or {})
     resolve_reward_fn(reward_fn)
     train_dataset = dict(train_dataset)
     system_prompt = train_dataset.pop("system_prompt", None)
@@ -89,7 +90,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     )  # fmt: skip
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path,
                 _dataset_kwargs(train_dataset), _dataset_kwargs(eval_dataset) if eval_dataset else None,
-                reward_fn, len(rows), len(rows) // per_step, system_prompt)  # fmt: skip
+                reward_fn, len(rows), len(rows) // per_step, system_prompt, dict(inference_options or {}))  # fmt: skip
 
 
 def _dataset_kwargs(spec: dict) -> dict:
@@ -172,8 +173,8 @@ class Run:
                 p.train_dataset, p.reward_fn, c.producer.num_generations, c.producer.inference_microbatch_size,
                 reward_kwargs=self.reward_kwargs, reward_workers=self.reward_workers, system_prompt=p.system_prompt,
                 eval_dataset=p.eval_dataset, seed=self.seed,
-                backend_options={"tensor_parallel_size": c.producer.num_proc_per_producer}
-                if c.producer.backend != "transformers" else {},
+                backend_options={**p.inference_options, "tensor_parallel_size": c.producer.num_proc_per_producer}
+                if c.producer.backend != "transformers" else p.inference_options,
             ))  # fmt: skip
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address

@@ -58,7 +58,8 @@ class Producer:
         from coati.distributed.reward import RewardPool
 
         torch.manual_seed(self.seed * 1000 + self.idx)
-        self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **self.backend_options)
+        options = {"seed": self.seed * 1000 + self.idx, **self.backend_options}
+        self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)
         self.cursor = DataCursor(len(self.rows), self.idx, self.num_producers, seed=self.seed)

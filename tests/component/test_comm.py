@@ -274,10 +274,16 @@ class GpuPeerBase(PeerBase):
         init_group(world_size, rank, group, backend="nccl", timeout_s=60)
         return True
 
-    def push_cuda(self, group, tensors):
+    def push_cuda(self, group, tensors, version=0):
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
-        return ray_broadcast_tensor_dict({k: v.cuda() for k, v in tensors.items()}, 0, "cuda", group).version
+        cuda = {k: v.cuda() for k, v in tensors.items()}
+        return ray_broadcast_tensor_dict(cuda, 0, "cuda", group, version=version, direct_bytes=64).version
+
+    def group_device(self, group):
+        import ray.util.collective as cc
+
+        return str(cc.collective.get_group_handle(group).device)
 
     def pull_cuda(self, group):
         from coati.distributed.comm import ray_broadcast_tensor_dict
@@ -301,3 +307,17 @@ def test_nccl_round_trip(ray_cluster):
     tensors = {k: v for k, v in sample_dict().items() if isinstance(v, torch.Tensor)}
     _, got = ray.get([a.push_cuda.remote(group, tensors), b.pull_cuda.remote(group)])
     assert_bitwise_equal(got, tensors)
+
+
+@pytest.mark.gpu
+def test_nccl_group_on_one_gpu(ray_cluster):
+    """One GPU: an NCCL weight group of one rank is created (private store, timeout options) and runs a whole push
+    (header, schema, packed and direct transfers) on the CUDA wire. What it cannot show, a second rank receiving,
+    is test_nccl_round_trip's (two GPUs)."""
+    a = GpuPeer.remote()
+    group = new_group()
+    ray.get(a.join_cuda.remote(1, 0, group))
+    assert ray.get(a.group_device.remote(group)).startswith("cuda")
+    tensors = {k: v for k, v in sample_dict().items() if isinstance(v, torch.Tensor)}
+    assert ray.get([a.push_cuda.remote(group, tensors, 4), a.push_cuda.remote(group, tensors, 5)]) == [4, 5]
+    ray.kill(a)

@@ -108,6 +108,8 @@ BAD = [
      ValueError, r"3 actors x 5.0 CPUs = 15.0 CPUs, the cluster has 8.0"),
     ("unknown algorithm", lambda t, d: {"core_algo": "PPOX"}, KeyError, r"unknown algorithm 'PPOX'; known:"),
     ("unknown backend", lambda t, d: {"inference_backend": "tgi"}, KeyError, r"unknown inference backend 'tgi'"),
+    ("unknown engine option", lambda t, d: {"inference_model_config": {"path": t, "gpu_mem": 0.3}}, ValueError,
+     r"inference option\(s\) \['gpu_mem'\] are not known to TransformersBackend; known: device"),
     ("unknown reward", lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}}, KeyError,
      r"unknown reward function 'nope'; known: code, math"),
     ("too few rows", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}}, ValueError,

@@ -19,10 +19,22 @@ from coati.distributed.rollout import RolloutBatch
 class InferenceBackend:
     """Base class; one implementation per module, chosen by name from ``BACKEND_MAP``."""
 
+    OPTIONS: dict[str, str] = {}
+    """engine options a user may pass (``inference_model_config`` keys beside ``path``), with what each does"""
+
     def __init__(self, model_path: str, generation: GenerationConfig, **options):
+        self.check_options(options)
         self.model_path = model_path
         self.generation = generation
         self.options = options
+
+    @classmethod
+    def check_options(cls, options: Mapping) -> None:
+        """Refuse options this backend does not know, naming them and the known ones (nothing is ignored)."""
+        unknown = sorted(set(options) - set(cls.OPTIONS))
+        if unknown:
+            known = ", ".join(f"{k} ({v})" for k, v in cls.OPTIONS.items()) or "none"
+            raise ValueError(f"inference option(s) {unknown} are not known to {cls.__name__}; known: {known}")
 
     @classmethod
     def check_available(cls) -> None:

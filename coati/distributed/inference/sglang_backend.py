@@ -13,6 +13,12 @@ from coati.distributed.rollout import RolloutBatch
 
 
 class SGLangBackend(InferenceBackend):
+    OPTIONS = {
+        "mem_fraction_static": "fraction of the GPU for weights and KV cache (default 0.5; lower it with colocate)",
+        "dtype": "weights dtype (default: the model's)",
+        "seed": "sampling seed (set per producer by the launcher)",
+    }
+
     @classmethod
     def check_available(cls) -> None:
         cls._require("sglang", INSTALL_HINTS["sglang"])
@@ -25,6 +31,7 @@ class SGLangBackend(InferenceBackend):
             model_path=model_path,
             tp_size=tensor_parallel_size,
             mem_fraction_static=options.get("mem_fraction_static", 0.5),
+            dtype=options.get("dtype", "auto"),
             random_seed=options.get("seed", 0),
         )
         from transformers import AutoTokenizer

@@ -17,6 +17,12 @@ from coati.distributed.rollout import RolloutBatch, batch_from_responses, left_p
 
 
 class TransformersBackend(InferenceBackend):
+    OPTIONS = {
+        "device": "torch device (default: cuda when available, else cpu)",
+        "dtype": "weights dtype, e.g. bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
+        "seed": "unused: sampling draws from the producer's seeded torch RNG",
+    }
+
     def __init__(
         self,
         model_path: str,
@@ -28,6 +34,7 @@ class TransformersBackend(InferenceBackend):
         **options,
     ):
         super().__init__(model_path, generation, **options)
+        options.pop("seed", None)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

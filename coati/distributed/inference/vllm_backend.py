@@ -1,6 +1,6 @@
 """Rollouts with vLLM (GPU only). Weights are updated on every vLLM worker through vLLM's public RLHF path: a worker
-extension class (``vllm_worker.WeightSyncExtension``) called with ``collective_rpc``, receiving buckets over NCCL from
-the consumer and loading them with the model's own ``load_weights`` (which handles tensor-parallel sharding).
+extension class (``vllm_worker.WeightSyncExtension``) called with ``collective_rpc``, receiving each push over the
+weight group (NCCL, or gloo through host memory when colocated) from the consumer and loading them with the model's own ``load_weights`` (which handles tensor-parallel sharding).
 
 Supported range: vllm >= 0.8.5, < 0.10 (the releases that accept transformers 4.51.x, which colossalai pins).
 """
@@ -17,6 +17,14 @@ EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
 
 
 class VLLMBackend(InferenceBackend):
+    OPTIONS = {
+        "gpu_memory_utilization": "fraction of the GPU vLLM may take (default 0.5; lower it with colocate)",
+        "enforce_eager": "no CUDA graphs (default False)",
+        "enable_sleep_mode": "allow sleep()/wake() to free GPU memory between rollouts (default False)",
+        "dtype": "weights dtype (default: the model's)",
+        "seed": "sampling seed (set per producer by the launcher)",
+    }
+
     @classmethod
     def check_available(cls) -> None:
         cls._require("vllm", INSTALL_HINTS["vllm"])
@@ -31,6 +39,8 @@ class VLLMBackend(InferenceBackend):
             worker_extension_cls=EXTENSION,
             distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
             enable_sleep_mode=options.get("enable_sleep_mode", False),
+            enforce_eager=options.get("enforce_eager", False),
+            dtype=options.get("dtype", "auto"),
             gpu_memory_utilization=options.get("gpu_memory_utilization", 0.5),
             max_model_len=generation.max_prompt_tokens + generation.max_new_tokens,
             seed=options.get("seed", 0),
