@@ -111,8 +111,7 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
 def _start_wandb(project: str, config: dict | None, out: Path):
     try:
         import wandb
-    except ImportError:
-        print("wandb is not installed; logging to metrics.jsonl only")
-        return None
+    except ImportError as e:
+        raise ImportError("wandb logging was asked for but wandb is not installed: pip install wandb") from e
     mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
     return wandb.init(project=project, config=config or {}, dir=str(out), mode=mode)
