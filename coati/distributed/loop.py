@@ -396,7 +396,7 @@ class Run:
             "step": step,
             "total_steps": total,
             "reward/mean": float(drawn.rewards.mean()),
-            "reward/accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
+            "reward/strict_accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
             "reward/lenient_accuracy": float(np.mean(ex["lenient_ok"])) if "lenient_ok" in ex else float("nan"),
             "reward/train_batch_mean": float(batch.rewards.mean()),
             "response/length_mean": float(drawn.response_lengths.mean()),

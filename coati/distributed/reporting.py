@@ -11,7 +11,7 @@ from pathlib import Path
 
 PLOTS = {
     "reward": ["reward/mean", "reward/train_batch_mean"],
-    "accuracy": ["reward/accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient"],
+    "accuracy": ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient"],
     "kl": ["loss/approx_kl", "loss/kl"],
     "entropy": ["actor/entropy"],
     "response_length": ["response/length_mean"],
@@ -53,7 +53,8 @@ class Reporter:
                 self.bar.total = metrics["total_steps"]
             tok_s = metrics.get("response/tokens", 0) / max(metrics.get("time/step", 1e-9), 1e-9)
             post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
-                    "acc": f"{metrics.get('reward/accuracy', float('nan')):.2f}", "tok/s": f"{tok_s:.0f}"}  # fmt: skip
+                    "acc": f"{metrics.get('reward/lenient_accuracy', float('nan')):.2f}",
+                    "strict": f"{metrics.get('reward/strict_accuracy', float('nan')):.2f}", "tok/s": f"{tok_s:.0f}"}  # fmt: skip
             if "eval/lenient" in metrics:
                 post["eval"] = f"{metrics['eval/lenient']:.3f}"
             self.bar.set_postfix(post)
