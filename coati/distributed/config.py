@@ -270,12 +270,6 @@ class LaunchConfig:
             f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
         )
         if c.plugin.pp_size > 1:
-            _require(
-                self.algorithm.beta == 0 and c.train_batch_size == c.train_minibatch_size,
-                "pipeline parallelism supports beta=0 and one optimizer step per batch (train_minibatch_size == "
-                f"train_batch_size) for now; got beta={self.algorithm.beta}, train_batch_size={c.train_batch_size}, "
-                f"train_minibatch_size={c.train_minibatch_size}",
-            )
             _divides("pp_num_microbatches", c.plugin.pp_num_microbatches,
                      "train_minibatch_size * num_generations", samples)  # fmt: skip
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)

@@ -77,15 +77,17 @@ class GRPOConsumer:
         self.vocab_size = model.config.vocab_size
         optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
-        self.ref_model = None
-        if self.algo.beta > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
-            self.ref_model.to(self.device).eval().requires_grad_(False)
         self.dp_rank = self.plugin.dp_group.rank()
         self.dp_size = self.plugin.dp_size
         self.tp_rank = self.plugin.tp_group.rank() if p.tp_size > 1 else 0
         self.pp_rank = self.plugin.stage_manager.stage if p.pp_size > 1 else 0
         self.is_last_stage = p.pp_size == 1 or self.plugin.stage_manager.is_last_stage()
+        # The frozen reference is a whole unsharded replica, needed only where the loss is computed (the last
+        # pipeline stage).
+        self.ref_model = None
+        if self.algo.beta > 0 and self.is_last_stage:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
         self.step_count = 0
         from coati.distributed.placement import whereabouts
 
@@ -124,7 +126,11 @@ class GRPOConsumer:
         num_minibatches = self.cfg.train_batch_size // self.cfg.train_minibatch_size
         mb_rows = shard // num_minibatches
         shard_rows = np.arange(self.dp_rank * shard, (self.dp_rank + 1) * shard)
-        old_lp = self._logprobs_no_grad(self.model, batch, shard_rows) if num_minibatches > 1 else None
+        pipelined = self.cfg.plugin.pp_size > 1
+        old_lp = None
+        if num_minibatches > 1:  # the policy before this step's first update, over the whole shard
+            old_lp = (self._pipeline_logprobs(batch, shard_rows, mb_rows) if pipelined
+                      else self._logprobs_no_grad(self.model, batch, shard_rows))  # fmt: skip
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
         for m in range(num_minibatches):
@@ -134,8 +140,11 @@ class GRPOConsumer:
             )
             norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
             local = np.arange(m * mb_rows, (m + 1) * mb_rows)
-            if self.cfg.plugin.pp_size > 1:
-                step_loss += self._pipeline_minibatch(batch, shard_rows[local], loss_mask, adv, norm, metrics)
+            if pipelined:
+                step_loss += self._pipeline_minibatch(
+                    batch, shard_rows[local], loss_mask, adv, norm, metrics,
+                    old_lp[local] if old_lp is not None else None, ref_lp[local] if ref_lp is not None else None,
+                )  # fmt: skip
                 self.optimizer.step()
                 self.optimizer.zero_grad()
                 continue
@@ -173,10 +182,11 @@ class GRPOConsumer:
         out["actor/lr"] = self.cfg.learning_rate
         return out
 
-    def _pipeline_minibatch(self, batch, rows, loss_mask, adv, norm, metrics) -> float:
+    def _pipeline_minibatch(self, batch, rows, loss_mask, adv, norm, metrics, old_lp, ref_lp) -> float:
         """One minibatch through ColossalAI's pipeline schedule. The last stage computes the loss per micro-batch in
         ``criterion``; the schedule divides it by the number of micro-batches, which we undo so the loss keeps its
-        global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)"""
+        global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)
+        ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused)."""
         from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
         from coati.distributed.forward import model_inputs
 
@@ -194,8 +204,10 @@ class GRPOConsumer:
             logits = outputs.logits[..., : self.vocab_size][:, -(r + 1) : -1]
             logprobs = token_logprobs(logits, t["response_ids"][sl], self.generation.temperature)
             mask = loss_mask[rows[sl]].to(self.device)
-            inp = LossInput(logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=adv[rows[sl]].to(self.device),
-                            mask=mask, rollout_logprobs=self._rollout_logprobs(batch, rows[sl]))  # fmt: skip
+            inp = LossInput(logprobs=logprobs, old_logprobs=old_lp[sl] if old_lp is not None else logprobs.detach(),
+                            advantages=adv[rows[sl]].to(self.device), mask=mask,
+                            ref_logprobs=ref_lp[sl] if ref_lp is not None else None,
+                            rollout_logprobs=self._rollout_logprobs(batch, rows[sl]))  # fmt: skip
             loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
             weight = float(mask.sum())
             for k, v in m_metrics.items():
@@ -208,6 +220,29 @@ class GRPOConsumer:
 
         self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
         return seen["loss"] / (self.cfg.train_batch_size // self.cfg.train_minibatch_size)
+
+    @torch.no_grad()
+    def _pipeline_logprobs(self, batch: RolloutBatch, rows, chunk: int) -> torch.Tensor | None:
+        """Current-policy log-probs of ``rows`` [len(rows), R] through the pipeline, forward only (the schedule
+        skips backward under no_grad), ``chunk`` rows per pass; on the last stage, None on the others."""
+        from coati.distributed.algo.logprobs import token_logprobs
+        from coati.distributed.forward import model_inputs
+
+        out = []
+        for lo in range(0, len(rows), chunk):
+            t = self._tensors(batch, rows[lo : lo + chunk])
+            r = t["response_ids"].shape[1]
+            size = chunk // self.cfg.plugin.pp_num_microbatches
+            done = len(out)
+
+            def criterion(outputs, _micro, t=t, r=r, size=size, done=done):
+                i = len(out) - done
+                logits = outputs.logits[..., : self.vocab_size][:, -(r + 1) : -1]
+                out.append(token_logprobs(logits, t["response_ids"][i * size : (i + 1) * size], self.generation.temperature))
+                return logits.new_zeros(())
+
+            self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)
+        return torch.cat(out) if out else None
 
     def _rollout_logprobs(self, batch: RolloutBatch, rows):
         valid = batch.extras.get("logprobs_valid")

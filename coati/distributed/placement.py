@@ -39,6 +39,9 @@ def plan_placement(
     """(producer slots, consumer slots). ``nodes`` as returned by ``ray.nodes()`` (alive ones only)."""
     total_gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
     if total_gpus == 0:
+        if colocate:
+            raise ValueError("colocate=True shares GPUs between producers and consumers, but the cluster has no GPU; "
+                             "drop colocate (--colocate) to run on CPU")  # fmt: skip
         return _plan_cpu(nodes, num_producers, num_consumers, cpus_per_actor)
     if colocate:
         return _plan_colocated(nodes, num_producers, gpus_per_producer, num_consumers, total_gpus)

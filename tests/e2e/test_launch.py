@@ -92,6 +92,20 @@ def assert_same(producer: dict, consumer: dict) -> None:
         assert torch.equal(producer[k], v), k
 
 
+def test_pipeline_matches_one_stage_with_kl_and_two_minibatches(ray_cluster, tiny):
+    """PP=2 with a reference model (beta > 0) and two optimizer steps per batch (old-policy log-probs through the
+    pipeline, forward only) gives the same first step as one stage: same rollouts (one seeded producer), same
+    losses."""
+    common = dict(core_algo="GRPO", train_batch_size=4, train_minibatch_size=2, max_steps=1)
+    one = launch_distributed(**run_kwargs(tiny, **common))["history"][0]
+    two = launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"pp_size": 2, "pp_num_microbatches": 2},
+                                          **common))["history"][0]  # fmt: skip
+    assert one["reward/mean"] == two["reward/mean"]  # the same rollouts
+    for key in ("loss/policy", "loss/kl", "loss/clipfrac", "loss/ratio_mean", "actor/entropy"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
+    assert one["loss/kl"] > 0 and one["loss/ratio_mean"] != 1.0  # the second minibatch saw an updated policy
+
+
 @pytest.mark.parametrize(
     "plugin",
     [{}, {"zero_stage": 2, "precision": "bf16"}, {"tp_size": 2}, {"pp_size": 2, "pp_num_microbatches": 4}],

@@ -42,6 +42,8 @@ def test_colocated_plan_pairs_producer_and_consumer_on_each_gpu():
         plan_placement([node(0, 1), node(1, 2)], 4, 1, 1, colocate=True)
     with pytest.raises(ValueError, match="got num_proc_per_producer=2; set it to 1 or turn colocate off"):
         plan_placement([node(0, 2)], 1, 2, 1, colocate=True)
+    with pytest.raises(ValueError, match="the cluster has no GPU; drop colocate"):
+        plan_placement([node(0, 0)], 1, 1, 1, colocate=True)
     with pytest.raises(ValueError, match="or pass colocate=True"):
         plan_placement([node(0, 1)], 1, 1, 1)
 
