@@ -7,8 +7,9 @@ Ray's built-in gloo backend, they never touch torch's default process group, so 
 own torch.distributed world) and a producer that belongs to several groups both work.
 
 Wire format of one push (all collectives on the same group, rooted at ``src``):
-1. a fixed header of 4 int64: version, schema id, byte length of an optional pickled schema, bucket count;
-2. the pickled schema (keys, shapes, dtypes, bucket layout), only when it differs from the last push on this group;
+1. a fixed header of 4 int64: version, schema id, byte length of an optional pickled schema, transfer count;
+2. the pickled schema (keys, shapes, dtypes, transfer layout; see ``wire_layout.py``), only when it differs from the
+   last push on this group;
 3. one uint8 broadcast per transfer: a tensor of at least ``direct_bytes`` alone, from its own storage, or a bucket of
    smaller tensors packed back to back (16-byte aligned) up to ``bucket_bytes``.
 Receivers may take large tensors straight into destination tensors (``into``: a model's parameters) and stream the
@@ -18,12 +19,9 @@ rest into a callback (``on_bucket``) instead of keeping the whole dict.
 from __future__ import annotations
 
 import datetime
-import hashlib
-import io
 import pickle
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
@@ -34,11 +32,13 @@ import torch.distributed as dist
 from ray.util.collective.backend_registry import _global_registry, register_collective_backend
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
+from coati.distributed.wire_layout import Schema, as_bytes, destination, pack_into, plan_transfers, schema_id, unpack
+from coati.distributed.wire_layout import wire_bytes
+
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BUCKET_BYTES = 128 << 20
 DEFAULT_DIRECT_BYTES = 1 << 20
 _IN_FLIGHT = 8
-_ALIGN = 16
 _group_timeouts: dict[str, float] = {}
 
 
@@ -305,91 +305,8 @@ def ray_broadcast_object(
 # ---- tensor dicts ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Entry:
-    key: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    transfer: int
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class _Schema:
-    entries: tuple[_Entry, ...]
-    sizes: tuple[int, ...]
-    """bytes of each transfer (one broadcast each)"""
-    direct: tuple[bool, ...]
-    """per transfer: one tensor sent as it is (no packing), else a bucket of small tensors packed back to back"""
-    extras: Any
-    """non-tensor values of the dict, sent with the schema"""
-
-    def transfer_entries(self) -> list[list[_Entry]]:
-        out = [[] for _ in self.sizes]
-        for e in self.entries:
-            out[e.transfer].append(e)
-        return out
-
-
-_sent_schema: dict[str, tuple[int, _Schema]] = {}
-_recv_schema: dict[str, dict[int, _Schema]] = {}
-
-
-def _plan(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes: int) -> _Schema:
-    """Tensors of ``direct_bytes`` or more travel alone, straight from their storage (no copy on either side when
-    they are contiguous on the wire device); smaller ones are packed into buckets of up to ``bucket_bytes``."""
-    entries, sizes, direct = [], [], []
-    open_bucket, used = None, 0
-    # Group by dtype so each bucket mostly holds one dtype, in a deterministic order.
-    items = [(k, v) for k, v in tensor_dict.items() if isinstance(v, torch.Tensor)]
-    items.sort(key=lambda kv: str(kv[1].dtype))
-    for key, t in items:
-        nbytes = t.numel() * t.element_size()
-        if nbytes >= direct_bytes:
-            entries.append(_Entry(key, tuple(t.shape), t.dtype, len(sizes), 0, nbytes))
-            sizes.append(nbytes)
-            direct.append(True)
-            continue
-        start = -(-used // _ALIGN) * _ALIGN
-        if open_bucket is None or start + nbytes > bucket_bytes:
-            open_bucket, start = len(sizes), 0
-            sizes.append(0)
-            direct.append(False)
-        entries.append(_Entry(key, tuple(t.shape), t.dtype, open_bucket, start, nbytes))
-        used = sizes[open_bucket] = start + nbytes
-    extras = {k: v for k, v in tensor_dict.items() if not isinstance(v, torch.Tensor)}
-    return _Schema(tuple(entries), tuple(sizes), tuple(direct), extras)
-
-
-def _schema_id(schema: _Schema) -> int:
-    buf = io.BytesIO()
-    pickle.dump(schema, buf)
-    return int.from_bytes(hashlib.blake2b(buf.getvalue(), digest_size=7).digest(), "little")
-
-
-def _pack_into(buf: torch.Tensor, entries: list[_Entry], tensor_dict, device) -> None:
-    for e in entries:
-        if e.nbytes:
-            flat = tensor_dict[e.key].detach().reshape(-1).to(device)
-            buf[e.offset : e.offset + e.nbytes].copy_(flat.view(torch.uint8))
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's storage viewed as flat uint8 (no copy)."""
-    return t.detach().reshape(-1).view(torch.uint8)
-
-
-def _wire_bytes(t: torch.Tensor, device) -> torch.Tensor:
-    """``t`` as flat bytes on the wire device: its own storage when contiguous there, else one copy."""
-    t = t.detach()
-    if t.device != device or not t.is_contiguous():
-        t = t.to(device).contiguous()
-    return _as_bytes(t)
-
-
-def _unpack(entries: list[_Entry], buf: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {e.key: buf[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape) for e in entries}
+_sent_schema: dict[str, tuple[int, Schema]] = {}
+_recv_schema: dict[str, dict[int, Schema]] = {}
 
 
 class VersionedDict(dict):
@@ -432,8 +349,8 @@ def ray_broadcast_tensor_dict(
     rank = g.rank
     header = torch.zeros(4, dtype=torch.int64, device=device)
     if rank == src:
-        schema = _plan(tensor_dict, bucket_bytes, direct_bytes)
-        sid = _schema_id(schema)
+        schema = plan_transfers(tensor_dict, bucket_bytes, direct_bytes)
+        sid = schema_id(schema)
         last = _sent_schema.get(group_name)
         blob = b"" if last is not None and last[0] == sid else pickle.dumps(schema)
         header[:] = torch.tensor([version, sid, len(blob), len(schema.sizes)], device=device)
@@ -487,7 +404,7 @@ def _staging_buffers(group_name: str, device, nbytes: int) -> list[torch.Tensor]
     return bufs
 
 
-def _send(g, src: int, schema: _Schema, tensor_dict, device) -> None:
+def _send(g, src: int, schema: Schema, tensor_dict, device) -> None:
     """Direct tensors go from their own storage; buckets are packed into one of two staging buffers while earlier
     transfers are on the wire. Up to ``_IN_FLIGHT`` transfers are posted at once, so the fixed cost of each
     collective call overlaps the others' transfer."""
@@ -495,10 +412,10 @@ def _send(g, src: int, schema: _Schema, tensor_dict, device) -> None:
     if not isinstance(g, TorchGroup):
         for t, entries in enumerate(groups):
             if schema.direct[t]:
-                buf = _wire_bytes(tensor_dict[entries[0].key], device)
+                buf = wire_bytes(tensor_dict[entries[0].key], device)
             else:
                 buf = torch.empty(schema.sizes[t], dtype=torch.uint8, device=device)
-                _pack_into(buf, entries, tensor_dict, device)
+                pack_into(buf, entries, tensor_dict, device)
             g.broadcast_tensor(buf, src)
         return
     packed = [size for size, d in zip(schema.sizes, schema.direct, strict=True) if not d]
@@ -517,26 +434,17 @@ def _send(g, src: int, schema: _Schema, tensor_dict, device) -> None:
             retire()
         slot = None
         if schema.direct[t]:
-            buf = _wire_bytes(tensor_dict[entries[0].key], device)
+            buf = wire_bytes(tensor_dict[entries[0].key], device)
         else:
             slot = free_slots.pop(0)
             buf = bufs[slot][: schema.sizes[t]]
-            _pack_into(buf, entries, tensor_dict, device)
+            pack_into(buf, entries, tensor_dict, device)
         in_flight.append((t, g.broadcast_async(buf, src), buf, slot))
     while in_flight:
         retire()
 
 
-def _destination(entry: _Entry, into: dict, device) -> torch.Tensor | None:
-    dest = into.get(entry.key)
-    if dest is None:
-        return None
-    dest = dest.data if isinstance(dest, torch.nn.Parameter) else dest
-    ok = dest.dtype == entry.dtype and tuple(dest.shape) == entry.shape and dest.device == device
-    return dest if ok and dest.is_contiguous() else None
-
-
-def _receive(g, src: int, schema: _Schema, device, into: dict, reuse: bool):
+def _receive(g, src: int, schema: Schema, device, into: dict, reuse: bool):
     """Yield each transfer's tensors as it lands (an empty dict when it went straight into ``into``). With
     ``reuse`` the tensors are views of one of two staging buffers, valid until the next one is requested; else each
     transfer gets its own storage. Up to ``_IN_FLIGHT`` receives are posted ahead."""
@@ -547,9 +455,9 @@ def _receive(g, src: int, schema: _Schema, device, into: dict, reuse: bool):
         for t, entries in enumerate(groups):
             buf = torch.empty(schema.sizes[t], dtype=torch.uint8, device=device)
             g.broadcast_tensor(buf, src)
-            yield _unpack(entries, buf)
+            yield unpack(entries, buf)
         return
-    dests = [_destination(e[0], into, device) if d else None for e, d in zip(groups, schema.direct, strict=True)]
+    dests = [destination(e[0], into, device) if d else None for e, d in zip(groups, schema.direct, strict=True)]
     bufs = _staging_buffers(g.group_name, device, max(schema.sizes)) if reuse else None
     free_slots = [0, 1]
     posted: deque = deque()  # (transfer, buffer, work, staging slot or None)
@@ -558,7 +466,7 @@ def _receive(g, src: int, schema: _Schema, device, into: dict, reuse: bool):
         while nxt < len(groups) and len(posted) < _IN_FLIGHT:
             slot = None
             if dests[nxt] is not None:
-                buf = _as_bytes(dests[nxt])
+                buf = as_bytes(dests[nxt])
             elif reuse:
                 if not free_slots:
                     break
@@ -570,7 +478,7 @@ def _receive(g, src: int, schema: _Schema, device, into: dict, reuse: bool):
             nxt += 1
         _, buf, work, slot = posted.popleft()
         g.wait(work, f"broadcast of transfer {t} from rank {src}")
-        yield {} if dests[t] is not None else _unpack(groups[t], buf)
+        yield {} if dests[t] is not None else unpack(groups[t], buf)
         if slot is not None:  # the caller is done with this bucket's views
             free_slots.append(slot)
 

@@ -11,7 +11,8 @@ from coati.distributed.algo import ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATORS
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIR = ROOT / "coati" / "distributed" / "algo"
-PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" / "config.py", ROOT / "coati" / "registry.py"]
+PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" / "config.py", ROOT / "coati" / "registry.py",
+                                            ROOT / "coati" / "distributed" / "wire_layout.py"]
 
 
 @pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS])
