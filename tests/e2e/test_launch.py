@@ -47,7 +47,7 @@ def test_reward_rises(ray_cluster, tiny):
     assert last > first + 0.05, rewards
 
 
-def start_run(tiny, **over):
+def start_run(tiny, colocate=False, **over):
     kw = run_kwargs(tiny, **over)
     cfg = build_config(
         kw["num_producers"], 1, kw["num_consumer_procs"], 1, kw["inference_batch_size"], kw["inference_microbatch_size"],
@@ -56,7 +56,7 @@ def start_run(tiny, **over):
     )  # fmt: skip
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
                      train_dataset=kw["train_dataset_config"], eval_dataset=None, reward_fn=REWARD,
-                     cpus_per_actor=0.5)  # fmt: skip
+                     cpus_per_actor=0.5, colocate=colocate)  # fmt: skip
     run = Run(cfg, plan, seed=0, reward_kwargs=None, reward_workers=1, weight_sync_timeout_s=60, max_staleness=0,
               master_addr=None, master_port=None, run_name="t-" + str(id(cfg)))  # fmt: skip
     run.start_actors()
