@@ -63,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("-ptp", "--producer-tensor-parallel-size", type=int, default=1, help="GPUs per producer (vLLM/SGLang)")
     a("--colocate", action="store_true", help="producer i and consumer i share GPU i (for one-GPU machines; "
       "weights travel through host memory)")
+    a("--sleep-while-training", action="store_true", help="producers free their GPU memory while consumers train "
+      "(with --colocate; needs -nb 0)")
     a("--seed", type=int, default=0, help="seed for data order, sampling and initialisation")
     a("--resume", default=None, help="continue from a checkpoint: 'latest' or a checkpoint folder")
     a("--keep-checkpoints", type=int, default=2, help="checkpoints to keep")
@@ -145,6 +147,7 @@ def run_once(args, model, eval_source, run_dir, grpo_config, reporter, launch_di
         max_steps=args.max_steps or None,
         seed=args.seed,
         colocate=args.colocate,
+        sleep_while_training=args.sleep_while_training,
         on_step=reporter.on_step,
         resume=args.resume,
         keep_checkpoints=args.keep_checkpoints,

@@ -92,6 +92,7 @@ def launch_distributed(
     seed: int = 0,
     cpus_per_actor: float = 0.5,
     colocate: bool = False,
+    sleep_while_training: bool = False,
     reward_workers: int = 1,
     weight_sync_timeout_s: float = 300.0,
     on_step: Callable[[dict], None] | None = None,
@@ -106,9 +107,18 @@ def launch_distributed(
     ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking its config matches.
     ``colocate`` lets producer i and consumer i share GPU i (one GPU is enough); weights then travel through host
     memory instead of NCCL, and the inference engine must leave the trainer room (e.g. vLLM's gpu_memory_utilization).
+    ``sleep_while_training`` has producers free their accelerator memory (``sleep``) while consumers train and take it
+    back (``wake``) before the weight push; it needs ``max_staleness=0``, since nothing may generate meanwhile.
     """
     from coati.distributed.loop import Run, preflight
 
+    if sleep_while_training and max_staleness:
+        raise ValueError(
+            f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
+            f"{max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn sleep_while_training off"
+        )
+    if sleep_while_training and inference_backend == "vllm":
+        inference_model_config = {"enable_sleep_mode": True, **inference_model_config}
     cfg = build_config(
         num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
         inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config,
@@ -142,6 +152,7 @@ def launch_distributed(
         cfg, plan, seed=seed, reward_kwargs=grpo_config.get("reward_kwargs"), reward_workers=reward_workers,
         weight_sync_timeout_s=weight_sync_timeout_s, max_staleness=max_staleness, master_addr=master_addr,
         master_port=master_port, run_name=f"{project_name}-{uuid.uuid4().hex[:8]}",
+        sleep_while_training=sleep_while_training,
     )  # fmt: skip
     try:
         run.start_actors()

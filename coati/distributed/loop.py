@@ -138,10 +138,11 @@ def _first_line(e: Exception) -> str:
 
 class Run:
     def __init__(self, cfg: LaunchConfig, plan: Plan, *, seed, reward_kwargs, reward_workers, weight_sync_timeout_s,
-                 max_staleness, master_addr, master_port, run_name):  # fmt: skip
+                 max_staleness, master_addr, master_port, run_name, sleep_while_training=False):  # fmt: skip
         self.cfg, self.plan, self.seed = cfg, plan, seed
         self.reward_kwargs, self.reward_workers = reward_kwargs, reward_workers
         self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
+        self.sleep_while_training = sleep_while_training
         self.master_addr, self.master_port, self.run_name = master_addr, master_port, run_name
         self.producers, self.consumers = [], []
         self.shared_gpus: dict[int, object] = {}
@@ -335,6 +336,7 @@ class Run:
             batch = self._take(groups, stats)
             t_rollout = time.perf_counter() - t0
             ref = ray.put(batch)
+            asleep = self._sleep_producers() if self.sleep_while_training else {}
             train_refs = [c.train_step.remote(ref) for c in self.consumers]
             t1 = time.perf_counter()
             if self.max_staleness >= 1 and step < total:
@@ -343,8 +345,11 @@ class Run:
             train_metrics = max(_get(train_refs, f"training step {step}"), key=len)
             t_train = time.perf_counter() - t1
             self.version = step
+            if self.sleep_while_training:
+                asleep["time/wake"] = self._wake_producers()
             t_push = self.push_weights()
             metrics = self._metrics(step, total, batch, stats, train_metrics, t_rollout, t_train, t_push, t0)
+            metrics.update(asleep)
             if eval_interval and self.plan.eval_dataset and (step % eval_interval == 0 or step == total):
                 evals.append({"step": step, **self.evaluate()})
                 metrics.update(evals[-1])
@@ -355,6 +360,19 @@ class Run:
                 self.checkpoint(manager, step)
         final = self.save(os.path.join(save_dir, "final")) if save_dir else None
         return {"history": history, "evals": evals, "final_model": final, "total_steps": total}
+
+    def _sleep_producers(self) -> dict:
+        """Producers free accelerator memory before consumers start training (they may share the GPUs)."""
+        start = time.perf_counter()
+        mem = _get([p.sleep.remote() for p in self.producers], "producers going to sleep")
+        return {"time/sleep": time.perf_counter() - start,
+                "inference/mem_awake_mb": max(m[0] for m in mem) / 2**20,
+                "inference/mem_asleep_mb": max(m[1] for m in mem) / 2**20}  # fmt: skip
+
+    def _wake_producers(self) -> float:
+        start = time.perf_counter()
+        _get([p.wake.remote() for p in self.producers], "producers waking")
+        return time.perf_counter() - start
 
     def full_weights(self) -> dict:
         """The whole model's weights, merged from each pipeline stage's sender (all ranks join the TP gathers)."""

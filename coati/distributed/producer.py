@@ -174,6 +174,16 @@ class Producer:
                 self.version = loaded.version
         return self.version
 
+    def sleep(self) -> tuple[int, int]:
+        """Free the engine's accelerator memory; returns this process's CUDA bytes allocated (before, after)."""
+        before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        self.backend.sleep()
+        return before, torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+    def wake(self) -> bool:
+        self.backend.wake()
+        return True
+
     def weights(self) -> dict[str, torch.Tensor]:
         """The backend's current weights (tests compare them with the consumer's)."""
         return self.backend.state_dict()

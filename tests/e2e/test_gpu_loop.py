@@ -31,15 +31,22 @@ def test_colocated_reward_rises_on_one_gpu(ray_cluster, tiny):
     assert not [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
 
 
-@pytest.mark.parametrize("plugin", [{"precision": "bf16"}, {"precision": "bf16", "zero_stage": 2}], ids=["bf16", "zero2"])
-def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, tiny, plugin):
-    run = start_run(tiny, colocate=True, plugin_config=plugin, core_algo="RLOO")
+@pytest.mark.parametrize(
+    "plugin, sleep",
+    [({"precision": "bf16"}, False), ({"precision": "bf16", "zero_stage": 2}, False), ({"precision": "bf16"}, True)],
+    ids=["bf16", "zero2", "bf16-sleep"],
+)
+def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, tiny, plugin, sleep):
+    run = start_run(tiny, colocate=True, sleep_while_training=sleep, plugin_config=plugin, core_algo="RLOO")
     try:
         (producer,), (consumer,) = run.producer_info, run.consumer_info
         assert producer["device"].startswith("cuda") and consumer["device"].startswith("cuda")
         assert producer["gpus"] == consumer["gpus"] and len(producer["gpus"]) == 1  # one GPU, shared
         before = run.full_weights()
-        run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
+        history = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)["history"]
+        if sleep:  # the producer's CUDA memory is given back while the consumer trains
+            for m in history:
+                assert m["inference/mem_awake_mb"] > 0 and m["inference/mem_asleep_mb"] < 0.1 * m["inference/mem_awake_mb"]
         after = run.full_weights()
         assert not [k for k in before if torch.equal(before[k], after[k])]
         got = ray.get(run.producers[0].weights.remote())

@@ -40,6 +40,13 @@ def test_each_algorithm_runs_two_steps(ray_cluster, tiny, algo):
         assert m["actor/entropy"] > 0
 
 
+def test_producers_sleep_while_consumers_train(ray_cluster, tiny):
+    out = launch_distributed(**run_kwargs(tiny, sleep_while_training=True))
+    assert [m["step"] for m in out["history"]] == [1, 2]
+    for m in out["history"]:  # on CPU sleeping frees nothing, but every step slept and woke
+        assert m["time/sleep"] >= 0 and m["time/wake"] >= 0 and m["inference/mem_asleep_mb"] == 0
+
+
 def test_reward_rises(ray_cluster, tiny):
     out = launch_distributed(**run_kwargs(tiny, core_algo="RLOO", max_steps=12))
     rewards = [m["reward/mean"] for m in out["history"]]
@@ -47,7 +54,7 @@ def test_reward_rises(ray_cluster, tiny):
     assert last > first + 0.05, rewards
 
 
-def start_run(tiny, colocate=False, **over):
+def start_run(tiny, colocate=False, sleep_while_training=False, **over):
     kw = run_kwargs(tiny, **over)
     cfg = build_config(
         kw["num_producers"], 1, kw["num_consumer_procs"], 1, kw["inference_batch_size"], kw["inference_microbatch_size"],
@@ -58,7 +65,8 @@ def start_run(tiny, colocate=False, **over):
                      train_dataset=kw["train_dataset_config"], eval_dataset=None, reward_fn=REWARD,
                      cpus_per_actor=0.5, colocate=colocate)  # fmt: skip
     run = Run(cfg, plan, seed=0, reward_kwargs=None, reward_workers=1, weight_sync_timeout_s=60, max_staleness=0,
-              master_addr=None, master_port=None, run_name="t-" + str(id(cfg)))  # fmt: skip
+              master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),
+              sleep_while_training=sleep_while_training)  # fmt: skip
     run.start_actors()
     run.connect_weight_group()
     run.push_weights()

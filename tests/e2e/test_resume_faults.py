@@ -110,6 +110,8 @@ BAD = [
     ("unknown backend", lambda t, d: {"inference_backend": "tgi"}, KeyError, r"unknown inference backend 'tgi'"),
     ("unknown engine option", lambda t, d: {"inference_model_config": {"path": t, "gpu_mem": 0.3}}, ValueError,
      r"inference option\(s\) \['gpu_mem'\] are not known to TransformersBackend; known: device"),
+    ("sleeping producers asked to generate", lambda t, d: {"sleep_while_training": True, "max_staleness": 1},
+     ValueError, r"sleep_while_training=True .* max_staleness=1 has them generate then; set max_staleness=0"),
     ("unknown reward", lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}}, KeyError,
      r"unknown reward function 'nope'; known: code, math"),
     ("too few rows", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}}, ValueError,

@@ -135,6 +135,10 @@ class TransformersBackend(InferenceBackend):
     def sleep(self) -> None:
         if self.device.type == "cuda":
             self.model.to("cpu")
+            # cuBLAS keeps its workspaces (32 MiB by default) in torch's caching allocator: release them too.
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
