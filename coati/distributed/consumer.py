@@ -188,7 +188,7 @@ class GRPOConsumer:
         global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)
         ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused)."""
         from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
-        from coati.distributed.forward import model_inputs
+        from coati.distributed.forward import model_inputs, response_logits
 
         t = self._tensors(batch, rows)
         inputs = model_inputs(**t)
@@ -201,7 +201,7 @@ class GRPOConsumer:
             i = seen["i"]
             seen["i"] += 1
             sl = slice(i * size, (i + 1) * size)
-            logits = outputs.logits[..., : self.vocab_size][:, -(r + 1) : -1]
+            logits = response_logits(outputs.logits, r, self.vocab_size)
             logprobs = token_logprobs(logits, t["response_ids"][sl], self.generation.temperature)
             mask = loss_mask[rows[sl]].to(self.device)
             inp = LossInput(logprobs=logprobs, old_logprobs=old_lp[sl] if old_lp is not None else logprobs.detach(),
@@ -226,19 +226,18 @@ class GRPOConsumer:
         """Current-policy log-probs of ``rows`` [len(rows), R] through the pipeline, forward only (the schedule
         skips backward under no_grad), ``chunk`` rows per pass; on the last stage, None on the others."""
         from coati.distributed.algo.logprobs import token_logprobs
-        from coati.distributed.forward import model_inputs
+        from coati.distributed.forward import model_inputs, response_logits
 
         out = []
+        size = chunk // self.cfg.plugin.pp_num_microbatches
         for lo in range(0, len(rows), chunk):
             t = self._tensors(batch, rows[lo : lo + chunk])
-            r = t["response_ids"].shape[1]
-            size = chunk // self.cfg.plugin.pp_num_microbatches
-            done = len(out)
+            micro = iter(t["response_ids"].split(size))  # the schedule calls criterion once per micro-batch, in order
 
-            def criterion(outputs, _micro, t=t, r=r, size=size, done=done):
-                i = len(out) - done
-                logits = outputs.logits[..., : self.vocab_size][:, -(r + 1) : -1]
-                out.append(token_logprobs(logits, t["response_ids"][i * size : (i + 1) * size], self.generation.temperature))
+            def criterion(outputs, _batch, micro=micro):
+                ids = next(micro)
+                logits = response_logits(outputs.logits, ids.shape[1], self.vocab_size)
+                out.append(token_logprobs(logits, ids, self.generation.temperature))
                 return logits.new_zeros(())
 
             self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)

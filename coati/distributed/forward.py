@@ -17,6 +17,14 @@ def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[s
     return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
 
 
+def response_logits(logits: torch.Tensor, num_response_tokens: int, vocab_size: int | None = None) -> torch.Tensor:
+    """The logits [N, R, V] that predict the R response tokens, from logits over prompt + response (or its last R + 1
+    positions), with tensor parallelism's vocabulary padding dropped when ``vocab_size`` is given."""
+    if vocab_size is not None and logits.shape[-1] > vocab_size:
+        logits = logits[..., :vocab_size]
+    return logits[:, -(num_response_tokens + 1) : -1]
+
+
 def sequence_logprobs(
     model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0, with_entropy: bool = False,
     vocab_size: int | None = None,
@@ -30,9 +38,7 @@ def sequence_logprobs(
     # Logits at position j predict token j + 1: response token t is predicted at position P - 1 + t, so only the last
     # R + 1 positions need the output layer (a large share of a small model's FLOPs on long prompts).
     logits = model(**inputs, use_cache=False, logits_to_keep=r + 1).logits
-    if vocab_size is not None and logits.shape[-1] > vocab_size:
-        logits = logits[..., :vocab_size]
-    resp_logits = logits[:, -(r + 1) : -1]
+    resp_logits = response_logits(logits, r, vocab_size)
     logprobs = token_logprobs(resp_logits, response_ids, temperature)
     entropy = entropy_from_logits(resp_logits.detach(), temperature) if with_entropy else None
     return logprobs, entropy

@@ -168,7 +168,8 @@ class Run:
         c, p = self.cfg, self.plan
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
         for i, slot in enumerate(p.producer_slots):
-            actor = ray.remote(Producer).options(**actor_options(slot, self.shared_gpus), **env, name=f"{self.run_name}-producer-{i}")
+            options = actor_options(slot, self.shared_gpus)
+            actor = ray.remote(Producer).options(**options, **env, name=f"{self.run_name}-producer-{i}")
             self.producers.append(actor.remote(
                 i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
                 p.train_dataset, p.reward_fn, c.producer.num_generations, c.producer.inference_microbatch_size,
@@ -181,7 +182,8 @@ class Run:
         addr = self.master_addr or p.consumer_slots[0].address
         port = self.master_port or _free_port()
         for rank, slot in enumerate(p.consumer_slots):
-            actor = ray.remote(GRPOConsumer).options(**actor_options(slot, self.shared_gpus), **env, name=f"{self.run_name}-consumer-{rank}")
+            options = actor_options(slot, self.shared_gpus)
+            actor = ray.remote(GRPOConsumer).options(**options, **env, name=f"{self.run_name}-consumer-{rank}")
             self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
                                                c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
         for i, a in enumerate(self.producers):

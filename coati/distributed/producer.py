@@ -57,8 +57,9 @@ class Producer:
         from coati.distributed.inference import backend_class
         from coati.distributed.reward import RewardPool
 
-        torch.manual_seed(self.seed * 1000 + self.idx)
-        options = {"seed": self.seed * 1000 + self.idx, **self.backend_options}
+        seed = self.seed * 1000 + self.idx
+        torch.manual_seed(seed)
+        options = {"seed": seed, **self.backend_options}
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)

@@ -34,7 +34,6 @@ class TransformersBackend(InferenceBackend):
         **options,
     ):
         super().__init__(model_path, generation, **options)
-        options.pop("seed", None)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

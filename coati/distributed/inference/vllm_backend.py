@@ -1,6 +1,7 @@
 """Rollouts with vLLM (GPU only). Weights are updated on every vLLM worker through vLLM's public RLHF path: a worker
 extension class (``vllm_worker.WeightSyncExtension``) called with ``collective_rpc``, receiving each push over the
-weight group (NCCL, or gloo through host memory when colocated) from the consumer and loading them with the model's own ``load_weights`` (which handles tensor-parallel sharding).
+weight group (NCCL, or gloo through host memory when colocated) from the consumer and loading it with the model's own
+``load_weights`` (which handles tensor-parallel sharding).
 
 Supported range: vllm >= 0.8.5, < 0.10 (the releases that accept transformers 4.51.x, which colossalai pins).
 """
