@@ -1,15 +1,20 @@
 """Weight push throughput between two Ray actors on this machine, measured side by side in one run.
 
 State dict shaped like a 135M-parameter Llama (SmolLM2-135M: 30 layers, hidden 576, 272 tensors, fp32). Methods:
-  bucketed     ray_broadcast_tensor_dict (schema cached; tensors of 1 MiB or more sent alone from and into their
-               own storage, smaller ones packed into buckets of the given size)
-  per-tensor   one collective broadcast per tensor (the reference's way), same group
-  raw-flat     one broadcast of a single flat buffer of the same bytes (the practical limit of the link)
-  object-store ray.put of the state dict, ray.get on the receiver (torch tensors are pickled)
-Every method lands the bytes in the receiver's preallocated copy of the weights, as a producer does.
-Prints GB/s (median of --reps) and the ratios the targets are stated in.
+  bucketed-N      ray_broadcast_tensor_dict, weights in separate tensors on both sides (as a model is loaded): tensors
+                  of 1 MiB or more travel alone, from and into their own storage; smaller ones are packed into
+                  buckets of N MiB (schema cached)
+  bucketed-flat-N the same call with the weights in flat buffers on both sides (``flatten_parameters``, as coati's
+                  consumers at ZeRO stage 0 and transformers producers hold them): runs of tensors back to back in
+                  memory travel as one transfer of up to N MiB, received in place
+  per-tensor      one collective broadcast per tensor (the reference's way), same group
+  raw-flat        one broadcast of a single flat buffer of the same bytes (the practical limit of the link)
+  object-store    ray.put of the state dict, ray.get on the receiver (torch tensors are pickled)
+Every method lands the bytes in the receiver's preallocated copy of the weights, as a producer does. Each rep runs
+every method once, in turn, so a slow spell of the machine hits them all. Prints GB/s (median of --reps) and the
+ratios the targets are stated in.
 
-    python benchmarks/bench_weight_sync.py [--reps 3] [--layers 30]
+    python benchmarks/bench_weight_sync.py [--reps 15] [--layers 30] [--bucket-mb 16 128]
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import time
 
 import ray
 import torch
+
+from coati.distributed.wire_layout import flatten_parameters
 
 
 def llama_like_state_dict(layers: int = 30, hidden: int = 576, inter: int = 1536, kv: int = 192, vocab: int = 49152):
@@ -39,6 +46,15 @@ def llama_like_state_dict(layers: int = 30, hidden: int = 576, inter: int = 1536
     return sd
 
 
+def flat_copy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same weights as parameters of a module flattened by coati, under the same names."""
+    module = torch.nn.Module()
+    for i, t in enumerate(sd.values()):
+        module.register_parameter(f"p{i}", torch.nn.Parameter(t.clone(), requires_grad=False))
+    flatten_parameters(module)
+    return {k: getattr(module, f"p{i}").data for i, k in enumerate(sd)}
+
+
 @ray.remote(num_cpus=1)
 class Endpoint:
     def __init__(self, rank: int, layers: int):
@@ -49,6 +65,7 @@ class Endpoint:
         self.sd = llama_like_state_dict(layers) if rank == 0 else {
             k: torch.zeros_like(v, device="cpu") for k, v in llama_like_state_dict_meta(layers).items()
         }
+        self.flat_sd = flat_copy(self.sd)
         numel = sum(t.numel() for t in self.sd.values())
         self.flat = torch.randn(numel) if rank == 0 else torch.empty(numel)
 
@@ -64,35 +81,40 @@ class Endpoint:
 
         cc.barrier(group)
 
-    def run(self, method: str, group: str, reps: int, bucket_mb: int = 128):
+    def run(self, method: str, group: str, bucket_mb: int = 128) -> float:
+        """One timed push by ``method``; both endpoints call it together."""
         import ray.util.collective as cc
 
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
-        times = []
-        for _ in range(reps):
-            self._barrier(group)
-            start = time.perf_counter()
-            if method == "bucketed":
-                # As a producer does: large tensors straight into its weights, the bucketed rest copied into place.
-                ray_broadcast_tensor_dict(
-                    self.sd if self.rank == 0 else None, 0, group_name=group, on_bucket=self._load, into=self.sd,
-                    bucket_bytes=bucket_mb << 20,
-                )  # fmt: skip
-            elif method == "per-tensor":
-                for t in self.sd.values():
-                    cc.broadcast(t, 0, group)
-            elif method == "raw-flat":
-                cc.broadcast(self.flat, 0, group)
-            times.append(time.perf_counter() - start)
-        return times
+        self._barrier(group)
+        start = time.perf_counter()
+        if method in ("bucketed", "bucketed-flat"):
+            # As a producer does: large tensors straight into its weights, the bucketed rest copied into place.
+            sd = self.sd if method == "bucketed" else self.flat_sd
+            ray_broadcast_tensor_dict(
+                sd if self.rank == 0 else None, 0, group_name=group, on_bucket=lambda b: self._load(sd, b), into=sd,
+                bucket_bytes=bucket_mb << 20,
+            )  # fmt: skip
+        elif method == "per-tensor":
+            for t in self.sd.values():
+                cc.broadcast(t, 0, group)
+        elif method == "raw-flat":
+            cc.broadcast(self.flat, 0, group)
+        return time.perf_counter() - start
 
-    def _load(self, bucket):
+    @staticmethod
+    def _load(sd, bucket):
         for k, v in bucket.items():
-            self.sd[k].copy_(v)
+            sd[k].copy_(v)
 
-    def checksum(self):
-        return float(sum(t.double().sum() for t in self.sd.values()))
+    def clear(self):
+        for t in [*self.sd.values(), *self.flat_sd.values()]:
+            t.zero_()
+
+    def checksums(self):
+        """Per weights copy: one float per tensor, so a tensor landing under another's name is caught."""
+        return [[float(t.double().sum()) for t in sd.values()] for sd in (self.sd, self.flat_sd)]
 
     def get_object(self, refs):
         start = time.perf_counter()
@@ -111,7 +133,7 @@ def llama_like_state_dict_meta(layers: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--bucket-mb", type=int, nargs="+", default=[16, 128], help="bucket sizes to measure (MiB)")
     args = parser.parse_args()
@@ -120,17 +142,21 @@ def main():
     group = "bench-weights"
     (nbytes, ntensors), _ = ray.get([src.join.remote(group), dst.join.remote(group)])
     print(f"state dict: {ntensors} tensors, {nbytes / 1e6:.1f} MB fp32; median of {args.reps} reps, 1 sender -> 1 receiver")
-    results = {}
-    runs = [(f"bucketed-{mb}MiB", "bucketed", mb) for mb in args.bucket_mb]
-    for label, method, mb in runs + [("per-tensor", "per-tensor", 0), ("raw-flat", "raw-flat", 0)]:
-        ray.get([src.run.remote(method, group, 1, mb), dst.run.remote(method, group, 1, mb)])  # warm-up
-        _, recv_times = ray.get(
-            [src.run.remote(method, group, args.reps, mb), dst.run.remote(method, group, args.reps, mb)]
-        )
-        results[label] = statistics.median(recv_times)
-        if method == "bucketed":
-            sums = ray.get([src.checksum.remote(), dst.checksum.remote()])
-            assert sums[0] == sums[1], f"bucketed push corrupted the weights: checksums {sums}"
+    runs = [(f"{m}-{mb}MiB", m, mb) for m in ("bucketed", "bucketed-flat") for mb in args.bucket_mb]
+    runs += [("per-tensor", "per-tensor", 0), ("raw-flat", "raw-flat", 0)]
+    times: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    for rep in range(args.reps + 1):  # the first round warms every method up and checks the bucketed ones
+        for label, method, mb in runs:
+            check = rep == 0 and method.startswith("bucketed")
+            if check:
+                ray.get(dst.clear.remote())
+            _, secs = ray.get([src.run.remote(method, group, mb), dst.run.remote(method, group, mb)])
+            if rep:
+                times[label].append(secs)
+            if check:
+                sent, got = ray.get([src.checksums.remote(), dst.checksums.remote()])
+                which = 0 if method == "bucketed" else 1
+                assert sent[which] == got[which], f"{label} did not deliver the weights bitwise"
     obj_times = []
     for _ in range(args.reps):
         start = time.perf_counter()
@@ -138,11 +164,12 @@ def main():
         ray.get(dst.get_object.remote([ref]))
         obj_times.append(time.perf_counter() - start)
         del ref
-    results["object-store"] = statistics.median(obj_times)
-    print(f"{'method':<18}{'seconds':>10}{'GB/s':>8}")
+    times["object-store"] = obj_times
+    results = {label: statistics.median(secs) for label, secs in times.items()}
+    print(f"{'method':<22}{'seconds':>10}{'GB/s':>8}")
     for method, secs in results.items():
-        print(f"{method:<18}{secs:>10.3f}{nbytes / secs / 1e9:>8.2f}")
-    for label, _, _ in runs:
+        print(f"{method:<22}{secs:>10.3f}{nbytes / secs / 1e9:>8.2f}")
+    for label, *_ in runs[:-2]:
         print(f"{label} / raw-flat throughput:   {results['raw-flat'] / results[label]:.2f}x  (target >= 0.8x)")
         print(f"{label} / per-tensor throughput: {results['per-tensor'] / results[label]:.2f}x  (target >= 3x)")
     ray.shutdown()

@@ -10,8 +10,9 @@ Wire format of one push (all collectives on the same group, rooted at ``src``):
 1. a fixed header of 4 int64: version, schema id, byte length of an optional pickled schema, transfer count;
 2. the pickled schema (keys, shapes, dtypes, transfer layout; see ``wire_layout.py``), only when it differs from the
    last push on this group;
-3. one uint8 broadcast per transfer: a tensor of at least ``direct_bytes`` alone, from its own storage, or a bucket of
-   smaller tensors packed back to back (16-byte aligned) up to ``bucket_bytes``.
+3. one uint8 broadcast per transfer: a tensor of at least ``direct_bytes`` straight from its own storage (with the
+   tensors that follow it back to back in that storage, when the sender holds its weights in flat buffers), or a
+   bucket of smaller tensors packed back to back (16-byte aligned) up to ``bucket_bytes``.
 Receivers may take large tensors straight into destination tensors (``into``: a model's parameters) and stream the
 rest into a callback (``on_bucket``) instead of keeping the whole dict.
 """
@@ -32,12 +33,11 @@ import torch.distributed as dist
 from ray.util.collective.backend_registry import _global_registry, register_collective_backend
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
-from coati.distributed.wire_layout import Schema, as_bytes, destination, pack_into, plan_transfers, schema_id, unpack
-from coati.distributed.wire_layout import wire_bytes
+from coati.distributed.wire_layout import Schema, destination, pack_into, plan_transfers, schema_id, span_bytes, unpack
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BUCKET_BYTES = 128 << 20
-DEFAULT_DIRECT_BYTES = 1 << 20
+DEFAULT_DIRECT_BYTES = 256 << 10
 _IN_FLIGHT = 8
 _group_timeouts: dict[str, float] = {}
 
@@ -331,10 +331,12 @@ def ray_broadcast_tensor_dict(
     """Broadcast ``tensor_dict`` (on rank ``src``; ignored elsewhere) to every rank of ``group_name``.
 
     Tensors of any dtype and shape (0-dim and non-contiguous included) arrive bitwise equal; non-tensor values
-    travel with the schema. Tensors of at least ``direct_bytes`` go alone, straight from and into their storage;
-    smaller ones are packed into buckets of up to ``bucket_bytes``. On receivers:
-    - ``into`` (optional) maps names to destination tensors (a model's parameters); a direct tensor whose
-      destination has its shape and dtype and lives contiguous on the wire device is received in place, no copy;
+    travel with the schema. Tensors of at least ``direct_bytes`` go straight from and into their storage, several
+    in one transfer (of up to ``bucket_bytes``) when they lie back to back in one storage; smaller ones are packed
+    into buckets of up to ``bucket_bytes``. On receivers:
+    - ``into`` (optional) maps names to destination tensors (a model's parameters); a direct transfer whose
+      destinations have the senders' shapes and dtypes and live contiguous on the wire device, laid out as on the
+      sender, is received in place, no copy;
     - ``on_bucket`` (optional) is called with every other tensor as soon as its bucket lands, and the returned dict
       holds only the non-tensor values, so a backend can load weights without two full copies;
     - without either, the returned dict holds every tensor.
@@ -412,7 +414,7 @@ def _send(g, src: int, schema: Schema, tensor_dict, device) -> None:
     if not isinstance(g, TorchGroup):
         for t, entries in enumerate(groups):
             if schema.direct[t]:
-                buf = wire_bytes(tensor_dict[entries[0].key], device)
+                buf = span_bytes(entries, tensor_dict, schema.sizes[t], device)
             else:
                 buf = torch.empty(schema.sizes[t], dtype=torch.uint8, device=device)
                 pack_into(buf, entries, tensor_dict, device)
@@ -434,7 +436,7 @@ def _send(g, src: int, schema: Schema, tensor_dict, device) -> None:
             retire()
         slot = None
         if schema.direct[t]:
-            buf = wire_bytes(tensor_dict[entries[0].key], device)
+            buf = span_bytes(entries, tensor_dict, schema.sizes[t], device)
         else:
             slot = free_slots.pop(0)
             buf = bufs[slot][: schema.sizes[t]]
@@ -457,7 +459,10 @@ def _receive(g, src: int, schema: Schema, device, into: dict, reuse: bool):
             g.broadcast_tensor(buf, src)
             yield unpack(entries, buf)
         return
-    dests = [destination(e[0], into, device) if d else None for e, d in zip(groups, schema.direct, strict=True)]
+    dests = [
+        destination(entries, size, into, device) if d else None
+        for entries, size, d in zip(groups, schema.sizes, schema.direct, strict=True)
+    ]
     bufs = _staging_buffers(g.group_name, device, max(schema.sizes)) if reuse else None
     free_slots = [0, 1]
     posted: deque = deque()  # (transfer, buffer, work, staging slot or None)
@@ -466,7 +471,7 @@ def _receive(g, src: int, schema: Schema, device, into: dict, reuse: bool):
         while nxt < len(groups) and len(posted) < _IN_FLIGHT:
             slot = None
             if dests[nxt] is not None:
-                buf = as_bytes(dests[nxt])
+                buf = dests[nxt]
             elif reuse:
                 if not free_slots:
                     break

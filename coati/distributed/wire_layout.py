@@ -49,29 +49,65 @@ class Schema:
 
 
 def plan_transfers(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes: int) -> Schema:
-    """Tensors of ``direct_bytes`` or more travel alone, straight from their storage (no copy on either side when
-    they are contiguous on the wire device); smaller ones are packed into buckets of up to ``bucket_bytes``."""
+    """Tensors of ``direct_bytes`` or more travel straight from their storage (no copy on either side when they are
+    contiguous on the wire device), alone or as a span: the tensors that follow one back to back in its storage (of
+    any size; a flat parameter buffer, see ``flatten_parameters``) join it in one transfer of up to ``bucket_bytes``.
+    Other small tensors are packed into buckets of up to ``bucket_bytes``."""
     entries, sizes, direct = [], [], []
     open_bucket, used = None, 0
+    last_direct = None  # the tensor that ends the open span (always the last transfer)
     # Group by dtype so each bucket mostly holds one dtype, in a deterministic order.
     items = [(k, v) for k, v in tensor_dict.items() if isinstance(v, torch.Tensor)]
     items.sort(key=lambda kv: str(kv[1].dtype))
     for key, t in items:
         nbytes = t.numel() * t.element_size()
+        if nbytes and last_direct is not None and _follows(last_direct, t) and sizes[-1] + nbytes <= bucket_bytes:
+            # Whatever its size, a tensor right after the open span in memory extends it: no copy, no extra call.
+            entries.append(Entry(key, tuple(t.shape), t.dtype, len(sizes) - 1, sizes[-1], nbytes))
+            sizes[-1] += nbytes
+            last_direct = t
+            continue
         if nbytes and nbytes >= direct_bytes:
             entries.append(Entry(key, tuple(t.shape), t.dtype, len(sizes), 0, nbytes))
             sizes.append(nbytes)
             direct.append(True)
+            last_direct = t
             continue
         start = -(-used // ALIGN) * ALIGN
         if open_bucket is None or start + nbytes > bucket_bytes:
             open_bucket, start = len(sizes), 0
             sizes.append(0)
             direct.append(False)
+            last_direct = None
         entries.append(Entry(key, tuple(t.shape), t.dtype, open_bucket, start, nbytes))
         used = sizes[open_bucket] = start + nbytes
     extras = {k: v for k, v in tensor_dict.items() if not isinstance(v, torch.Tensor)}
     return Schema(tuple(entries), tuple(sizes), tuple(direct), extras)
+
+
+def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b`` starts exactly where ``a`` ends, both contiguous in one storage."""
+    return (
+        a.is_contiguous() and b.is_contiguous() and a.device == b.device
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
+    )  # fmt: skip
+
+
+def _region(first: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """``nbytes`` of ``first``'s storage as flat uint8, starting where ``first`` starts (no copy)."""
+    storage = first.untyped_storage()
+    out = torch.empty(0, dtype=torch.uint8, device=first.device)
+    return out.set_(storage, first.storage_offset() * first.element_size(), (nbytes,))
+
+
+def span_bytes(entries: list[Entry], tensor_dict, nbytes: int, device) -> torch.Tensor:
+    """A direct transfer's bytes on the wire device: its tensor's (or span's) own storage when it lives there, else
+    one copy."""
+    first = tensor_dict[entries[0].key].detach()
+    if len(entries) == 1:
+        return wire_bytes(first, device)
+    return _region(first, nbytes).to(device)
 
 
 def schema_id(schema: Schema) -> int:
@@ -104,10 +140,60 @@ def unpack(entries: list[Entry], buf: torch.Tensor) -> dict[str, torch.Tensor]:
     return {e.key: buf[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape) for e in entries}
 
 
-def destination(entry: Entry, into: dict, device) -> torch.Tensor | None:
-    dest = into.get(entry.key)
-    if dest is None:
-        return None
-    dest = dest.data if isinstance(dest, torch.nn.Parameter) else dest
-    ok = dest.dtype == entry.dtype and tuple(dest.shape) == entry.shape and dest.device == device
-    return dest if ok and dest.is_contiguous() else None
+def destination(entries: list[Entry], nbytes: int, into: dict, device) -> torch.Tensor | None:
+    """Where a direct transfer can be received in place: the destination tensors of its entries as flat bytes, when
+    each has the entry's shape and dtype, is contiguous on the wire device, and (for a span) they lie in one storage
+    at the same relative offsets as on the sender; else None (received into a buffer and handed on)."""
+    dests = []
+    for e in entries:
+        dest = into.get(e.key)
+        if dest is None:
+            return None
+        dest = dest.data if isinstance(dest, torch.nn.Parameter) else dest
+        ok = dest.dtype == e.dtype and tuple(dest.shape) == e.shape and dest.device == device
+        if not (ok and dest.is_contiguous()):
+            return None
+        dests.append(dest)
+    first = dests[0]
+    for e, dest in zip(entries, dests, strict=True):
+        same_storage = dest.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not same_storage or dest.data_ptr() - first.data_ptr() != e.offset:
+            return None
+    return as_bytes(first) if len(entries) == 1 else _region(first, nbytes)
+
+
+@torch.no_grad()
+def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) -> int:
+    """Move ``module``'s parameters into flat buffers, in ``named_parameters`` order, one run per (device, dtype), each
+    buffer holding up to ``chunk_bytes`` (a larger parameter gets one of its own), every parameter 16-byte aligned.
+    Returns the number of buffers.
+
+    The Parameter objects stay the same (only ``.data`` moves), so optimizers and hooks holding them are unaffected;
+    the old storages are freed as each parameter moves, so the peak is one chunk above the model. Two models
+    flattened alike (a consumer's and a producer's) push their weights in a few large transfers, received in place.
+    Anything that later gives a parameter new storage (``module.to``) undoes it for that parameter; pushes stay
+    correct, only slower, until this is called again.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+    for _, p in module.named_parameters():
+        groups.setdefault((p.device, p.dtype), []).append(p)
+    count = 0
+    for (device, dtype), params in groups.items():
+        chunk, used = [], 0
+        for p in params + [None]:
+            nbytes = 0 if p is None else -(-p.numel() * p.element_size() // ALIGN) * ALIGN
+            if chunk and (p is None or used + nbytes > chunk_bytes):
+                buf = torch.empty(used, dtype=torch.uint8, device=device)
+                offset = 0
+                for q in chunk:
+                    n = q.numel() * q.element_size()
+                    view = buf[offset : offset + n].view(dtype).view(q.shape)
+                    view.copy_(q.data)
+                    q.data = view
+                    offset += -(-n // ALIGN) * ALIGN
+                chunk, used = [], 0
+                count += 1
+            if p is not None:
+                chunk.append(p)
+                used += nbytes
+    return count

@@ -35,17 +35,21 @@ class PeerBase:
         init_group(world_size, rank, group, timeout_s=timeout_s)
         return True
 
-    def push(self, group, tensors, version=0, bucket_bytes=1 << 20, direct_bytes=1 << 20):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+    def push(self, group, tensors, version=0, bucket_bytes=1 << 20, direct_bytes=1 << 20, flat=False):
+        """Push ``tensors`` (from flat buffers when ``flat``); return the version and the number of transfers."""
+        from coati.distributed.comm import _sent_schema, ray_broadcast_tensor_dict
 
+        tensors = flat_copy(tensors) if flat else tensors
         out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes,
                                         direct_bytes=direct_bytes)  # fmt: skip
-        return out.version
+        return out.version, len(_sent_schema[group][1].sizes)
 
-    def pull_into(self, group, destinations, stream):
-        """Receive with ``into=destinations``; report which tensors landed in their destination's storage."""
+    def pull_into(self, group, destinations, stream, flat=False):
+        """Receive with ``into=destinations`` (moved into flat buffers when ``flat``); report which tensors landed
+        in their destination's storage."""
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
+        destinations = flat_copy(destinations) if flat else destinations
         ptrs = {k: v.data_ptr() for k, v in destinations.items()}
         streamed = {}
         out = ray_broadcast_tensor_dict(
@@ -103,6 +107,18 @@ class PeerBase:
 
 
 Peer = ray.remote(num_cpus=0.1)(PeerBase)
+
+
+def flat_copy(tensors):
+    """``tensors`` moved into flat buffers (``flatten_parameters``) under the same names; non-tensors kept."""
+    from coati.distributed.wire_layout import flatten_parameters
+
+    module = torch.nn.Module()
+    keys = [k for k, v in tensors.items() if isinstance(v, torch.Tensor)]
+    for i, k in enumerate(keys):
+        module.register_parameter(f"p{i}", torch.nn.Parameter(tensors[k].clone(), requires_grad=False))
+    flatten_parameters(module)
+    return {**tensors, **{k: getattr(module, f"p{i}").data for i, k in enumerate(keys)}}
 
 
 def sample_dict():
@@ -163,7 +179,7 @@ def broadcast(sender, receivers, group, tensors, **kw):
     refs = [sender.push.remote(group, tensors, **kw)]
     refs += [r.pull.remote(group, kw.get("bucket_bytes", 1 << 20), stream) for r in receivers]
     out = ray.get(refs, timeout=120)
-    return out[0], out[1:]
+    return out[0][0], out[1:]
 
 
 def test_bitwise_round_trip_beside_a_default_world(topology):
@@ -231,6 +247,32 @@ def test_large_tensors_land_in_their_destinations(topology, stream):
         assert_bitwise_equal(r["tensors"], tensors)
         if stream:
             assert r["streamed"] == ["no_destination", "small", "wrong_dtype"] and r["returned"] == ["step"]
+
+
+@pytest.mark.parametrize("sender_flat,receiver_flat", [(True, True), (True, False), (False, True)])
+def test_flat_weights_travel_in_spans(topology, sender_flat, receiver_flat):
+    """Weights in flat buffers on the sender go as one transfer per run of back-to-back tensors; a receiver laid out
+    alike takes each run in place, any other receiver gets the same bytes through a buffer."""
+    consumers, producers, weights, _ = topology
+    g = torch.Generator().manual_seed(2)
+    tensors = {}
+    for i in range(6):
+        tensors[f"layer{i}.w"] = torch.randn(32, 32, generator=g)  # 4 KiB: direct
+        tensors[f"layer{i}.norm"] = torch.randn(32, generator=g)  # 128 B: joins the span when flat, else bucketed
+    tensors["head"] = torch.randn(64, 32, generator=g).to(torch.bfloat16)
+    destinations = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    refs = [consumers[0].push.remote(weights, tensors, direct_bytes=4096, flat=sender_flat)]
+    refs += [p.pull_into.remote(weights, destinations, True, receiver_flat) for p in producers]
+    (_, transfers), *received = ray.get(refs, timeout=120)
+    assert transfers == (2 if sender_flat else 8)  # one fp32 span and bf16; or 7 tensors alone and one bucket
+    for r in received:
+        assert_bitwise_equal(r["tensors"], tensors)
+        if sender_flat and receiver_flat:
+            assert r["in_place"] == sorted(tensors)
+        elif sender_flat:
+            assert r["in_place"] == ["head"] and len(r["streamed"]) == 12
+        else:
+            assert r["in_place"] == sorted(k for k in tensors if not k.endswith("norm"))
 
 
 def test_broadcast_object(topology):

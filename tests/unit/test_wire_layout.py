@@ -2,7 +2,10 @@
 
 import torch
 
-from coati.distributed.wire_layout import as_bytes, destination, pack_into, plan_transfers, unpack, wire_bytes
+import pytest
+
+from coati.distributed.wire_layout import as_bytes, destination, flatten_parameters, pack_into, plan_transfers, unpack
+from coati.distributed.wire_layout import span_bytes, wire_bytes
 
 
 def test_large_tensors_travel_alone_and_small_ones_are_packed_aligned_by_dtype():
@@ -35,9 +38,93 @@ def test_byte_views_share_storage_unless_a_copy_is_needed():
 
 def test_destination_only_when_shape_dtype_device_and_layout_match():
     s = plan_transfers({"w": torch.zeros(10, 10)}, bucket_bytes=1 << 20, direct_bytes=0)
-    (entry,) = s.entries
     cpu = torch.device("cpu")
-    assert destination(entry, {"w": torch.nn.Parameter(torch.ones(10, 10))}, cpu) is not None
+    (entries,) = s.transfer_entries()
+    assert destination(entries, 400, {"w": torch.nn.Parameter(torch.ones(10, 10))}, cpu) is not None
     for wrong in [torch.ones(10, 10, dtype=torch.float64), torch.ones(100), torch.ones(10, 10).t()]:
-        assert destination(entry, {"w": wrong}, cpu) is None
-    assert destination(entry, {}, cpu) is None
+        assert destination(entries, 400, {"w": wrong}, cpu) is None
+    assert destination(entries, 400, {}, cpu) is None
+
+
+class Layers(torch.nn.Module):
+    """Big and small parameters interleaved, as in a transformer (big weight, small norm, per layer), plus a bf16
+    one and a tied (shared) parameter."""
+
+    def __init__(self, layers=4, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        for i in range(layers):
+            self.register_parameter(f"w{i}", torch.nn.Parameter(torch.randn(16, 16, generator=g)))  # 1 KiB
+            self.register_parameter(f"n{i}", torch.nn.Parameter(torch.randn(3, generator=g)))  # 12 B: gap after
+        self.h = torch.nn.Parameter(torch.randn(64, 16, generator=g).to(torch.bfloat16))
+        self.tied = self.w0
+
+    def weights(self):
+        return dict(self.named_parameters())
+
+
+def test_flatten_keeps_values_identity_and_ties_and_survives_an_optimizer_step():
+    m, want = Layers(), Layers()
+    params = list(m.parameters())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    assert flatten_parameters(m) == 2  # one fp32 buffer, one bf16
+    assert list(m.parameters()) == params and m.tied is m.w0
+    for k, v in want.state_dict().items():
+        assert torch.equal(m.state_dict()[k], v), k
+    storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    assert len(storages) == 2
+    assert all(p.data_ptr() % 16 == 0 for p in m.parameters())
+    sum(p.float().sum() for p in m.parameters()).backward()
+    opt.step()  # updates in place: the parameters stay in the flat buffers
+    assert {p.untyped_storage().data_ptr() for p in m.parameters()} == storages
+    assert torch.equal(m.w1.detach(), want.w1.detach() - 0.1)
+
+
+def test_chunks_bound_each_flat_buffer():
+    m = Layers()
+    # 1040 aligned bytes per layer: two layers overflow 2048, so each layer's pair gets a buffer; bf16 one more.
+    assert flatten_parameters(m, chunk_bytes=2048) == 5
+    assert max(p.untyped_storage().nbytes() for p in m.parameters() if p.dtype == torch.float32) == 1040
+
+
+def test_flat_weights_travel_in_spans_received_in_place_only_where_the_layout_matches():
+    sender, flat_receiver, plain_receiver = Layers(), Layers(seed=1), Layers(seed=1)
+    flatten_parameters(sender)
+    flatten_parameters(flat_receiver)
+    weights = sender.weights()
+    s = plan_transfers(weights, bucket_bytes=1 << 20, direct_bytes=1024)
+    # fp32: every weight starts the span and the 12-byte norm after it joins; the 4-byte gap that follows (16-byte
+    # alignment) ends the span, so each layer is one transfer; bf16 is one more.
+    assert s.direct == (True,) * 5
+    assert [[e.key for e in t] for t in s.transfer_entries()][:2] == [["h"], ["w0", "n0"]]
+    cpu = torch.device("cpu")
+    for entries, size in zip(s.transfer_entries(), s.sizes, strict=True):
+        src = span_bytes(entries, weights, size, cpu)
+        assert src.data_ptr() == weights[entries[0].key].data_ptr()  # no copy on the sender
+        dest = destination(entries, size, flat_receiver.weights(), cpu)
+        assert dest is not None and dest.data_ptr() == flat_receiver.weights()[entries[0].key].data_ptr()
+        dest.copy_(src)
+        assert (destination(entries, size, plain_receiver.weights(), cpu) is None) == (len(entries) > 1)
+        received = unpack(entries, src.clone())
+        for e in entries:
+            assert torch.equal(received[e.key], weights[e.key])
+    for k, v in weights.items():
+        assert torch.equal(flat_receiver.weights()[k], v), k
+
+
+def test_spans_are_capped_at_the_bucket_size():
+    m = torch.nn.Module()
+    for i in range(5):
+        m.register_parameter(f"w{i}", torch.nn.Parameter(torch.randn(64)))  # 256 B each, back to back
+    flatten_parameters(m)
+    s = plan_transfers(dict(m.named_parameters()), bucket_bytes=600, direct_bytes=256)
+    assert s.sizes == (512, 512, 256) and s.direct == (True, True, True)
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_unflattened_or_flattened_plans_carry_every_tensor_once(flat):
+    m = Layers()
+    if flat:
+        flatten_parameters(m)
+    s = plan_transfers(m.weights(), bucket_bytes=1 << 20, direct_bytes=1024)
+    assert sorted(e.key for e in s.entries) == sorted(m.weights())
