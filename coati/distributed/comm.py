@@ -310,9 +310,15 @@ _recv_schema: dict[str, dict[int, Schema]] = {}
 
 
 class VersionedDict(dict):
-    """A received tensor dict with the ``version`` the sender attached to the push."""
+    """A received tensor dict with the ``version`` the sender attached to the push, and how the push travelled."""
 
     version: int = -1
+    transfers: int = 0
+    """collective calls that carried tensors"""
+    nbytes: int = 0
+    """bytes those calls carried"""
+    in_place_bytes: int = 0
+    """of those, bytes received straight into ``into`` destinations (receivers only)"""
 
 
 def ray_broadcast_tensor_dict(
@@ -376,7 +382,7 @@ def ray_broadcast_tensor_dict(
             )
         schema = known[sid]
         result = VersionedDict(schema.extras)
-        for tensors in _receive(g, src, schema, device, into or {}, reuse=on_bucket is not None):
+        for tensors in _receive(g, src, schema, device, into or {}, on_bucket is not None, result):
             if on_bucket is not None:
                 if tensors:
                     on_bucket(tensors)
@@ -390,6 +396,7 @@ def ray_broadcast_tensor_dict(
             order = {e.key: i for i, e in enumerate(schema.entries)}
             result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
     result.version = version
+    result.transfers, result.nbytes = len(schema.sizes), sum(schema.sizes)
     return result
 
 
@@ -446,10 +453,10 @@ def _send(g, src: int, schema: Schema, tensor_dict, device) -> None:
         retire()
 
 
-def _receive(g, src: int, schema: Schema, device, into: dict, reuse: bool):
-    """Yield each transfer's tensors as it lands (an empty dict when it went straight into ``into``). With
-    ``reuse`` the tensors are views of one of two staging buffers, valid until the next one is requested; else each
-    transfer gets its own storage. Up to ``_IN_FLIGHT`` receives are posted ahead."""
+def _receive(g, src: int, schema: Schema, device, into: dict, reuse: bool, result: VersionedDict):
+    """Yield each transfer's tensors as it lands (an empty dict when it went straight into ``into``; counted in
+    ``result.in_place_bytes``). With ``reuse`` the tensors are views of one of two staging buffers, valid until the
+    next one is requested; else each transfer gets its own storage. Up to ``_IN_FLIGHT`` receives are posted ahead."""
     groups = schema.transfer_entries()
     if not groups:
         return
@@ -463,6 +470,7 @@ def _receive(g, src: int, schema: Schema, device, into: dict, reuse: bool):
         destination(entries, size, into, device) if d else None
         for entries, size, d in zip(groups, schema.sizes, schema.direct, strict=True)
     ]
+    result.in_place_bytes = sum(size for size, dest in zip(schema.sizes, dests, strict=True) if dest is not None)
     bufs = _staging_buffers(g.group_name, device, max(schema.sizes)) if reuse else None
     free_slots = [0, 1]
     posted: deque = deque()  # (transfer, buffer, work, staging slot or None)

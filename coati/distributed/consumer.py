@@ -8,6 +8,7 @@ fields: estimator, loss, aggregation, KL, masking. Rank 0 pushes the new weights
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import defaultdict
@@ -20,6 +21,7 @@ from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
 from coati.distributed.forward import sequence_logprobs
 from coati.distributed.rollout import RolloutBatch
+from coati.distributed.wire_layout import flatten_parameters, separate_storages
 
 
 class GRPOConsumer:
@@ -77,6 +79,10 @@ class GRPOConsumer:
         self.vocab_size = model.config.vocab_size
         optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
+        if p.zero_stage == 0:
+            # Flat buffers, laid out as a transformers producer's: weight pushes go in a few transfers, received in
+            # place. Only at stage 0: ZeRO keeps its own views of each parameter's original storage for its gathers.
+            flatten_parameters(self.model.unwrap())
         self.dp_rank = self.plugin.dp_group.rank()
         self.dp_size = self.plugin.dp_size
         self.tp_rank = self.plugin.tp_group.rank() if p.tp_size > 1 else 0
@@ -298,7 +304,9 @@ class GRPOConsumer:
 
     def save_checkpoint(self, folder: str) -> bool:
         """Model and optimizer through the booster (sharded as the plugin holds them), plus this rank's RNG."""
-        self.booster.save_model(self.model, os.path.join(folder, "model"), shard=True)
+        # On CPU, ColossalAI's saver writes parameters as they are, and torch.save writes a view's whole storage.
+        with separate_storages(self.model.unwrap()) if self.device.type == "cpu" else contextlib.nullcontext():
+            self.booster.save_model(self.model, os.path.join(folder, "model"), shard=True)
         self.booster.save_optimizer(self.optimizer, os.path.join(folder, "optimizer"), shard=True)
         torch.save({"torch": torch.get_rng_state(), "step": self.step_count}, os.path.join(folder, f"rng-consumer-{self.rank}.pt"))
         return True

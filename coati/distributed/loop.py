@@ -147,6 +147,7 @@ class Run:
         self.producers, self.consumers = [], []
         self.shared_gpus: dict[int, object] = {}
         self.version = 0
+        self.push_stats: dict = {}
         self.start_step = 0
         self.last_checkpoint: str | None = None
         self.buffer: list[RolloutBatch] = []
@@ -218,7 +219,9 @@ class Run:
         start = time.perf_counter()
         refs = [c.push_weights.remote(self.version) for c in self.consumers]
         refs += [p.receive_weights.remote() for p in self.producers]
-        _get(refs, f"weight push {self.version}")
+        received = _get(refs, f"weight push {self.version}")[len(self.consumers) :]
+        # How the push travelled, as producer 0 saw it (all producers receive the same transfers).
+        self.push_stats = {k: v for k, v in received[0].items() if k.startswith("weights/")}
         return time.perf_counter() - start
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
@@ -430,6 +433,7 @@ class Run:
             "time/train": t_train,
             "time/weight_push": t_push,
             "time/step": time.perf_counter() - t0,
+            **self.push_stats,
         }
         for key in ("time/generate", "time/reward_wait", "time/producer_total"):
             if key in ex:

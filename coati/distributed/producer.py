@@ -161,19 +161,26 @@ class Producer:
         self.weight_groups = list(group_names)
         return True
 
-    def receive_weights(self) -> int:
-        """Receive one push per stage and load each bucket as it lands (partial dicts: one stage at a time)."""
+    def receive_weights(self) -> dict:
+        """Receive one push per stage and load each bucket as it lands (partial dicts: one stage at a time). Returns
+        the version and how the push travelled: collective calls, and the share of bytes that went straight into
+        the engine's weights (no staging copy; engines that load through their own workers report none)."""
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         device = getattr(self.backend, "device", "cpu")
+        transfers = nbytes = in_place = 0
         for name in self.weight_groups:
             if hasattr(self.backend, "receive_weights"):
                 self.version = self.backend.receive_weights(name)
-            else:
-                loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights,
-                                                   into=self.backend.weight_destinations())  # fmt: skip
-                self.version = loaded.version
-        return self.version
+                continue
+            loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights,
+                                               into=self.backend.weight_destinations())  # fmt: skip
+            self.version = loaded.version
+            transfers, nbytes, in_place = transfers + loaded.transfers, nbytes + loaded.nbytes, in_place + loaded.in_place_bytes
+        out = {"version": self.version}
+        if nbytes:
+            out.update({"weights/transfers": transfers, "weights/in_place_fraction": in_place / nbytes})
+        return out
 
     def sleep(self) -> tuple[int, int]:
         """Free the engine's accelerator memory; returns this process's CUDA bytes allocated (before, after)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +51,16 @@ class Schema:
 
 def plan_transfers(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes: int) -> Schema:
     """Tensors of ``direct_bytes`` or more travel straight from their storage (no copy on either side when they are
-    contiguous on the wire device), alone or as a span: the tensors that follow one back to back in its storage (of
-    any size; a flat parameter buffer, see ``flatten_parameters``) join it in one transfer of up to ``bucket_bytes``.
-    Other small tensors are packed into buckets of up to ``bucket_bytes``."""
+    contiguous on the wire device), alone or as a span: tensors of any size lying back to back in one storage (a
+    flat parameter buffer, see ``flatten_parameters``) go as one transfer of up to ``bucket_bytes``. Other small
+    tensors are packed into buckets of up to ``bucket_bytes``."""
     entries, sizes, direct = [], [], []
     open_bucket, used = None, 0
     last_direct = None  # the tensor that ends the open span (always the last transfer)
     # Group by dtype so each bucket mostly holds one dtype, in a deterministic order.
     items = [(k, v) for k, v in tensor_dict.items() if isinstance(v, torch.Tensor)]
     items.sort(key=lambda kv: str(kv[1].dtype))
-    for key, t in items:
+    for i, (key, t) in enumerate(items):
         nbytes = t.numel() * t.element_size()
         if nbytes and last_direct is not None and _follows(last_direct, t) and sizes[-1] + nbytes <= bucket_bytes:
             # Whatever its size, a tensor right after the open span in memory extends it: no copy, no extra call.
@@ -67,7 +68,8 @@ def plan_transfers(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes:
             sizes[-1] += nbytes
             last_direct = t
             continue
-        if nbytes and nbytes >= direct_bytes:
+        in_run = (i + 1 < len(items) and _follows(t, items[i + 1][1])) or (i > 0 and _follows(items[i - 1][1], t))
+        if nbytes and (nbytes >= direct_bytes or in_run):
             entries.append(Entry(key, tuple(t.shape), t.dtype, len(sizes), 0, nbytes))
             sizes.append(nbytes)
             direct.append(True)
@@ -197,3 +199,22 @@ def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) ->
                 chunk.append(p)
                 used += nbytes
     return count
+
+
+@contextmanager
+@torch.no_grad()
+def separate_storages(module: torch.nn.Module):
+    """Within the block, each parameter of ``module`` has storage of its own (a copy); after it, the parameters are
+    back in their flat buffers with any values written meanwhile. For savers that write tensors as they are:
+    ``torch.save`` writes a view's whole storage, so a checkpoint shard of flattened weights would hold every flat
+    buffer it touches."""
+    params = [p for _, p in module.named_parameters()]
+    homes = [p.data for p in params]
+    for p in params:
+        p.data = p.data.clone()
+    try:
+        yield
+    finally:
+        for p, home in zip(params, homes, strict=True):
+            home.copy_(p.data)
+            p.data = home

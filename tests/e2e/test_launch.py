@@ -54,7 +54,7 @@ def test_reward_rises(ray_cluster, tiny):
     assert last > first + 0.05, rewards
 
 
-def start_run(tiny, colocate=False, sleep_while_training=False, **over):
+def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, **over):
     kw = run_kwargs(tiny, **over)
     cfg = build_config(
         kw["num_producers"], 1, kw["num_consumer_procs"], 1, kw["inference_batch_size"], kw["inference_microbatch_size"],
@@ -63,7 +63,7 @@ def start_run(tiny, colocate=False, sleep_while_training=False, **over):
     )  # fmt: skip
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
                      train_dataset=kw["train_dataset_config"], eval_dataset=None, reward_fn=REWARD,
-                     cpus_per_actor=0.5, colocate=colocate)  # fmt: skip
+                     cpus_per_actor=0.5, colocate=colocate, inference_options=inference_options)  # fmt: skip
     run = Run(cfg, plan, seed=0, reward_kwargs=None, reward_workers=1, weight_sync_timeout_s=60, max_staleness=0,
               master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),
               sleep_while_training=sleep_while_training)  # fmt: skip
@@ -73,24 +73,44 @@ def start_run(tiny, colocate=False, sleep_while_training=False, **over):
     return run
 
 
+DP2 = {"num_consumer_procs": 2, "train_batch_size": 2, "train_minibatch_size": 2}
+
+
 @pytest.mark.parametrize(
-    "layout",
-    [{}, {"num_consumer_procs": 2, "core_algo": "RLOO", "plugin_config": {"pp_size": 2, "pp_num_microbatches": 2}}],
-    ids=["dp1", "pp2"],
+    "layout,in_place",
+    [
+        ({}, True),
+        ({**DP2, "core_algo": "RLOO"}, True),  # torch DDP around flattened parameters
+        # ZeRO: parameters keep their own storage (bf16, as ZeRO needs, on both sides)
+        ({**DP2, "plugin_config": {"zero_stage": 1, "precision": "bf16"}, "inference_options": {"dtype": "bfloat16"}},
+         False),
+        ({"num_consumer_procs": 2, "core_algo": "RLOO", "plugin_config": {"pp_size": 2, "pp_num_microbatches": 2}}, True),
+    ],
+    ids=["dp1", "dp2", "zero1", "pp2"],
 )
-def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny, layout):
+def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny, layout, in_place):
     run = start_run(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2, **layout)
     try:
         before = run.full_weights()
         assert len(before) == len(ray.get(run.producers[0].weights.remote()))  # every stage pushed
         for p in run.producers:
             assert_same(ray.get(p.weights.remote()), before)
-        run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
+        out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
         after = run.full_weights()
         unchanged = [k for k in before if torch.equal(before[k], after[k])]
         assert not unchanged, f"parameters that did not change: {unchanged}"
         for p in run.producers:  # after the last push, bitwise equal
             assert_same(ray.get(p.weights.remote()), after)
+        if "pp_size" not in layout.get("plugin_config", {}):  # data-parallel replicas stayed in step
+            for c in run.consumers:
+                assert_same(ray.get(c.weights.remote()), after)
+        # Flat weights on both sides (kept flat through the optimizer steps): every byte lands in place, one
+        # transfer per stage; else the weights are packed into a bucket and copied out.
+        last = out["history"][-1]
+        if in_place:
+            assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == len(run.senders), last
+        else:
+            assert last["weights/in_place_fraction"] < 0.5, last
     finally:
         run.shutdown()
 

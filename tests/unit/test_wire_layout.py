@@ -5,7 +5,7 @@ import torch
 import pytest
 
 from coati.distributed.wire_layout import as_bytes, destination, flatten_parameters, pack_into, plan_transfers, unpack
-from coati.distributed.wire_layout import span_bytes, wire_bytes
+from coati.distributed.wire_layout import separate_storages, span_bytes, wire_bytes
 
 
 def test_large_tensors_travel_alone_and_small_ones_are_packed_aligned_by_dtype():
@@ -117,8 +117,12 @@ def test_spans_are_capped_at_the_bucket_size():
     for i in range(5):
         m.register_parameter(f"w{i}", torch.nn.Parameter(torch.randn(64)))  # 256 B each, back to back
     flatten_parameters(m)
-    s = plan_transfers(dict(m.named_parameters()), bucket_bytes=600, direct_bytes=256)
-    assert s.sizes == (512, 512, 256) and s.direct == (True, True, True)
+    for direct_bytes in (256, 10_000):  # a run goes as a span even when each of its tensors is small
+        s = plan_transfers(dict(m.named_parameters()), bucket_bytes=600, direct_bytes=direct_bytes)
+        assert s.sizes == (512, 512, 256) and s.direct == (True, True, True)
+    separate = {f"w{i}": torch.randn(64) for i in range(5)}
+    s = plan_transfers(separate, bucket_bytes=600, direct_bytes=10_000)  # no run: packed, two per bucket
+    assert s.sizes == (512, 512, 256) and s.direct == (False, False, False)
 
 
 @pytest.mark.parametrize("flat", [False, True])
@@ -128,3 +132,15 @@ def test_unflattened_or_flattened_plans_carry_every_tensor_once(flat):
         flatten_parameters(m)
     s = plan_transfers(m.weights(), bucket_bytes=1 << 20, direct_bytes=1024)
     assert sorted(e.key for e in s.entries) == sorted(m.weights())
+
+
+def test_separate_storages_lets_torch_save_write_one_parameter_alone(tmp_path):
+    m = Layers()
+    flatten_parameters(m)
+    torch.save(m.w2, tmp_path / "view.pt")  # torch.save writes the view's whole flat buffer
+    with separate_storages(m):
+        torch.save(m.w2, tmp_path / "own.pt")
+        m.w1.data.fill_(7.0)  # written inside the block: kept after it
+    assert (tmp_path / "view.pt").stat().st_size > (tmp_path / "own.pt").stat().st_size + 3 * 1024
+    assert torch.equal(torch.load(tmp_path / "own.pt"), m.w2)
+    assert len({p.untyped_storage().data_ptr() for p in m.parameters()}) == 2 and bool((m.w1 == 7).all())

@@ -14,6 +14,7 @@ from coati.distributed.algo.logprobs import token_logprobs
 from coati.distributed.config import GenerationConfig
 from coati.distributed.inference.base import InferenceBackend
 from coati.distributed.rollout import RolloutBatch, batch_from_responses, left_pad
+from coati.distributed.wire_layout import flatten_parameters
 
 
 class TransformersBackend(InferenceBackend):
@@ -41,6 +42,8 @@ class TransformersBackend(InferenceBackend):
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch_dtype)
         self.model.to(self.device).eval()
+        # Flat buffers, laid out as the consumer's (which flattens alike): pushes arrive in a few in-place transfers.
+        flatten_parameters(self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -143,3 +146,4 @@ class TransformersBackend(InferenceBackend):
     def wake(self) -> None:
         if self.device.type == "cuda":
             self.model.to(self.device)
+            flatten_parameters(self.model)  # ``to`` gave every parameter storage of its own
