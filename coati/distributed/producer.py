@@ -176,7 +176,9 @@ class Producer:
             loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights,
                                                into=self.backend.weight_destinations())  # fmt: skip
             self.version = loaded.version
-            transfers, nbytes, in_place = transfers + loaded.transfers, nbytes + loaded.nbytes, in_place + loaded.in_place_bytes
+            transfers += loaded.transfers
+            nbytes += loaded.nbytes
+            in_place += loaded.in_place_bytes
         out = {"version": self.version}
         if nbytes:
             out.update({"weights/transfers": transfers, "weights/in_place_fraction": in_place / nbytes})

@@ -1,11 +1,19 @@
 """The push layout: which tensors travel alone, how the rest are packed (aligned, by dtype), and the byte views."""
 
+import pytest
 import torch
 
-import pytest
-
-from coati.distributed.wire_layout import as_bytes, destination, flatten_parameters, pack_into, plan_transfers, unpack
-from coati.distributed.wire_layout import separate_storages, span_bytes, wire_bytes
+from coati.distributed.wire_layout import (
+    as_bytes,
+    destination,
+    flatten_parameters,
+    pack_into,
+    plan_transfers,
+    separate_storages,
+    span_bytes,
+    unpack,
+    wire_bytes,
+)
 
 
 def test_large_tensors_travel_alone_and_small_ones_are_packed_aligned_by_dtype():
