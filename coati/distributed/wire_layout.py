@@ -17,6 +17,9 @@ import torch
 
 ALIGN = 16
 """byte alignment of each tensor inside a bucket"""
+FLAT_ALIGN = 64
+"""byte alignment of each parameter in a flat buffer: that of torch's CPU allocator, so kernels see the alignment
+they would see without flattening"""
 
 
 @dataclass(frozen=True)
@@ -168,8 +171,8 @@ def destination(entries: list[Entry], nbytes: int, into: dict, device) -> torch.
 @torch.no_grad()
 def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) -> int:
     """Move ``module``'s parameters into flat buffers, in ``named_parameters`` order, one run per (device, dtype), each
-    buffer holding up to ``chunk_bytes`` (a larger parameter gets one of its own), every parameter 16-byte aligned.
-    Returns the number of buffers.
+    buffer holding up to ``chunk_bytes`` (a larger parameter gets one of its own), every parameter ``FLAT_ALIGN``-byte
+    aligned. Returns the number of buffers.
 
     The Parameter objects stay the same (only ``.data`` moves), so optimizers and hooks holding them are unaffected;
     the old storages are freed as each parameter moves, so the peak is one chunk above the model. Two models
@@ -184,7 +187,7 @@ def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) ->
     for (device, dtype), params in groups.items():
         chunk, used = [], 0
         for p in params + [None]:
-            nbytes = 0 if p is None else -(-p.numel() * p.element_size() // ALIGN) * ALIGN
+            nbytes = 0 if p is None else -(-p.numel() * p.element_size() // FLAT_ALIGN) * FLAT_ALIGN
             if chunk and (p is None or used + nbytes > chunk_bytes):
                 buf = torch.empty(used, dtype=torch.uint8, device=device)
                 offset = 0
@@ -193,7 +196,7 @@ def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) ->
                     view = buf[offset : offset + n].view(dtype).view(q.shape)
                     view.copy_(q.data)
                     q.data = view
-                    offset += -(-n // ALIGN) * ALIGN
+                    offset += -(-n // FLAT_ALIGN) * FLAT_ALIGN
                 chunk, used = [], 0
                 count += 1
             if p is not None:
