@@ -37,7 +37,7 @@ from coati.distributed.wire_layout import Schema, destination, pack_into, plan_t
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BUCKET_BYTES = 128 << 20
-DEFAULT_DIRECT_BYTES = 256 << 10
+DEFAULT_DIRECT_BYTES = 1 << 20
 _IN_FLIGHT = 8
 _group_timeouts: dict[str, float] = {}
 
