@@ -84,9 +84,10 @@ DP2 = {"num_consumer_procs": 2, "train_batch_size": 2, "train_minibatch_size": 2
         # ZeRO: parameters keep their own storage (bf16, as ZeRO needs, on both sides)
         ({**DP2, "plugin_config": {"zero_stage": 1, "precision": "bf16"}, "inference_options": {"dtype": "bfloat16"}},
          False),
+        ({"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}, False),  # gathered from shards: new tensors
         ({"num_consumer_procs": 2, "core_algo": "RLOO", "plugin_config": {"pp_size": 2, "pp_num_microbatches": 2}}, True),
     ],
-    ids=["dp1", "dp2", "zero1", "pp2"],
+    ids=["dp1", "dp2", "zero1", "tp2", "pp2"],
 )
 def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny, layout, in_place):
     run = start_run(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2, **layout)
@@ -101,7 +102,7 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         assert not unchanged, f"parameters that did not change: {unchanged}"
         for p in run.producers:  # after the last push, bitwise equal
             assert_same(ray.get(p.weights.remote()), after)
-        if "pp_size" not in layout.get("plugin_config", {}):  # data-parallel replicas stayed in step
+        if not {"pp_size", "tp_size"} & set(layout.get("plugin_config", {})):  # data-parallel replicas in step
             for c in run.consumers:
                 assert_same(ray.get(c.weights.remote()), after)
         # Flat weights on both sides (kept flat through the optimizer steps): every byte lands in place, one
