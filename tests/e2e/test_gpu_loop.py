@@ -47,6 +47,9 @@ def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, ti
         if sleep:  # the producer's CUDA memory is given back while the consumer trains
             for m in history:
                 assert m["inference/mem_awake_mb"] > 0 and m["inference/mem_asleep_mb"] < 0.1 * m["inference/mem_awake_mb"]
+        # ZeRO stage 0: the consumer's CUDA weights stay in one flat buffer through the bf16 optimizer steps, so each
+        # push is one span (copied to host memory once: the colocated wire is gloo); ZeRO-2 sends them one by one.
+        assert (history[-1]["weights/transfers"] == 1) == ("zero_stage" not in plugin), history[-1]
         after = run.full_weights()
         assert not [k for k in before if torch.equal(before[k], after[k])]
         got = ray.get(run.producers[0].weights.remote())
@@ -61,3 +64,6 @@ def test_loop_on_two_gpus_over_nccl(ray_cluster, tiny):
         pytest.skip("needs 2 GPUs: one producer, one consumer")
     out = launch_distributed(**kwargs(tiny))
     assert [m["step"] for m in out["history"]] == [1, 2, 3]
+    # NCCL, flat weights on both GPUs: every push lands in the producer's weights in place, in one transfer.
+    last = out["history"][-1]
+    assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == 1, last
