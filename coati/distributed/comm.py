@@ -317,6 +317,8 @@ class VersionedDict(dict):
     """collective calls that carried tensors"""
     nbytes: int = 0
     """bytes those calls carried"""
+    direct_bytes: int = 0
+    """of those, bytes sent straight from the sender's tensors (not packed into buckets)"""
     in_place_bytes: int = 0
     """of those, bytes received straight into ``into`` destinations (receivers only)"""
 
@@ -397,6 +399,7 @@ def ray_broadcast_tensor_dict(
             result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
     result.version = version
     result.transfers, result.nbytes = len(schema.sizes), sum(schema.sizes)
+    result.direct_bytes = sum(size for size, d in zip(schema.sizes, schema.direct, strict=True) if d)
     return result
 
 

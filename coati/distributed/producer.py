@@ -163,12 +163,13 @@ class Producer:
 
     def receive_weights(self) -> dict:
         """Receive one push per stage and load each bucket as it lands (partial dicts: one stage at a time). Returns
-        the version and how the push travelled: collective calls, and the share of bytes that went straight into
-        the engine's weights (no staging copy; engines that load through their own workers report none)."""
+        the version and how the push travelled: collective calls, the share of bytes sent straight from the
+        consumer's weights (not packed), and the share that went straight into the engine's weights (no staging
+        copy). Engines that load through their own workers report none of these."""
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         device = getattr(self.backend, "device", "cpu")
-        transfers = nbytes = in_place = 0
+        transfers = nbytes = direct = in_place = 0
         for name in self.weight_groups:
             if hasattr(self.backend, "receive_weights"):
                 self.version = self.backend.receive_weights(name)
@@ -178,10 +179,12 @@ class Producer:
             self.version = loaded.version
             transfers += loaded.transfers
             nbytes += loaded.nbytes
+            direct += loaded.direct_bytes
             in_place += loaded.in_place_bytes
         out = {"version": self.version}
         if nbytes:
-            out.update({"weights/transfers": transfers, "weights/in_place_fraction": in_place / nbytes})
+            out.update({"weights/transfers": transfers, "weights/direct_fraction": direct / nbytes,
+                        "weights/in_place_fraction": in_place / nbytes})  # fmt: skip
         return out
 
     def sleep(self) -> tuple[int, int]:

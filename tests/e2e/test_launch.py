@@ -110,8 +110,9 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         last = out["history"][-1]
         if in_place:
             assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == len(run.senders), last
+            assert last["weights/direct_fraction"] == 1.0, last
         else:
-            assert last["weights/in_place_fraction"] < 0.5, last
+            assert last["weights/in_place_fraction"] < 0.5 and last["weights/direct_fraction"] < 0.5, last
     finally:
         run.shutdown()
 
