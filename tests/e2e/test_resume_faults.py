@@ -51,6 +51,8 @@ def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
     assert ckpts == ["latest", "step-2"], ckpts  # atomic: no temp folder, nothing half-written
     resumed = launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))
     assert [m["step"] for m in resumed["history"]] == [3, 4]
+    # Loading the checkpoint wrote into the flat weights: pushes still go as one span, received in place.
+    assert all(m["weights/direct_fraction"] == m["weights/in_place_fraction"] == 1.0 for m in resumed["history"])
     for (s1, loss1, ids1), (s2, loss2, ids2) in zip(trace(full["history"])[2:], trace(resumed["history"]), strict=True):
         assert s1 == s2 and ids1 == ids2, (s1, ids1, ids2)
         assert loss2 == pytest.approx(loss1, rel=1e-6, abs=1e-9), (s1, loss1, loss2)
