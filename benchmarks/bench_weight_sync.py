@@ -5,7 +5,7 @@ State dict shaped like a 135M-parameter Llama (SmolLM2-135M: 30 layers, hidden 5
                   of 1 MiB or more travel alone, from and into their own storage; smaller ones are packed into
                   buckets of N MiB (schema cached)
   bucketed-flat-N the same call with the weights in flat buffers on both sides (``flatten_parameters``, as coati's
-                  consumers at ZeRO stage 0 and transformers producers hold them): runs of tensors back to back in
+                  consumers and transformers producers hold them): runs of tensors back to back in
                   memory travel as one transfer of up to N MiB, received in place
   reference       ColossalChat's scheme: the key/shape/dtype list pickled and broadcast, then one broadcast per tensor
                   into a freshly allocated tensor, then all copied into the weights (as ``load_state_dict`` does)

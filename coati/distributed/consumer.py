@@ -77,11 +77,18 @@ class GRPOConsumer:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
         model.config.use_cache = False
         self.vocab_size = model.config.vocab_size
+        # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
+        # ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights are cast,
+        # moved and flattened before boosting (which then leaves them as they are); not with TP or PP, which replace
+        # or drop parameters and would leave the old flat buffers alive. Without ZeRO, flattening after boosting
+        # keeps only the parameters this rank holds.
+        early = p.zero_stage > 0 and p.tp_size == 1 and p.pp_size == 1
+        if early:
+            model.to(self.device, {"bf16": torch.bfloat16, "fp16": torch.float16}[p.precision])
+            flatten_parameters(model)
         optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         if p.zero_stage == 0:
-            # Flat buffers, laid out as a transformers producer's: weight pushes go in a few transfers, received in
-            # place. Only at stage 0: ZeRO keeps its own views of each parameter's original storage for its gathers.
             flatten_parameters(self.model.unwrap())
         self.dp_rank = self.plugin.dp_group.rank()
         self.dp_size = self.plugin.dp_size

@@ -81,9 +81,9 @@ DP2 = {"num_consumer_procs": 2, "train_batch_size": 2, "train_minibatch_size": 2
     [
         ({}, True),
         ({**DP2, "core_algo": "RLOO"}, True),  # torch DDP around flattened parameters
-        # ZeRO: parameters keep their own storage (bf16, as ZeRO needs, on both sides)
+        # ZeRO (bf16, as ZeRO needs, on both sides): flattened before the optimizer is wrapped
         ({**DP2, "plugin_config": {"zero_stage": 1, "precision": "bf16"}, "inference_options": {"dtype": "bfloat16"}},
-         False),
+         True),
         ({"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}, False),  # gathered from shards: new tensors
         ({"num_consumer_procs": 2, "core_algo": "RLOO", "plugin_config": {"pp_size": 2, "pp_num_microbatches": 2}}, True),
     ],
