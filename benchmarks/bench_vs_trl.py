@@ -43,11 +43,12 @@ def workload_rows(n: int, seed: int) -> list[dict]:
     return load_rows("reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2", size=n, seed=seed)
 
 
-def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: float, threads: int) -> dict:
+def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: float, threads: int,
+            save_to: str | None = None) -> dict:  # fmt: skip
     with tempfile.TemporaryDirectory() as d:
         spec = {"model": model, "rows": rows, "steps": steps, "max_new_tokens": max_new_tokens, "lr": lr,
                 "prompts": PROMPTS, "generations": GENERATIONS, "threads": threads, "seed": 0, "out_dir": d,
-                "bench_dir": str(HERE)}  # fmt: skip
+                "bench_dir": str(HERE), "save_to": save_to}  # fmt: skip
         Path(d, "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads), PYTHONPATH="")
         out = subprocess.run([python, str(HERE / "trl_side.py"), f"{d}/spec.json", f"{d}/out.json"], env=env,

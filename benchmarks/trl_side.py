@@ -1,5 +1,6 @@
 """TRL's side of bench_vs_trl.py; runs inside TRL's own virtualenv (transformers 5.x). Reads a JSON workload from
-argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2]."""
+argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2] (and the trained model to the
+spec's ``save_to`` when given)."""
 
 import json
 import sys
@@ -34,6 +35,8 @@ if __name__ == "__main__":
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
+    if spec.get("save_to"):  # the trained weights, for an evaluation outside this virtualenv
+        trainer.save_model(spec["save_to"])
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
     json.dump({"wall": wall, "rewards": rewards, "step_times": step_times}, open(sys.argv[2], "w"))
