@@ -35,6 +35,12 @@ class PeerBase:
         init_group(world_size, rank, group, timeout_s=timeout_s)
         return True
 
+    def join_rays_gloo(self, group, rank):
+        import ray.util.collective as cc
+
+        cc.init_collective_group(2, rank, backend="gloo", group_name=group)
+        return True
+
     def push(self, group, tensors, version=0, bucket_bytes=1 << 20, direct_bytes=1 << 20, flat=False):
         """Push ``tensors`` (from flat buffers when ``flat``); return the version and the number of transfers."""
         from coati.distributed.comm import _sent_schema, ray_broadcast_tensor_dict
@@ -306,6 +312,31 @@ def test_missing_peer_times_out_at_rendezvous(ray_cluster):
         ray.get(lonely.join.remote(2, 1, new_group(), 2.0), timeout=60)
     assert time.monotonic() - start < 10
     ray.kill(lonely)
+
+
+def test_groups_on_rays_own_gloo_backend(ray_cluster):
+    """A group made with Ray's built-in gloo backend (as a user's own code might) carries the same pushes, flat
+    spans and buckets included, through the synchronous path."""
+    sender, receiver = Peer.remote(), Peer.remote()
+    group = new_group()
+
+    def join(peer, rank):
+        return peer.join_rays_gloo.remote(group, rank)
+
+    ray.get([join(sender, 0), join(receiver, 1)], timeout=120)
+    tensors = sample_dict()
+    tensors.update({f"w{i}": torch.randn(32, 32) for i in range(3)})
+    try:
+        for flat in (False, True):
+            (_, transfers), got = ray.get(
+                [sender.push.remote(group, tensors, direct_bytes=4096, flat=flat), receiver.pull.remote(group)],
+                timeout=120,
+            )
+            assert_bitwise_equal(got["tensors"], tensors)
+            assert transfers == (2 if flat else 4)  # the weights as one span, or alone; the rest in a bucket
+    finally:
+        for a in (sender, receiver):
+            ray.kill(a)
 
 
 class GpuPeerBase(PeerBase):
