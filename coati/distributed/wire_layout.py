@@ -42,7 +42,8 @@ class Schema:
     sizes: tuple[int, ...]
     """bytes of each transfer (one broadcast each)"""
     direct: tuple[bool, ...]
-    """per transfer: one tensor sent as it is (no packing), else a bucket of small tensors packed back to back"""
+    """per transfer: sent as it lies in the sender's memory (one tensor, or a span of tensors back to back in one
+    storage), else a bucket of small tensors packed back to back"""
     extras: Any
     """non-tensor values of the dict, sent with the schema"""
 
@@ -79,7 +80,7 @@ def plan_transfers(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes:
             direct.append(True)
             last_direct = t
             continue
-        start = -(-used // ALIGN) * ALIGN
+        start = _round_up(used, ALIGN)
         if open_bucket is None or start + nbytes > bucket_bytes:
             open_bucket, start = len(sizes), 0
             sizes.append(0)
@@ -89,6 +90,10 @@ def plan_transfers(tensor_dict: dict[str, Any], bucket_bytes: int, direct_bytes:
         used = sizes[open_bucket] = start + nbytes
     extras = {k: v for k, v in tensor_dict.items() if not isinstance(v, torch.Tensor)}
     return Schema(tuple(entries), tuple(sizes), tuple(direct), extras)
+
+
+def _round_up(n: int, align: int) -> int:
+    return -(-n // align) * align
 
 
 def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -165,7 +170,7 @@ def destination(entries: list[Entry], nbytes: int, into: dict, device) -> torch.
         same_storage = dest.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
         if not same_storage or dest.data_ptr() - first.data_ptr() != e.offset:
             return None
-    return as_bytes(first) if len(entries) == 1 else _region(first, nbytes)
+    return _region(first, nbytes)
 
 
 @torch.no_grad()
@@ -187,7 +192,7 @@ def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) ->
     for (device, dtype), params in groups.items():
         chunk, used = [], 0
         for p in params + [None]:
-            nbytes = 0 if p is None else -(-p.numel() * p.element_size() // FLAT_ALIGN) * FLAT_ALIGN
+            nbytes = 0 if p is None else _round_up(p.numel() * p.element_size(), FLAT_ALIGN)
             if chunk and (p is None or used + nbytes > chunk_bytes):
                 buf = torch.empty(used, dtype=torch.uint8, device=device)
                 offset = 0
@@ -196,7 +201,7 @@ def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) ->
                     view = buf[offset : offset + n].view(dtype).view(q.shape)
                     view.copy_(q.data)
                     q.data = view
-                    offset += -(-n // FLAT_ALIGN) * FLAT_ALIGN
+                    offset += _round_up(n, FLAT_ALIGN)
                 chunk, used = [], 0
                 count += 1
             if p is not None:
