@@ -4,100 +4,28 @@ Test formats (``test_cases`` column, a dict or its JSON string):
 - stdin/stdout (APPS/PRIME): ``{"inputs": [str, ...], "outputs": [str, ...]}``; outputs compared token by token;
 - call-based: ``{"fn_name": "f", "inputs": [[args], ...], "outputs": [value, ...]}``; a top-level function or a
   method of ``class Solution``;
-- HumanEval: ``{"test": "def check(candidate): ...", "entry_point": "f"}``.
-A harness runs every case of one solution in one sandboxed interpreter and reports each result on a private pipe,
-tagged with a per-run nonce, so partial results survive a kill and printed text cannot pose as a result.
+- HumanEval: ``{"test": "def check(candidate): ...", "entry_point": "f", "prompt": "..."}``; the prompt (optional)
+  is run before the solution in the sandbox and, for the helpers the test uses, beside the test.
+
+The verdict is reached where the candidate cannot reach it. The sandboxed process (``code_runner.py``) only runs the
+candidate and reports raw outputs: the text a case printed, or a call's return value as plain data (exact built-in
+types, rebuilt here, so no object of the candidate's with its own ``__eq__`` survives). Expected outputs never enter
+the sandbox. This process compares stdin/stdout and call results itself, and runs a HumanEval ``check`` here with a
+``candidate`` that forwards each call into the sandbox and returns the plain-data result.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
+from pathlib import Path
 
+from coati.distributed.reward import code_runner
 from coati.distributed.reward.base import REWARD_FNS, RewardResult
 from coati.distributed.reward.sandbox import Sandbox
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-
-_HARNESS = r'''
-import contextlib, io, json, os, signal, sys
-_fd = int(os.environ.pop("COATI_RESULT_FD"))
-_spec = json.loads(sys.stdin.readline())
-_nonce = _spec.pop("nonce")
-_per_case = float(_spec.get("per_case_timeout_s", 2.0))
-_SOLUTION = __SOLUTION__
-class _CaseTimeout(BaseException):
-    pass
-def _alarm(*_):
-    raise _CaseTimeout()
-signal.signal(signal.SIGALRM, _alarm)
-def _report(i, ok, err=""):
-    os.write(_fd, (_nonce + json.dumps({"i": i, "ok": bool(ok), "err": str(err)[:200]}) + "\n").encode())
-def _tokens(text):
-    return str(text).split()
-def _plain(value):
-    return json.loads(json.dumps(value, default=str))
-def _run(i, fn):
-    signal.setitimer(signal.ITIMER_REAL, _per_case)
-    try:
-        ok = fn()
-        err = "" if ok else "wrong answer"
-    except _CaseTimeout:
-        ok, err = False, "case timeout"
-    except SystemExit as e:
-        ok, err = False, f"exit {e.code}"
-    except BaseException as e:
-        ok, err = False, f"{type(e).__name__}: {e}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    _report(i, ok, err)
-_code = compile(_SOLUTION, "<solution>", "exec")
-if _spec["kind"] == "stdio":
-    for _i, (_inp, _want) in enumerate(zip(_spec["inputs"], _spec["outputs"])):
-        def _case(_inp=_inp, _want=_want):
-            _out = io.StringIO()
-            sys.stdin = io.StringIO(_inp)
-            try:
-                with contextlib.redirect_stdout(_out):
-                    exec(_code, {"__name__": "__main__"})
-            except SystemExit as e:
-                if e.code not in (None, 0):
-                    raise
-            return _tokens(_out.getvalue()) == _tokens(_want)
-        _run(_i, _case)
-else:
-    _g = {"__name__": "__solution__"}
-    _loaded = []
-    def _load():
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(_code, _g)
-        _loaded.append(True)
-        return True
-    signal.setitimer(signal.ITIMER_REAL, _per_case)
-    try:
-        _load()
-    except BaseException as e:
-        _report(-1, False, f"load: {type(e).__name__}: {e}")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    if _loaded and _spec["kind"] == "call":
-        _name = _spec["fn_name"]
-        _fn = _g.get(_name) or getattr(_g.get("Solution", object)(), _name, None)
-        for _i, (_args, _want) in enumerate(zip(_spec["inputs"], _spec["outputs"])):
-            def _case(_args=_args, _want=_want):
-                with contextlib.redirect_stdout(io.StringIO()):
-                    _got = _fn(*_args)
-                return _plain(_got) == _plain(_want)
-            _run(_i, _case)
-    elif _loaded:
-        def _case():
-            exec(compile(_spec["test"], "<test>", "exec"), _g)
-            with contextlib.redirect_stdout(io.StringIO()):
-                _g["check"](_g[_spec["entry_point"]])
-            return True
-        _run(0, _case)
-'''
+_RUNNER = Path(code_runner.__file__).read_text()
 
 
 def extract_code(text: str) -> tuple[str, bool]:
@@ -111,7 +39,8 @@ def extract_code(text: str) -> tuple[str, bool]:
 def _spec_of(test_cases) -> dict:
     spec = json.loads(test_cases) if isinstance(test_cases, str) else dict(test_cases)
     if "test" in spec and "entry_point" in spec:
-        return {"kind": "humaneval", "test": spec["test"], "entry_point": spec["entry_point"], "num_cases": 1}
+        return {"kind": "humaneval", "test": spec["test"], "entry_point": spec["entry_point"],
+                "prompt": spec.get("prompt") or "", "num_cases": 1}  # fmt: skip
     if "inputs" not in spec or "outputs" not in spec:
         raise ValueError(
             f"test_cases needs inputs/outputs (APPS) or test/entry_point (HumanEval); got keys {sorted(spec)}"
@@ -135,32 +64,122 @@ def _get_sandbox() -> Sandbox:
     return _sandbox
 
 
+class _SandboxLost(BaseException):
+    """The candidate's process died, hung or broke the protocol: the check must fail even under a bare except."""
+
+
 def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox: Sandbox | None = None) -> dict:
     """Run ``program`` on every case in one sandboxed interpreter; returns passed, total and the first error."""
     spec = _spec_of(test_cases)
-    total = spec.pop("num_cases")
-    nonce = secrets.token_hex(16)
-    spec.update(nonce=nonce, per_case_timeout_s=per_case_timeout_s)
+    total = spec["num_cases"]
     sandbox = sandbox or _get_sandbox()
-    harness = _HARNESS.replace("__SOLUTION__", repr(program))
+    if spec["kind"] == "humaneval" and spec["prompt"]:
+        program = spec["prompt"] + "\n" + program
     wall = min(sandbox.timeout_s + per_case_timeout_s * total, 60.0)
-    result = sandbox.run(harness, json.dumps(spec) + "\n", timeout_s=wall)
-    passed, errors = set(), []
-    for line in result.extra.splitlines():
-        if not line.startswith(nonce):
+    session = sandbox.start({"runner.py": _RUNNER, "solution.py": program}, "runner.py", "solution.py",
+                            env={"COATI_CASE_TIMEOUT_S": str(per_case_timeout_s)}, timeout_s=wall)  # fmt: skip
+    reply_wait = per_case_timeout_s + 2.0
+    errors: list[str] = []
+    try:
+        if spec["kind"] == "stdio":
+            passed = _stdio_cases(session, spec, reply_wait, errors)
+        else:
+            loaded = session.request({"op": "load"}, reply_wait)
+            if loaded is None or not loaded.get("ok"):
+                errors.append(str((loaded or {}).get("error") or session.failure))
+                passed = 0
+            elif spec["kind"] == "call":
+                passed = _call_cases(session, spec, reply_wait, errors)
+            else:
+                passed = _humaneval_check(session, spec, reply_wait, errors)
+    finally:
+        stderr = session.close()
+    if session.failure and session.failure not in errors:
+        errors.append(session.failure)
+    if not errors and passed < total:
+        errors.append(f"sandbox: {stderr.strip()[-200:]}")
+    return {"passed": passed, "total": total, "error": errors[0] if errors else ""}
+
+
+def _stdio_cases(session, spec, wait, errors) -> int:
+    passed = 0
+    for inp, want in zip(spec["inputs"], spec["outputs"], strict=True):
+        reply = session.request({"op": "stdio", "input": str(inp)}, wait)
+        if reply is None:
+            break
+        if not reply.get("ok"):
+            errors.append(str(reply.get("error")))
+        elif not isinstance(reply.get("stdout"), str):
+            errors.append("malformed reply")
+        elif reply["stdout"].split() == str(want).split():
+            passed += 1
+        else:
+            errors.append("wrong answer")
+    return passed
+
+
+def _returned(session, msg: dict, wait: float):
+    """What the candidate returned for one call, rebuilt as plain data; raises on any failure."""
+    reply = session.request(msg, wait)
+    if reply is None:
+        raise _SandboxLost(session.failure)
+    if not reply.get("ok"):
+        raise RuntimeError(str(reply.get("error")))
+    return code_runner.decode(reply.get("value"))
+
+
+def _call_cases(session, spec, wait, errors) -> int:
+    passed = 0
+    for args, want in zip(spec["inputs"], spec["outputs"], strict=True):
+        msg = {"op": "call", "name": spec["fn_name"], "args": code_runner.encode(list(args)), "kwargs": {"dict": []}}
+        try:
+            got = _returned(session, msg, wait)
+        except _SandboxLost:
+            break
+        except (RuntimeError, ValueError) as e:
+            errors.append(str(e)[:200])
             continue
-        record = json.loads(line[len(nonce) :])
-        if record["ok"] and 0 <= record["i"] < total:
-            passed.add(record["i"])
-        elif record["err"]:
-            errors.append(record["err"])
-    if result.timed_out:
-        errors.append("wall timeout")
-    if result.output_truncated:
-        errors.append("output cap")
-    if not errors and len(passed) < total:
-        errors.append(f"sandbox exited with {result.returncode}: {result.stderr.strip()[-200:]}")
-    return {"passed": len(passed), "total": total, "error": errors[0] if errors else ""}
+        # JSON test data has lists where a solution may return tuples: compare both through JSON.
+        if _as_json(got) == _as_json(want):
+            passed += 1
+        else:
+            errors.append("wrong answer")
+    return passed
+
+
+def _as_json(value):
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return ("unserialisable", repr(value))
+
+
+def _humaneval_check(session, spec, wait, errors) -> int:
+    """Run the test's ``check`` here, on the problem's own helpers, with a ``candidate`` that calls into the
+    sandbox; passed is 1 when ``check`` returns and the sandbox stayed sound throughout."""
+
+    def proxy(name):
+        def call(*args, **kwargs):
+            msg = {"op": "call", "name": name, "args": code_runner.encode(list(args)),
+                   "kwargs": code_runner.encode(dict(kwargs))}  # fmt: skip
+            return _returned(session, msg, wait)
+
+        return call
+
+    namespace: dict = {"__name__": "__check__"}
+    try:
+        if spec["prompt"]:
+            exec(compile(spec["prompt"], "<prompt>", "exec"), namespace)
+        # Some tests also call the entry point by name: it is the candidate there too, never the prompt's stub.
+        namespace[spec["entry_point"]] = proxy(spec["entry_point"])
+        exec(compile(spec["test"], "<test>", "exec"), namespace)
+        namespace["check"](namespace[spec["entry_point"]])
+    except _SandboxLost:
+        return 0
+    except BaseException as e:  # noqa: BLE001 - a failed check (assertion, the candidate's error) scores 0
+        errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+        return 0
+    return 0 if session.failure else 1
 
 
 @REWARD_FNS.register("code")
@@ -172,7 +191,8 @@ def code_reward(
     **_fields,
 ) -> list[RewardResult]:
     """1.0 when the program (last fenced code block) passes every test case, else 0.0; with ``partial_credit`` the
-    fraction of cases passed. Runs each solution in the sandbox described in ``sandbox.py``.
+    fraction of cases passed. Each solution runs in the sandbox described in ``sandbox.py``; the verdict is
+    reached outside it, from plain-data outputs.
     """
     results = []
     for text, cases in zip(completions, test_cases, strict=True):

