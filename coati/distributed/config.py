@@ -174,6 +174,36 @@ class ProducerConfig:
 
 
 @dataclass(frozen=True)
+class RewardConfig:
+    """How completions are scored, and how many scoring failures a run tolerates."""
+
+    fn: str = "math"
+    """reward function: a name in REWARD_FNS (math, code) or package.module:function"""
+    kwargs: dict = field(default_factory=dict)
+    """options passed to the reward function by name; each must be one of its parameters, of its default's type"""
+    workers: int = 1
+    """reward worker processes per producer"""
+    item_timeout_s: float = 30.0
+    """wall-clock limit for scoring one completion; the worker is killed and the item counted as a timeout"""
+    max_error_fraction: float = 0.1
+    """the run stops when more than this fraction of a step's completions fail to score (error or timeout), or
+    when any fails on the first step"""
+
+    def __post_init__(self):
+        _require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
+        _require(
+            isinstance(self.kwargs, dict),
+            f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
+        )
+        _positive(self, "workers")
+        _require(self.item_timeout_s > 0, f"reward item_timeout_s must be > 0, got {self.item_timeout_s}")
+        _require(
+            0 <= self.max_error_fraction <= 1,
+            f"reward max_error_fraction must be in [0, 1], got {self.max_error_fraction}",
+        )
+
+
+@dataclass(frozen=True)
 class PluginConfig:
     """ColossalAI HybridParallelPlugin layout of the consumers."""
 
@@ -223,7 +253,9 @@ class ConsumerConfig:
     weight_decay: float = 0.0
     """optimizer weight decay"""
     max_grad_norm: float = 1.0
-    """gradient clipping norm (0 = off)"""
+    """gradient clipping norm (0 = off; the norm is still measured)"""
+    max_skipped_steps: int = 3
+    """optimizer steps skipped for a non-finite loss or gradient norm before the run stops"""
     plugin: PluginConfig = field(default_factory=PluginConfig)
     """parallel layout"""
 
@@ -231,6 +263,10 @@ class ConsumerConfig:
         _positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size", "train_microbatch_size")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        _require(
+            isinstance(self.max_skipped_steps, int) and self.max_skipped_steps >= 0,
+            f"max_skipped_steps must be an integer >= 0, got {self.max_skipped_steps!r}",
+        )
         model_parallel = self.plugin.tp_size * self.plugin.pp_size
         _divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
         _divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)
@@ -252,6 +288,8 @@ class LaunchConfig:
     """sampling"""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """the algorithm bundle"""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """scoring"""
     num_episodes: int = 1
     """passes over the training prompts"""
 

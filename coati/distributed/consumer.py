@@ -66,7 +66,9 @@ class GRPOConsumer:
             pp_size=p.pp_size,
             zero_stage=p.zero_stage,
             precision=p.precision,
-            max_norm=self.cfg.max_grad_norm,
+            # With clipping off the norm is still measured (every step reports it, and a non-finite one skips the
+            # step): a bound no gradient reaches.
+            max_norm=self.cfg.max_grad_norm or 1e30,
             num_microbatches=p.pp_num_microbatches if p.pp_size > 1 else None,
             make_vocab_size_divisible_by=p.tp_size,
             enable_metadata_cache=False,
@@ -88,6 +90,7 @@ class GRPOConsumer:
             flatten_parameters(model)
         optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
+        self._guard_optimizer_step()
         if p.zero_stage == 0:
             flatten_parameters(self.model.unwrap())
         self.dp_rank = self.plugin.dp_group.rank()
@@ -108,6 +111,37 @@ class GRPOConsumer:
                 "pp_rank": self.pp_rank, "device": str(self.device)}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
+
+    def _guard_optimizer_step(self) -> None:
+        """Skip an optimizer step whose loss or gradient norm is not finite. ColossalAI's optimizer wrappers (plain,
+        mixed precision, ZeRO) compute the global gradient norm, then call the inner optimizer's ``step``: the guard
+        sits there, so every rank sees the same all-reduced norm and makes the same choice, and a skipped step
+        leaves weights and Adam moments untouched."""
+        inner = self.optimizer.optim
+        real_step = inner.step
+        self.skipped_total = 0
+        self._loss_finite = True
+        self._step_log: list[tuple[float, bool]] = []  # (grad norm, skipped) of each optimizer step this step
+
+        def guarded_step(*args, **kwargs):
+            norm = float(self.optimizer.get_grad_norm())
+            skip = not (self._loss_finite and np.isfinite(norm))
+            self._step_log.append((norm, skip))
+            if skip:
+                self.skipped_total += 1
+                return None
+            return real_step(*args, **kwargs)
+
+        inner.step = guarded_step
+
+    def _optimizer_step(self, losses: list[float]) -> None:
+        """One optimizer step, skipped when any rank's loss of it was not finite (agreed over the whole world)."""
+        bad = torch.tensor([0.0 if all(np.isfinite(losses)) else 1.0], device=self.device)
+        if self.world_size > 1:
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        self._loss_finite = not bool(bad.item())
+        self.optimizer.step()
+        self.optimizer.zero_grad()
 
     def _tensors(self, batch: RolloutBatch, rows) -> dict[str, torch.Tensor]:
         def t(a, dtype=None):
@@ -146,7 +180,9 @@ class GRPOConsumer:
                       else self._logprobs_no_grad(self.model, batch, shard_rows))  # fmt: skip
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
+        self._step_log = []
         for m in range(num_minibatches):
+            losses: list[float] = []
             # The loss is normalised over the global minibatch m: rows of minibatch m on every DP rank.
             global_rows = np.concatenate(
                 [np.arange(r * shard + m * mb_rows, r * shard + (m + 1) * mb_rows) for r in range(self.dp_size)]
@@ -154,12 +190,12 @@ class GRPOConsumer:
             norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
             local = np.arange(m * mb_rows, (m + 1) * mb_rows)
             if pipelined:
-                step_loss += self._pipeline_minibatch(
+                losses.append(self._pipeline_minibatch(
                     batch, shard_rows[local], loss_mask, adv, norm, metrics,
                     old_lp[local] if old_lp is not None else None, ref_lp[local] if ref_lp is not None else None,
-                )  # fmt: skip
-                self.optimizer.step()
-                self.optimizer.zero_grad()
+                ))  # fmt: skip
+                step_loss += losses[-1]
+                self._optimizer_step(losses)
                 continue
             for lo in range(0, mb_rows, self.cfg.train_microbatch_size):
                 idx = local[lo : lo + self.cfg.train_microbatch_size]
@@ -182,10 +218,10 @@ class GRPOConsumer:
                 for k, v in m_metrics.items():
                     if k != "loss/policy":
                         metrics[k].append((float(v), weight))
-                step_loss += loss.item() / self.dp_size / num_minibatches
+                losses.append(loss.item())
+                step_loss += losses[-1] / self.dp_size / num_minibatches
                 metrics["actor/entropy"].append((float((entropy * mask).sum() / mask.sum().clamp(min=1)), weight))
-            self.optimizer.step()
-            self.optimizer.zero_grad()
+            self._optimizer_step(losses)
         self.step_count += 1
         out = {k: sum(v * w for v, w in vals) / max(sum(w for _, w in vals), 1e-9) for k, vals in metrics.items()}
         if self.dp_size > 1:
@@ -193,6 +229,16 @@ class GRPOConsumer:
         out["loss/policy"] = float(step_loss)
         out["time/train_step"] = time.perf_counter() - start
         out["actor/lr"] = self.cfg.learning_rate
+        finite = [n for n, skipped in self._step_log if not skipped]
+        out["actor/grad_norm"] = float(np.mean(finite)) if finite else float("nan")
+        out["actor/skipped_steps"] = sum(skipped for _, skipped in self._step_log)
+        out["actor/skipped_steps_total"] = self.skipped_total
+        if self.skipped_total > self.cfg.max_skipped_steps:
+            raise RuntimeError(
+                f"{self.skipped_total} optimizer steps skipped for a non-finite loss or gradient norm (limit "
+                f"max_skipped_steps={self.cfg.max_skipped_steps}); the last step's gradient norm was "
+                f"{self._step_log[-1][0]}. Lower the learning rate or check the rewards and data"
+            )
         return out
 
     def _pipeline_minibatch(self, batch, rows, loss_mask, adv, norm, metrics, old_lp, ref_lp) -> float:
@@ -310,7 +356,14 @@ class GRPOConsumer:
         return {k: v.cpu().clone() for k, v in self.full_state_dict().items()}
 
     def save_checkpoint(self, folder: str) -> bool:
-        """Model and optimizer through the booster (sharded as the plugin holds them), plus this rank's RNG."""
+        """Model and optimizer through the booster (sharded as the plugin holds them), plus this rank's RNG. Refused
+        when any weight is not finite: a checkpoint must be something worth resuming from."""
+        from coati.distributed.guards import all_finite
+
+        bad = [n for n, p in self.model.unwrap().named_parameters() if not all_finite([p.detach()])]
+        if bad:
+            raise RuntimeError(f"refusing to checkpoint into {folder}: non-finite weights in {bad[:5]} "
+                               f"({len(bad)} tensors)")  # fmt: skip
         # On CPU, ColossalAI's saver writes parameters as they are, and torch.save writes a view's whole storage.
         with separate_storages(self.model.unwrap()) if self.device.type == "cpu" else contextlib.nullcontext():
             self.booster.save_model(self.model, os.path.join(folder, "model"), shard=True)
@@ -321,7 +374,7 @@ class GRPOConsumer:
     def load_checkpoint(self, folder: str) -> int:
         self.booster.load_model(self.model, os.path.join(folder, "model"))
         self.booster.load_optimizer(self.optimizer, os.path.join(folder, "optimizer"))
-        state = torch.load(os.path.join(folder, f"rng-consumer-{self.rank}.pt"), weights_only=False)
+        state = torch.load(os.path.join(folder, f"rng-consumer-{self.rank}.pt"), weights_only=True)
         torch.set_rng_state(state["torch"])
         self.step_count = state["step"]
         return self.step_count

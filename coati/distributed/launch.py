@@ -17,6 +17,7 @@ from coati.distributed.config import (
     LaunchConfig,
     PluginConfig,
     ProducerConfig,
+    RewardConfig,
 )
 
 __all__ = ["ALGO_MAP", "launch_distributed", "resolve_algorithm"]
@@ -27,12 +28,13 @@ _ALGO_FIELDS = set(AlgorithmConfig.__dataclass_fields__)
 def build_config(
     num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
     inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config, plugin_config,
-    inference_backend, num_generations, core_algo,
+    inference_backend, num_generations, core_algo, reward_workers=1,
 ) -> LaunchConfig:  # fmt: skip
     """All checks that need no actor: batch arithmetic, algorithm, sampling, parallel layout."""
     grpo_config = dict(grpo_config or {})
     algo_overrides = {k: grpo_config.pop(k) for k in list(grpo_config) if k in _ALGO_FIELDS}
-    known_grpo = {"lr", "train_microbatch_size", "reward_fn_type", "reward_kwargs", "weight_decay", "max_grad_norm"}
+    known_grpo = {"lr", "train_microbatch_size", "reward_fn_type", "reward_kwargs", "weight_decay", "max_grad_norm",
+                  "max_skipped_steps", "reward_max_error_fraction", "reward_timeout_s"}
     unknown = sorted(set(grpo_config) - known_grpo)
     if unknown:
         raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(known_grpo | _ALGO_FIELDS)}")
@@ -53,10 +55,18 @@ def build_config(
             learning_rate=grpo_config.get("lr", 1e-6),
             weight_decay=grpo_config.get("weight_decay", 0.0),
             max_grad_norm=grpo_config.get("max_grad_norm", 1.0),
+            max_skipped_steps=grpo_config.get("max_skipped_steps", 3),
             plugin=PluginConfig(**(plugin_config or {})),
         ),
         generation=GenerationConfig(**(generate_config or {})),
         algorithm=resolve_algorithm(core_algo, **algo_overrides),
+        reward=RewardConfig(
+            fn=grpo_config.get("reward_fn_type", "math"),
+            kwargs=grpo_config.get("reward_kwargs") or {},
+            workers=reward_workers,
+            item_timeout_s=grpo_config.get("reward_timeout_s", 30.0),
+            max_error_fraction=grpo_config.get("reward_max_error_fraction", 0.1),
+        ),
         num_episodes=num_episodes,
     )
 
@@ -110,7 +120,8 @@ def launch_distributed(
     ``sleep_while_training`` has producers free their accelerator memory (``sleep``) while consumers train and take it
     back (``wake``) before the weight push; it needs ``max_staleness=0``, since nothing may generate meanwhile.
     """
-    from coati.distributed.loop import Run, preflight
+    from coati.distributed.loop import Run
+    from coati.distributed.preflight import preflight
 
     if sleep_while_training and max_staleness:
         raise ValueError(
@@ -122,7 +133,7 @@ def launch_distributed(
     cfg = build_config(
         num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
         inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config,
-        plugin_config, inference_backend, num_generations, core_algo,
+        plugin_config, inference_backend, num_generations, core_algo, reward_workers,
     )  # fmt: skip
     grpo_config = dict(grpo_config or {})
     train_model = train_model_config["path"]
@@ -133,7 +144,6 @@ def launch_distributed(
         tokenizer_path=(tokenizer_config or {}).get("path", train_model),
         train_dataset=train_dataset_config,
         eval_dataset=eval_dataset_config,
-        reward_fn=grpo_config.get("reward_fn_type", "math"),
         cpus_per_actor=cpus_per_actor,
         colocate=colocate,
         inference_options={k: v for k, v in inference_model_config.items() if k != "path"},
@@ -149,7 +159,7 @@ def launch_distributed(
 
         check_compatible(json.loads((checkpoint / "meta.json").read_text())["config"], config_dict(cfg), str(checkpoint))
     run = Run(
-        cfg, plan, seed=seed, reward_kwargs=grpo_config.get("reward_kwargs"), reward_workers=reward_workers,
+        cfg, plan, seed=seed,
         weight_sync_timeout_s=weight_sync_timeout_s, max_staleness=max_staleness, master_addr=master_addr,
         master_port=master_port, run_name=f"{project_name}-{uuid.uuid4().hex[:8]}",
         sleep_while_training=sleep_while_training,

@@ -12,96 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-
 import numpy as np
 
 from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.config import LaunchConfig
+from coati.distributed.guards import RewardFailure, all_finite, check_reward_failures, reward_failures
+from coati.distributed.preflight import Plan
 from coati.distributed.rollout import RolloutBatch
 
 log = logging.getLogger(__name__)
 MAX_DRAWS_PER_STEP = 8
-
-
-@dataclass
-class Plan:
-    producer_slots: list
-    consumer_slots: list
-    train_model_path: str
-    inference_model_path: str
-    tokenizer_path: str
-    train_dataset: dict
-    eval_dataset: dict | None
-    reward_fn: str
-    num_rows: int
-    steps_per_episode: int
-    system_prompt: str | None
-    inference_options: dict
-
-
-def _check_model_path(path: str, what: str) -> None:
-    if os.path.isdir(path):
-        if not os.path.exists(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"{what} folder {path} has no config.json; pass a Hugging Face model folder")
-    elif os.environ.get("HF_HUB_OFFLINE") == "1" or os.path.sep in path or path.startswith("."):
-        raise FileNotFoundError(f"{what} {path!r} is not a local folder (and the hub is offline); check the path")
-
-
-def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-              eval_dataset, reward_fn, cpus_per_actor, colocate=False, inference_options=None) -> Plan:  # fmt: skip
-    """Every check that needs no actor, so bad input fails before anything starts."""
-    import ray
-    from transformers import AutoTokenizer
-
-    from coati.distributed.data import encode_prompt, load_rows
-    from coati.distributed.inference import backend_class
-    from coati.distributed.placement import alive_nodes, plan_placement
-    from coati.distributed.reward import resolve_reward_fn
-
-    _check_model_path(train_model_path, "train model")
-    _check_model_path(inference_model_path, "inference model")
-    backend_class(cfg.producer.backend).check_options(inference_options or {})
-    resolve_reward_fn(reward_fn)
-    train_dataset = dict(train_dataset)
-    system_prompt = train_dataset.pop("system_prompt", None)
-    eval_dataset = dict(eval_dataset) if eval_dataset else None
-    if eval_dataset:
-        eval_dataset.pop("system_prompt", None)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    rows = load_rows(**_dataset_kwargs(train_dataset))
-    for i, row in enumerate(rows + (load_rows(**_dataset_kwargs(eval_dataset)) if eval_dataset else [])):
-        n = len(encode_prompt(tokenizer, row, system_prompt))
-        if n > cfg.generation.max_prompt_tokens:
-            raise ValueError(
-                f"prompt of row {i} has {n} tokens > max_prompt_tokens={cfg.generation.max_prompt_tokens}; "
-                "raise max_prompt_tokens or drop the row"
-            )
-    per_step = cfg.global_train_batch_size
-    if len(rows) < per_step:
-        raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
-    if len(rows) < cfg.producer.num_producers:
-        raise ValueError(f"{cfg.producer.num_producers} producers but only {len(rows)} rows")
-    if not ray.is_initialized():
-        raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
-    producers, consumers = plan_placement(
-        alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
-        cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
-    )  # fmt: skip
-    return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path,
-                _dataset_kwargs(train_dataset), _dataset_kwargs(eval_dataset) if eval_dataset else None,
-                reward_fn, len(rows), len(rows) // per_step, system_prompt, dict(inference_options or {}))  # fmt: skip
-
-
-def _dataset_kwargs(spec: dict) -> dict:
-    spec = dict(spec)
-    source = spec.pop("path", None) or spec.pop("rows", None) or spec.pop("source", None)
-    out = {"source": source, "size": spec.pop("size", None), "seed": spec.pop("seed", 0)}
-    if out["source"] is None:
-        raise ValueError("dataset config needs 'path' (a JSONL file or reasoning_gym:<task>) or 'rows' (a list)")
-    if spec:
-        raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: path, rows, size, seed, system_prompt")
-    return out
 
 
 class RunError(RuntimeError):
@@ -137,10 +57,9 @@ def _first_line(e: Exception) -> str:
 
 
 class Run:
-    def __init__(self, cfg: LaunchConfig, plan: Plan, *, seed, reward_kwargs, reward_workers, weight_sync_timeout_s,
-                 max_staleness, master_addr, master_port, run_name, sleep_while_training=False):  # fmt: skip
+    def __init__(self, cfg: LaunchConfig, plan: Plan, *, seed, weight_sync_timeout_s, max_staleness, master_addr,
+                 master_port, run_name, sleep_while_training=False):  # fmt: skip
         self.cfg, self.plan, self.seed = cfg, plan, seed
-        self.reward_kwargs, self.reward_workers = reward_kwargs, reward_workers
         self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
         self.sleep_while_training = sleep_while_training
         self.master_addr, self.master_port, self.run_name = master_addr, master_port, run_name
@@ -173,8 +92,8 @@ class Run:
             actor = ray.remote(Producer).options(**options, **env, name=f"{self.run_name}-producer-{i}")
             self.producers.append(actor.remote(
                 i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
-                p.train_dataset, p.reward_fn, c.producer.num_generations, c.producer.inference_microbatch_size,
-                reward_kwargs=self.reward_kwargs, reward_workers=self.reward_workers, system_prompt=p.system_prompt,
+                p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
+                system_prompt=p.system_prompt,
                 eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options={**p.inference_options, "tensor_parallel_size": c.producer.num_proc_per_producer}
                 if c.producer.backend != "transformers" else p.inference_options,
@@ -264,6 +183,9 @@ class Run:
 
     def _collect(self, refs, stats: dict) -> None:
         for batch in _get(refs, "rollout"):
+            # Each producer's draw is checked as it lands, before any of it can be trained on.
+            check_reward_failures(batch.extras, self.cfg.reward.fn, self.cfg.reward.max_error_fraction,
+                                  self.version == self.start_step, f"rollout for step {self.version + 1}")  # fmt: skip
             stats["rollouts"].append(batch)
             if self.cfg.algorithm.dynamic_sampling:
                 import torch
@@ -314,8 +236,14 @@ class Run:
         count = sum(r["count"] for r in results)
         if not count:
             return {}
+        errors = sum(r["reward_errors"] for r in results)
+        if errors > self.cfg.reward.max_error_fraction * count:
+            first = next(r["first_error"] for r in results if r["first_error"])
+            raise RewardFailure(f"evaluation: reward function {self.cfg.reward.fn} failed on {errors} of {count} "
+                                f"held-out items; first error: {first}")  # fmt: skip
         return {"eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
-                "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count, "eval/count": count}  # fmt: skip
+                "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count, "eval/count": count,
+                "eval/reward_errors": errors}  # fmt: skip
 
     def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints: int = 2) -> dict:
         try:
@@ -395,6 +323,9 @@ class Run:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         state = self.full_weights()
+        bad = [k for k, v in state.items() if not all_finite([v])]
+        if bad:
+            raise RunError(f"refusing to export {path}: non-finite weights in {bad[:5]} ({len(bad)} tensors)")
         config = AutoConfig.from_pretrained(self.plan.train_model_path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
@@ -429,6 +360,7 @@ class Run:
             "rollout/dropped_zero_signal_groups": stats["dropped_groups"],
             "rollout/filled_zero_signal_groups": stats["filled_zero_signal_groups"],
             "rollout/policy_lag_max": int(self.version - 1 - batch.policy_version.min()),
+            **reward_failures(ex),
             "time/rollout_wait": t_rollout,
             "time/train": t_train,
             "time/weight_push": t_push,

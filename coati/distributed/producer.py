@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from coati.distributed.algo.shaping import overlong_penalty
-from coati.distributed.config import AlgorithmConfig, GenerationConfig
+from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardConfig
 from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
 from coati.distributed.rollout import RolloutBatch
 
@@ -29,12 +29,9 @@ class Producer:
         generation: GenerationConfig,
         algorithm: AlgorithmConfig,
         dataset: dict,
-        reward_fn: str,
+        reward: RewardConfig,
         num_generations: int,
         microbatch_size: int,
-        reward_kwargs: dict | None = None,
-        reward_workers: int = 1,
-        reward_timeout_s: float = 30.0,
         system_prompt: str | None = None,
         eval_dataset: dict | None = None,
         seed: int = 0,
@@ -45,8 +42,7 @@ class Producer:
         self.model_path, self.backend_name = model_path, backend
         self.generation, self.algorithm = generation, algorithm
         self.dataset_spec, self.eval_spec = dataset, eval_dataset
-        self.reward_fn, self.reward_kwargs = reward_fn, dict(reward_kwargs or {})
-        self.reward_workers, self.reward_timeout_s = reward_workers, reward_timeout_s
+        self.reward = reward
         self.n, self.microbatch_size = num_generations, microbatch_size
         self.system_prompt, self.seed = system_prompt, seed
         self.backend_options = dict(backend_options or {})
@@ -55,7 +51,7 @@ class Producer:
 
     def setup(self) -> dict:
         from coati.distributed.inference import backend_class
-        from coati.distributed.reward import RewardPool
+        from coati.distributed.reward import RewardPool, RewardSignature, resolve_reward_fn
 
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
@@ -65,9 +61,9 @@ class Producer:
         self.rows = load_rows(**self.dataset_spec)
         self.cursor = DataCursor(len(self.rows), self.idx, self.num_producers, seed=self.seed)
         self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
-        self.pool = RewardPool(
-            self.reward_fn, self.reward_workers, self.reward_timeout_s, fn_kwargs=self.reward_kwargs
-        )
+        r = self.reward
+        self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
+        self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", ""))}
@@ -94,7 +90,15 @@ class Producer:
         results = [f.result() for f in futures]
         wait_s = time.perf_counter() - t0
         out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
-        rewards = np.array([r.reward for r in results], dtype=np.float32)
+        rewards = np.array([r.reward for r in results], dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(rewards))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"reward function {self.reward.fn} returned {rewards[i]} for row {picks[i // self.n][1]} of the "
+                f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
+            )
+        rewards = rewards.astype(np.float32)
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
         if buffer:
             penalty = overlong_penalty(
@@ -107,6 +111,9 @@ class Producer:
         out.extras["format_ok"] = np.array([r.format_ok for r in results])
         out.extras["lenient_ok"] = np.array([bool(r.info.get("lenient_ok", r.answer_ok)) for r in results])
         out.extras["reward_error"] = np.array([bool(r.info.get("error")) for r in results])
+        out.extras["reward_timeout"] = np.array([bool(r.info.get("timeout")) for r in results])
+        # The reason each failed item scored 0 (fixed-width text: checkpoints hold no pickled objects).
+        out.extras["reward_error_msg"] = np.array([str(r.info.get("error") or "")[:300] for r in results], dtype="<U300")
         out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
         out.group_ids = out.group_ids + (self.idx << 40) + (self._calls() << 20)
         out.policy_version = np.full(len(out), self.version, dtype=np.int64)
@@ -125,7 +132,11 @@ class Producer:
             text = self.tokenizer.decode(
                 batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True
             )
-            futures.append(self.pool.submit(text, reward_fields(rows[batch.group_ids[i]])))
+            row = rows[batch.group_ids[i]]
+            fields = reward_fields(row)
+            if self.reward_wants_prompts:
+                fields["prompts"] = row.get("prompt", row.get("messages"))
+            futures.append(self.pool.submit(text, fields))
         return futures
 
     def evaluate(self, max_items: int | None = None) -> dict:
@@ -133,7 +144,7 @@ class Producer:
         rows = self.eval_rows[self.idx :: self.num_producers][:max_items]
         if not rows:
             return {"count": 0, "strict": 0.0, "lenient": 0.0}
-        ok, lenient = 0, 0
+        ok, lenient, errors, first_error = 0, 0, 0, ""
         for lo in range(0, len(rows), self.microbatch_size):
             chunk = rows[lo : lo + self.microbatch_size]
             batch = self.backend.generate([encode_prompt(self.tokenizer, r, self.system_prompt) for r in chunk], 1, greedy=True)
@@ -141,7 +152,10 @@ class Producer:
                 r = f.result()
                 ok += bool(r.answer_ok)
                 lenient += bool(r.info.get("lenient_ok", r.answer_ok))
-        return {"count": len(rows), "strict_correct": ok, "lenient_correct": lenient}
+                errors += bool(r.info.get("error"))
+                first_error = first_error or str(r.info.get("error") or "")
+        return {"count": len(rows), "strict_correct": ok, "lenient_correct": lenient, "reward_errors": errors,
+                "first_error": first_error}  # fmt: skip
 
     # ---- weights and state ---------------------------------------------------------------------------------------
 

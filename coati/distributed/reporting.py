@@ -55,6 +55,9 @@ class Reporter:
             post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
                     "acc": f"{metrics.get('reward/lenient_accuracy', float('nan')):.2f}",
                     "strict": f"{metrics.get('reward/strict_accuracy', float('nan')):.2f}", "tok/s": f"{tok_s:.0f}"}  # fmt: skip
+            post["reward_err"] = f"{metrics.get('reward/errors', 0)}/{metrics.get('reward/timeouts', 0)}t"
+            if metrics.get("actor/skipped_steps"):
+                post["skipped"] = metrics["actor/skipped_steps"]
             if "eval/lenient" in metrics:
                 post["eval"] = f"{metrics['eval/lenient']:.3f}"
             self.bar.set_postfix(post)

@@ -6,7 +6,8 @@ import ray
 import torch
 
 from coati.distributed.launch import build_config, launch_distributed
-from coati.distributed.loop import Run, preflight
+from coati.distributed.loop import Run
+from coati.distributed.preflight import preflight
 from coati.models import build_tiny_model
 
 REWARD = "tests.component.reward_fns:digit_fraction"
@@ -62,9 +63,9 @@ def start_run(tiny, colocate=False, sleep_while_training=False, inference_option
         kw["plugin_config"], "transformers", kw["num_generations"], kw["core_algo"],
     )  # fmt: skip
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
-                     train_dataset=kw["train_dataset_config"], eval_dataset=None, reward_fn=REWARD,
+                     train_dataset=kw["train_dataset_config"], eval_dataset=None,
                      cpus_per_actor=0.5, colocate=colocate, inference_options=inference_options)  # fmt: skip
-    run = Run(cfg, plan, seed=0, reward_kwargs=None, reward_workers=1, weight_sync_timeout_s=60, max_staleness=0,
+    run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=0,
               master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),
               sleep_while_training=sleep_while_training)  # fmt: skip
     run.start_actors()

@@ -1,13 +1,20 @@
 """The reward contract: ``fn(completions: list[str], **sample_fields) -> list[RewardResult]``, batched.
 
-Dataset columns arrive by name (``gt_answer=[...]``, ``test_cases=[...]``), one list entry per completion. Plain
-floats are accepted in place of RewardResult (so reward functions written for TRL work unchanged). Reward
-functions are registered by name in ``REWARD_FNS``; a dotted path ``package.module:function`` resolves too.
-Producers never call them directly: they go through ``RewardPool``, which runs them in worker processes.
+Dataset columns arrive by name (``gt_answer=[...]``, ``test_cases=[...]``), one list entry per completion; a function
+that names a ``prompts`` parameter also gets each row's prompt (its text, or its messages). Plain floats are accepted
+in place of RewardResult, and ``completions`` is passed by keyword when the function names it, so reward functions
+written for TRL (``def f(prompts, completions, **kwargs)``) work unchanged. Reward functions are registered by name
+in ``REWARD_FNS``; a dotted path ``package.module:function`` resolves too. Producers never call them directly: they
+go through ``RewardPool``, which runs them in worker processes.
+
+``RewardSignature`` reads a function's parameters once, so the driver can refuse, before any actor starts, a
+dataset that lacks a column the function requires and options (``reward_kwargs``) it does not take or of the wrong
+type.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +38,79 @@ class RewardResult:
 def resolve_reward_fn(name: str) -> Callable[..., list[RewardResult]]:
     """A registered reward function by name, or ``module:function``."""
     return resolve_callable(name, REWARD_FNS)
+
+
+@dataclass(frozen=True)
+class RewardSignature:
+    """What a reward function's parameters ask of the data and of ``reward_kwargs``."""
+
+    name: str
+    required: tuple[str, ...]
+    """parameters without a default (besides completions): dataset columns, or prompts"""
+    options: dict
+    """parameters with a default: name -> default"""
+    completions_by_name: bool
+    """the function names a ``completions`` parameter (TRL style), so it is passed by keyword"""
+
+    @classmethod
+    def of(cls, fn: Callable, name: str) -> "RewardSignature":
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # fmt: skip
+        by_name = any(p.name == "completions" for p in params)
+        if not by_name:  # the first positional parameter takes the completions
+            if not params or params[0].kind == params[0].KEYWORD_ONLY:
+                raise ValueError(f"reward function {name} takes no completions parameter; see the reward contract")
+            params = params[1:]
+        params = [p for p in params if p.name != "completions"]
+        required = tuple(p.name for p in params if p.default is p.empty)
+        options = {p.name: p.default for p in params if p.default is not p.empty}
+        return cls(name, required, options, by_name)
+
+    @property
+    def wants_prompts(self) -> bool:
+        return "prompts" in self.required or "prompts" in self.options
+
+    def check(self, columns: set[str], kwargs: dict) -> None:
+        """Raise naming what is wrong: an unknown or mistyped option, or a required column the data lacks."""
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"reward_kwargs must be a JSON object (dict), got {type(kwargs).__name__} {kwargs!r}")
+        known = sorted(k for k in self.options if k != "prompts")
+        for key, value in kwargs.items():
+            if key not in self.options:
+                raise ValueError(f"reward function {self.name} takes no option {key!r}; known options: {known}")
+            default = self.options[key]
+            if default is not None and not _same_kind(value, default):
+                raise ValueError(
+                    f"reward option {key}={value!r} is a {type(value).__name__}, but {self.name} expects a "
+                    f"{type(default).__name__} (default {default!r}); write it as JSON {_json(default)}, not a string"
+                )
+        missing = [c for c in self.required if c not in columns and c not in kwargs and c != "prompts"]
+        if missing:
+            raise ValueError(
+                f"reward function {self.name} needs column(s) {missing}, which the dataset lacks "
+                f"(its columns: {sorted(columns)}); add them to every row or choose another reward"
+            )
+
+
+def _same_kind(value, default) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and (isinstance(default, float) or isinstance(value, int))
+    return isinstance(value, type(default))
+
+
+def _json(value) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def call_reward(fn: Callable, signature: RewardSignature, completions: list[str], fields: dict, kwargs: dict):
+    """Call ``fn`` under the contract: completions first (by keyword for TRL-style functions), columns by name."""
+    if signature.completions_by_name:
+        return fn(completions=completions, **fields, **kwargs)
+    return fn(completions, **fields, **kwargs)
 
 
 def truncate_for_log(text: str, limit: int = 200) -> str:

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import wait
 
-from coati.distributed.reward.base import RewardResult, resolve_reward_fn, truncate_for_log
+from coati.distributed.reward.base import RewardResult, RewardSignature, call_reward, resolve_reward_fn, truncate_for_log
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     fn = resolve_reward_fn(fn_name)
+    signature = RewardSignature.of(fn, fn_name)
     while True:
         try:
             msg = conn.recv()
@@ -36,7 +37,7 @@ def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
             return
         task_id, completion, fields = msg
         try:
-            out = fn([completion], **{k: [v] for k, v in fields.items()}, **fn_kwargs)
+            out = call_reward(fn, signature, [completion], {k: [v] for k, v in fields.items()}, fn_kwargs)
             assert len(out) == 1, f"reward function {fn_name} returned {len(out)} results for 1 completion"
             result = out[0]
             if isinstance(result, (int, float)):  # plain float rewards (TRL-style functions) are accepted too
@@ -107,9 +108,9 @@ class RewardPool:
         ]
         return [f.result() for f in futures]
 
-    def _fail(self, fut: Future, reason: str) -> None:
+    def _fail(self, fut: Future, reason: str, timeout: bool = False) -> None:
         log.warning("reward item scored 0: %s", reason)
-        fut.set_result(RewardResult(0.0, False, False, {"error": reason}))
+        fut.set_result(RewardResult(0.0, False, False, {"error": reason, "timeout": timeout}))
 
     def _replace(self, i: int) -> None:
         self._workers[i].kill()
@@ -160,7 +161,7 @@ class RewardPool:
                     self._replace(i)
                 elif now > deadline:
                     w.task = None
-                    self._fail(fut, f"reward timed out after {self.item_timeout_s:.1f} s; worker killed")
+                    self._fail(fut, f"reward timed out after {self.item_timeout_s:.1f} s; worker killed", timeout=True)
                     self._replace(i)
 
     def close(self) -> None:

@@ -1,0 +1,43 @@
+"""Guards that stop a run rather than let it train on garbage: reward failures counted per step with a threshold,
+and finiteness checks the consumer applies to losses, gradient norms and weights before they are kept. Pure
+functions of arrays and tensors, no Ray.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RewardFailure(RuntimeError):
+    """Too many completions of a step could not be scored; the message carries the first error and its row."""
+
+
+def reward_failures(extras: dict) -> dict:
+    """Per-step counts from a batch's extras: scoring errors (timeouts included) and timeouts alone."""
+    errors = np.asarray(extras.get("reward_error", np.zeros(0, dtype=bool)), dtype=bool)
+    timeouts = np.asarray(extras.get("reward_timeout", np.zeros(len(errors), dtype=bool)), dtype=bool)
+    return {"reward/errors": int(errors.sum()), "reward/timeouts": int(timeouts.sum()), "reward/scored": len(errors)}
+
+
+def check_reward_failures(extras: dict, reward_fn: str, max_fraction: float, first_step: bool, where: str) -> dict:
+    """The counts of ``reward_failures``; raises RewardFailure when any item failed on the run's first step or more
+    than ``max_fraction`` of the items failed, naming the reward function, the first error and its row."""
+    counts = reward_failures(extras)
+    errors, total = counts["reward/errors"], counts["reward/scored"]
+    if errors and (first_step or errors > max_fraction * total):
+        i = int(np.flatnonzero(np.asarray(extras["reward_error"], dtype=bool))[0])
+        message = str(extras["reward_error_msg"][i]) if "reward_error_msg" in extras else "unknown"
+        row = int(extras["prompt_index"][i]) if "prompt_index" in extras else -1
+        rule = "on the run's first step" if first_step else f"more than {max_fraction:.0%} of the step"
+        raise RewardFailure(
+            f"{where}: reward function {reward_fn} failed on {errors} of {total} completions ({rule}); first error, "
+            f"dataset row {row}: {message}. Fix the reward function or the data (or raise max_error_fraction)"
+        )
+    return counts
+
+
+def all_finite(tensors) -> bool:
+    """True when every tensor holds only finite values."""
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in tensors)

@@ -1,0 +1,137 @@
+"""Preflight: every check that needs no actor, run by the driver before anything starts, so bad input fails at once
+with the value and the fix. It resolves what the actors will need (absolute model and dataset paths, the placement
+plan, the number of rows) into a ``Plan``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from coati.distributed.config import LaunchConfig
+
+
+@dataclass
+class Plan:
+    producer_slots: list
+    consumer_slots: list
+    train_model_path: str
+    inference_model_path: str
+    tokenizer_path: str
+    train_dataset: dict
+    eval_dataset: dict | None
+    num_rows: int
+    steps_per_episode: int
+    system_prompt: str | None
+    inference_options: dict
+
+
+def resolve_model_path(path: str, what: str) -> str:
+    """An absolute local folder (actors run in other working directories, possibly on other nodes), or a hub id
+    when the hub is reachable."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what} path must be a non-empty string, got {path!r}")
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{what} folder {path} has no config.json; pass a Hugging Face model folder")
+        return os.path.abspath(path)
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.path.sep in path or path.startswith("."):
+        raise FileNotFoundError(f"{what} {path!r} is not a local folder (and the hub is offline); check the path")
+    return path
+
+
+def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
+              eval_dataset, cpus_per_actor, colocate=False, inference_options=None) -> Plan:  # fmt: skip
+    """Every check that needs no actor, so bad input fails before anything starts."""
+    import ray
+    from transformers import AutoConfig, AutoTokenizer
+
+    from coati.distributed.data import encode_prompt, load_rows
+    from coati.distributed.inference import backend_class
+    from coati.distributed.placement import alive_nodes, plan_placement
+
+    train_model_path = resolve_model_path(train_model_path, "train model")
+    inference_model_path = resolve_model_path(inference_model_path, "inference model")
+    tokenizer_path = resolve_model_path(tokenizer_path, "tokenizer")
+    backend_class(cfg.producer.backend).check_options(inference_options or {})
+    train_dataset = dict(train_dataset)
+    system_prompt = train_dataset.pop("system_prompt", None)
+    eval_dataset = dict(eval_dataset) if eval_dataset else None
+    if eval_dataset:
+        eval_dataset.pop("system_prompt", None)
+    train_dataset = dataset_kwargs(train_dataset)
+    eval_dataset = dataset_kwargs(eval_dataset) if eval_dataset else None
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    for path in {train_model_path, inference_model_path}:
+        vocab = AutoConfig.from_pretrained(path).vocab_size
+        if vocab < len(tokenizer):
+            raise ValueError(
+                f"model {path} has vocab_size={vocab} but its tokenizer has {len(tokenizer)} tokens: sampled ids past "
+                "the vocabulary would crash generation; resize the model's embeddings or use its own tokenizer"
+            )
+    rows = load_rows(**train_dataset)
+    eval_rows = load_rows(**eval_dataset) if eval_dataset else []
+    check_reward_inputs(cfg, rows, "training set")
+    if eval_rows:
+        check_reward_inputs(cfg, eval_rows, "eval set")
+    for i, row in enumerate(rows + eval_rows):
+        n = len(encode_prompt(tokenizer, row, system_prompt))
+        if n > cfg.generation.max_prompt_tokens:
+            raise ValueError(
+                f"prompt of row {i} has {n} tokens > max_prompt_tokens={cfg.generation.max_prompt_tokens}; "
+                "raise max_prompt_tokens or drop the row"
+            )
+    per_step = cfg.global_train_batch_size
+    if len(rows) < per_step:
+        raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
+    if len(rows) < cfg.producer.num_producers:
+        raise ValueError(f"{cfg.producer.num_producers} producers but only {len(rows)} rows")
+    if not ray.is_initialized():
+        raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
+    producers, consumers = plan_placement(
+        alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
+        cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
+    )  # fmt: skip
+    return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
+                eval_dataset, len(rows), len(rows) // per_step, system_prompt, dict(inference_options or {}))  # fmt: skip
+
+
+def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
+    """The reward function's options against its signature, and every row against the columns it requires
+    (present and not null or blank in every row)."""
+    from coati.distributed.data import reward_fields
+    from coati.distributed.reward import RewardSignature, resolve_reward_fn
+
+    signature = RewardSignature.of(resolve_reward_fn(cfg.reward.fn), cfg.reward.fn)
+    columns = set.intersection(*(set(reward_fields(r)) for r in rows))
+    try:
+        signature.check(columns, cfg.reward.kwargs)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    for column in signature.required:
+        if column == "prompts" or column in cfg.reward.kwargs:
+            continue
+        for i, row in enumerate(rows):
+            value = row[column]
+            if value is None or (isinstance(value, str) and not value.strip()):
+                raise ValueError(
+                    f"{what} row {i}: column {column!r} is {value!r}, but reward function {cfg.reward.fn} needs a "
+                    "value in every row; fix or drop the row"
+                )
+
+
+def dataset_kwargs(spec: dict) -> dict:
+    """A dataset config as ``load_rows`` arguments, its file made absolute (actors run elsewhere)."""
+    spec = dict(spec)
+    source = spec.pop("path", None) or spec.pop("rows", None) or spec.pop("source", None)
+    out = {"source": source, "size": spec.pop("size", None), "seed": spec.pop("seed", 0)}
+    if out["source"] is None:
+        raise ValueError("dataset config needs 'path' (a JSONL file or reasoning_gym:<task>) or 'rows' (a list)")
+    if spec:
+        raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: path, rows, size, seed, system_prompt")
+    if isinstance(source, str) and not source.startswith("reasoning_gym:"):
+        out["source"] = os.path.abspath(source)
+    size = out["size"]
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise ValueError(f"dataset size must be a positive integer (or None for every row), got {size!r}")
+    return out
