@@ -28,7 +28,8 @@ def humaneval_jsonl(limit: int) -> str:
             row = {
                 "messages": [{"role": "user", "content": "Complete this Python function. Reply with one ```python "
                               "code block containing the whole function.\n\n" + p["prompt"]}],
-                "test_cases": {"test": p["test"], "entry_point": p["entry_point"]},
+                # The prompt's helpers (poly, encode_cyclic, ...) are run before the solution and beside the test.
+                "test_cases": {"test": p["test"], "entry_point": p["entry_point"], "prompt": p["prompt"]},
             }  # fmt: skip
             g.write(json.dumps(row) + "\n")
     return str(out)

@@ -6,10 +6,18 @@ The contract: ``fn(completions: list[str], **sample_fields) -> list[RewardResult
 arrive by name. This one rewards answers that are short and end with the expected word.
 """
 
+import os
 import sys
+from pathlib import Path
 
-import rl_example
-from coati.distributed.reward import RewardResult
+# The reward is named by its dotted path, examples.custom_reward:ends_with_word, so the repository root must be
+# importable here and in every actor (they inherit PYTHONPATH), whatever folder this script is started from.
+ROOT = str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+import rl_example  # noqa: E402
+from coati.distributed.reward import RewardResult  # noqa: E402
 
 
 def ends_with_word(completions, gt_answer, **_fields):

@@ -1,6 +1,9 @@
 """Checkpoints that restore everything: consumer model and optimizer (through the booster, sharded as the plugin
 keeps them), RNG states of every actor, each producer's dataset position, the driver's buffer of scored groups not yet
-trained on, step, policy version and the run's config.
+trained on, step, policy version, the run's config and its identity (which model, which data, which seed).
+
+Nothing a checkpoint loads can run code: the driver's state is JSON plus a numpy archive read with
+``allow_pickle=False``, RNG states load with ``torch.load(weights_only=True)``.
 
 A checkpoint is written into ``<root>/.tmp-step-K`` and renamed to ``<root>/step-K`` only when complete, then
 ``<root>/latest`` is replaced atomically; the last ``keep_last`` are kept. A crash mid-save leaves the previous
@@ -10,15 +13,17 @@ checkpoint intact and nothing half-written under a ``step-K`` name.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
-import pickle
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from coati.distributed.config import LaunchConfig
 
-# Fields that may change on resume without breaking the saved state.
+# Fields that may change on resume without breaking the saved state; others only when named in ``allow``.
 RESUMABLE_CHANGES = {"num_episodes"}
 
 
@@ -37,13 +42,41 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_compatible(saved: dict, current: dict, where: str) -> None:
-    """Raise naming every field whose value differs between the checkpoint's config and this run's."""
+def check_compatible(saved: dict, current: dict, where: str, allow=()) -> None:
+    """Raise naming every field whose value differs between the checkpoint's record and this run's, except those
+    that may change (``RESUMABLE_CHANGES``) and those the caller allows (a field name or a prefix of one)."""
     a, b = _flatten(saved), _flatten(current)
-    diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES]
+    allowed = set(RESUMABLE_CHANGES) | set(allow)
+    diffs = [k for k in sorted(set(a) | set(b))
+             if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in allowed)]  # fmt: skip
     if diffs:
         detail = "; ".join(f"{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in diffs)
-        raise ValueError(f"checkpoint {where} is incompatible with this run ({detail}); start a new run or match them")
+        raise ValueError(
+            f"checkpoint {where} is incompatible with this run ({detail}); start a new run, match them, or accept "
+            f"the change explicitly with resume_allow={diffs} (--resume-allow {','.join(diffs)})"
+        )
+
+
+def fingerprint(path: str) -> dict:
+    """What identifies a model folder: its config (architecture and shapes) and its weight files (names, sizes and
+    the hash of each file's first and last MiB: different weights differ there, and it reads 2 MiB, not gigabytes)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"hub_id": path}
+    config = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:16]
+    weights = hashlib.sha256()
+    for f in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
+        size = f.stat().st_size
+        weights.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            weights.update(fh.read(1 << 20))
+            fh.seek(max(size - (1 << 20), 0))
+            weights.update(fh.read(1 << 20))
+    return {"config": config, "weights": weights.hexdigest()[:16]}
+
+
+def rows_digest(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class CheckpointManager:
@@ -94,10 +127,45 @@ class CheckpointManager:
 
 
 def save_driver_state(folder: Path, buffer, producer_states: list) -> None:
-    with (folder / "driver.pkl").open("wb") as f:
-        pickle.dump({"buffer": buffer, "producers": producer_states}, f)
+    """The driver's buffer (RolloutBatches) and the producers' states as JSON plus one numpy archive."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = {"buffer": [], "producers": []}
+    for k, batch in enumerate(buffer):
+        names = []
+        for f in dataclasses.fields(batch):
+            value = getattr(batch, f.name)
+            if f.name == "extras":
+                for name, v in value.items():
+                    arrays[f"buffer/{k}/extras/{name}"] = _plain_array(v, name)
+            elif value is not None:
+                arrays[f"buffer/{k}/{f.name}"] = _plain_array(value, f.name)
+                names.append(f.name)
+        meta["buffer"].append({"fields": names, "extras": sorted(batch.extras)})
+    for i, state in enumerate(producer_states):
+        arrays[f"producer/{i}/torch_rng"] = state["torch_rng"].numpy()
+        meta["producers"].append({k: v for k, v in state.items() if k != "torch_rng"})
+    np.savez(folder / "driver.npz", **arrays)
+    (folder / "driver.json").write_text(json.dumps(meta))
+
+
+def _plain_array(value, name: str) -> np.ndarray:
+    array = np.asarray(value)
+    assert array.dtype != object, f"{name}: object arrays cannot be checkpointed without pickle"
+    return array
 
 
 def load_driver_state(folder: Path) -> dict:
-    with (folder / "driver.pkl").open("rb") as f:
-        return pickle.load(f)
+    import torch
+
+    from coati.distributed.rollout import RolloutBatch
+
+    meta = json.loads((folder / "driver.json").read_text())
+    with np.load(folder / "driver.npz", allow_pickle=False) as arrays:
+        buffer = []
+        for k, entry in enumerate(meta["buffer"]):
+            kw = {name: arrays[f"buffer/{k}/{name}"] for name in entry["fields"]}
+            kw["extras"] = {name: arrays[f"buffer/{k}/extras/{name}"] for name in entry["extras"]}
+            buffer.append(RolloutBatch(**kw))
+        producers = [{**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}
+                     for i, state in enumerate(meta["producers"])]  # fmt: skip
+    return {"buffer": buffer, "producers": producers}

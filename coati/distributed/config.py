@@ -186,8 +186,9 @@ class RewardConfig:
     item_timeout_s: float = 30.0
     """wall-clock limit for scoring one completion; the worker is killed and the item counted as a timeout"""
     max_error_fraction: float = 0.1
-    """the run stops when more than this fraction of a step's completions fail to score (error or timeout), or
-    when any fails on the first step"""
+    """the run stops when more than this fraction of a step's completions fail to score (error or timeout)"""
+    stop_on_first_step_error: bool = True
+    """the run stops when any completion of its first step fails to score (a broken reward shows at once)"""
 
     def __post_init__(self):
         _require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")

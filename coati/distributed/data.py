@@ -43,8 +43,15 @@ def read_jsonl(path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"dataset file {path} does not exist")
     rows = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{lineno}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); save the file as "
+                    "UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -34,7 +34,8 @@ def build_config(
     grpo_config = dict(grpo_config or {})
     algo_overrides = {k: grpo_config.pop(k) for k in list(grpo_config) if k in _ALGO_FIELDS}
     known_grpo = {"lr", "train_microbatch_size", "reward_fn_type", "reward_kwargs", "weight_decay", "max_grad_norm",
-                  "max_skipped_steps", "reward_max_error_fraction", "reward_timeout_s"}
+                  "max_skipped_steps", "reward_max_error_fraction", "reward_timeout_s",
+                  "reward_stop_on_first_step_error"}
     unknown = sorted(set(grpo_config) - known_grpo)
     if unknown:
         raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(known_grpo | _ALGO_FIELDS)}")
@@ -66,6 +67,7 @@ def build_config(
             workers=reward_workers,
             item_timeout_s=grpo_config.get("reward_timeout_s", 30.0),
             max_error_fraction=grpo_config.get("reward_max_error_fraction", 0.1),
+            stop_on_first_step_error=grpo_config.get("reward_stop_on_first_step_error", True),
         ),
         num_episodes=num_episodes,
     )
@@ -109,12 +111,16 @@ def launch_distributed(
     resume: str | None = None,
     keep_checkpoints: int = 2,
     dataloaders_config: dict[str, Any] | None = None,
+    resume_allow: tuple[str, ...] = (),
+    overwrite: bool = False,
 ) -> dict:
     """Run RL training; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None}.
 
     Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else changes between
     one box and a cluster. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
-    ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking its config matches.
+    ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking that its config and identity
+    (model, data, reward, seed, staleness) match; ``resume_allow`` names fields that may differ. ``save_dir`` is
+    locked for the run; a folder holding another run is refused unless resuming or ``overwrite``.
     ``colocate`` lets producer i and consumer i share GPU i (one GPU is enough); weights then travel through host
     memory instead of NCCL, and the inference engine must leave the trainer room (e.g. vLLM's gpu_memory_utilization).
     ``sleep_while_training`` has producers free their accelerator memory (``sleep``) while consumers train and take it
@@ -123,6 +129,10 @@ def launch_distributed(
     from coati.distributed.loop import Run
     from coati.distributed.preflight import preflight
 
+    if dataloaders_config:
+        raise ValueError("dataloaders_config is not supported: producers read their shard themselves; remove it")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError(f"max_steps must be a positive integer or None (run every episode), got {max_steps!r}")
     if sleep_while_training and max_staleness:
         raise ValueError(
             f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
@@ -135,7 +145,6 @@ def launch_distributed(
         inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config,
         plugin_config, inference_backend, num_generations, core_algo, reward_workers,
     )  # fmt: skip
-    grpo_config = dict(grpo_config or {})
     train_model = train_model_config["path"]
     plan = preflight(
         cfg,
@@ -148,22 +157,17 @@ def launch_distributed(
         colocate=colocate,
         inference_options={k: v for k, v in inference_model_config.items() if k != "path"},
     )
-    checkpoint = None
-    if resume:
-        from coati.distributed.checkpoint import CheckpointManager, check_compatible, config_dict
-
-        if not save_dir:
-            raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
-        checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)
-        import json
-
-        check_compatible(json.loads((checkpoint / "meta.json").read_text())["config"], config_dict(cfg), str(checkpoint))
+    total_steps = min(cfg.num_episodes * plan.steps_per_episode, max_steps or 10**18)
+    record = run_record(cfg, plan, seed, max_staleness)
+    folder, checkpoint = claim_save_dir(save_dir, resume, overwrite, record, resume_allow, total_steps,
+                                        plan.train_model_path, keep_checkpoints)  # fmt: skip
     run = Run(
         cfg, plan, seed=seed,
         weight_sync_timeout_s=weight_sync_timeout_s, max_staleness=max_staleness, master_addr=master_addr,
         master_port=master_port, run_name=f"{project_name}-{uuid.uuid4().hex[:8]}",
         sleep_while_training=sleep_while_training,
     )  # fmt: skip
+    run.record = record
     try:
         run.start_actors()
         run.connect_weight_group()
@@ -174,3 +178,62 @@ def launch_distributed(
                         save_dir=save_dir, on_step=on_step, keep_checkpoints=keep_checkpoints)  # fmt: skip
     finally:
         run.shutdown()
+        if folder is not None and folder.claimed_here:
+            folder.release()
+
+
+def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
+    """What a checkpoint must match to be resumed: the config tree and the run's identity (model weights and shape,
+    training rows, seed, staleness bound, system prompt)."""
+    from coati.distributed.checkpoint import config_dict, fingerprint
+
+    identity = {
+        "train_model": fingerprint(plan.train_model_path),
+        "inference_model": fingerprint(plan.inference_model_path),
+        "dataset": {"source": str(plan.train_dataset["source"]) if not isinstance(plan.train_dataset["source"], list)
+                    else "rows", "size": plan.train_dataset["size"], "seed": plan.train_dataset["seed"],
+                    "rows": plan.dataset_digest},
+        "seed": seed,
+        "max_staleness": max_staleness,
+        "system_prompt": plan.system_prompt,
+    }  # fmt: skip
+    return {"config": config_dict(cfg), "identity": identity}
+
+
+def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, model_path, keep_checkpoints):
+    """Lock the run folder (refusing another run's, or a full or read-only disk) and, when resuming, find the
+    checkpoint and check it matches this run; returns (folder or None, checkpoint path or None)."""
+    import json
+
+    from coati.distributed.checkpoint import CheckpointManager, check_compatible
+    from coati.distributed.run_folder import RunFolder, _HELD, model_bytes
+
+    if resume and not save_dir:
+        raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
+    if resume and overwrite:
+        raise ValueError("resume and overwrite contradict each other: choose one")
+    if not save_dir:
+        return None, None
+    claimed_here = os.path.realpath(save_dir) not in _HELD
+    folder = RunFolder.claim(save_dir, "resume" if resume else "overwrite" if overwrite else "new")
+    folder.claimed_here = claimed_here
+    try:
+        # A checkpoint holds the weights and Adam's two moments (3x the fp32 weights); keep_checkpoints of them
+        # plus the one being written, and the final export.
+        folder.check_space(model_bytes(model_path) * (3 * (keep_checkpoints + 1) + 1), f"{keep_checkpoints} checkpoints")
+        if not resume:
+            return folder, None
+        checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)
+        meta = json.loads((checkpoint / "meta.json").read_text())
+        saved = {"config": meta["config"], "identity": meta.get("identity", {})}
+        check_compatible(saved, record, str(checkpoint), allow)
+        if meta["step"] >= total_steps:
+            raise ValueError(
+                f"checkpoint {checkpoint} is at step {meta['step']} and this run has {total_steps} steps: nothing "
+                "left to train; raise max_steps or num_episodes to continue"
+            )
+        return folder, checkpoint
+    except BaseException:
+        if claimed_here:
+            folder.release()
+        raise

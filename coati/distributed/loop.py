@@ -70,6 +70,8 @@ class Run:
         self.start_step = 0
         self.last_checkpoint: str | None = None
         self.buffer: list[RolloutBatch] = []
+        self.record: dict = {}
+        """the config and identity a checkpoint records (set by the driver)"""
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path)
@@ -148,24 +150,31 @@ class Run:
     def checkpoint(self, manager, step: int) -> str:
         from coati.distributed.checkpoint import config_dict, save_driver_state
 
+        import shutil
+
         folder = manager.staging(step)
-        _get([c.save_checkpoint.remote(str(folder)) for c in self.consumers], f"checkpoint {step} (consumers)")
-        states = _get([p.state.remote() for p in self.producers], f"checkpoint {step} (producers)")
-        save_driver_state(folder, self.buffer, states)
-        meta = {"step": step, "version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name}
+        try:
+            _get([c.save_checkpoint.remote(str(folder)) for c in self.consumers], f"checkpoint {step} (consumers)")
+            states = _get([p.state.remote() for p in self.producers], f"checkpoint {step} (producers)")
+            save_driver_state(folder, self.buffer, states)
+        except (RunError, OSError) as e:
+            free = shutil.disk_usage(manager.root).free / 2**20
+            raise RunError(f"writing checkpoint {folder} failed: {e} ({manager.root} has {free:.0f} MiB free)") from e
+        meta = {"step": step, "version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name,
+                "identity": self.record.get("identity", {})}  # fmt: skip
         self.last_checkpoint = str(manager.commit(folder, step, meta))
         return self.last_checkpoint
 
     def restore(self, folder: str) -> int:
-        """Load a checkpoint into the running actors; returns the step it was taken after."""
+        """Load a checkpoint (already checked against this run by the driver) into the running actors; returns the
+        step it was taken after."""
         import json
         from pathlib import Path
 
-        from coati.distributed.checkpoint import check_compatible, config_dict, load_driver_state
+        from coati.distributed.checkpoint import load_driver_state
 
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
-        check_compatible(meta["config"], config_dict(self.cfg), str(folder))
         _get([c.load_checkpoint.remote(str(folder)) for c in self.consumers], f"loading {folder} (consumers)")
         state = load_driver_state(folder)
         if len(state["producers"]) != len(self.producers):
@@ -185,7 +194,8 @@ class Run:
         for batch in _get(refs, "rollout"):
             # Each producer's draw is checked as it lands, before any of it can be trained on.
             check_reward_failures(batch.extras, self.cfg.reward.fn, self.cfg.reward.max_error_fraction,
-                                  self.version == self.start_step, f"rollout for step {self.version + 1}")  # fmt: skip
+                                  self.cfg.reward.stop_on_first_step_error and self.version == self.start_step,
+                                  f"rollout for step {self.version + 1}")  # fmt: skip
             stats["rollouts"].append(batch)
             if self.cfg.algorithm.dynamic_sampling:
                 import torch

@@ -24,6 +24,8 @@ class Plan:
     steps_per_episode: int
     system_prompt: str | None
     inference_options: dict
+    dataset_digest: str
+    """a hash of the training rows: a checkpoint records it, so a resume on other data is refused"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -92,8 +94,11 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
         cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
     )  # fmt: skip
+    from coati.distributed.checkpoint import rows_digest
+
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-                eval_dataset, len(rows), len(rows) // per_step, system_prompt, dict(inference_options or {}))  # fmt: skip
+                eval_dataset, len(rows), len(rows) // per_step, system_prompt, dict(inference_options or {}),
+                rows_digest(rows))  # fmt: skip
 
 
 def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:

@@ -31,3 +31,28 @@ def plain_floats(completions, **fields):
 
 def wrong_type(completions, **fields):
     return ["1.0" for _ in completions]
+
+
+def nan_on_q1(completions, **fields):
+    """NaN for the prompt 'q1' (found by its row's label), else 0.5."""
+    return [float("nan") if label == "q1" else 0.5 for label in fields["label"]]
+
+
+def always_raises(completions, **fields):
+    raise KeyError("gold")
+
+
+def raises_on_q1(completions, label, **fields):
+    """A bug that hits one prompt in sixteen: 4 of 64 completions of a 16-prompt draw."""
+    if label[0] == "q1":
+        raise ZeroDivisionError("division by zero in the scorer")
+    return [0.25 * (i % 4) for i in range(len(completions))]
+
+
+def trl_style(prompts, completions, **kwargs):
+    """Written for TRL: prompts first, completions by name; 1.0 when the prompt is 'q3'."""
+    return [1.0 if p == "q3" else 0.0 for p in prompts]
+
+
+def typed_options(completions, scale: float = 1.0, shout: bool = False, **fields):
+    return [scale * (2.0 if shout else 1.0) for _ in completions]

@@ -1,0 +1,324 @@
+"""What a run guarantees against bad rewards, bad data, bad flags and lost work (real Ray, real ColossalAI)."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from coati.distributed.guards import RewardFailure
+from coati.distributed.launch import launch_distributed
+from coati.distributed.loop import RunError
+from coati.distributed.run_folder import RunFolderError
+from coati.models import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+FNS = "tests.component.reward_fns"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("reliability_model")))
+
+
+def rows(n=16, **fields):
+    return [{"prompt": f"q{i}", "label": f"q{i}", **fields} for i in range(n)]
+
+
+def kwargs(tiny, **over):
+    kw = dict(
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+        inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+        train_dataset_config={"rows": rows()}, inference_model_config={"path": tiny}, train_model_config={"path": tiny},
+        generate_config={"max_new_tokens": 6}, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
+        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=1,
+    )  # fmt: skip
+    kw.update(over)
+    return kw
+
+
+def no_actors_left():
+    return not [n for n in ray.util.list_named_actors() if "producer" in n or "consumer" in n]
+
+
+# ---- bad input: refused before any actor starts, naming the value and the fix --------------------------------------
+
+
+def smaller_vocab_model(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path_factory.mktemp("small_vocab"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.resize_token_embeddings(64)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def bad_utf8_jsonl(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "q0", "gt_answer": "1"}\n{"prompt": "caf\xe9", "gt_answer": "2"}\n')
+    return str(path)
+
+
+MATH = {"reward_fn_type": "math", "lr": 1e-3}
+BAD_INPUTS = {
+    "unknown reward option": (dict(grpo_config={**MATH, "reward_kwargs": {"format_gat": False}},
+                                   train_dataset_config={"rows": rows(gt_answer="1")}),
+                              ValueError, r"takes no option 'format_gat'; known options: \[.*'format_gate'"),
+    "reward option as a string": (dict(grpo_config={**MATH, "reward_kwargs": {"format_gate": "false"}},
+                                       train_dataset_config={"rows": rows(gt_answer="1")}),
+                                  ValueError, r"format_gate='false' is a str, but math expects a bool"),
+    "reward options not an object": (dict(grpo_config={**MATH, "reward_kwargs": ["format_gate"]}),
+                                     ValueError, r"reward kwargs must be a JSON object \(dict\), got list"),
+    "missing gold column": (dict(grpo_config=MATH), ValueError, r"math needs column\(s\) \['gt_answer'\]"),
+    "null gold": (dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=None)}),
+                  ValueError, r"row 0: column 'gt_answer' is None"),
+    "empty gold": (dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=" ")}),
+                   ValueError, r"row 0: column 'gt_answer' is ' '"),
+    "missing test cases": (dict(grpo_config={"reward_fn_type": "code"}), ValueError, r"needs column\(s\) \['test_cases'\]"),
+    "negative max_steps": (dict(max_steps=-1), ValueError, r"max_steps must be a positive integer .* got -1"),
+    "ignored dataloaders_config": (dict(dataloaders_config={"num_workers": 2}), ValueError, "not supported"),
+    "bad error fraction": (dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction",
+                                             "reward_max_error_fraction": 2}), ValueError, r"in \[0, 1\], got 2"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_refused_before_any_actor(ray_cluster, tiny, case):
+    over, error, match = BAD_INPUTS[case]
+    with pytest.raises(error, match=match):
+        launch_distributed(**kwargs(tiny, **over))
+    assert no_actors_left()
+
+
+def test_bad_data_and_models_are_refused_before_any_actor(ray_cluster, tiny, tmp_path, tmp_path_factory):
+    with pytest.raises(ValueError, match=r"latin1.jsonl:2: not UTF-8 \(byte 0xe9"):
+        launch_distributed(**kwargs(tiny, train_dataset_config={"path": bad_utf8_jsonl(tmp_path)}))
+    small = smaller_vocab_model(tmp_path_factory)
+    with pytest.raises(ValueError, match=r"vocab_size=64 but its tokenizer has \d+ tokens"):
+        launch_distributed(**kwargs(tiny, train_model_config={"path": small}, inference_model_config={"path": small}))
+    assert no_actors_left()
+
+
+def test_run_folders_are_protected(ray_cluster, tiny, tmp_path):
+    run_dir = tmp_path / "run"
+    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir)))
+    assert out["final_model"]
+    with pytest.raises(RunFolderError, match="holds another run .*checkpoints.*--resume latest.*--overwrite"):
+        launch_distributed(**kwargs(tiny, save_dir=str(run_dir)))
+    assert (run_dir / "final").exists() and (run_dir / "checkpoints" / "step-1").exists()  # untouched
+    with open(run_dir / ".lock", "a+") as other:  # another process's run holds the folder
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RunFolderError, match="in use by another run"):
+            launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
+    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
+    assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-1"]
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(RunFolderError, match="not writable"):
+        launch_distributed(**kwargs(tiny, save_dir=str(blocker / "run")))
+    with pytest.raises(RunFolderError, match=r"GiB free but 10000000 checkpoints need about"):
+        launch_distributed(**kwargs(tiny, save_dir=str(tmp_path / "big"), keep_checkpoints=10_000_000))
+    assert no_actors_left()
+
+
+def test_resume_refuses_another_model_data_reward_seed_or_staleness(ray_cluster, tiny, tmp_path, tmp_path_factory):
+    run_dir = str(tmp_path / "run")
+    launch_distributed(**kwargs(tiny, save_dir=run_dir))
+    other_model = str(build_tiny_model(tmp_path_factory.mktemp("wider"), hidden_size=48))
+    changes = {
+        "identity.train_model.config": dict(train_model_config={"path": other_model},
+                                            inference_model_config={"path": other_model}),
+        "identity.dataset.rows": dict(train_dataset_config={"rows": rows(n=16, extra="x")}),
+        "config.reward.fn": dict(grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:plain_floats"}),
+        "identity.seed": dict(seed=7),
+        "identity.max_staleness": dict(max_staleness=1),
+    }  # fmt: skip
+    for field, over in changes.items():
+        with pytest.raises(ValueError, match=rf"incompatible with this run \(.*{field}: checkpoint"):
+            launch_distributed(**kwargs(tiny, save_dir=run_dir, resume="latest", max_steps=2, **over))
+    with pytest.raises(ValueError, match="at step 1 and this run has 1 steps: nothing left to train"):
+        launch_distributed(**kwargs(tiny, save_dir=run_dir, resume="latest"))
+    assert no_actors_left()
+    # An allowed change resumes.
+    out = launch_distributed(**kwargs(tiny, save_dir=run_dir, resume="latest", max_steps=2, seed=7,
+                                      resume_allow=("identity.seed",)))  # fmt: skip
+    assert [m["step"] for m in out["history"]] == [2]
+
+
+def test_checkpoints_load_no_pickle(tmp_path):
+    from coati.distributed.checkpoint import load_driver_state, save_driver_state
+    from coati.distributed.rollout import RolloutBatch
+
+    marker = tmp_path / "pwned"
+    (tmp_path / "driver.pkl").write_bytes(
+        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    )  # a pickle that runs a shell command when loaded
+    with pytest.raises(FileNotFoundError):
+        load_driver_state(tmp_path)
+    assert not marker.exists()
+    batch = RolloutBatch(
+        prompt_ids=np.ones((2, 3), np.int64), prompt_mask=np.ones((2, 3), bool), response_ids=np.ones((2, 2), np.int64),
+        response_mask=np.ones((2, 2), bool), rollout_logprobs=np.zeros((2, 2), np.float32),
+        response_lengths=np.array([2, 2]), truncated=np.zeros(2, bool), group_ids=np.array([5, 5]),
+        policy_version=np.array([1, 1]), rewards=np.array([0.5, 1.0], np.float32),
+        extras={"reward_error_msg": np.array(["", "boom"], dtype="<U300"), "answer_ok": np.array([True, False])},
+    )  # fmt: skip
+    state = {"cursor": {"episode": 1, "position": 3}, "calls": 4, "version": 2, "torch_rng": torch.get_rng_state()}
+    save_driver_state(tmp_path, [batch], [state])
+    loaded = load_driver_state(tmp_path)
+    assert torch.equal(loaded["producers"][0]["torch_rng"], state["torch_rng"])
+    assert loaded["producers"][0]["cursor"] == state["cursor"]
+    got = loaded["buffer"][0]
+    for name in ("prompt_ids", "rewards", "group_ids", "policy_version"):
+        assert np.array_equal(getattr(got, name), getattr(batch, name)), name
+    assert list(got.extras["reward_error_msg"]) == ["", "boom"]
+
+
+# ---- rewards: failures are loud, never trained on -------------------------------------------------------------------
+
+
+def test_non_finite_reward_fails_the_step_naming_function_and_row(ray_cluster, tiny, tmp_path):
+    with pytest.raises(RunError, match=r"nan_on_q1 returned nan for row 1 of the training set"):
+        launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:nan_on_q1"},
+                                    save_dir=str(tmp_path / "run")))  # fmt: skip
+    assert not (tmp_path / "run" / "final").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    assert no_actors_left()
+
+
+def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
+    with pytest.raises(RewardFailure, match=r"always_raises failed on 16 of 16 .*first step.*KeyError: 'gold'"):
+        launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:always_raises"}))
+    # One prompt in sixteen fails: 4 of 64 completions of a draw. Any failure on the first step stops the run ...
+    over = dict(inference_batch_size=16, inference_microbatch_size=16, train_batch_size=16, train_minibatch_size=16,
+                grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:raises_on_q1", "train_microbatch_size": 16})  # fmt: skip
+    with pytest.raises(RewardFailure, match=r"failed on 4 of 64 completions \(on the run's first step\); first error, "
+                       r"dataset row 1: ZeroDivisionError"):  # fmt: skip
+        launch_distributed(**kwargs(tiny, **over))
+    # ... past it, more than max_error_fraction of a step does (6% > 5%) ...
+    over["grpo_config"] = {**over["grpo_config"], "reward_stop_on_first_step_error": False,
+                           "reward_max_error_fraction": 0.05}  # fmt: skip
+    with pytest.raises(RewardFailure, match=r"failed on 4 of 64 completions \(more than 5% of the step\)"):
+        launch_distributed(**kwargs(tiny, **over))
+    # ... and under the threshold the run goes on, counting the errors in every step's metrics.
+    over["grpo_config"]["reward_max_error_fraction"] = 0.1
+    out = launch_distributed(**kwargs(tiny, **over))
+    assert out["history"][0]["reward/errors"] == 4 and out["history"][0]["reward/timeouts"] == 0
+    assert no_actors_left()
+
+
+def test_trl_style_reward_gets_prompts_and_typed_options_are_passed(ray_cluster, tiny):
+    out = launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:trl_style"},
+                                      max_steps=4))  # fmt: skip
+    prompts = [i for m in out["history"] for i in m["rollout/prompt_index"]]
+    rewards = [m["reward/train_batch_mean"] for m in out["history"]]
+    assert 3 in prompts and sum(rewards) == pytest.approx(0.25)  # only q3's group scored (1.0 for 4 of 16 rows)
+    assert out["history"][0]["reward/errors"] == 0
+    out = launch_distributed(**kwargs(tiny, grpo_config={
+        "lr": 1e-3, "reward_fn_type": f"{FNS}:typed_options", "reward_kwargs": {"scale": 2, "shout": True}}))
+    assert out["history"][0]["reward/mean"] == 4.0
+
+
+# ---- non-finite training never reaches the weights ------------------------------------------------------------------
+
+
+def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster, tiny, tmp_path):
+    from tests.e2e.test_launch import start_run
+
+    run = start_run(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction",
+                                       "train_microbatch_size": 8, "max_skipped_steps": 1})  # fmt: skip
+    try:
+        consumer = run.consumers[0]
+        batch = ray.get(run.producers[0].generate.remote(4))
+        poisoned = batch.select(np.arange(len(batch)))
+        poisoned.rewards = poisoned.rewards.copy()
+        poisoned.rewards[0] = np.nan  # bypasses the producer's check: the consumer must still not step
+        before = run.full_weights()
+        metrics = ray.get(consumer.train_step.remote(poisoned))
+        assert metrics["actor/skipped_steps"] == 1 and not np.isfinite(metrics["loss/policy"])
+        after = run.full_weights()
+        assert all(torch.equal(before[k], after[k]) for k in before), "a skipped step changed weights"
+        metrics = ray.get(consumer.train_step.remote(batch))  # a clean batch trains
+        assert metrics["actor/skipped_steps"] == 0 and np.isfinite(metrics["actor/grad_norm"])
+        assert metrics["actor/grad_norm"] > 0
+        with pytest.raises(ray.exceptions.RayTaskError, match=r"2 optimizer steps skipped .* max_skipped_steps=1"):
+            ray.get(consumer.train_step.remote(poisoned))
+    finally:
+        run.shutdown()
+    run = start_run(tiny, grpo_config={"lr": 1e39, "reward_fn_type": f"{FNS}:digit_fraction",
+                                       "train_microbatch_size": 8})  # fmt: skip
+    try:  # a learning rate that overflows the weights: neither a checkpoint nor an export is written from them
+        batch = ray.get(run.producers[0].generate.remote(4))
+        ray.get(run.consumers[0].train_step.remote(batch))
+        with pytest.raises(ray.exceptions.RayTaskError, match="refusing to checkpoint .* non-finite weights"):
+            ray.get(run.consumers[0].save_checkpoint.remote(str(tmp_path / "ckpt")))
+        with pytest.raises(RunError, match="refusing to export .* non-finite weights"):
+            run.save(str(tmp_path / "final"))
+        assert not (tmp_path / "final").exists()
+    finally:
+        run.shutdown()
+
+
+# ---- the command line -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--reward-kwargs", "{format_gate: false}"], r"argument --reward-kwargs: not valid JSON"),
+        (["--inference-options", "[1, 2]"], r"argument --inference-options: must be a JSON object"),
+        (["--max-steps", "-1"], r"argument --max-steps: must be >= 0, got -1"),
+    ],
+)
+def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
+    import re
+
+    import rl_example
+
+    with pytest.raises(SystemExit):
+        rl_example.parse_args(argv)
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_unreachable_address_fails_fast():
+    import time
+
+    import rl_example
+
+    start = time.monotonic()
+    with pytest.raises(SystemExit, match=r"--address 127.0.0.1:1: no Ray cluster answers there"):
+        rl_example.check_address("127.0.0.1:1")
+    assert time.monotonic() - start < 10
+
+
+def test_jsonl_is_used_whole_unless_a_size_is_given():
+    import rl_example
+
+    assert rl_example.train_size(rl_example.parse_args(["-d", "data.jsonl"])) is None
+    assert rl_example.train_size(rl_example.parse_args(["-d", "data.jsonl", "--train-size", "5"])) == 5
+    assert rl_example.train_size(rl_example.parse_args([])) == 512  # a reasoning-gym task is drawn
+
+
+def test_relative_paths_work_in_actors(ray_cluster, tiny, tmp_path, monkeypatch):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(16)))
+    os.symlink(tiny, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    out = launch_distributed(**kwargs("model", train_dataset_config={"path": "data.jsonl"}))
+    assert len(out["history"]) == 1
+
+
+def test_custom_reward_recipe_runs_as_documented(tiny, tmp_path):
+    """``python examples/custom_reward.py`` from another folder, in a process of its own (its own Ray)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    cmd = [sys.executable, str(ROOT / "examples" / "custom_reward.py"), "-m", tiny, "--max-steps", "1", "-sd",
+           str(tmp_path), "--no-progress", "-mnt", "8", "--eval-size", "2", "--train-size", "16"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "custom_reward" / "metrics.jsonl").read_text().count("\n") == 1
