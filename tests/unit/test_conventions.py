@@ -12,7 +12,9 @@ from coati.distributed.algo import ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATORS
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIR = ROOT / "coati" / "distributed" / "algo"
 PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" / "config.py", ROOT / "coati" / "registry.py",
-                                            ROOT / "coati" / "distributed" / "wire_layout.py"]
+                                            ROOT / "coati" / "distributed" / "wire_layout.py",
+                                            ROOT / "coati" / "distributed" / "guards.py",
+                                            ROOT / "coati" / "distributed" / "reward" / "code_runner.py"]
 
 
 @pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS])

@@ -201,5 +201,6 @@ def code_reward(
         rate = outcome["passed"] / max(outcome["total"], 1)
         all_ok = outcome["passed"] == outcome["total"] and outcome["total"] > 0
         reward = rate if partial_credit else float(all_ok)
-        results.append(RewardResult(reward, format_ok, all_ok, {"pass_rate": rate, "error": outcome["error"]}))
+        # Why the solution failed is a result ("failure"), not a scoring error ("error", counted by the run).
+        results.append(RewardResult(reward, format_ok, all_ok, {"pass_rate": rate, "failure": outcome["error"]}))
     return results

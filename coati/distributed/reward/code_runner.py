@@ -136,8 +136,11 @@ def main():
     rep = int(os.environ.pop("COATI_REP_FD"))
     per_case = float(os.environ.pop("COATI_CASE_TIMEOUT_S"))
     source_path = sys.argv[1]
-    with open(source_path) as f:
-        code = compile(f.read(), "<solution>", "exec")
+    try:
+        with open(source_path) as f:
+            code, broken = compile(f.read(), "<solution>", "exec"), ""
+    except (SyntaxError, ValueError) as e:  # the candidate's failure, reported for every request
+        code, broken = None, f"{type(e).__name__}: {e}"[:300]
     signal.signal(signal.SIGALRM, _alarm)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an output over the cap fails the write, not the process
     workdir = os.getcwd()
@@ -150,6 +153,9 @@ def main():
     for line in req:
         msg = json.loads(line)
         op = msg["op"]
+        if broken:
+            reply({"ok": False, "error": broken})
+            continue
         if op == "stdio":
 
             def case():
