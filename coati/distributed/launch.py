@@ -178,21 +178,19 @@ def launch_distributed(
                         save_dir=save_dir, on_step=on_step, keep_checkpoints=keep_checkpoints)  # fmt: skip
     finally:
         run.shutdown()
-        if folder is not None and folder.claimed_here:
+        if folder is not None:
             folder.release()
 
 
 def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
     """What a checkpoint must match to be resumed: the config tree and the run's identity (model weights and shape,
-    training rows, seed, staleness bound, system prompt)."""
+    training rows, seed, staleness bound, system prompt). Paths are not part of it: moved files are the same run."""
     from coati.distributed.checkpoint import config_dict, fingerprint
 
     identity = {
         "train_model": fingerprint(plan.train_model_path),
         "inference_model": fingerprint(plan.inference_model_path),
-        "dataset": {"source": str(plan.train_dataset["source"]) if not isinstance(plan.train_dataset["source"], list)
-                    else "rows", "size": plan.train_dataset["size"], "seed": plan.train_dataset["seed"],
-                    "rows": plan.dataset_digest},
+        "dataset": {"rows": plan.dataset_digest},  # the content, wherever the file now lies
         "seed": seed,
         "max_staleness": max_staleness,
         "system_prompt": plan.system_prompt,
@@ -206,7 +204,7 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
     import json
 
     from coati.distributed.checkpoint import CheckpointManager, check_compatible
-    from coati.distributed.run_folder import RunFolder, _HELD, model_bytes
+    from coati.distributed.run_folder import RunFolder, model_bytes
 
     if resume and not save_dir:
         raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
@@ -214,9 +212,7 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
         raise ValueError("resume and overwrite contradict each other: choose one")
     if not save_dir:
         return None, None
-    claimed_here = os.path.realpath(save_dir) not in _HELD
     folder = RunFolder.claim(save_dir, "resume" if resume else "overwrite" if overwrite else "new")
-    folder.claimed_here = claimed_here
     try:
         # A checkpoint holds the weights and Adam's two moments (3x the fp32 weights); keep_checkpoints of them
         # plus the one being written, and the final export.
@@ -234,6 +230,5 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
             )
         return folder, checkpoint
     except BaseException:
-        if claimed_here:
-            folder.release()
+        folder.release()
         raise

@@ -24,16 +24,19 @@ class RunFolderError(ValueError):
 class RunFolder:
     def __init__(self, path: Path, lock_file):
         self.path, self._lock_file = path, lock_file
+        self.claims = 1
+        """claims by this process (a CLI run and the launch it makes); the lock goes with the last release"""
 
     @classmethod
     def claim(cls, path: str, mode: str) -> "RunFolder":
         """Lock ``path`` for this process. ``mode``: 'new' (refused if another run's results are there), 'resume'
         (the folder's run continues) or 'overwrite' (its results are deleted first). A folder this process already
-        holds is returned as it is (a restart of the same run)."""
+        holds is claimed once more, as it is (the run that claimed it launches, or restarts, in it)."""
         if mode not in ("new", "resume", "overwrite"):
             raise ValueError(f"mode must be new, resume or overwrite, got {mode!r}")
         key = os.path.realpath(path)
         if key in _HELD:
+            _HELD[key].claims += 1
             return _HELD[key]
         folder = Path(key)
         try:
@@ -85,6 +88,9 @@ class RunFolder:
             )
 
     def release(self) -> None:
+        self.claims -= 1
+        if self.claims > 0:
+            return
         _HELD.pop(str(self.path), None)
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)

@@ -322,3 +322,24 @@ def test_custom_reward_recipe_runs_as_documented(tiny, tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "custom_reward" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_a_run_folder_claimed_twice_by_one_process_stays_locked_until_both_release(tmp_path):
+    from coati.distributed.run_folder import RunFolder
+
+    def locked_elsewhere():
+        with open(tmp_path / ".lock", "a+") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    cli = RunFolder.claim(str(tmp_path), "new")  # the command line claims first, then the launch it makes
+    launch = RunFolder.claim(str(tmp_path), "new")
+    assert launch is cli and locked_elsewhere()
+    launch.release()
+    assert locked_elsewhere()
+    cli.release()
+    assert not locked_elsewhere()
