@@ -344,8 +344,13 @@ class Run:
         still_meta = [n for n, p in model.named_parameters() if p.is_meta]
         assert not still_meta and not unexpected, (still_meta, unexpected)
         tmp = f"{path}.tmp-{os.getpid()}"
-        model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
+        try:
+            model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        except (OSError, RuntimeError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
+            raise RunError(f"exporting {path} failed: {e} ({free:.0f} MiB free there)") from e
         if os.path.exists(path):
             shutil.rmtree(path)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
