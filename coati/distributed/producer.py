@@ -143,7 +143,7 @@ class Producer:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient)."""
         rows = self.eval_rows[self.idx :: self.num_producers][:max_items]
         if not rows:
-            return {"count": 0, "strict": 0.0, "lenient": 0.0}
+            return {"count": 0, "strict_correct": 0, "lenient_correct": 0, "reward_errors": 0, "first_error": ""}
         ok, lenient, errors, first_error = 0, 0, 0, ""
         for lo in range(0, len(rows), self.microbatch_size):
             chunk = rows[lo : lo + self.microbatch_size]

@@ -343,3 +343,11 @@ def test_a_run_folder_claimed_twice_by_one_process_stays_locked_until_both_relea
     assert locked_elsewhere()
     cli.release()
     assert not locked_elsewhere()
+
+
+def test_evaluation_with_more_producers_than_held_out_rows(ray_cluster, tiny):
+    """A producer with no held-out rows reports an empty evaluation the driver can add up."""
+    out = launch_distributed(**kwargs(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2,
+                                      eval_dataset_config={"rows": rows(n=1)}, eval_interval=1))  # fmt: skip
+    assert [e["eval/count"] for e in out["evals"]] == [1, 1]
+    assert all(e["eval/reward_errors"] == 0 for e in out["evals"])
