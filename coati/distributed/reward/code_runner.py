@@ -7,7 +7,7 @@ reports as its own output, which is what it could do by computing it.
 
 Protocol: one JSON request per line on fd ``COATI_REQ_FD``, one JSON reply per line on fd ``COATI_REP_FD``.
 Requests: ``{"op": "load"}``, ``{"op": "stdio", "input": str}``, ``{"op": "call", "name": str, "args": enc,
-"kwargs": enc}``, ``{"op": "names", "names": [str]}``. Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": str}``.
+"kwargs": enc}``. Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": str}``.
 
 This file runs as a script under the sandbox's interpreter (standard library only) and is imported by the parent
 for ``encode``/``decode``.
@@ -101,8 +101,9 @@ def _timed(fn, seconds):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _with_stdio(run, data: bytes, out_path: str, in_path: str) -> bytes:
-    """run() with fd 0 reading ``data`` and fd 1 writing a fresh file; returns what was written to fd 1."""
+def _case(fn, data: bytes, seconds: float, out_path: str, in_path: str):
+    """fn() under the per-case timer, with fd 0 reading ``data`` and fd 1 writing a fresh file; returns
+    ((ok, value or error text), what was written to fd 1)."""
     import io
 
     with open(in_path, "wb") as f:
@@ -116,7 +117,7 @@ def _with_stdio(run, data: bytes, out_path: str, in_path: str) -> bytes:
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), write_through=False)
     try:
-        run()
+        outcome = _timed(fn, seconds)
     finally:
         try:
             sys.stdout.flush()
@@ -128,7 +129,7 @@ def _with_stdio(run, data: bytes, out_path: str, in_path: str) -> bytes:
         os.close(saved[1])
         sys.stdin, sys.stdout = sys.__stdin__, sys.__stdout__
     with open(out_path, "rb") as f:
-        return f.read()
+        return outcome, f.read()
 
 
 def main():
@@ -158,28 +159,18 @@ def main():
             continue
         if op == "stdio":
 
-            def case():
+            def as_script():
                 try:
                     exec(code, {"__name__": "__main__"})
                 except SystemExit as e:
                     if e.code not in (None, 0):
                         raise
 
-            box = {}
-
-            def run():
-                box["ok"], box["err"] = _timed(case, per_case)
-
-            printed = _with_stdio(run, msg["input"].encode(), out_path, in_path)
-            if box.get("ok"):
-                reply({"ok": True, "stdout": printed.decode(errors="replace")})
-            else:
-                reply({"ok": False, "error": box.get("err", "no result")})
+            (ok, err), printed = _case(as_script, msg["input"].encode(), per_case, out_path, in_path)
+            reply({"ok": True, "stdout": printed.decode(errors="replace")} if ok else {"ok": False, "error": err})
         elif op == "load":
-            ok, err = _timed(lambda: _with_stdio(lambda: exec(code, namespace), b"", out_path, in_path), per_case)
-            reply({"ok": ok} if ok else {"ok": False, "error": f"load: {err}"})
-        elif op == "names":
-            reply({"ok": True, "names": [n for n in msg["names"] if callable(namespace.get(n))]})
+            (ok, err), _ = _case(lambda: exec(code, namespace), b"", per_case, out_path, in_path)
+            reply({"ok": True} if ok else {"ok": False, "error": f"load: {err}"})
         elif op == "call":
             fn = namespace.get(msg["name"])
             if fn is None and callable(namespace.get("Solution")):
@@ -188,20 +179,14 @@ def main():
                 reply({"ok": False, "error": f"no function {msg['name']!r}"})
                 continue
             args, kwargs = decode(msg["args"]), decode(msg["kwargs"])
-            box = {}
-
-            def run():
-                box["ok"], box["value"] = _timed(lambda: fn(*args, **kwargs), per_case)
-
-            _with_stdio(run, b"", out_path, in_path)
-            if not box.get("ok"):
-                reply({"ok": False, "error": box.get("value", "no result")})
+            (ok, value), _ = _case(lambda: fn(*args, **kwargs), b"", per_case, out_path, in_path)
+            if not ok:
+                reply({"ok": False, "error": value})
                 continue
             try:
-                reply({"ok": True, "value": encode(box["value"])})
+                reply({"ok": True, "value": encode(value)})
             except (TypeError, ValueError, RecursionError) as e:
                 reply({"ok": False, "error": f"result not reportable: {e}"})
-
 
 if __name__ == "__main__":
     main()

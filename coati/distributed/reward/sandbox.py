@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import shutil
 import signal
 import stat
@@ -324,9 +325,6 @@ class SandboxSession:
         os.set_blocking(req_w, False)
 
     def request(self, msg: dict, timeout_s: float) -> dict | None:
-        import json
-        import select
-
         if self.failure:
             return None
         deadline = min(self.deadline, time.monotonic() + timeout_s)
