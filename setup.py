@@ -20,7 +20,7 @@ setup(
     install_requires=requirements,
     extras_require={
         # GPU only; each pins its own torch, so install them into an environment built for them.
-        "vllm": ["vllm>=0.8.5,<0.10"],
+        "vllm": ["vllm==0.32.0"],
         "sglang": ["sglang[all]==0.4.6.post5"],
     },
 )

@@ -38,8 +38,8 @@ def default_model_path(cache: Path | None = None) -> str:
 
     src = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(loaded.config, torch_dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.eos_token = "<|im_end|>"

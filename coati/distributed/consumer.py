@@ -55,6 +55,7 @@ class GRPOConsumer:
         from transformers import AutoModelForCausalLM
 
         from coati.distributed.colossal_cpu import apply_cpu_shims
+        from coati.distributed.colossal_policy import DecoderLMPolicy
 
         on_cpu = apply_cpu_shims()
         backend = "gloo" if on_cpu else "nccl"
@@ -73,10 +74,11 @@ class GRPOConsumer:
             make_vocab_size_divisible_by=p.tp_size,
             enable_metadata_cache=False,
             parallel_output=False,
+            custom_policy=DecoderLMPolicy(),
         )
         self.booster = Booster(plugin=self.plugin)
         torch.manual_seed(self.seed)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.config.use_cache = False
         self.vocab_size = model.config.vocab_size
         # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
@@ -102,7 +104,7 @@ class GRPOConsumer:
         # pipeline stage).
         self.ref_model = None
         if self.algo.beta > 0 and self.is_last_stage:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, torch_dtype=torch.float32)
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.step_count = 0
         from coati.distributed.placement import whereabouts

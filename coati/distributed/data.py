@@ -111,7 +111,7 @@ def encode_prompt(tokenizer, row: dict, system_prompt: str | None = None) -> lis
     if system_prompt and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system_prompt}] + list(messages)
     if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
     text = "\n".join(m["content"] for m in messages)
     return list(tokenizer(text)["input_ids"])
 

@@ -20,7 +20,7 @@ def model_dirs(tmp_path_factory):
 
 def prompts(tok):
     return [
-        tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True),
+        tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, return_dict=False),
         tok("x")["input_ids"],
         tok("a longer prompt here")["input_ids"],
     ]

