@@ -1,7 +1,7 @@
 """How a push lays tensors out on the wire: which tensors travel straight from memory (alone, or as spans of tensors
 back to back in one storage) and which are packed into buckets, at which byte offsets, and the views that turn
 received bytes back into tensors; plus ``flatten_parameters``, which lays a module's weights out so that a push is a
-few spans. Pure torch, no process groups: the transport (``comm.py``) sends what this module plans.
+few spans. Pure torch, no process groups: the transport (``comm/push.py``) sends what this module plans.
 """
 
 from __future__ import annotations

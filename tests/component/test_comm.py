@@ -43,7 +43,7 @@ class PeerBase:
 
     def push(self, group, tensors, version=0, bucket_bytes=1 << 20, direct_bytes=1 << 20, flat=False):
         """Push ``tensors`` (from flat buffers when ``flat``); return the version and the number of transfers."""
-        from coati.distributed.comm import _sent_schema, ray_broadcast_tensor_dict
+        from coati.distributed.comm.push import _sent_schema, ray_broadcast_tensor_dict
 
         tensors = flat_copy(tensors) if flat else tensors
         out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes,

@@ -1,0 +1,18 @@
+"""Transport between consumers and producers: collective groups (``group.py``) and what is pushed over them
+(``push.py``)."""
+
+from coati.distributed.comm.group import (
+    DEFAULT_TIMEOUT_S,
+    CollectiveError,
+    TorchGroup,
+    destroy_group,
+    group_address,
+    init_group,
+    register_backends,
+)
+from coati.distributed.comm.push import VersionedDict, ray_broadcast_object, ray_broadcast_tensor_dict
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S", "CollectiveError", "TorchGroup", "VersionedDict", "destroy_group", "group_address",
+    "init_group", "ray_broadcast_object", "ray_broadcast_tensor_dict", "register_backends",
+]  # fmt: skip
