@@ -138,8 +138,6 @@ def launch_distributed(
             f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
             f"{max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn sleep_while_training off"
         )
-    if sleep_while_training and inference_backend == "vllm":
-        inference_model_config = {"enable_sleep_mode": True, **inference_model_config}
     cfg = build_config(
         num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
         inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config,
@@ -156,6 +154,7 @@ def launch_distributed(
         cpus_per_actor=cpus_per_actor,
         colocate=colocate,
         inference_options={k: v for k, v in inference_model_config.items() if k != "path"},
+        sleep_while_training=sleep_while_training,
     )
     total_steps = min(cfg.num_episodes * plan.steps_per_episode, max_steps or 10**18)
     record = run_record(cfg, plan, seed, max_staleness)

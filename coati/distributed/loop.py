@@ -97,8 +97,7 @@ class Run:
                 p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
                 system_prompt=p.system_prompt,
                 eval_dataset=p.eval_dataset, seed=self.seed,
-                backend_options={**p.inference_options, "tensor_parallel_size": c.producer.num_proc_per_producer}
-                if c.producer.backend != "transformers" else p.inference_options,
+                backend_options=p.inference_options,
             ))  # fmt: skip
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address
@@ -127,8 +126,10 @@ class Run:
             for s in stages
         ]  # fmt: skip
         groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
-        # Engines with worker processes (vLLM) put each of a producer's GPUs in the group; transformers one process.
-        per = self.cfg.producer.num_proc_per_producer if self.cfg.producer.backend == "vllm" else 1
+        from coati.distributed.inference import backend_class
+
+        # Engines with worker processes (vLLM) put each of them in the group; the others one process per producer.
+        per = backend_class(self.cfg.producer.backend).weight_ranks(self.plan.inference_options)
         world = 1 + len(self.producers) * per
         refs = [self.consumers[i].join_weight_group.remote(world, g, backend, self.timeout_s)
                 for i, g in zip(self.senders, groups)]  # fmt: skip

