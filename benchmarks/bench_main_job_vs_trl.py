@@ -57,7 +57,7 @@ def main():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(HERE.parent))
     import rl_example
-    from bench_vs_trl import ensure_trl_venv, run_trl
+    from bench_vs_trl import run_trl, trl_python
     from coati.default_model import default_model_path
     from coati.distributed.data import load_rows
 
@@ -67,7 +67,7 @@ def main():
     held_out = load_rows(job.dataset, size=job.eval_size, seed=job.seed + 10_000)
     print(f"workload: {job.dataset}, {len(train)} training rows, {len(held_out)} held-out rows, {args.steps} steps, "
           f"{job.max_new_tokens} new tokens, lr {job.learning_rate}", flush=True)  # fmt: skip
-    python = ensure_trl_venv()
+    python = trl_python()
     with tempfile.TemporaryDirectory() as d:
         trained = str(Path(d) / "trl-model")
         start = time.perf_counter()

@@ -1,43 +1,45 @@
-"""Generated tokens/s of the transformers backend on this machine, for a tiny model and a 135M-parameter Llama
-(SmolLM2-135M's shape, random weights: speed does not depend on the values). Sampling, KV cache, 1 thread per
-process as in a producer actor.
+"""Rollout speed of the transformers and vLLM backends side by side, on the default model (SmolLM2-135M-Instruct,
+converted from the GGUF) and the default task's prompts: same prompts, same samples per prompt, same token budget,
+same sampling settings, 1 thread, each backend in a fresh process of its own (as in a producer actor). Reports
+generated tokens/s (the best of ``--reps`` timed calls after a warm-up call) and the ratio vLLM / transformers.
 
-    python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--threads 1]
+    python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import multiprocessing as mp
+import os
 import time
 
-import torch
 
-from coati.distributed.config import GenerationConfig
-from coati.distributed.inference.transformers_backend import TransformersBackend
-from coati.models import build_tiny_model, char_tokenizer
+def run_backend(name: str, dtype: str, args: dict, queue) -> None:
+    """In a spawned process: load the backend, warm up, time ``reps`` calls; put (load s, best tokens/s, tokens)."""
+    import torch
 
+    torch.set_num_threads(1)
+    from coati.default_model import default_model_path
+    from coati.distributed.config import GenerationConfig
+    from coati.distributed.data import encode_prompt, load_rows
+    from coati.distributed.inference import backend_class
 
-def smollm2_shaped(vocab: int):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True, eos_token_id=1, pad_token_id=0,
-    )  # fmt: skip
-    return AutoModelForCausalLM.from_config(config)
-
-
-def measure(backend, prompts, n, reps=2):
-    backend.generate(prompts[:1], n=1)  # warm-up
-    best = None
-    for _ in range(reps):
-        start = time.perf_counter()
-        batch = backend.generate(prompts, n=n)
-        secs = time.perf_counter() - start
-        tokens = int(batch.response_lengths.sum())
-        best = max(best or 0, tokens / secs)
-    return best, tokens
+    path = default_model_path()
+    gen = GenerationConfig(max_new_tokens=args["new_tokens"], temperature=1.0, max_prompt_tokens=256)
+    start = time.perf_counter()
+    backend = backend_class(name)(path, gen, dtype=dtype, seed=0)
+    load_s = time.perf_counter() - start
+    rows = load_rows(args["task"], size=args["prompts"], seed=1)
+    prompts = [encode_prompt(backend.tokenizer, r) for r in rows]
+    backend.generate(prompts[:2], n=2)  # warm-up
+    best, tokens = 0.0, 0
+    for _ in range(args["reps"]):
+        t0 = time.perf_counter()
+        batch = backend.generate(prompts, n=args["n"])
+        secs = time.perf_counter() - t0
+        if int(batch.response_lengths.sum()) / secs > best:
+            best, tokens = int(batch.response_lengths.sum()) / secs, int(batch.response_lengths.sum())
+    queue.put((load_s, best, tokens))
 
 
 def main():
@@ -45,25 +47,27 @@ def main():
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--task", default="reasoning_gym:chain_sum")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    gen = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
-    tok = char_tokenizer()
-    prompts = [tok(f"Question {i}: what is {i} + {i}?")["input_ids"] for i in range(args.prompts)]
-    print(f"{args.prompts} prompts x {args.n} samples x up to {args.new_tokens} new tokens, {args.threads} thread(s)")
-    with tempfile.TemporaryDirectory() as d:
-        for label, kwargs in (("tiny (~0.1M)", {}), ("small (~3M)", {"hidden_size": 256, "num_layers": 4})):
-            path = build_tiny_model(f"{d}/{label[:4]}", **kwargs)
-            backend = TransformersBackend(path, gen)
-            params = sum(p.numel() for p in backend.model.parameters())
-            rate, tokens = measure(backend, prompts, args.n)
-            print(f"{label:<22}{params / 1e6:>8.2f}M params {rate:>9.0f} tokens/s ({tokens} tokens)")
-        model = smollm2_shaped(49152)  # SmolLM2's vocabulary; prompts use the char tokenizer's ids (all < 49152)
-        backend = TransformersBackend(d, gen, model=model, tokenizer=tok)
-        params = sum(p.numel() for p in backend.model.parameters())
-        rate, tokens = measure(backend, prompts, args.n, reps=1)
-        print(f"{'SmolLM2-135M-shaped':<22}{params / 1e6:>8.2f}M params {rate:>9.0f} tokens/s ({tokens} tokens)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    settings = {"prompts": args.prompts, "n": args.n, "new_tokens": args.new_tokens, "reps": args.reps, "task": args.task}
+    print(f"SmolLM2-135M-Instruct, {args.task}: {args.prompts} prompts x {args.n} samples x up to {args.new_tokens} "
+          f"new tokens, temperature 1.0, 1 thread, best of {args.reps}")  # fmt: skip
+    ctx = mp.get_context("spawn")
+    for dtype in args.dtypes.split(","):
+        rates = {}
+        for name in ("transformers", "vllm"):
+            queue = ctx.Queue()
+            proc = ctx.Process(target=run_backend, args=(name, dtype, settings, queue))
+            proc.start()
+            load_s, rate, tokens = queue.get()
+            proc.join()
+            rates[name] = rate
+            print(f"{name:<13}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
+        print(f"{'':<13}{dtype:<10} vLLM / transformers: {rates['vllm'] / rates['transformers']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ Both train the same weights and tokenizer on the same prompts (reasoning-gym cha
 function (bench_reward.py, shared verbatim), 4 prompts x 4 completions per step, the same max new tokens, learning
 rate, DAPO loss (clip 0.2/0.28, token-mean, no KL), and the same number of steps. coati runs synchronously
 (max_staleness 0) and overlapped (1), with DAPO's dynamic sampling and overlong shaping off to match TRL. Throughput
-is completions per second of training-loop wall time (model loading excluded on both sides). TRL lives in its own
-virtualenv (it needs transformers 5.x); this script builds it on first use under benchmarks/.trl-venv.
+is completions per second of training-loop wall time (model loading excluded on both sides). TRL runs in the same
+environment as coati (TRL 1.16 accepts the transformers coati pins), in a subprocess of its own.
 
+    pip install -r benchmarks/requirements.txt
     python benchmarks/bench_vs_trl.py [--sizes tiny smollm2] [--steps 12 6] [--max-new-tokens 32]
 """
 
@@ -22,19 +23,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VENV = HERE / ".trl-venv"
 PROMPTS, GENERATIONS = 4, 4
 
 
-def ensure_trl_venv() -> str:
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        print("building TRL's virtualenv (torch 2.13 CPU, trl 1.16, transformers 5.x) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run(pip + ["torch==2.13.0"], check=True)
-        subprocess.run(pip + ["trl==1.16.0", "datasets"], check=True)
-    return str(python)
+def trl_python() -> str:
+    """This interpreter, once TRL imports in it."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit("TRL is not installed: pip install -r benchmarks/requirements.txt")
+    return sys.executable
 
 
 def workload_rows(n: int, seed: int) -> list[dict]:
@@ -99,7 +97,7 @@ def main():
 
     from coati.models import build_tiny_model
 
-    python = ensure_trl_venv()
+    python = trl_python()
     ray.init(include_dashboard=False, num_cpus=4, log_to_driver=False)
     rows = workload_rows(256, seed=0)
     tmp = tempfile.mkdtemp()

@@ -1,4 +1,4 @@
-"""TRL's side of bench_vs_trl.py; runs inside TRL's own virtualenv (transformers 5.x). Reads a JSON workload from
+"""TRL's side of bench_vs_trl.py; runs in a subprocess of its own (same environment). Reads a JSON workload from
 argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2] (and the trained model to the
 spec's ``save_to`` when given)."""
 

