@@ -63,8 +63,10 @@ def main():
             queue = ctx.Queue()
             proc = ctx.Process(target=run_backend, args=(name, dtype, settings, queue))
             proc.start()
-            load_s, rate, tokens = queue.get()
             proc.join()
+            if proc.exitcode != 0:
+                raise SystemExit(f"the {name} run failed (exit code {proc.exitcode}); its error is above")
+            load_s, rate, tokens = queue.get()
             rates[name] = rate
             print(f"{name:<13}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
         print(f"{'':<13}{dtype:<10} vLLM / transformers: {rates['vllm'] / rates['transformers']:.2f}x", flush=True)

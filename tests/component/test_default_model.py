@@ -4,6 +4,7 @@ folder from an older conversion is not used."""
 
 import json
 import shutil
+from pathlib import Path
 
 from coati.default_model import ROUND_TRIP, default_model_path, is_current, round_trips
 
@@ -19,6 +20,8 @@ def test_converted_tokenizer_round_trips_and_stops_at_im_end():
     assert tok.decode(tok("a\nb", add_special_tokens=False)["input_ids"][1:2]) == "\n"  # not "Ċ"
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == AutoConfig.from_pretrained(path).eos_token_id
     assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    config = json.loads((Path(path) / "config.json").read_text())
+    assert "quantization_config" not in config  # dequantised fp32 weights: vLLM would look for GGUF kernels
     prompt = tok.apply_chat_template([{"role": "user", "content": "2 + 2?"}], add_generation_prompt=True,
                                      return_dict=False)  # fmt: skip
     assert tok.decode(prompt).endswith("<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n")
