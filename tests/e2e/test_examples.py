@@ -20,7 +20,7 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    args = ["-m", tiny, "--max-steps", "1", "-sd", str(tmp_path), "--no-progress", "-mnt", "8", "-mpt", "4096",
+    args = ["-m", tiny, "-b", "transformers", "--max-steps", "1", "-sd", str(tmp_path), "--no-progress", "-mnt", "8", "-mpt", "4096",
             "--eval-size", "2", "--train-size", "16"]  # fmt: skip
     if name == "code_humaneval.py":
         args = ["--problems", "8"] + args

@@ -55,12 +55,13 @@ def test_reward_rises(ray_cluster, tiny):
     assert last > first + 0.05, rewards
 
 
-def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, **over):
+def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, backend="transformers",
+              **over):  # fmt: skip
     kw = run_kwargs(tiny, **over)
     cfg = build_config(
         kw["num_producers"], 1, kw["num_consumer_procs"], 1, kw["inference_batch_size"], kw["inference_microbatch_size"],
         kw["train_batch_size"], kw["train_minibatch_size"], kw["generate_config"], dict(kw["grpo_config"]),
-        kw["plugin_config"], "transformers", kw["num_generations"], kw["core_algo"],
+        kw["plugin_config"], backend, kw["num_generations"], kw["core_algo"],
     )  # fmt: skip
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
                      train_dataset=kw["train_dataset_config"], eval_dataset=None,

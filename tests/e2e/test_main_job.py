@@ -18,7 +18,7 @@ def test_rl_example_leaves_metrics_plots_evals_and_a_reloadable_model(ray_cluste
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "gt_answer": str(2 * i)}) + "\n" for i in range(16)))
     summary = rl_example.main([
-        "-m", tiny, "-d", str(data), "-ed", str(data), "--eval-size", "6", "-mnt", "8", "--max-steps", "3",
+        "-m", tiny, "-b", "transformers", "-d", str(data), "-ed", str(data), "--eval-size", "6", "-mnt", "8", "--max-steps", "3",
         "-sd", str(tmp_path / "runs"), "-p", "job", "--no-progress", "-lr", "1e-3",
     ])  # fmt: skip
     run = tmp_path / "runs" / "job"

@@ -317,7 +317,8 @@ def test_relative_paths_work_in_actors(ray_cluster, tiny, tmp_path, monkeypatch)
 def test_custom_reward_recipe_runs_as_documented(tiny, tmp_path):
     """``python examples/custom_reward.py`` from another folder, in a process of its own (its own Ray)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    cmd = [sys.executable, str(ROOT / "examples" / "custom_reward.py"), "-m", tiny, "--max-steps", "1", "-sd",
+    cmd = [sys.executable, str(ROOT / "examples" / "custom_reward.py"), "-m", tiny, "-b", "transformers",
+           "--max-steps", "1", "-sd",
            str(tmp_path), "--no-progress", "-mnt", "8", "--eval-size", "2", "--train-size", "16"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

