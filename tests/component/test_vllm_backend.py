@@ -1,4 +1,5 @@
-"""The vLLM backend on vLLM 0.32's real engine (the CPU build here), each engine in a Ray actor as in a producer:
+"""The vLLM backend on vLLM 0.32's real engine (the CPU build here; the GPU build on a GPU machine, where the two
+engines of a test share one GPU), each engine in a Ray actor as in a producer:
 rollout log-probs against a teacher-forced trainer forward, weight pushes read back bitwise through the worker
 extension, greedy output equal to the transformers backend's for the same fp32 weights."""
 
@@ -66,7 +67,8 @@ def tiny(tmp_path_factory):
 
 def start(backend, path, **gen):
     cfg = GenerationConfig(**{**GEN, **gen})
-    return ray.remote(num_cpus=0.5)(Engine).remote(backend, path, cfg, dtype="float32")
+    gpus = 0.5 if torch.cuda.is_available() else 0  # two engines share one GPU on a GPU machine
+    return ray.remote(num_cpus=0.5, num_gpus=gpus)(Engine).remote(backend, path, cfg, dtype="float32")
 
 
 def trainer_logprobs(path, batch, temperature, top_k=0):
