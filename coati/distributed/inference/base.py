@@ -50,15 +50,25 @@ class InferenceBackend:
     def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool) -> dict:
         """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
         producer (``num_proc_per_producer``), whether producers sleep while consumers train, and whether they are
-        placed on GPUs. The default engine is one process."""
+        placed on GPUs."""
         cls.check_options(options)
+        cls.check_processes(processes, gpu)
+        if sleep and (reason := cls.cannot_sleep(options, gpu)):
+            raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
+        return cls.launch_options(options, processes, sleep)
+
+    @classmethod
+    def check_processes(cls, processes: int, gpu: bool) -> None:
+        """Refuse a number of engine processes per producer the backend cannot run (the default engine is one)."""
         if processes != 1:
             raise ValueError(
                 f"num_proc_per_producer={processes}, but the {cls.__name__} engine runs in the producer's process; "
                 f"use 1, or a backend with tensor-parallel engines (vllm, sglang)"
             )
-        if sleep and (reason := cls.cannot_sleep(options, gpu)):
-            raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
+
+    @classmethod
+    def launch_options(cls, options: Mapping, processes: int, sleep: bool) -> dict:
+        """The checked user options plus what the launch decides (by default nothing)."""
         return dict(options)
 
     @classmethod

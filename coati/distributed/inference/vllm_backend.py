@@ -80,15 +80,15 @@ class VLLMBackend(InferenceBackend):
             raise ValueError(f"inference option gpu_memory_utilization must be in (0, 1], got {fraction!r}")
 
     @classmethod
-    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool) -> dict:
-        cls.check_options(options)
+    def check_processes(cls, processes: int, gpu: bool) -> None:
         if not gpu and processes != 1:
             raise ValueError(
                 f"num_proc_per_producer={processes}: on CPU each producer runs one single-threaded vLLM engine; use "
                 f"num_proc_per_producer=1 and more producers instead"
             )
-        if sleep and (reason := cls.cannot_sleep(options, gpu)):
-            raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
+
+    @classmethod
+    def launch_options(cls, options: Mapping, processes: int, sleep: bool) -> dict:
         return {**options, "tensor_parallel_size": processes, "enable_sleep_mode": sleep}
 
     @classmethod
