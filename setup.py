@@ -21,6 +21,6 @@ setup(
     extras_require={
         # GPU only; each pins its own torch, so install them into an environment built for them.
         "vllm": ["vllm==0.32.0"],
-        "sglang": ["sglang[all]==0.4.6.post5"],
+        "sglang": ["sglang==0.5.23"],
     },
 )

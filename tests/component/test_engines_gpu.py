@@ -23,6 +23,12 @@ def test_engine_generate_and_load_weights(tmp_path, name):
         from transformers import AutoModelForCausalLM
 
         state = AutoModelForCausalLM.from_pretrained(path).state_dict()
-        backend.load_weights({k: torch.zeros_like(v).cuda() for k, v in state.items() if "lm_head" in k})
+        pushed = {k: torch.randn_like(v) * 0.02 for k, v in state.items()}
+        pushed["lm_head.weight"] = torch.zeros_like(state["lm_head.weight"])
+        backend.load_weights([{k: v.cuda() for k, v in pushed.items()}])
+        back = backend.state_dict()
+        assert all(torch.equal(back[k], pushed[k]) for k in back), "engine weights differ from the pushed ones"
         greedy = backend.generate([[5, 6, 7]], greedy=True)
         assert (greedy.response_ids[0, : greedy.response_lengths[0]] == 0).all()
+        truncated = backend_class(name)(str(path), GenerationConfig(max_new_tokens=8, temperature=1.0, top_k=5))
+        assert not truncated.generate([[5, 6, 7]], n=2).extras["logprobs_valid"].any()

@@ -4,8 +4,8 @@ vLLM: ``RequestOutput.outputs[j]`` has ``token_ids``, ``logprobs`` (one ``{token
 ``SamplingParams(logprobs=0)`` holding the sampled token) and ``finish_reason`` ('stop' or 'length').
 SGLang: ``Engine.generate(..., return_logprob=True)`` returns dicts with ``output_ids`` and ``meta_info`` holding
 ``output_token_logprobs`` (``(logprob, token_id, text)`` per token) and ``finish_reason`` (``{'type': ...}``).
-Both engines report log-probs of the unscaled distribution, which equals the sampling distribution only at
-temperature 1 with top-k/top-p off; otherwise ``extras['logprobs_valid']`` is False and the log-probs are zero.
+Which log-probs each engine reports, and so when ``logprobs_valid`` holds, is the backend's business (see
+``vllm_backend.py`` and ``sglang_backend.py``); without valid log-probs the batch's are zero.
 """
 
 from __future__ import annotations

@@ -1,21 +1,63 @@
-"""Rollouts with SGLang (GPU only): ``sglang.Engine`` for generation, ``update_weights_from_tensor`` for weights.
+"""Rollouts with SGLang's offline engine (``sglang.Engine``), 0.5 API level (``sglang==0.5.23``; CUDA only).
 
-Supported: sglang 0.4.6.post5 (pins transformers 4.51.1 and torch 2.6.0: install it in its own environment).
+SGLang 0.5.23 pins torch 2.14.1 and transformers 5.19.0, and vLLM 0.32 pins torch 2.13.0: SGLang goes into an
+environment of its own (see the README). No CPU build exists, so launches that place producers without GPUs are refused.
+
+Weights: the producer process takes part in the consumers' weight group itself (one member per producer, whatever
+the engine's tensor-parallel size), receives each push into GPU buckets and hands every bucket to the engine with
+``Engine.update_weights_from_tensor`` (tensors cross to the engine's processes as CUDA IPC handles, not copies; every
+TP rank shards with the model's own ``load_weights``). The prefix cache is flushed once per push, after the last
+bucket, so no cached prefix outlives the weights it was computed with.
+
+Rollout log-probs: SGLang returns log-probs of the temperature-scaled distribution, before top-k/top-p/min-p
+renormalisation (``SGLANG_RETURN_ORIGINAL_LOGPROB``, which would drop the temperature too, is forced off). So they are
+the sampling distribution's exactly when top-k and top-p are off; otherwise ``logprobs_valid`` is False.
+
+Sleep: ``enable_memory_saver`` is set at launch when producers sleep while consumers train;
+``release_memory_occupation`` frees weights and KV cache, ``resume_memory_occupation`` takes them back, and the push
+that follows every wake refills the weights.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
+import torch
+
 from coati.distributed.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
-from coati.distributed.inference.base import InferenceBackend
+from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
 from coati.distributed.inference.engine_outputs import rollout_from_sglang
 from coati.distributed.rollout import RolloutBatch
+
+DEFAULT_MEM_FRACTION = 0.5
+LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+
+
+def sampling_params(generation: GenerationConfig, greedy: bool) -> dict:
+    """SGLang's sampling parameters for one request (greedy: temperature 0, which SGLang runs as top-k 1)."""
+    g = generation
+    return {
+        "temperature": 0.0 if greedy else g.temperature,
+        "top_k": -1 if greedy or g.top_k == 0 else g.top_k,
+        "top_p": 1.0 if greedy else g.top_p,
+        "max_new_tokens": g.max_new_tokens,
+        "stop": list(g.stop_strings) or None,
+    }
+
+
+def logprobs_valid(generation: GenerationConfig, greedy: bool) -> bool:
+    """Whether SGLang's returned log-probs (temperature-scaled, not top-k/top-p renormalised) are those of the
+    distribution the tokens were drawn from."""
+    return greedy or (generation.top_k == 0 and generation.top_p == 1.0)
 
 
 class SGLangBackend(InferenceBackend):
     OPTIONS = {
-        "mem_fraction_static": "fraction of the GPU for weights and KV cache (default 0.5; lower it with colocate)",
-        "dtype": "weights dtype (default: the model's)",
+        "mem_fraction_static": f"fraction of the GPU for weights and KV cache (default {DEFAULT_MEM_FRACTION:g}; "
+        "lower it with colocate)",
+        "dtype": "weights dtype, e.g. bfloat16 (default: the checkpoint's)",
         "seed": "sampling seed (set per producer by the launcher)",
     }
 
@@ -23,39 +65,95 @@ class SGLangBackend(InferenceBackend):
     def check_available(cls) -> None:
         cls._require("sglang", INSTALL_HINTS["sglang"])
 
-    def __init__(self, model_path: str, generation: GenerationConfig, tensor_parallel_size: int = 1, **options):
+    @classmethod
+    def check_options(cls, options: Mapping) -> None:
+        super().check_options(options)
+        fraction = options.get("mem_fraction_static")
+        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                     or not 0 < fraction < 1):  # fmt: skip
+            raise ValueError(f"inference option mem_fraction_static must be in (0, 1), got {fraction!r}")
+
+    @classmethod
+    def check_processes(cls, processes: int, gpu: bool) -> None:
+        if not gpu:
+            raise ValueError(
+                "the sglang backend runs only on CUDA GPUs, but producers are placed without GPUs; give producers "
+                "GPUs (producer num_gpus > 0) or use -b vllm or -b transformers"
+            )
+
+    @classmethod
+    def launch_options(cls, options: Mapping, processes: int, sleep: bool) -> dict:
+        return {**options, "tensor_parallel_size": processes, "enable_memory_saver": sleep}
+
+    @staticmethod
+    def engine_kwargs(model_path: str, options: Mapping, tensor_parallel_size: int, enable_memory_saver: bool,
+                      generation: GenerationConfig) -> dict:  # fmt: skip
+        """``sglang.Engine`` keyword arguments (ServerArgs fields) for one producer's engine."""
+        return {
+            "model_path": model_path,
+            "tp_size": tensor_parallel_size,
+            "mem_fraction_static": options.get("mem_fraction_static", DEFAULT_MEM_FRACTION),
+            "dtype": options.get("dtype") or checkpoint_dtype(model_path),
+            "random_seed": options.get("seed", 0),
+            "enable_memory_saver": enable_memory_saver,
+            "context_length": generation.max_prompt_tokens + generation.max_new_tokens,
+            "log_level": "error",
+        }
+
+    def __init__(
+        self,
+        model_path: str,
+        generation: GenerationConfig,
+        tensor_parallel_size: int = 1,
+        enable_memory_saver: bool = False,
+        **options,
+    ):
         super().__init__(model_path, generation, **options)
+        if not torch.cuda.is_available():
+            raise RuntimeError("the sglang backend needs a CUDA GPU in the producer's process; none is visible")
         import sglang
 
+        # Set in the environment the engine's processes inherit: the temperature-scaled log-probs, never the raw ones.
+        os.environ[LOGPROB_ENV] = "0"
         self.engine = sglang.Engine(
-            model_path=model_path,
-            tp_size=tensor_parallel_size,
-            mem_fraction_static=options.get("mem_fraction_static", 0.5),
-            dtype=options.get("dtype", "auto"),
-            random_seed=options.get("seed", 0),
+            **self.engine_kwargs(model_path, options, tensor_parallel_size, enable_memory_saver, generation)
         )
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.device = torch.device("cuda", torch.cuda.current_device())
 
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
-        g = self.generation
-        params = {
-            "temperature": 0.0 if greedy else g.temperature,
-            "top_k": -1 if greedy or g.top_k == 0 else g.top_k,
-            "top_p": 1.0 if greedy else g.top_p,
-            "max_new_tokens": g.max_new_tokens,
-            "stop": list(g.stop_strings) or None,
-        }
         rows = [p for p in prompts for _ in range(n)]
+        params = sampling_params(self.generation, greedy)
         outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True)
-        valid = greedy or (g.temperature == 1.0 and g.top_k == 0 and g.top_p == 1.0)
-        return rollout_from_sglang(outputs, prompts, n, self.pad_id, logprobs_valid=valid)
+        return rollout_from_sglang(outputs, prompts, n, self.pad_id, logprobs_valid(self.generation, greedy))
 
     def load_weights(self, weights) -> None:
+        """Hand each bucket to the engine (the cache is flushed once, by ``receive_weights``)."""
         for batch in self._as_batches(weights):
-            self.engine.update_weights_from_tensor(named_tensors=list(batch.items()))
+            self.engine.update_weights_from_tensor(named_tensors=list(batch.items()), flush_cache=False)
+
+    def receive_weights(self, group_name: str) -> dict:
+        got = super().receive_weights(group_name)
+        self.engine.flush_cache()
+        return got
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The engine's weights under the checkpoint's names, read back one by one with ``get_weights_by_name``
+        (SGLang returns them as float32 lists; slow, for tests)."""
+        from safetensors import safe_open
+
+        shapes = {}
+        for path in sorted(p for p in os.listdir(self.model_path) if p.endswith(".safetensors")):
+            with safe_open(os.path.join(self.model_path, path), "pt") as f:
+                shapes.update({k: f.get_slice(k).get_shape() for k in f.keys()})
+        out = {}
+        for name, shape in shapes.items():
+            numel = int(torch.Size(shape).numel())
+            out[name] = torch.tensor(self.engine.get_weights_by_name(name, truncate_size=numel)).reshape(shape)
+        return out
 
     def sleep(self) -> None:
         self.engine.release_memory_occupation()

@@ -25,7 +25,7 @@ import torch
 
 from coati.distributed.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
-from coati.distributed.inference.base import InferenceBackend
+from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.rollout import RolloutBatch
 
@@ -41,17 +41,6 @@ CPU_ENV = {
 
 def _on_cuda() -> bool:
     return torch.cuda.is_available()
-
-
-def checkpoint_dtype(model_path: str) -> str:
-    """The dtype the checkpoint's config records (what the trainer loads), else vLLM's "auto". Rolling out a float32
-    checkpoint in bfloat16 (vLLM's "auto") put the default job's rollout log-probs 0.11 (median mean |diff|) away from
-    the trainer's and learned less; see the README."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path)
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
 
 
 class VLLMBackend(InferenceBackend):
