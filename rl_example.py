@@ -85,8 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--reward-kwargs", type=json_object("--reward-kwargs"), default='{"format_gate": false}',
       help="JSON options for the reward function")
     a("-ei", "--eval-interval", type=int, default=0, help="evaluate every N steps (0: only before and after)")
-    a("-nb", "--n-behind", type=int, default=1, help="max staleness: producers may roll out this many weight "
-      "versions ahead (0: synchronous on-policy)")
+    a("-nb", "--n-behind", type=int, default=1, help="max staleness k: no trained row was sampled more than k "
+      "weight versions before the weights it trains; producers roll out up to k steps ahead (0: synchronous on-policy)")
     a("-si", "--save-interval", type=int, default=0, help="save a model every N steps (0: only at the end)")
     a("-sd", "--save-dir", default="runs", help="folder for run outputs (metrics, plots, models)")
     a("-tp", "--tensor-parallel-size", type=int, default=1, help="consumer tensor parallelism")

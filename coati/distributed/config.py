@@ -52,11 +52,11 @@ def _positive(obj, *names: str) -> None:
 
 def _divides(small_name: str, small: int, big_name: str, big: int) -> None:
     if big % small:
-        lower = max(d for d in range(1, small + 1) if big % d == 0)
-        upper = next(m for m in range(small, big + 1) if big % m == 0)
+        lower = max(d for d in range(1, min(small, big) + 1) if big % d == 0)
+        upper = next((m for m in range(small, big + 1) if big % m == 0), None)
+        choices = f"{lower} or {upper}" if upper is not None else f"{lower} (at most {big_name})"
         raise ValueError(
-            f"{big_name}={big} is not divisible by {small_name}={small}; "
-            f"use {small_name}={lower} or {upper}, or change {big_name}"
+            f"{big_name}={big} is not divisible by {small_name}={small}; use {small_name}={choices}, or change {big_name}"
         )
 
 
@@ -105,10 +105,20 @@ class AlgorithmConfig:
     """KL coefficient to the reference policy (0 = no reference model)"""
     kl_estimator: str = "k3"
     """KL estimator in the loss: k1, k2, k3"""
-    tis_cap: float | None = None
-    """truncated importance sampling against rollout log-probs, weight capped at this value (None = off)"""
+    off_policy_correction: str = "tis"
+    """per-token weight for rows sampled by another policy (stale weights, another engine): tis, icepop, seq_mask,
+    none; see coati/distributed/algo/correction.py"""
+    tis_cap: float = 2.0
+    """truncation of the importance weight pi_prox / mu (tis, seq_mask)"""
+    is_mask_low: float = 0.5
+    """icepop/seq_mask: tokens (icepop) or responses (seq_mask, geometric mean) whose ratio is below this get no loss"""
+    is_mask_high: float = 2.0
+    """icepop/seq_mask: ... or above this"""
     dynamic_sampling: bool = False
-    """drop groups whose completions all got the same reward and draw more prompts to refill the batch"""
+    """drop groups whose completions all got the same signal and draw more prompts to refill the batch"""
+    dynamic_sampling_signal: str = "task_reward"
+    """what dynamic sampling compares within a group: task_reward (the reward function's score before length
+    shaping: for a verifier, the accuracy) or reward (the shaped reward the advantages see)"""
     overlong_buffer_ratio: float = 0.0
     """soft overlong punishment over the last ratio * max_new_tokens tokens of the budget (0 = off)"""
     overlong_penalty_factor: float = 1.0
@@ -135,12 +145,24 @@ class AlgorithmConfig:
             f"dual_clip_c must be > 1 (or None to disable), got {self.dual_clip_c}",
         )
         _require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        _require(self.tis_cap is None or self.tis_cap > 0, f"tis_cap must be > 0 or None, got {self.tis_cap}")
+        from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
+
+        _require(self.off_policy_correction in OFF_POLICY_CORRECTIONS,
+                 f"unknown off-policy correction {self.off_policy_correction!r}; known: "
+                 f"{', '.join(OFF_POLICY_CORRECTIONS.names())}")  # fmt: skip
+        _require(isinstance(self.tis_cap, (int, float)) and self.tis_cap >= 1,
+                 f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}")  # fmt: skip
+        _require(0 < self.is_mask_low < 1 < self.is_mask_high,
+                 f"need 0 < is_mask_low < 1 < is_mask_high, got {self.is_mask_low} and {self.is_mask_high}")  # fmt: skip
         _require(
             0 <= self.overlong_buffer_ratio < 1,
             f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
         )
         _require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        from coati.distributed.rollout_buffer import SIGNALS
+
+        _require(self.dynamic_sampling_signal in SIGNALS,
+                 f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}")
 
     def overlong_buffer_len(self, max_new_tokens: int) -> int:
         return int(round(self.overlong_buffer_ratio * max_new_tokens))

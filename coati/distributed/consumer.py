@@ -9,9 +9,9 @@ fields: estimator, loss, aggregation, KL, masking. Rank 0 pushes the new weights
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
-from collections import defaultdict
 
 import numpy as np
 import torch
@@ -21,7 +21,10 @@ from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
 from coati.distributed.forward import sequence_logprobs
 from coati.distributed.rollout import RolloutBatch
+from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
+
+log = logging.getLogger(__name__)
 
 
 class GRPOConsumer:
@@ -107,6 +110,7 @@ class GRPOConsumer:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.step_count = 0
+        self._warned_unavailable = False
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
@@ -158,9 +162,9 @@ class GRPOConsumer:
         }
 
     def train_step(self, batch: RolloutBatch) -> dict:
-        """One training step on the global batch of the step; returns averaged metrics."""
+        """One training step on the global batch of the step; returns its metrics reduced over every DP rank."""
         start = time.perf_counter()
-        metrics: dict[str, list] = defaultdict(list)
+        metrics = StepMetrics()
         n_rows = len(batch)
         assert n_rows % (self.dp_size * self.n) == 0, (n_rows, self.dp_size, self.n)
         # Arrays from the object store are read-only: copy the small ones into tensors.
@@ -215,17 +219,18 @@ class GRPOConsumer:
                     rollout_logprobs=self._rollout_logprobs(batch, rows),
                 )
                 loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+                self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, inp.rollout_logprobs, mask)
                 self.booster.backward(loss, self.optimizer)
                 weight = float(mask.sum())
                 for k, v in m_metrics.items():
                     if k != "loss/policy":
-                        metrics[k].append((float(v), weight))
+                        metrics.add(k, v, weight)
                 losses.append(loss.item())
                 step_loss += losses[-1] / self.dp_size / num_minibatches
-                metrics["actor/entropy"].append((float((entropy * mask).sum() / mask.sum().clamp(min=1)), weight))
+                metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
             self._optimizer_step(losses)
         self.step_count += 1
-        out = {k: sum(v * w for v, w in vals) / max(sum(w for _, w in vals), 1e-9) for k, vals in metrics.items()}
+        out = metrics.reduce(self._dp_all_reduce if self.dp_size > 1 else None)
         if self.dp_size > 1:
             torch.distributed.all_reduce(step_loss, group=self.plugin.dp_group)
         out["loss/policy"] = float(step_loss)
@@ -242,6 +247,13 @@ class GRPOConsumer:
                 f"{self._step_log[-1][0]}. Lower the learning rate or check the rewards and data"
             )
         return out
+
+    def _dp_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,
+               "min": torch.distributed.ReduceOp.MIN}  # fmt: skip
+        on_device = tensor.to(self.device)
+        torch.distributed.all_reduce(on_device, op=ops[op], group=self.plugin.dp_group)
+        tensor.copy_(on_device.cpu())
 
     def _pipeline_minibatch(self, batch, rows, loss_mask, adv, norm, metrics, old_lp, ref_lp) -> float:
         """One minibatch through ColossalAI's pipeline schedule. The last stage computes the loss per micro-batch in
@@ -270,12 +282,13 @@ class GRPOConsumer:
                             ref_logprobs=ref_lp[sl] if ref_lp is not None else None,
                             rollout_logprobs=self._rollout_logprobs(batch, rows[sl]))  # fmt: skip
             loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+            self._behaviour_metrics(metrics, batch, rows[sl], inp.old_logprobs, inp.rollout_logprobs, mask)
             weight = float(mask.sum())
             for k, v in m_metrics.items():
                 if k != "loss/policy":
-                    metrics[k].append((float(v), weight))
+                    metrics.add(k, v, weight)
             entropy = entropy_from_logits(logits.detach(), self.generation.temperature)
-            metrics["actor/entropy"].append((float((entropy * mask).sum() / mask.sum().clamp(min=1)), weight))
+            metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
             seen["loss"] += loss.item() / self.dp_size
             return loss * n_micro
 
@@ -303,6 +316,23 @@ class GRPOConsumer:
 
             self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)
         return torch.cat(out) if out else None
+
+    def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
+        """The engine-trainer log-prob gap over rows sampled by the very weights this step starts from (so any gap
+        is the engines' and precisions' difference, not staleness), and the share of tokens whose engine log-probs
+        are not valid for the sampling settings (no off-policy correction possible for them)."""
+        tokens = float(mask.sum())
+        metrics.add("loss/is_unavailable_frac", float(rollout is None), tokens)
+        if rollout is None:
+            if self.algo.off_policy_correction != "none" and not self._warned_unavailable:
+                self._warned_unavailable = True
+                log.warning("consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
+                            "applied to such rows (loss/is_unavailable_frac)", self.rank, self.algo.off_policy_correction)
+            return
+        same = torch.from_numpy(batch.policy_version[rows] == self.step_count).to(mask)[:, None] * mask
+        n = float(same.sum())
+        if n:
+            metrics.add("rollout/engine_trainer_gap_abs", ((old.detach() - rollout).abs() * same).sum() / n, n)
 
     def _rollout_logprobs(self, batch: RolloutBatch, rows):
         valid = batch.extras.get("logprobs_valid")

@@ -133,6 +133,8 @@ def launch_distributed(
         raise ValueError("dataloaders_config is not supported: producers read their shard themselves; remove it")
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError(f"max_steps must be a positive integer or None (run every episode), got {max_steps!r}")
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise ValueError(f"max_staleness must be a non-negative integer (0: synchronous), got {max_staleness!r}")
     if sleep_while_training and max_staleness:
         raise ValueError(
             f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="

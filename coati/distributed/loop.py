@@ -1,10 +1,11 @@
 """The run itself: preflight checks, actor start-up, weight group, and the produce -> consume -> push loop.
 
-The loop keeps a buffer of scored groups. A step takes ``train_batch_size * dp_size`` groups from it (drawing more
-rollouts while it is short: DAPO's dynamic sampling drops zero-signal groups and refills instead of skipping
-steps), trains, and pushes weights. With ``max_staleness >= 1`` the producers already roll out the next batch, with
-the previous weights, while the consumers train (one-step off-policy); every row records the weight version that
-sampled it.
+The loop keeps scored groups in a ``RolloutBuffer`` (``rollout_buffer.py``). A step takes ``train_batch_size *
+dp_size`` groups from it (drawing more rollouts while it is short: DAPO's dynamic sampling drops zero-signal groups and
+refills instead of skipping steps), trains, and pushes weights. With ``max_staleness = k >= 1`` the producers keep
+rolling out with the weights they hold while the consumers train, up to k steps' worth of groups ahead; every row
+records the weight version that sampled it, and no row more than k versions behind the weights it is trained from is
+trained.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import os
 import time
 import numpy as np
 
-from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.config import LaunchConfig
 from coati.distributed.guards import RewardFailure, all_finite, check_reward_failures, reward_failures
 from coati.distributed.preflight import Plan
 from coati.distributed.rollout import RolloutBatch
+from coati.distributed.rollout_buffer import DrawLog, RolloutBuffer
 
 log = logging.getLogger(__name__)
 MAX_DRAWS_PER_STEP = 8
+"""draw rounds a step may make, per round its batch needs when nothing is dropped, before zero-signal groups fill it"""
 
 
 class RunError(RuntimeError):
@@ -69,7 +71,9 @@ class Run:
         self.push_stats: dict = {}
         self.start_step = 0
         self.last_checkpoint: str | None = None
-        self.buffer: list[RolloutBatch] = []
+        a = cfg.algorithm
+        self.buffer = RolloutBuffer(cfg.global_train_batch_size, cfg.producer.num_generations, max_staleness,
+                                    a.dynamic_sampling, a.dynamic_sampling_signal, MAX_DRAWS_PER_STEP)  # fmt: skip
         self.record: dict = {}
         """the config and identity a checkpoint records (set by the driver)"""
         from transformers import AutoTokenizer
@@ -157,7 +161,7 @@ class Run:
         try:
             _get([c.save_checkpoint.remote(str(folder)) for c in self.consumers], f"checkpoint {step} (consumers)")
             states = _get([p.state.remote() for p in self.producers], f"checkpoint {step} (producers)")
-            save_driver_state(folder, self.buffer, states)
+            save_driver_state(folder, self.buffer.state(), states)
         except (RunError, OSError) as e:
             free = shutil.disk_usage(manager.root).free / 2**20
             raise RunError(f"writing checkpoint {folder} failed: {e} ({manager.root} has {free:.0f} MiB free)") from e
@@ -181,61 +185,59 @@ class Run:
         if len(state["producers"]) != len(self.producers):
             raise ValueError(f"checkpoint has {len(state['producers'])} producers, this run {len(self.producers)}")
         _get([p.restore.remote(s) for p, s in zip(self.producers, state["producers"], strict=True)], "restoring producers")
-        self.buffer = state["buffer"]
+        self.buffer.restore(state["buffer"])
         self.version = self.start_step = meta["step"]
         self.last_checkpoint = str(folder)
         return self.start_step
 
     # ---- rollouts --------------------------------------------------------------------------------------------
 
-    def _start_generation(self):
-        return [p.generate.remote(self.cfg.producer.inference_batch_size) for p in self.producers]
+    def _draw_sizes(self, missing_groups: int) -> list[int]:
+        """Prompts each producer draws in one round. Synchronous runs (k = 0) ask for no more than the step lacks, since
+        a leftover group would be stale by the next step; otherwise every producer draws ``inference_batch_size``."""
+        size, n = self.cfg.producer.inference_batch_size, len(self.producers)
+        if self.max_staleness >= 1:
+            return [size] * n
+        missing = max(missing_groups, 1)
+        return [min(size, missing // n + (i < missing % n)) for i in range(n)]
 
-    def _collect(self, refs, stats: dict) -> None:
+    def _draw(self, for_step: int, missing_groups: int) -> None:
+        """One round: every producer with a share draws, and each draw is checked and admitted as it lands."""
+        sizes = self._draw_sizes(missing_groups)
+        refs = [p.generate.remote(k) for p, k in zip(self.producers, sizes, strict=True) if k > 0]
+        log = self.buffer.log(for_step)
+        log.draws += 1
         for batch in _get(refs, "rollout"):
             # Each producer's draw is checked as it lands, before any of it can be trained on.
             check_reward_failures(batch.extras, self.cfg.reward.fn, self.cfg.reward.max_error_fraction,
                                   self.cfg.reward.stop_on_first_step_error and self.version == self.start_step,
-                                  f"rollout for step {self.version + 1}")  # fmt: skip
-            stats["rollouts"].append(batch)
-            if self.cfg.algorithm.dynamic_sampling:
-                import torch
+                                  f"rollout for step {for_step}")  # fmt: skip
+            self.buffer.admit(batch, for_step)
 
-                degenerate = degenerate_groups(torch.tensor(batch.rewards), torch.tensor(batch.group_ids)).numpy()
-                stats["dropped_groups"] += int(degenerate.sum()) // self.cfg.producer.num_generations
-                stats["zero_signal"].append(batch.select(degenerate))
-                batch = batch.select(~degenerate)
-            if len(batch):
-                self.buffer.append(batch)
-
-    def _buffered_groups(self) -> int:
-        return sum(len(b) for b in self.buffer) // self.cfg.producer.num_generations
-
-    def _take(self, groups: int, stats: dict) -> RolloutBatch:
-        draws = 0
-        while self._buffered_groups() < groups:
-            if draws >= MAX_DRAWS_PER_STEP:
-                fill = RolloutBatch.concat(stats["zero_signal"])
-                need = (groups - self._buffered_groups()) * self.cfg.producer.num_generations
-                log.warning("dynamic sampling: %d draws left the batch short; filling with %d zero-signal groups",
-                            draws, need // self.cfg.producer.num_generations)  # fmt: skip
-                stats["filled_zero_signal_groups"] += need // self.cfg.producer.num_generations
-                self.buffer.append(fill.select(np.arange(need)))
+    def _take(self, step: int) -> RolloutBatch:
+        """The batch of ``step`` (trained from version step - 1), drawing while the buffer is short."""
+        buf, draws = self.buffer, self.buffer.log(step)
+        buf.drop_stale(step - 1, draws)
+        per_draw = sum(self._draw_sizes(buf.groups_per_step))
+        while buf.groups() < buf.groups_per_step:
+            if draws.draws >= buf.draws_allowed(per_draw):
+                short = buf.groups_per_step - buf.groups()
+                buf.fill_short(draws)
+                log.warning("dynamic sampling: %d draws left step %d short; filled with %d zero-signal groups",
+                            draws.draws, step, short)  # fmt: skip
                 break
-            self._collect(self._start_generation(), stats)
-            draws += 1
-        merged = RolloutBatch.concat(self.buffer)
-        rows = groups * self.cfg.producer.num_generations
-        self.buffer = [merged.select(np.arange(rows, len(merged)))] if len(merged) > rows else []
-        return merged.select(np.arange(rows))
+            self._draw(step, buf.groups_per_step - buf.groups())
+        return buf.take(step - 1)
 
-    def _fill_while_training(self, train_refs, groups: int, stats: dict) -> None:
-        """Roll out the next step's groups with the current weights while the consumers train (one-step
-        off-policy); keep drawing while the buffer is short and training is still running."""
+    def _fill_while_training(self, train_refs, step: int, total: int) -> None:
+        """While step ``step`` trains, roll out with the weights the producers hold (version step - 1) for the next
+        steps, up to ``max_staleness`` steps' worth of groups (the pacing that keeps the bound), and only while
+        training is still running."""
         import ray
 
-        while self._buffered_groups() < groups:
-            self._collect(self._start_generation(), stats)
+        target = self.buffer.fill_target(total - step)
+        while self.buffer.groups(step) < target:
+            self._draw(step + 1, target - self.buffer.groups(step))
             done, _ = ray.wait(train_refs, num_returns=len(train_refs), timeout=0)
             if len(done) == len(train_refs):
                 break
@@ -273,18 +275,16 @@ class Run:
         history, evals = [], []
         if eval_interval and self.plan.eval_dataset and self.start_step == 0:
             evals.append({"step": 0, **self.evaluate()})
-        groups = self.cfg.global_train_batch_size
         for step in range(self.start_step + 1, total + 1):
             t0 = time.perf_counter()
-            stats = {"rollouts": [], "dropped_groups": 0, "zero_signal": [], "filled_zero_signal_groups": 0}
-            batch = self._take(groups, stats)
+            batch = self._take(step)
             t_rollout = time.perf_counter() - t0
             ref = ray.put(batch)
             asleep = self._sleep_producers() if self.sleep_while_training else {}
             train_refs = [c.train_step.remote(ref) for c in self.consumers]
             t1 = time.perf_counter()
             if self.max_staleness >= 1 and step < total:
-                self._fill_while_training(train_refs, groups, stats)
+                self._fill_while_training(train_refs, step, total)
             # With pipeline parallelism only the last stage sees the loss: report the fullest metrics.
             train_metrics = max(_get(train_refs, f"training step {step}"), key=len)
             t_train = time.perf_counter() - t1
@@ -292,7 +292,8 @@ class Run:
             if self.sleep_while_training:
                 asleep["time/wake"] = self._wake_producers()
             t_push = self.push_weights()
-            metrics = self._metrics(step, total, batch, stats, train_metrics, t_rollout, t_train, t_push, t0)
+            metrics = self._metrics(step, total, batch, self.buffer.logs.pop(step), train_metrics, t_rollout, t_train,
+                                    t_push, t0)  # fmt: skip
             metrics.update(asleep)
             if eval_interval and self.plan.eval_dataset and (step % eval_interval == 0 or step == total):
                 evals.append({"step": step, **self.evaluate()})
@@ -358,9 +359,12 @@ class Run:
         os.replace(tmp, path)
         return path
 
-    def _metrics(self, step, total, batch, stats, train, t_rollout, t_train, t_push, t0) -> dict:
+    def _metrics(self, step, total, batch, draws: DrawLog, train, t_rollout, t_train, t_push, t0) -> dict:
+        """The step's metrics: ``reward/*`` and ``response/*`` over the rows drawn for this step (before filtering),
+        ``reward/train_batch_mean`` and the lags over the rows it trained."""
         n = self.cfg.producer.num_generations
-        drawn = RolloutBatch.concat(stats["rollouts"]) if stats["rollouts"] else batch
+        drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch
+        lag = (step - 1) - batch.policy_version
         ex = drawn.extras
         out = {
             "step": step,
@@ -373,9 +377,12 @@ class Run:
             "response/truncated_frac": float(drawn.truncated.mean()),
             "response/tokens": int(drawn.response_lengths.sum()),
             "rollout/drawn_groups": len(drawn) // n,
-            "rollout/dropped_zero_signal_groups": stats["dropped_groups"],
-            "rollout/filled_zero_signal_groups": stats["filled_zero_signal_groups"],
-            "rollout/policy_lag_max": int(self.version - 1 - batch.policy_version.min()),
+            "rollout/draws": draws.draws,
+            "rollout/dropped_zero_signal_groups": draws.dropped_zero_signal_groups,
+            "rollout/filled_zero_signal_groups": draws.filled_zero_signal_groups,
+            "rollout/stale_dropped_groups": draws.stale_dropped_groups,
+            "rollout/policy_lag_mean": float(lag.mean()),
+            "rollout/policy_lag_max": int(lag.max()),
             **reward_failures(ex),
             "time/rollout_wait": t_rollout,
             "time/train": t_train,
@@ -390,6 +397,8 @@ class Run:
         # metrics). Rollout wait itself is generation + reward + transfer, reported by the producers above.
         out["time/overhead"] = max(out["time/step"] - t_rollout - t_train - t_push, 0.0)
         out.update({k: v for k, v in train.items()})
+        for j, count in enumerate(np.bincount(lag[::n], minlength=self.max_staleness + 1)):
+            out[f"rollout/lag{j}_groups"] = int(count)  # trained groups sampled j versions back
         out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
         out["samples"] = [
             {"prompt": self.tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),

@@ -99,6 +99,7 @@ class Producer:
                 f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
             )
         rewards = rewards.astype(np.float32)
+        out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
         if buffer:
             penalty = overlong_penalty(

@@ -107,6 +107,12 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         if not {"pp_size", "tp_size"} & set(layout.get("plugin_config", {})):  # data-parallel replicas in step
             for c in run.consumers:
                 assert_same(ray.get(c.weights.remote()), after)
+        if layout == {**DP2, "core_algo": "RLOO"}:
+            # Metrics are reduced over DP ranks: both return the same values (each used to report its own shard's).
+            batch = run._take(3)
+            metrics = ray.get([c.train_step.remote(batch) for c in run.consumers])
+            keys = [k for k in metrics[0] if not k.startswith("time/")]
+            assert {k: metrics[0][k] for k in keys} == {k: metrics[1][k] for k in keys}
         # Flat weights on both sides (kept flat through the optimizer steps): every byte lands in place, one
         # transfer per stage; else the weights are packed into a bucket and copied out.
         last = out["history"][-1]

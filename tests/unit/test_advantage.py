@@ -91,3 +91,11 @@ def test_group_layout_need_not_be_contiguous():
 def test_every_preset_names_registered_pieces():
     for name, preset in ALGO_MAP.items():
         assert preset.advantage_estimator in ADVANTAGE_ESTIMATORS, name
+
+
+def test_reinforce_ppb_epsilon_sits_inside_the_root():
+    """(a - mu) / sqrt(var + eps), as the paper whitens; with eps = 0.25 that differs from / (sigma + eps)."""
+    cfg = AlgorithmConfig(adv_eps=0.25)
+    out = ADVANTAGE_ESTIMATORS["reinforce_ppb"](REWARDS, GROUPS, MASK, cfg)
+    root = math.sqrt(2.9 / 9 + 0.25)
+    assert per_seq(out.advantages) == pytest.approx([0.9 / root, -1.1 / root] + [-0.1 / root] * 4, rel=1e-6)

@@ -26,6 +26,9 @@ BAD = [
     (lambda: AlgorithmConfig(kl_estimator="k4"), "unknown KL estimator 'k4'; known: k1, k2, k3"),
     (lambda: AlgorithmConfig(dual_clip_c=0.5), "dual_clip_c must be > 1"),
     (lambda: AlgorithmConfig(beta=-1), "beta must be >= 0, got -1"),
+    (lambda: AlgorithmConfig(off_policy_correction="is"), "unknown off-policy correction 'is'; known: none, tis, icepop"),
+    (lambda: AlgorithmConfig(tis_cap=None), r"tis_cap must be a number >= 1 \(off: off_policy_correction='none'\)"),
+    (lambda: AlgorithmConfig(is_mask_low=1.5), "need 0 < is_mask_low < 1 < is_mask_high, got 1.5 and 2.0"),
     (lambda: ProducerConfig(num_generations=1), "num_generations must be >= 2"),
     (
         lambda: ProducerConfig(inference_batch_size=6, inference_microbatch_size=4),
@@ -49,6 +52,14 @@ BAD = [
             consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=4),
         ),
         r"train_minibatch_size \* num_generations=6 is not divisible by train_microbatch_size=4",
+    ),
+    (  # a micro-batch larger than the minibatch used to end in StopIteration while building the message
+        lambda: LaunchConfig(
+            producer=ProducerConfig(num_generations=2),
+            consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=8),
+        ),
+        r"train_minibatch_size \* num_generations=4 is not divisible by train_microbatch_size=8; use "
+        r"train_microbatch_size=4 \(at most train_minibatch_size \* num_generations\)",
     ),
     (
         lambda: LaunchConfig(

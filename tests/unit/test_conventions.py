@@ -7,17 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from coati.distributed.algo import ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from coati.distributed.algo import (ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATORS, LOSS_AGGREGATIONS,
+                                   OFF_POLICY_CORRECTIONS, POLICY_LOSSES)
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIR = ROOT / "coati" / "distributed" / "algo"
 PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" / "config.py", ROOT / "coati" / "registry.py",
                                             ROOT / "coati" / "distributed" / "wire_layout.py",
                                             ROOT / "coati" / "distributed" / "guards.py",
+                                            ROOT / "coati" / "distributed" / "rollout_buffer.py",
+                                            ROOT / "coati" / "distributed" / "step_metrics.py",
                                             ROOT / "coati" / "distributed" / "reward" / "code_runner.py"]
 
 
-@pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS])
+@pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS,
+                                      OFF_POLICY_CORRECTIONS])
 def test_registered_functions_have_docstrings(registry):
     for name, fn in registry.items():
         assert fn.__doc__ and len(fn.__doc__.strip()) > 20, f"{registry.kind} {name!r} has no docstring"

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from coati.distributed.algo import KL_ESTIMATORS, POLICY_LOSSES, LossInput, LossNorm, compute_policy_loss
+from coati.distributed.algo import (KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, LossInput, LossNorm,
+                                   compute_policy_loss)
 from coati.distributed.algo.shaping import mask_truncated, overlong_penalty
 from coati.distributed.config import AlgorithmConfig
 
@@ -135,3 +136,69 @@ def test_mask_truncated_zeroes_whole_rows():
     mask = torch.ones(3, 4)
     out = mask_truncated(mask, torch.tensor([False, True, False]))
     assert out.sum(-1).tolist() == [4, 0, 4]
+
+
+@pytest.mark.parametrize("name,dual", [("ppo_clip", None), ("ppo_clip", 3.0), ("gspo", None), ("cispo", None)])
+def test_extreme_log_ratios_give_finite_losses_and_gradients(name, dual):
+    """A log-ratio of 100 on a negative advantage made the loss inf (NaN under dual clip); the log-ratio is clamped
+    to +-20 first."""
+    cfg = AlgorithmConfig(policy_loss=name, dual_clip_c=dual)
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float32, requires_grad=True)
+    old = torch.tensor([[-101.0, -2.0, 99.5]])  # log-ratios 100, 0, -100
+    inp = LossInput(logprobs=logprobs, old_logprobs=old, advantages=torch.full((1, 3), -1.0), mask=torch.ones(1, 3))
+    loss, metrics = POLICY_LOSSES[name](inp, cfg)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logprobs.grad).all()
+    assert all(torch.isfinite(v).all() for v in metrics.values()), metrics
+    if name == "ppo_clip" and dual is None:
+        assert loss[0, 0].item() == pytest.approx(math.exp(20.0), rel=1e-5)  # -A * e^20 at the bound
+
+
+def test_k3_is_finite_for_extreme_log_ratios():
+    lp = torch.tensor([-101.0, -1.0])
+    ref = torch.tensor([-1.0, -101.0])  # x = +100 and -100
+    k3 = KL_ESTIMATORS["k3"](lp, ref)
+    assert torch.isfinite(k3).all()
+    assert k3.tolist() == pytest.approx([math.expm1(20.0) - 20.0, math.expm1(-20.0) + 20.0], rel=1e-5)
+
+
+RHO = [3.0, 1.25, 0.25]  # pi_prox / mu per token: old log-probs 0, engine log-probs -log(rho)
+
+
+def correction_input(rhos):
+    old = torch.zeros(len(rhos), 3, dtype=torch.float64)
+    rollout = -torch.tensor(rhos, dtype=torch.float64).log()
+    return old, rollout, torch.ones_like(old)
+
+
+@pytest.mark.parametrize(
+    "name,weights,corrected",
+    [
+        ("none", [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], 0.0),
+        ("tis", [[2.0, 1.25, 0.25], [2.0, 2.0, 2.0]], 4 / 6),  # truncated at tis_cap = 2
+        ("icepop", [[0.0, 1.25, 0.0], [0.0, 0.0, 0.0]], 5 / 6),  # kept only inside [0.5, 2]
+        # Row 0: geometric mean (3 * 1.25 * 0.25)^(1/3) = 0.979, kept and truncated; row 1: 3, dropped whole.
+        ("seq_mask", [[2.0, 1.25, 0.25], [0.0, 0.0, 0.0]], 4 / 6),
+    ],
+)
+def test_off_policy_corrections_hand_computed(name, weights, corrected):
+    cfg = AlgorithmConfig(off_policy_correction=name)
+    old, rollout, mask = correction_input([RHO, [3.0, 3.0, 3.0]])
+    weight, metrics = OFF_POLICY_CORRECTIONS[name](old, rollout, mask, cfg)
+    assert weight.tolist() == [pytest.approx(w) for w in weights]
+    assert metrics["loss/is_ratio_max"].item() == pytest.approx(3.0)
+    assert metrics["loss/is_corrected_frac"].item() == pytest.approx(corrected)
+    assert metrics["loss/is_weight_max"].item() == pytest.approx(max(max(w) for w in weights))
+
+
+def test_decoupled_objective_clips_against_the_proximal_policy_and_weights_by_the_behaviour_ratio():
+    """A stale token: the engine (mu) gave it p = 0.25, the weights the step starts from (pi_prox) p = 0.5, and pi_theta
+    moved to 0.6. The clip sees pi_theta / pi_prox = 1.2 (inside 0.8..1.28); the weight is pi_prox / mu = 2."""
+    cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28, off_policy_correction="tis", tis_cap=4.0)
+    logprobs = torch.tensor([[math.log(0.6)]], dtype=torch.float64, requires_grad=True)
+    inp = LossInput(logprobs=logprobs, old_logprobs=torch.tensor([[math.log(0.5)]], dtype=torch.float64),
+                    advantages=torch.ones(1, 1, dtype=torch.float64), mask=torch.ones(1, 1, dtype=torch.float64),
+                    rollout_logprobs=torch.tensor([[math.log(0.25)]], dtype=torch.float64))  # fmt: skip
+    loss, metrics = compute_policy_loss(inp, cfg, LossNorm.from_mask(inp.mask, 1))
+    assert loss.item() == pytest.approx(-1.2 * 2.0)
+    assert metrics["loss/clipfrac"].item() == 0 and metrics["loss/is_weight_mean"].item() == pytest.approx(2.0)

@@ -5,12 +5,14 @@ Nothing here imports ray or touches CUDA; every function runs on whatever device
 - ``policy_loss``: ``fn(LossInput, cfg) -> (token_loss[B,T], metrics)``
 - ``aggregation``: token-level losses -> the scalar whose gradient one optimizer step sums
 - ``kl``: k1/k2/k3 estimators of KL(pi || pi_ref)
+- ``correction``: off-policy corrections ``fn(old_logprobs, rollout_logprobs, mask, cfg) -> (weight[B,T], metrics)``
 - ``shaping``: DAPO's soft overlong penalty and group filter
 - ``presets``: ``ALGO_MAP``, each algorithm as a bundle of the above
 """
 
 from coati.distributed.algo.advantage import ADVANTAGE_ESTIMATORS, AdvantageOutput
 from coati.distributed.algo.aggregation import LOSS_AGGREGATIONS, LossNorm, aggregate_loss
+from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 from coati.distributed.algo.kl import KL_ESTIMATORS
 from coati.distributed.algo.loss import LossInput, compute_policy_loss
 from coati.distributed.algo.policy_loss import POLICY_LOSSES
@@ -24,6 +26,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "LossInput",
     "LossNorm",
+    "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
     "aggregate_loss",
     "compute_policy_loss",

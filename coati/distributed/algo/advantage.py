@@ -82,7 +82,8 @@ def rloo_advantage(rewards, group_ids, response_mask, cfg) -> AdvantageOutput:
 @torch.no_grad()
 def reinforce_pp_baseline_advantage(rewards, group_ids, response_mask, cfg) -> AdvantageOutput:
     """REINFORCE++-baseline (Hu et al. 2025): a_i = r_i - mean_g(r), then whitened over all response tokens of the
-    global batch: A_{i,t} = (a_i - mu) / (sigma + eps), mu and sigma the masked mean and std over every valid token.
+    global batch: A_{i,t} = (a_i - mu) / sqrt(sigma^2 + eps), mu and sigma^2 the masked mean and variance over every
+    valid token (the epsilon inside the root, as the paper's whitening).
 
     Unlike a known bug of its namesake's port, the whitening divides by sigma (never multiplies) and runs once over the
     global batch, not per micro-batch.
@@ -97,5 +98,5 @@ def reinforce_pp_baseline_advantage(rewards, group_ids, response_mask, cfg) -> A
         return _finish(torch.zeros_like(r), rewards, group_ids, response_mask)
     mu = tok.sum() / n
     var = (((tok - mu) * mask) ** 2).sum() / (n - 1).clamp(min=1)
-    adv = ((tok - mu) / (var.sqrt() + cfg.adv_eps)) * mask
+    adv = ((tok - mu) / (var + cfg.adv_eps).sqrt()) * mask
     return AdvantageOutput(adv.to(torch.float32).detach(), degenerate_groups(rewards, group_ids))

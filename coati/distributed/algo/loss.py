@@ -1,4 +1,4 @@
-"""The consumer's loss for one micro-batch: policy loss (+ truncated importance sampling) (+ beta * KL), aggregated.
+"""The consumer's loss for one micro-batch: policy loss (x off-policy correction weight) (+ beta * KL), aggregated.
 
 All inputs are per sampled token, [B, T] over the response positions; ``mask`` is the loss mask the inference backend
 returned (response tokens up to and including EOS), possibly zeroed further by DAPO's truncation masking.
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from coati.distributed.algo.aggregation import LossNorm, aggregate_loss
+from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 from coati.distributed.algo.kl import KL_ESTIMATORS
 from coati.distributed.algo.policy_loss import POLICY_LOSSES, _masked_mean
 
@@ -28,7 +29,8 @@ class LossInput:
     ref_logprobs: torch.Tensor | None = None
     """[B, T] log-probs under the frozen reference policy; required when beta > 0"""
     rollout_logprobs: torch.Tensor | None = None
-    """[B, T] log-probs reported by the inference engine at sampling time; used for TIS and the gap metric"""
+    """[B, T] log-probs reported by the inference engine at sampling time (the behaviour policy); None when the
+    engine's are not valid for the sampling settings. Used by the off-policy correction and the gap metric"""
 
     def __post_init__(self):
         shape = self.logprobs.shape
@@ -40,21 +42,20 @@ class LossInput:
 def compute_policy_loss(inp: LossInput, cfg, norm: LossNorm) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Return (scalar loss to backpropagate for this micro-batch, metrics as detached scalars).
 
-    ``cfg`` is an ``AlgorithmConfig``. With ``cfg.tis_cap`` set, each token's loss is weighted by
-    min(exp(logp_old - logp_rollout), tis_cap) (truncated importance sampling, Yao et al. 2025), correcting for the
-    mismatch between the inference engine and the trainer.
+    ``cfg`` is an ``AlgorithmConfig``. When the batch carries the engine's log-probs, each token's loss is weighted by
+    the off-policy correction ``cfg.off_policy_correction`` (``correction.py``) of pi_prox (``old_logprobs``) against
+    the behaviour policy (``rollout_logprobs``).
     """
     mask = inp.mask.to(inp.logprobs.dtype)
     token_loss, metrics = POLICY_LOSSES.get(cfg.policy_loss)(inp, cfg)
     if inp.rollout_logprobs is not None:
         gap = (inp.old_logprobs - inp.rollout_logprobs).detach()
         metrics["rollout/logprob_gap_abs"] = _masked_mean(gap.abs(), mask)
-        if cfg.tis_cap is not None:
-            tis = torch.exp(gap).clamp(max=cfg.tis_cap)
-            metrics["loss/tis_weight_mean"] = _masked_mean(tis, mask)
-            token_loss = token_loss * tis
-    elif cfg.tis_cap is not None:
-        raise ValueError("tis_cap is set but the batch has no rollout_logprobs; the backend must report them")
+        weight, correction = OFF_POLICY_CORRECTIONS.get(cfg.off_policy_correction)(
+            inp.old_logprobs, inp.rollout_logprobs, mask, cfg
+        )
+        metrics.update(correction)
+        token_loss = token_loss * weight
     if cfg.beta > 0:
         if inp.ref_logprobs is None:
             raise ValueError(f"beta={cfg.beta} > 0 needs ref_logprobs from a reference model")

@@ -1,0 +1,144 @@
+"""The driver's rollout buffer: scored groups wait here between the producers that draw them and the step that trains
+them. Pure (no Ray): the loop decides when to draw, the buffer decides what is kept, what is trained and what is too
+old to train.
+
+Versions: a row sampled by weights of version v and trained by a step that starts from version u has lag u - v.
+With ``max_staleness = k`` no row with lag > k is ever trained: ``take`` drops such rows first and counts them. The
+loop paces producers so that this rarely happens (it draws ahead at most k steps' worth of groups, see
+``fill_target``), because discarding stale groups biases training toward rollouts that finish quickly.
+
+Dynamic sampling (DAPO): ``admit`` drops groups whose every completion got the same *signal* and keeps them aside;
+``take`` fills a batch that stayed short after ``max_draws`` draws from those (they train as zero-advantage rows
+rather than a step being skipped). The signal is by default the reward function's own score (``task_reward``: for a
+verifier, the accuracy), not the length-shaped reward, so an all-wrong group is not kept for its length penalty.
+
+Metrics: each draw is recorded against the step it was drawn for (``open_step``), so a step's ``rollout/*`` and
+``reward/*`` describe the rows drawn for it, not the next step's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coati.distributed.rollout import RolloutBatch
+
+SIGNALS = ("task_reward", "reward")
+"""what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
+
+
+def degenerate_rows(values: np.ndarray, group_ids: np.ndarray, tol: float = 1e-8) -> np.ndarray:
+    """Bool [B]: True where every row of the row's group has the same value (max - min <= tol)."""
+    _, inverse = np.unique(group_ids, return_inverse=True)
+    k = int(inverse.max()) + 1 if len(inverse) else 0
+    hi = np.full(k, -np.inf)
+    lo = np.full(k, np.inf)
+    np.maximum.at(hi, inverse, values)
+    np.minimum.at(lo, inverse, values)
+    return (hi - lo)[inverse] <= tol
+
+
+@dataclass
+class DrawLog:
+    """What was drawn for one step."""
+
+    rollouts: list[RolloutBatch] = field(default_factory=list)
+    """every draw as it landed, before filtering"""
+    draws: int = 0
+    """draw rounds (one call to every producer) made for the step"""
+    dropped_zero_signal_groups: int = 0
+    filled_zero_signal_groups: int = 0
+    stale_dropped_groups: int = 0
+    """groups beyond the staleness bound, dropped (never trained) when the step took its batch"""
+    zero_signal: list[RolloutBatch] = field(default_factory=list)
+
+
+class RolloutBuffer:
+    def __init__(self, groups_per_step: int, group_size: int, max_staleness: int, dynamic_sampling: bool,
+                 signal: str = "task_reward", max_draws: int = 8):  # fmt: skip
+        if signal not in SIGNALS:
+            raise ValueError(f"dynamic sampling signal {signal!r} is not one of {SIGNALS}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.groups_per_step, self.group_size = groups_per_step, group_size
+        self.max_staleness, self.dynamic_sampling, self.signal = max_staleness, dynamic_sampling, signal
+        self.max_draws = max_draws
+        self.batches: list[RolloutBatch] = []
+        self.logs: dict[int, DrawLog] = {}
+
+    # ---- filling ---------------------------------------------------------------------------------------------
+
+    def log(self, step: int) -> DrawLog:
+        return self.logs.setdefault(step, DrawLog())
+
+    def admit(self, batch: RolloutBatch, for_step: int) -> None:
+        """Keep a scored draw made for step ``for_step``; with dynamic sampling, set zero-signal groups aside."""
+        log = self.log(for_step)
+        log.rollouts.append(batch)
+        if self.dynamic_sampling and len(batch):
+            values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
+            degenerate = degenerate_rows(np.asarray(values, dtype=np.float64), batch.group_ids)
+            log.dropped_zero_signal_groups += int(degenerate.sum()) // self.group_size
+            log.zero_signal.append(batch.select(np.flatnonzero(degenerate)))
+            batch = batch.select(np.flatnonzero(~degenerate))
+        if len(batch):
+            self.batches.append(batch)
+
+    def groups(self, trained_version: int | None = None) -> int:
+        """Groups held (only those still trainable by a step starting from ``trained_version``, when given)."""
+        rows = sum(len(b) if trained_version is None else int((trained_version - b.policy_version <= self.max_staleness).sum())
+                   for b in self.batches)  # fmt: skip
+        return rows // self.group_size
+
+    def draws_allowed(self, per_draw_groups: int) -> int:
+        """Draw rounds a step may make before its batch is filled from zero-signal groups: ``max_draws`` times the
+        rounds a batch needs when nothing is dropped, so any batch size the config accepts can be filled."""
+        return self.max_draws * max(1, -(-self.groups_per_step // max(per_draw_groups, 1)))
+
+    def fill_target(self, steps_left: int) -> int:
+        """Groups to hold while a step trains: the next ``max_staleness`` steps' worth (0 when synchronous), so
+        producers run ahead at most k versions and every group drawn now is trained within the bound."""
+        return self.groups_per_step * min(self.max_staleness, steps_left)
+
+    # ---- taking ----------------------------------------------------------------------------------------------
+
+    def drop_stale(self, trained_version: int, log: DrawLog) -> None:
+        """Remove rows whose lag behind ``trained_version`` exceeds the bound (never trained), counting them."""
+        kept = []
+        for b in self.batches:
+            fresh = trained_version - b.policy_version <= self.max_staleness
+            log.stale_dropped_groups += int((~fresh).sum()) // self.group_size
+            if fresh.any():
+                kept.append(b if fresh.all() else b.select(np.flatnonzero(fresh)))
+        self.batches = kept
+
+    def fill_short(self, log: DrawLog) -> None:
+        """After the allowed draws, top the buffer up from this step's zero-signal groups."""
+        missing = (self.groups_per_step - self.groups()) * self.group_size
+        pool = RolloutBatch.concat(log.zero_signal) if log.zero_signal else None
+        if pool is None or len(pool) < missing:
+            have = 0 if pool is None else len(pool) // self.group_size
+            raise RuntimeError(f"dynamic sampling: {log.draws} draws left the batch {missing // self.group_size} groups "
+                               f"short and only {have} zero-signal groups were drawn")  # fmt: skip
+        log.filled_zero_signal_groups += missing // self.group_size
+        self.batches.append(pool.select(np.arange(missing)))
+
+    def take(self, trained_version: int) -> RolloutBatch:
+        """The step's batch: ``groups_per_step`` groups, oldest first, none beyond the staleness bound."""
+        rows = self.groups_per_step * self.group_size
+        merged = RolloutBatch.concat(self.batches)
+        order = np.argsort(merged.policy_version, kind="stable")  # oldest versions first, admission order within
+        assert len(merged) >= rows, (len(merged), rows)
+        assert (trained_version - merged.policy_version[order[:rows]] <= self.max_staleness).all()
+        rest = order[rows:]
+        self.batches = [merged.select(np.sort(rest))] if len(rest) else []
+        return merged.select(order[:rows])
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+
+    def state(self) -> list[RolloutBatch]:
+        return list(self.batches)
+
+    def restore(self, batches: list[RolloutBatch]) -> None:
+        self.batches = list(batches)

@@ -1,0 +1,137 @@
+"""The rollout buffer alone (no Ray): admission and the dynamic-sampling filter, the staleness bound, pacing, the
+refill that no accepted configuration can crash, and per-step draw logs."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from coati.distributed.rollout import batch_from_responses
+from coati.distributed.rollout_buffer import RolloutBuffer, degenerate_rows
+
+G = 4  # completions per group
+_ids = itertools.count()
+
+
+def draw(task_rewards, version, shaped=None):
+    """A scored draw: one group per entry of ``task_rewards`` (G values each), sampled by weights ``version``."""
+    k = len(task_rewards)
+    prompts = [[1, 2]] * k
+    b = batch_from_responses(prompts, G, [[3]] * (k * G), None, [True] * (k * G), pad_id=0)
+    task = np.asarray(task_rewards, dtype=np.float32).reshape(-1)
+    b.rewards = task.copy() if shaped is None else np.asarray(shaped, dtype=np.float32).reshape(-1)
+    b.extras["task_reward"] = task
+    b.extras["prompt_index"] = np.repeat([next(_ids) for _ in range(k)], G)
+    b.group_ids = b.group_ids + 1000 * b.extras["prompt_index"][0]
+    b.policy_version = np.full(k * G, version, dtype=np.int64)
+    return b
+
+
+def mixed(k):
+    return [[0, 1, 0, 1]] * k
+
+
+def test_degenerate_rows():
+    values = np.array([1, 1, 1, 1, 0, 1, 0, 0], dtype=float)
+    assert degenerate_rows(values, np.repeat([7, 3], 4)).tolist() == [True] * 4 + [False] * 4
+
+
+def test_dynamic_sampling_filters_on_the_task_reward_not_the_length_penalty():
+    """An all-wrong group whose lengths differ gets different shaped rewards ([0, 0, -0.33, -1]); it has no signal of
+    correctness and is dropped by default; filtering on the shaped reward keeps it."""
+    task = [[0, 0, 0, 0]]
+    shaped = [[0, 0, -0.33, -1.0]]
+    on_task = RolloutBuffer(1, G, max_staleness=0, dynamic_sampling=True)
+    on_task.admit(draw(task, 0, shaped), for_step=1)
+    assert on_task.groups() == 0 and on_task.log(1).dropped_zero_signal_groups == 1
+    on_shaped = RolloutBuffer(1, G, max_staleness=0, dynamic_sampling=True, signal="reward")
+    on_shaped.admit(draw(task, 0, shaped), for_step=1)
+    assert on_shaped.groups() == 1
+
+
+def test_take_is_oldest_first_whole_groups_and_within_the_bound():
+    buf = RolloutBuffer(2, G, max_staleness=1, dynamic_sampling=False)
+    buf.admit(draw(mixed(2), version=3), for_step=5)
+    buf.admit(draw(mixed(2), version=2), for_step=4)
+    batch = buf.take(trained_version=3)
+    assert batch.policy_version.tolist() == [2] * 8
+    assert len(np.unique(batch.group_ids)) == 2 and all((batch.group_ids == g).sum() == G for g in np.unique(batch.group_ids))
+    assert buf.groups() == 2
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_no_row_beyond_the_bound_is_trained_and_each_is_counted(k):
+    buf = RolloutBuffer(2, G, max_staleness=k, dynamic_sampling=False)
+    for v in range(5):  # one group per version 0..4
+        buf.admit(draw(mixed(1), version=v), for_step=5)
+    log = buf.log(5)
+    buf.drop_stale(trained_version=4, log=log)
+    assert log.stale_dropped_groups == 4 - k  # versions 0 .. 3-k are more than k behind version 4
+    assert buf.groups() == k + 1
+    if k + 1 >= 2:
+        batch = buf.take(trained_version=4)
+        assert (4 - batch.policy_version <= k).all()
+        assert batch.policy_version.min() == 4 - k  # the oldest allowed go first
+
+
+def test_groups_counts_only_rows_still_trainable():
+    buf = RolloutBuffer(1, G, max_staleness=1, dynamic_sampling=False)
+    buf.admit(draw(mixed(1), version=0), for_step=1)
+    buf.admit(draw(mixed(2), version=2), for_step=3)
+    assert buf.groups() == 3 and buf.groups(trained_version=2) == 2 and buf.groups(trained_version=1) == 3
+
+
+@pytest.mark.parametrize("k,steps_left,target", [(0, 5, 0), (1, 5, 3), (2, 5, 6), (2, 1, 3), (3, 0, 0)])
+def test_pacing_holds_at_most_k_steps_ahead(k, steps_left, target):
+    assert RolloutBuffer(3, G, max_staleness=k, dynamic_sampling=False).fill_target(steps_left) == target
+
+
+def test_a_short_batch_is_filled_from_zero_signal_groups_for_any_batch_size():
+    """32 groups per step, 2 groups per draw: 8 draws (the old fixed limit) cannot fill it; the allowed draws scale
+    with the rounds a batch needs, and the refill then always has enough zero-signal groups."""
+    buf = RolloutBuffer(32, G, max_staleness=0, dynamic_sampling=True, max_draws=8)
+    allowed = buf.draws_allowed(per_draw_groups=2)
+    assert allowed == 8 * 16
+    log = buf.log(1)
+    for _ in range(allowed):  # every draw: one group with signal in 10 draws, the rest all-correct
+        log.draws += 1
+        buf.admit(draw([[1, 1, 1, 1], [1, 1, 1, 1]] if log.draws % 10 else [[0, 1, 1, 1], [1, 1, 1, 1]], 0), for_step=1)
+    kept = buf.groups()
+    assert kept == allowed // 10 < 32
+    buf.fill_short(log)
+    batch = buf.take(trained_version=0)
+    assert len(batch) == 32 * G and log.filled_zero_signal_groups == 32 - kept
+
+
+def test_fill_short_names_the_shortfall_when_nothing_is_left_to_fill_with():
+    buf = RolloutBuffer(4, G, max_staleness=0, dynamic_sampling=True)
+    log = buf.log(1)
+    log.draws = 1
+    buf.admit(draw([[1, 1, 1, 1]], 0), for_step=1)
+    with pytest.raises(RuntimeError, match="1 draws left the batch 4 groups short and only 1 zero-signal groups"):
+        buf.fill_short(log)
+
+
+def test_draw_logs_are_kept_per_step_and_no_prompt_is_lost_or_duplicated():
+    buf = RolloutBuffer(2, G, max_staleness=1, dynamic_sampling=True)
+    buf.admit(draw([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]], 0), for_step=1)
+    buf.admit(draw([[0, 1, 0, 1], [0, 0, 0, 0], [1, 0, 0, 0]], 0), for_step=2)  # drawn while step 1 trains
+    first = buf.take(trained_version=0)
+    second = buf.take(trained_version=1)
+    assert buf.log(1).dropped_zero_signal_groups == 1 and buf.log(2).dropped_zero_signal_groups == 1
+    assert len(buf.log(1).rollouts) == 1 and len(buf.log(2).rollouts) == 1
+    trained = np.concatenate([first.extras["prompt_index"][::G], second.extras["prompt_index"][::G]]).tolist()
+    assert len(trained) == len(set(trained)) == 4  # every kept group trained exactly once
+    assert buf.groups() == 0
+
+
+def test_state_round_trip_and_bad_settings():
+    buf = RolloutBuffer(1, G, max_staleness=1, dynamic_sampling=False)
+    buf.admit(draw(mixed(2), 0), for_step=1)
+    again = RolloutBuffer(1, G, max_staleness=1, dynamic_sampling=False)
+    again.restore(buf.state())
+    assert again.groups() == 2
+    with pytest.raises(ValueError, match="signal 'accuracy' is not one of"):
+        RolloutBuffer(1, G, 0, True, signal="accuracy")
+    with pytest.raises(ValueError, match="max_staleness must be >= 0, got -1"):
+        RolloutBuffer(1, G, -1, False)
