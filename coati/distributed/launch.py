@@ -1,5 +1,7 @@
 """The driver: validate config -> place actors -> connect groups -> initial weight push -> loop (produce, consume,
-push, eval, save). ``ALGO_MAP`` is importable from here without starting anything.
+push, eval, save). ``launch(config)`` runs a config tree (``run_config.Config``); ``launch_distributed`` takes
+ColossalChat's arguments and maps them onto the same tree. ``ALGO_MAP`` is importable from here without starting
+anything.
 """
 
 from __future__ import annotations
@@ -9,71 +11,86 @@ import os
 import uuid
 from typing import Any, Callable
 
-from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
-from coati.distributed.config import (
-    AlgorithmConfig,
-    ConsumerConfig,
-    GenerationConfig,
-    LaunchConfig,
-    PluginConfig,
-    ProducerConfig,
-    RewardConfig,
-)
+import dataclasses
 
-__all__ = ["ALGO_MAP", "launch_distributed", "resolve_algorithm"]
+from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
+from coati.distributed.config import AlgorithmConfig, LaunchConfig
+from coati.distributed.loop import RunError
+from coati.distributed.run_config import Config, config_from_dict
+
+__all__ = ["ALGO_MAP", "Config", "launch", "launch_distributed", "resolve_algorithm"]
 log = logging.getLogger(__name__)
 _ALGO_FIELDS = set(AlgorithmConfig.__dataclass_fields__)
+_DEFAULTS = Config()
 
 
-def build_config(
-    num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
-    inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config, plugin_config,
-    inference_backend, num_generations, core_algo, reward_workers=1,
-) -> LaunchConfig:  # fmt: skip
-    """All checks that need no actor: batch arithmetic, algorithm, sampling, parallel layout."""
-    grpo_config = dict(grpo_config or {})
-    algo_overrides = {k: grpo_config.pop(k) for k in list(grpo_config) if k in _ALGO_FIELDS}
-    known_grpo = {"lr", "train_microbatch_size", "reward_fn_type", "reward_kwargs", "weight_decay", "max_grad_norm",
-                  "max_skipped_steps", "reward_max_error_fraction", "reward_timeout_s",
-                  "reward_stop_on_first_step_error"}
-    unknown = sorted(set(grpo_config) - known_grpo)
-    if unknown:
-        raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(known_grpo | _ALGO_FIELDS)}")
-    return LaunchConfig(
-        producer=ProducerConfig(
-            num_producers=num_producers,
-            num_proc_per_producer=num_proc_per_producer,
-            inference_batch_size=inference_batch_size,
-            inference_microbatch_size=inference_microbatch_size,
-            num_generations=num_generations,
-            backend=inference_backend,
-        ),
-        consumer=ConsumerConfig(
-            num_consumer_procs=num_consumer_procs,
-            train_batch_size=train_batch_size,
-            train_minibatch_size=train_minibatch_size,
-            train_microbatch_size=grpo_config.get("train_microbatch_size", train_minibatch_size * num_generations),
-            learning_rate=grpo_config.get("lr", 1e-6),
-            weight_decay=grpo_config.get("weight_decay", 0.0),
-            max_grad_norm=grpo_config.get("max_grad_norm", 1.0),
-            max_skipped_steps=grpo_config.get("max_skipped_steps", 3),
-            plugin=PluginConfig(**(plugin_config or {})),
-        ),
-        generation=GenerationConfig(**(generate_config or {})),
-        algorithm=resolve_algorithm(core_algo, **algo_overrides),
-        reward=RewardConfig(
-            fn=grpo_config.get("reward_fn_type", "math"),
-            kwargs=grpo_config.get("reward_kwargs") or {},
-            workers=reward_workers,
-            item_timeout_s=grpo_config.get("reward_timeout_s", 30.0),
-            max_error_fraction=grpo_config.get("reward_max_error_fraction", 0.1),
-            stop_on_first_step_error=grpo_config.get("reward_stop_on_first_step_error", True),
-        ),
-        num_episodes=num_episodes,
-    )
+_GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer.train_microbatch_size",
+              "weight_decay": "consumer.weight_decay", "max_grad_norm": "consumer.max_grad_norm",
+              "max_skipped_steps": "consumer.max_skipped_steps", "reward_fn_type": "reward.fn",
+              "reward_kwargs": "reward.kwargs", "reward_max_error_fraction": "reward.max_error_fraction",
+              "reward_timeout_s": "reward.item_timeout_s",
+              "reward_stop_on_first_step_error": "reward.stop_on_first_step_error"}  # fmt: skip
+"""ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
 
-def launch_distributed(
+def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dict:
+    """Run ``config``; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None,
+    "total_steps"}. Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else
+    changes between one box and a cluster. After a failure (``RunError``: an actor died, failed or stopped answering)
+    the run restarts from its last checkpoint, up to ``run.max_restarts`` times."""
+    for attempt in range(config.run.max_restarts + 1):
+        try:
+            return _launch_once(config, on_step)
+        except RunError as e:
+            if attempt == config.run.max_restarts:
+                raise
+            log.warning("run failed (%s); restarting from the last checkpoint (%d/%d)", e, attempt + 1,
+                        config.run.max_restarts)  # fmt: skip
+            config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="latest", overwrite=False))
+    raise AssertionError("unreachable")
+
+
+def _launch_once(config: Config, on_step) -> dict:
+    """validate -> place -> connect -> push -> loop."""
+    from coati.distributed.loop import Run
+    from coati.distributed.preflight import preflight
+
+    cfg, r, m = config.launch_config(), config.run, config.model
+    model = m.path or _default_model()
+    train_dataset, eval_dataset = config.data.datasets(r.seed)
+    plan = preflight(cfg, train_model_path=model, inference_model_path=m.inference_path or model,
+                     tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                     cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
+                     sleep_while_training=r.sleep_while_training)  # fmt: skip
+    total_steps = min(cfg.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
+    record = run_record(cfg, plan, r.seed, r.max_staleness)
+    folder, checkpoint = claim_save_dir(r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps,
+                                        plan.train_model_path, r.keep_checkpoints)  # fmt: skip
+    run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
+              master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
+              sleep_while_training=r.sleep_while_training)  # fmt: skip
+    run.record = record
+    try:
+        run.start_actors()
+        run.connect_weight_group()
+        if checkpoint is not None:
+            run.restore(str(checkpoint))
+        run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
+        return run.loop(max_steps=r.max_steps, eval_interval=r.eval_interval, save_interval=r.save_interval,
+                        save_dir=r.folder, on_step=on_step, keep_checkpoints=r.keep_checkpoints)  # fmt: skip
+    finally:
+        run.shutdown()
+        if folder is not None:
+            folder.release()
+
+
+def _default_model() -> str:
+    from coati.default_model import default_model_path
+
+    return default_model_path()
+
+
+def config_from_launch_kwargs(
     num_producers: int,
     num_proc_per_producer: int,
     num_consumer_procs: int,
@@ -89,98 +106,96 @@ def launch_distributed(
     grpo_config: dict[str, Any],
     plugin_config: dict[str, Any],
     tokenizer_config: dict[str, Any] | None = None,
-    inference_backend: str = "transformers",
-    num_generations: int = 8,
+    inference_backend: str = _DEFAULTS.producer.backend,
+    num_generations: int = _DEFAULTS.producer.num_generations,
     master_addr: str | None = None,
     master_port: int | None = None,
-    core_algo: str = "GRPO",
-    project_name: str = "coati",
-    save_interval: int = 0,
+    core_algo: str = _DEFAULTS.algo,
+    project_name: str = _DEFAULTS.run.project,
+    save_interval: int = _DEFAULTS.run.save_interval,
     save_dir: str | None = None,
     eval_dataset_config: dict[str, Any] | None = None,
-    eval_interval: int = 0,
-    max_staleness: int = 0,
+    eval_interval: int = _DEFAULTS.run.eval_interval,
+    max_staleness: int = _DEFAULTS.run.max_staleness,
     max_steps: int | None = None,
-    seed: int = 0,
-    cpus_per_actor: float = 0.5,
+    seed: int = _DEFAULTS.run.seed,
+    cpus_per_actor: float = _DEFAULTS.run.cpus_per_actor,
     colocate: bool = False,
     sleep_while_training: bool = False,
-    reward_workers: int = 1,
-    weight_sync_timeout_s: float = 300.0,
-    on_step: Callable[[dict], None] | None = None,
+    reward_workers: int = _DEFAULTS.reward.workers,
+    weight_sync_timeout_s: float = _DEFAULTS.run.weight_sync_timeout_s,
     resume: str | None = None,
-    keep_checkpoints: int = 2,
+    keep_checkpoints: int = _DEFAULTS.run.keep_checkpoints,
     dataloaders_config: dict[str, Any] | None = None,
     resume_allow: tuple[str, ...] = (),
     overwrite: bool = False,
-) -> dict:
-    """Run RL training; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None}.
-
-    Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else changes between
-    one box and a cluster. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
-    ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking that its config and identity
-    (model, data, reward, seed, staleness) match; ``resume_allow`` names fields that may differ. ``save_dir`` is
-    locked for the run; a folder holding another run is refused unless resuming or ``overwrite``.
-    ``colocate`` lets producer i and consumer i share GPU i (one GPU is enough); weights then travel through host
-    memory instead of NCCL, and the inference engine must leave the trainer room (e.g. vLLM's gpu_memory_utilization).
-    ``sleep_while_training`` has producers free their accelerator memory (``sleep``) while consumers train and take it
-    back (``wake``) before the weight push; it needs ``max_staleness=0``, since nothing may generate meanwhile.
-    """
-    from coati.distributed.loop import Run
-    from coati.distributed.preflight import preflight
-
+    max_restarts: int = 0,
+) -> Config:
+    """ColossalChat's ``launch_distributed`` arguments as the config tree (``run_config.Config``): each maps onto one
+    field; whatever has no field is refused, never dropped. ``save_dir`` is the run folder itself (None: write
+    nothing); ``max_steps=None`` runs every episode."""
     if dataloaders_config:
         raise ValueError("dataloaders_config is not supported: producers read their shard themselves; remove it")
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-        raise ValueError(f"max_steps must be a positive integer or None (run every episode), got {max_steps!r}")
-    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
-        raise ValueError(f"max_staleness must be a non-negative integer (0: synchronous), got {max_staleness!r}")
-    if sleep_while_training and max_staleness:
-        raise ValueError(
-            f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
-            f"{max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn sleep_while_training off"
-        )
-    cfg = build_config(
-        num_producers, num_proc_per_producer, num_consumer_procs, num_episodes, inference_batch_size,
-        inference_microbatch_size, train_batch_size, train_minibatch_size, generate_config, grpo_config,
-        plugin_config, inference_backend, num_generations, core_algo, reward_workers,
-    )  # fmt: skip
-    train_model = train_model_config["path"]
-    plan = preflight(
-        cfg,
-        train_model_path=train_model,
-        inference_model_path=inference_model_config["path"],
-        tokenizer_path=(tokenizer_config or {}).get("path", train_model),
-        train_dataset=train_dataset_config,
-        eval_dataset=eval_dataset_config,
-        cpus_per_actor=cpus_per_actor,
-        colocate=colocate,
-        inference_options={k: v for k, v in inference_model_config.items() if k != "path"},
-        sleep_while_training=sleep_while_training,
-    )
-    total_steps = min(cfg.num_episodes * plan.steps_per_episode, max_steps or 10**18)
-    record = run_record(cfg, plan, seed, max_staleness)
-    folder, checkpoint = claim_save_dir(save_dir, resume, overwrite, record, resume_allow, total_steps,
-                                        plan.train_model_path, keep_checkpoints)  # fmt: skip
-    run = Run(
-        cfg, plan, seed=seed,
-        weight_sync_timeout_s=weight_sync_timeout_s, max_staleness=max_staleness, master_addr=master_addr,
-        master_port=master_port, run_name=f"{project_name}-{uuid.uuid4().hex[:8]}",
-        sleep_while_training=sleep_while_training,
-    )  # fmt: skip
-    run.record = record
-    try:
-        run.start_actors()
-        run.connect_weight_group()
-        if checkpoint is not None:
-            run.restore(str(checkpoint))
-        run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
-        return run.loop(max_steps=max_steps, eval_interval=eval_interval, save_interval=save_interval,
-                        save_dir=save_dir, on_step=on_step, keep_checkpoints=keep_checkpoints)  # fmt: skip
-    finally:
-        run.shutdown()
-        if folder is not None:
-            folder.release()
+    grpo = dict(grpo_config or {})
+    algorithm = {k: grpo.pop(k) for k in list(grpo) if k in _ALGO_FIELDS}
+    unknown = sorted(set(grpo) - set(_GRPO_KEYS))
+    if unknown:
+        raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(set(_GRPO_KEYS) | _ALGO_FIELDS)}")
+    tree: dict[str, dict] = {"producer": {}, "consumer": {}, "reward": {}}
+    for key, value in grpo.items():
+        section, field_name = _GRPO_KEYS[key].split(".")
+        tree[section][field_name] = value
+    train, held_out = _dataset_fields(train_dataset_config, "train"), _dataset_fields(eval_dataset_config, "eval")
+    system_prompt = (train_dataset_config or {}).get("system_prompt")
+    inference = dict(inference_model_config)
+    return config_from_dict({
+        "algo": core_algo, "algorithm": algorithm,
+        "model": {"path": train_model_config["path"], "inference_path": inference.pop("path"),
+                  "tokenizer_path": (tokenizer_config or {}).get("path"), "inference_options": inference},
+        "data": {**train, **held_out, "system_prompt": system_prompt},
+        "producer": {"num_producers": num_producers, "num_proc_per_producer": num_proc_per_producer,
+                     "inference_batch_size": inference_batch_size, "inference_microbatch_size": inference_microbatch_size,
+                     "num_generations": num_generations, "backend": inference_backend},
+        "consumer": {"num_consumer_procs": num_consumer_procs, "train_batch_size": train_batch_size,
+                     "train_minibatch_size": train_minibatch_size, "plugin": dict(plugin_config or {}),
+                     **tree["consumer"]},
+        "generation": dict(generate_config or {}),
+        "reward": {"workers": reward_workers, **tree["reward"]},
+        "run": {"project": project_name, "save_dir": None if save_dir is None else os.path.dirname(save_dir) or ".",
+                "run_dir": save_dir, "max_steps": max_steps, "num_episodes": num_episodes,
+                "max_staleness": max_staleness, "eval_interval": eval_interval, "save_interval": save_interval,
+                "keep_checkpoints": keep_checkpoints, "resume": resume, "resume_allow": tuple(resume_allow),
+                "overwrite": overwrite, "max_restarts": max_restarts, "seed": seed, "colocate": colocate,
+                "sleep_while_training": sleep_while_training, "cpus_per_actor": cpus_per_actor,
+                "weight_sync_timeout_s": weight_sync_timeout_s, "master_addr": master_addr,
+                "master_port": master_port},
+    })  # fmt: skip
+
+
+def _dataset_fields(spec: dict | None, prefix: str) -> dict:
+    """A ColossalChat dataset dict ({path or rows, size, seed, system_prompt}) as the data section's fields."""
+    if spec is None:
+        return {}
+    spec = {k: v for k, v in spec.items() if k != "system_prompt"}
+    unknown = sorted(set(spec) - {"path", "rows", "size", "seed"})
+    if unknown:
+        raise ValueError(f"unknown dataset config key(s) {unknown}; known: path, rows, size, seed, system_prompt")
+    source = spec.get("path", spec.get("rows"))
+    if source is None:
+        raise ValueError("dataset config needs 'path' (a JSONL file or reasoning_gym:<task>) or 'rows' (a list)")
+    return {prefix: source, f"{prefix}_size": spec.get("size"), f"{prefix}_seed": spec.get("seed")}
+
+
+def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **kwargs) -> dict:
+    """ColossalChat's entry point: its arguments (``config_from_launch_kwargs``) become the config tree, which
+    ``launch`` runs. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
+    ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking that its config and
+    identity (model, data, reward, seed, staleness) match; ``resume_allow`` names fields that may differ. ``save_dir``
+    is locked for the run; a folder holding another run is refused unless resuming or ``overwrite``. ``colocate`` lets
+    producer i and consumer i share GPU i; ``sleep_while_training`` has producers free their accelerator memory while
+    consumers train (it needs ``max_staleness=0``). With an eval set, the policy is evaluated before training, at the
+    end, and every ``eval_interval`` steps when that is > 0."""
+    return launch(config_from_launch_kwargs(*args, **kwargs), on_step)
 
 
 def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:

@@ -273,7 +273,8 @@ class Run:
         total = self.cfg.num_episodes * self.plan.steps_per_episode
         total = min(total, max_steps) if max_steps else total
         history, evals = [], []
-        if eval_interval and self.plan.eval_dataset and self.start_step == 0:
+        # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
+        if self.plan.eval_dataset and self.start_step == 0:
             evals.append({"step": 0, **self.evaluate()})
         for step in range(self.start_step + 1, total + 1):
             t0 = time.perf_counter()
@@ -295,7 +296,7 @@ class Run:
             metrics = self._metrics(step, total, batch, self.buffer.logs.pop(step), train_metrics, t_rollout, t_train,
                                     t_push, t0)  # fmt: skip
             metrics.update(asleep)
-            if eval_interval and self.plan.eval_dataset and (step % eval_interval == 0 or step == total):
+            if self.plan.eval_dataset and ((eval_interval and step % eval_interval == 0) or step == total):
                 evals.append({"step": step, **self.evaluate()})
                 metrics.update(evals[-1])
             history.append(metrics)

@@ -136,3 +136,38 @@ def test_pushed_weights_are_read_back_bitwise_and_greedy_matches_transformers(ra
     finally:
         for actor in (vllm_engine, hf_engine, sender):
             ray.kill(actor)
+
+
+def test_rollouts_after_a_push_use_the_pushed_weights_not_cached_prefixes(ray_cluster, tmp_path):
+    """Prompts sharing a 40-token prefix (a chat template's, say) are rolled out, new weights are pushed, and the
+    same prompts rolled out again: the new log-probs must be the new weights' (a prefix cached under the old weights
+    would give the old ones for every shared block). The model ties its embeddings, as the default model does: the
+    consumer sends the shared tensor once, and the engine's LM head must follow it."""
+    from safetensors.torch import load_file, save_file
+
+    tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
+    engine = start("vllm", tiny, temperature=1.0)
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"vllm-prefix-{uuid.uuid4().hex[:8]}"
+    shared = list(range(20, 60))
+    prompts = [shared + [5, 6], shared + [7], shared + [8, 9, 10]]
+    try:
+        ray.get(engine.generate.remote(prompts, 2))  # fills the prefix cache under the original weights
+        ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
+        torch.manual_seed(3)
+        original = load_file(f"{tiny}/model.safetensors")
+        assert "lm_head.weight" not in original  # tied: stored and sent once, as the consumer sends it
+        pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
+        ray.get([sender.push.remote(group, pushed, 1), engine.receive.remote(group)])
+        batch = ray.get(engine.generate.remote(prompts, 2))
+    finally:
+        for actor in (engine, sender):
+            ray.kill(actor)
+    import shutil
+
+    updated = tmp_path / "updated"
+    shutil.copytree(tiny, updated)
+    save_file(pushed, str(updated / "model.safetensors"))
+    expected = trainer_logprobs(str(updated), batch, 1.0)
+    mask = batch.response_mask.astype(bool)
+    np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)

@@ -5,7 +5,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.launch import build_config, launch_distributed
+from coati.distributed.launch import config_from_launch_kwargs, launch_distributed
 from coati.distributed.loop import Run
 from coati.distributed.preflight import preflight
 from coati.models import build_tiny_model
@@ -26,7 +26,8 @@ def run_kwargs(tiny, **over):
         inference_model_config={"path": tiny}, train_model_config={"path": tiny},
         generate_config={"max_new_tokens": 12, "temperature": 1.0},
         grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8},
-        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=2,
+        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=2, inference_backend="transformers",
+        max_staleness=0,
     )  # fmt: skip
     kw.update(over)
     return kw
@@ -57,14 +58,11 @@ def test_reward_rises(ray_cluster, tiny):
 
 def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, backend="transformers",
               **over):  # fmt: skip
-    kw = run_kwargs(tiny, **over)
-    cfg = build_config(
-        kw["num_producers"], 1, kw["num_consumer_procs"], 1, kw["inference_batch_size"], kw["inference_microbatch_size"],
-        kw["train_batch_size"], kw["train_minibatch_size"], kw["generate_config"], dict(kw["grpo_config"]),
-        kw["plugin_config"], backend, kw["num_generations"], kw["core_algo"],
-    )  # fmt: skip
+    config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
+    cfg = config.launch_config()
+    train, _ = config.data.datasets(0)
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
-                     train_dataset=kw["train_dataset_config"], eval_dataset=None,
+                     train_dataset=train, eval_dataset=None,
                      cpus_per_actor=0.5, colocate=colocate, inference_options=inference_options)  # fmt: skip
     run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=0,
               master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),

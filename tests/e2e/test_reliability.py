@@ -37,7 +37,8 @@ def kwargs(tiny, **over):
         inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
         train_dataset_config={"rows": rows()}, inference_model_config={"path": tiny}, train_model_config={"path": tiny},
         generate_config={"max_new_tokens": 6}, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
-        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=1,
+        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=1, inference_backend="transformers",
+        max_staleness=0,
     )  # fmt: skip
     kw.update(over)
     return kw
@@ -82,8 +83,8 @@ BAD_INPUTS = {
     "empty gold": (dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=" ")}),
                    ValueError, r"row 0: column 'gt_answer' is ' '"),
     "missing test cases": (dict(grpo_config={"reward_fn_type": "code"}), ValueError, r"needs column\(s\) \['test_cases'\]"),
-    "negative max_steps": (dict(max_steps=-1), ValueError, r"max_steps must be a positive integer .* got -1"),
-    "negative staleness": (dict(max_staleness=-1), ValueError, r"max_staleness must be a non-negative integer .* got -1"),
+    "negative max_steps": (dict(max_steps=-1), ValueError, r"max_steps must be a positive integer, got -1"),
+    "negative staleness": (dict(max_staleness=-1), ValueError, r"max_staleness must be a non-negative integer.*got -1"),
     "unknown dynamic sampling signal": (dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction",
                                                           "dynamic_sampling_signal": "accuracy"}),
                                         ValueError, r"dynamic_sampling_signal must be one of task_reward, reward"),
@@ -276,37 +277,42 @@ def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster,
     "argv, match",
     [
         (["--reward-kwargs", "{format_gate: false}"], r"argument --reward-kwargs: not valid JSON"),
-        (["--inference-options", "[1, 2]"], r"argument --inference-options: must be a JSON object"),
-        (["--max-steps", "-1"], r"argument --max-steps: must be >= 0, got -1"),
+        (["--inference-options", "[1, 2]"], r"argument .*--inference-options: must be a JSON object"),
+        (["--max-steps", "-1"], r"RunConfig.max_steps must be a positive integer, got -1"),
+        (["-tbs", "x"], r"argument -tbs/--train-batch-size: 'x' is not an integer"),
+        (["-tbs", "6", "-tMbs", "4"], r"train_batch_size=6 is not divisible by train_minibatch_size=4"),
     ],
 )
 def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
     import re
 
-    import rl_example
+    from coati.distributed.cli import parse_config
 
     with pytest.raises(SystemExit):
-        rl_example.parse_args(argv)
+        parse_config(argv)
     assert re.search(match, capsys.readouterr().err)
 
 
 def test_unreachable_address_fails_fast():
     import time
 
-    import rl_example
+    from coati.distributed.job import check_address
 
     start = time.monotonic()
     with pytest.raises(SystemExit, match=r"--address 127.0.0.1:1: no Ray cluster answers there"):
-        rl_example.check_address("127.0.0.1:1")
+        check_address("127.0.0.1:1")
     assert time.monotonic() - start < 10
 
 
 def test_jsonl_is_used_whole_unless_a_size_is_given():
-    import rl_example
+    from coati.distributed.cli import parse_config
 
-    assert rl_example.train_size(rl_example.parse_args(["-d", "data.jsonl"])) is None
-    assert rl_example.train_size(rl_example.parse_args(["-d", "data.jsonl", "--train-size", "5"])) == 5
-    assert rl_example.train_size(rl_example.parse_args([])) == 512  # a reasoning-gym task is drawn
+    def train_size(argv):
+        return parse_config(argv).data.datasets(0)[0]["size"]
+
+    assert train_size(["-d", "data.jsonl"]) is None
+    assert train_size(["-d", "data.jsonl", "--train-size", "5"]) == 5
+    assert train_size([]) == 512  # a reasoning-gym task is drawn
 
 
 def test_relative_paths_work_in_actors(ray_cluster, tiny, tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ def kwargs(tiny, save_dir, **over):
         generate_config={"max_new_tokens": 8, "temperature": 1.0},
         grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4},
         plugin_config={}, num_generations=4, core_algo="DAPO", save_dir=str(save_dir), save_interval=2,
-        max_staleness=0, seed=3,
+        max_staleness=0, seed=3, inference_backend="transformers",
     )  # fmt: skip
     kw.update(over)
     return kw

@@ -51,15 +51,16 @@ def test_equivalent_forms_score_one(completion, gold):
     ],
 )
 def test_wrong_or_unformatted_scores_zero(completion, gold, format_ok):
-    [r] = math_reward([completion], gt_answer=[gold])
+    [r] = math_reward([completion], gt_answer=[gold], format_gate=True)
     assert r.reward == 0.0 and not r.answer_ok and r.format_ok == format_ok
 
 
 def test_lenient_score_and_format_options():
     [r] = math_reward(["the answer is 4"], gt_answer=["4"])
     assert r.info["lenient_ok"] is True
-    [r] = math_reward(["the answer is 4"], gt_answer=["4"], format_gate=False)
-    assert r.reward == 1.0
+    assert r.reward == 1.0  # lenient by default
+    [r] = math_reward(["the answer is 4"], gt_answer=["4"], format_gate=True)
+    assert r.reward == 0.0
     [r] = math_reward(["\\boxed{5}"], gt_answer=["4"], format_bonus=0.1)
     assert r.reward == pytest.approx(0.1)
 

@@ -1,5 +1,6 @@
-"""rl_example's --max-restarts: after a RunError the run restarts from the last checkpoint, at most N times.
-(The launcher is replaced by a recorder here; resuming itself is tested end to end in tests/e2e.)"""
+"""--max-restarts (run.max_restarts, applied by ``launch`` for every caller): after a RunError the run restarts from
+the last checkpoint, at most N times. (One launch attempt is replaced by a recorder here; resuming itself is tested
+end to end in tests/e2e.)"""
 
 import pytest
 
@@ -11,13 +12,13 @@ from coati.distributed.loop import RunError
 def fake_launcher(fail_times):
     calls = []
 
-    def launch_distributed(**kwargs):
-        calls.append(kwargs["resume"])
+    def launch_once(config, on_step):
+        calls.append(config.run.resume)
         if len(calls) <= fail_times:
             raise RunError("step 3: actor x-consumer-0 died\nlast checkpoint: runs/p/checkpoints/step-2")
         return {"history": [], "evals": [], "final_model": None}
 
-    return launch_distributed, calls
+    return launch_once, calls
 
 
 @pytest.fixture
@@ -29,14 +30,14 @@ def no_ray(monkeypatch):
 
 def test_restarts_resume_from_latest(monkeypatch, tmp_path, no_ray):
     fake, calls = fake_launcher(fail_times=2)
-    monkeypatch.setattr(launch, "launch_distributed", fake)
+    monkeypatch.setattr(launch, "_launch_once", fake)
     rl_example.main(["-m", str(tmp_path), "-sd", str(tmp_path), "--no-progress", "--max-restarts", "2"])
     assert calls == [None, "latest", "latest"]
 
 
 def test_gives_up_after_max_restarts(monkeypatch, tmp_path, no_ray):
     fake, calls = fake_launcher(fail_times=5)
-    monkeypatch.setattr(launch, "launch_distributed", fake)
+    monkeypatch.setattr(launch, "_launch_once", fake)
     with pytest.raises(RunError, match="x-consumer-0 died"):
         rl_example.main(["-m", str(tmp_path), "-sd", str(tmp_path), "--no-progress", "--max-restarts", "1"])
     assert calls == [None, "latest"]

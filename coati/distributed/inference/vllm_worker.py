@@ -35,6 +35,14 @@ class WeightSyncExtension:
             received.extend((name, tensor.clone()) for name, tensor in bucket.items())
 
         loaded = ray_broadcast_tensor_dict(None, 0, group.device, group=group, on_bucket=keep)
+        names = {name for name, _ in received}
+        if getattr(self.model_config.hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in names:
+            # The consumer sends a tied embedding once. vLLM's reload re-processes a layer only when one of its
+            # tensors arrives, so without this the CPU build kept the LM head packed from the old weights (rollout
+            # log-probs 0.9 away from the trainer's after one push on a tiny tied model).
+            embed = next((t for n, t in received if n == "model.embed_tokens.weight"), None)
+            if embed is not None:
+                received.append(("lm_head.weight", embed))
         self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
         if group.device.type == "cuda":
             torch.cuda.synchronize()

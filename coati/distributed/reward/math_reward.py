@@ -130,13 +130,13 @@ def math_reward(
     completions: list[str],
     gt_answer: list[str],
     format_bonus: float = 0.0,
-    format_gate: bool = True,
+    format_gate: bool = False,
     timeout_s: int = 5,
     **_fields,
 ) -> list[RewardResult]:
     """1.0 for a correct final answer, else 0.0; plus ``format_bonus`` when the answer is in a recognised format.
 
-    With ``format_gate`` (default) only a strictly formatted correct answer earns the 1.0; without it the lenient
+    With ``format_gate`` only a strictly formatted correct answer earns the 1.0; without it (the default) the lenient
     check decides. math_verify runs with its own ``timeout_s`` per parse and verify.
     """
     results = []

@@ -1,0 +1,221 @@
+"""The command line, generated from the config tree (``run_config.Config``): one flag per field, its docstring as the
+help and its default from the tree; a YAML or JSON file (``--config``) sets any part of the tree, and flags given on
+the command line override it.
+
+Flags are the field names (``--train-batch-size``, ``--max-staleness``), prefixed by their section where a bare name
+would be unclear (``--reward-fn``, ``--model-path``, ``--data-train``); the algorithm's fields override the chosen
+preset's (``--clip-eps-high 0.28``; their default is the preset's). The short and long flags the reference uses stay
+as aliases (``-g``, ``-tbs``, ``-nb``, ``--n-behind``, ``--dataset``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+
+from coati.distributed.config import AlgorithmConfig, PluginConfig, field_docs
+from coati.distributed.run_config import SECTIONS, Config, config_from_dict
+
+PREFIXED = {"model", "data", "reward"}
+"""sections whose flags carry the section name (their field names alone would be unclear)"""
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "model.path": ("-m", "--model"),
+    "data.train": ("-d", "--dataset"),
+    "data.eval": ("-ed", "--eval-dataset"),
+    "data.train_size": ("--train-size",),
+    "data.eval_size": ("--eval-size",),
+    "data.system_prompt": ("-s", "--system-prompt"),
+    "model.inference_options": ("--inference-options",),
+    "run.project": ("-p",),
+    "run.num_episodes": ("-e",),
+    "run.max_staleness": ("-nb", "--n-behind"),
+    "run.eval_interval": ("-ei",),
+    "run.save_interval": ("-si",),
+    "run.save_dir": ("-sd",),
+    "consumer.num_consumer_procs": ("-t", "--num-trainers"),
+    "consumer.train_batch_size": ("-tbs",),
+    "consumer.train_minibatch_size": ("-tMbs",),
+    "consumer.train_microbatch_size": ("-tmbs",),
+    "consumer.learning_rate": ("-lr",),
+    "consumer.plugin.tp_size": ("-tp", "--tensor-parallel-size"),
+    "consumer.plugin.pp_size": ("-pp", "--pipeline-parallel-size"),
+    "consumer.plugin.zero_stage": ("-zero",),
+    "producer.num_producers": ("-i", "--num-inferencer"),
+    "producer.num_proc_per_producer": ("-ptp", "--producer-tensor-parallel-size"),
+    "producer.num_generations": ("-g",),
+    "producer.inference_batch_size": ("-ibs",),
+    "producer.inference_microbatch_size": ("-imbs",),
+    "producer.backend": ("-b",),
+    "generation.temperature": ("-temp",),
+    "generation.top_k": ("-topk",),
+    "generation.top_p": ("-topp",),
+    "generation.max_new_tokens": ("-mnt",),
+    "generation.max_prompt_tokens": ("-mpt",),
+    "reward.fn": ("-rt", "--reward-type"),
+    "algo": ("-a",),
+    "algorithm.beta": ("-kl", "--kl-coeff"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    key: str
+    """dotted path in the tree (``consumer.plugin.tp_size``; ``algorithm.beta`` for a preset override)"""
+    names: tuple[str, ...]
+    kind: type
+    optional: bool
+    default: object
+    help: str
+
+
+def flags() -> list[Flag]:
+    """Every field of the tree as a flag."""
+    out = [_flag("algo", Config, "algo", None), _flag("config", None, "config", None)]
+    for section, cls in SECTIONS.items():
+        out += _section_flags(section, cls, section in PREFIXED)
+    docs = field_docs(AlgorithmConfig)
+    for f in dataclasses.fields(AlgorithmConfig):
+        kind, optional = _kind(f.type)
+        out.append(Flag(f"algorithm.{f.name}", _names(f"algorithm.{f.name}", f.name), kind, True, None,
+                        f"{docs[f.name]} (default: the preset's)"))  # fmt: skip
+    return [f for f in out if f is not None]
+
+
+def _section_flags(key: str, cls: type, prefixed: bool) -> list[Flag]:
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.type in ("PluginConfig", PluginConfig):
+            out += _section_flags(f"{key}.{f.name}", PluginConfig, False)
+            continue
+        out.append(_flag(f"{key}.{f.name}", cls, f.name, key.split(".")[0] if prefixed else None))
+    return out
+
+
+def _flag(key: str, cls, name: str, prefix: str | None) -> Flag | None:
+    if cls is None:  # --config: not a field
+        return Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)")
+    f = next(x for x in dataclasses.fields(cls) if x.name == name)
+    kind, optional = _kind(f.type)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    long = f"--{prefix + '-' if prefix else ''}{name.replace('_', '-')}"
+    if key == "run.progress":
+        long = "--progress"
+    return Flag(key, _names(key, None, long), kind, optional, default, field_docs(cls)[name])
+
+
+def _names(key: str, field_name: str | None, long: str | None = None) -> tuple[str, ...]:
+    long = long or f"--{field_name.replace('_', '-')}"
+    aliases = ALIASES.get(key, ())
+    return tuple(dict.fromkeys([*[a for a in aliases if not a.startswith("--")], long,
+                                *[a for a in aliases if a.startswith("--")]]))  # fmt: skip
+
+
+def _kind(annotation) -> tuple[type, bool]:
+    """(the value type a flag parses, whether None is allowed) from a field's annotation."""
+    hint = eval(annotation, vars(typing)) if isinstance(annotation, str) else annotation  # noqa: S307 - our annotations
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        kind = str if len(rest) > 1 else rest[0]  # str | list: a path or task on the command line
+        return _kind(kind)[0], type(None) in args
+    if typing.get_origin(hint) is tuple:
+        return tuple, False
+    return hint, False
+
+
+def _parse(kind: type, flag: str):
+    def parse(text: str):
+        if kind is bool:
+            lowered = text.lower()
+            if lowered in ("true", "1", "yes"):
+                return True
+            if lowered in ("false", "0", "no"):
+                return False
+            raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true or false)")
+        if kind is dict:
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at character {e.pos}) in {text!r}; write "
+                                                 f"an object, e.g. {flag} '{{\"key\": true}}'") from None  # fmt: skip
+            if not isinstance(value, dict):
+                raise argparse.ArgumentTypeError(f"must be a JSON object ({{...}}), got a {type(value).__name__}: {text!r}")
+            return value
+        if kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        return text
+
+    return parse
+
+
+def build_parser(description: str = "") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     argument_default=argparse.SUPPRESS)  # fmt: skip
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in flags():
+        section = f.key.split(".")[0] if "." in f.key else "run"
+        group = groups.setdefault(section, parser.add_argument_group(section))
+        default = "" if f.key.startswith("algorithm.") or f.key == "config" else f" (default: {_show(f.default)})"
+        help_text = (f.help + default).replace("%", "%%")
+        if f.kind is bool:
+            group.add_argument(*f.names, dest=f.key, action=argparse.BooleanOptionalAction, help=help_text)
+        elif f.kind is tuple:
+            group.add_argument(*f.names, dest=f.key, nargs="*", help=help_text)
+        else:
+            kind = _parse(f.kind, f.names[-1])
+            if f.optional:
+                kind = _none_or(kind)
+            group.add_argument(*f.names, dest=f.key, type=kind, help=help_text, metavar=f.kind.__name__.upper())
+    return parser
+
+
+def _none_or(parse):
+    return lambda text: None if text.lower() == "none" else parse(text)
+
+
+def _show(value) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def load_file(path: str) -> dict:
+    """A config file's tree: YAML (.yaml/.yml) or JSON."""
+    text = Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        tree = yaml.safe_load(text)
+    else:
+        try:
+            tree = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"config file {path}: not valid JSON ({e.msg}, line {e.lineno}); YAML files end in .yaml") from None
+    if not isinstance(tree, dict):
+        raise ValueError(f"config file {path} must hold a mapping of config sections, got {type(tree).__name__}")
+    return tree
+
+
+def parse_config(argv=None, description: str = "") -> Config:
+    """The Config of a command line: the tree's defaults, then ``--config`` FILE, then the flags given."""
+    parser = build_parser(description)
+    given = vars(parser.parse_args(argv))
+    tree = load_file(given.pop("config")) if "config" in given else {}
+    for key, value in given.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        return config_from_dict(tree)
+    except ValueError as e:
+        parser.error(str(e))

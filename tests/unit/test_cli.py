@@ -1,0 +1,118 @@
+"""The config tree declared once: the CLI generated from it, config files, and launch_distributed's adapter share one
+set of fields, docstrings and defaults."""
+
+import dataclasses
+import json
+
+import pytest
+
+from coati.distributed.cli import build_parser, flags, parse_config
+from coati.distributed.config import AlgorithmConfig, PluginConfig, field_docs
+from coati.distributed.launch import config_from_launch_kwargs
+from coati.distributed.run_config import SECTIONS, Config, config_from_dict
+
+
+def leaf_keys():
+    keys = {"algo"}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.name == "plugin":
+                keys |= {f"{section}.plugin.{g.name}" for g in dataclasses.fields(PluginConfig)}
+            else:
+                keys.add(f"{section}.{f.name}")
+    keys |= {f"algorithm.{f.name}" for f in dataclasses.fields(AlgorithmConfig)}
+    return keys
+
+
+def test_every_field_is_a_flag_with_its_docstring_as_help():
+    by_key = {f.key: f for f in flags()}
+    assert leaf_keys() <= set(by_key), sorted(leaf_keys() - set(by_key))
+    for key, flag in by_key.items():
+        if key == "config":
+            continue
+        *parents, name = key.split(".")
+        cls = {"algorithm": AlgorithmConfig, "plugin": PluginConfig}.get(parents[-1] if parents else "", None)
+        cls = cls or (SECTIONS[parents[0]] if parents else Config)
+        assert flag.help.startswith(field_docs(cls)[name]), key
+    text = build_parser().format_help()
+    assert "completions sampled per prompt (the group size G) (default: 4)" in " ".join(text.split())
+
+
+def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
+    cli = parse_config([])
+    assert cli == Config()
+    launch = config_from_launch_kwargs(
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
+        inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4, train_dataset_config={"path": "x.jsonl"},
+        inference_model_config={"path": "m"}, generate_config={}, train_model_config={"path": "m"}, grpo_config={},
+        plugin_config={},
+    )  # fmt: skip
+    for field in ("producer", "consumer", "generation", "reward", "algo", "algorithm"):
+        assert getattr(launch, field) == getattr(cli, field), field
+    for name in ("max_staleness", "eval_interval", "seed", "keep_checkpoints", "weight_sync_timeout_s"):
+        assert getattr(launch.run, name) == getattr(cli.run, name), name
+    lc = cli.launch_config()
+    assert (lc.producer.backend, lc.producer.num_generations, lc.consumer.train_microbatch_size,
+            lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 4, 2e-5, 48, 1)
+
+
+def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset():
+    c = parse_config(["-g", "8", "-tbs", "2", "--n-behind", "0", "-kl", "0.1", "-a", "GRPO", "--clip-eps-high", "0.3",
+                      "-t", "2", "-tp", "2", "--inference-options", '{"dtype": "bfloat16"}', "--no-progress"])  # fmt: skip
+    assert c.producer.num_generations == 8 and c.consumer.train_batch_size == 2 and c.run.max_staleness == 0
+    assert c.consumer.plugin.tp_size == 2 and c.model.inference_options == {"dtype": "bfloat16"} and not c.run.progress
+    algo = c.launch_config().algorithm
+    assert (algo.beta, algo.clip_eps_high, algo.clip_eps_low, algo.kl_estimator) == (0.1, 0.3, 0.2, "k3")  # GRPO's rest
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_config_file_then_flags(tmp_path, suffix):
+    tree = {"algo": "RLOO", "producer": {"num_generations": 6, "backend": "transformers"},
+            "consumer": {"learning_rate": 1e-4, "plugin": {"precision": "bf16"}}, "algorithm": {"beta": 0.05},
+            "run": {"max_steps": 7, "resume_allow": ["consumer.learning_rate"]}, "data": {"train": "a.jsonl"}}  # fmt: skip
+    path = tmp_path / f"c{suffix}"
+    if suffix == ".yaml":
+        import yaml
+
+        path.write_text(yaml.safe_dump(tree))
+    else:
+        path.write_text(json.dumps(tree))
+    c = parse_config(["--config", str(path), "-g", "2", "--max-steps", "none"])
+    assert c.algo == "RLOO" and c.producer.num_generations == 2 and c.producer.backend == "transformers"
+    assert c.consumer.learning_rate == 1e-4 and c.consumer.plugin.precision == "bf16" and c.algorithm == {"beta": 0.05}
+    assert c.run.max_steps is None and c.run.resume_allow == ("consumer.learning_rate",) and c.data.train == "a.jsonl"
+    assert config_from_dict(dataclasses.asdict(c)) == c  # a saved tree loads back as itself
+
+
+@pytest.mark.parametrize(
+    "tree, match",
+    [
+        ({"producers": {}}, r"unknown config section\(s\) \['producers'\]; known: \['algo', 'algorithm', 'model'"),
+        ({"producer": {"num_generation": 4}}, r"unknown field\(s\) \['num_generation'\] in config section producer; "
+                                              r"known: \['backend', 'inference_batch_size'"),
+        ({"consumer": {"plugin": {"tp": 2}}}, r"unknown field\(s\) \['tp'\] in config section consumer.plugin"),
+        ({"algorithm": {"clip_high": 0.3}}, r"unknown algorithm field\(s\) \['clip_high'\]"),
+        ({"run": {"max_staleness": -1}}, r"max_staleness must be a non-negative integer, got -1"),
+        ({"run": {"sleep_while_training": True}}, r"sleep_while_training=True .* set max_staleness=0"),
+        ({"run": {"resume": "latest", "save_dir": None}}, r"resume needs a run folder"),
+    ],
+)
+def test_unknown_or_bad_keys_are_errors(tree, match):
+    with pytest.raises(ValueError, match=match):
+        config_from_dict(tree)
+
+
+def test_launch_distributed_refuses_what_has_no_field():
+    base = dict(num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
+                inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4, inference_model_config={"path": "m"},
+                generate_config={}, train_model_config={"path": "m"}, plugin_config={})  # fmt: skip
+    with pytest.raises(ValueError, match=r"unknown grpo_config key\(s\) \['learning_rate'\]"):
+        config_from_launch_kwargs(**base, train_dataset_config={"path": "x"}, grpo_config={"learning_rate": 1})
+    with pytest.raises(ValueError, match=r"unknown dataset config key\(s\) \['shuffle'\]"):
+        config_from_launch_kwargs(**base, train_dataset_config={"path": "x", "shuffle": True}, grpo_config={})
+    with pytest.raises(ValueError, match="dataloaders_config is not supported"):
+        config_from_launch_kwargs(**base, train_dataset_config={"path": "x"}, grpo_config={}, dataloaders_config={"a": 1})
+    c = config_from_launch_kwargs(**base, train_dataset_config={"rows": [{"prompt": "q"}], "seed": 5, "size": 1},
+                                  grpo_config={"lr": 1e-3, "reward_kwargs": {"a": 1}}, save_dir="out/run")  # fmt: skip
+    assert c.data.datasets(0)[0] == {"rows": [{"prompt": "q"}], "seed": 5, "size": 1}
+    assert c.consumer.learning_rate == 1e-3 and c.reward.kwargs == {"a": 1} and c.run.folder == "out/run"
