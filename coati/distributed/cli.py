@@ -75,15 +75,16 @@ class Flag:
 
 def flags() -> list[Flag]:
     """Every field of the tree as a flag."""
-    out = [_flag("algo", Config, "algo", None), _flag("config", None, "config", None)]
+    out = [_flag("algo", Config, "algo", None),
+           Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)")]
     for section, cls in SECTIONS.items():
         out += _section_flags(section, cls, section in PREFIXED)
     docs = field_docs(AlgorithmConfig)
     for f in dataclasses.fields(AlgorithmConfig):
-        kind, optional = _kind(f.type)
+        kind, _ = _kind(f.type)
         out.append(Flag(f"algorithm.{f.name}", _names(f"algorithm.{f.name}", f.name), kind, True, None,
                         f"{docs[f.name]} (default: the preset's)"))  # fmt: skip
-    return [f for f in out if f is not None]
+    return out
 
 
 def _section_flags(key: str, cls: type, prefixed: bool) -> list[Flag]:
@@ -96,15 +97,11 @@ def _section_flags(key: str, cls: type, prefixed: bool) -> list[Flag]:
     return out
 
 
-def _flag(key: str, cls, name: str, prefix: str | None) -> Flag | None:
-    if cls is None:  # --config: not a field
-        return Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)")
+def _flag(key: str, cls, name: str, prefix: str | None) -> Flag:
     f = next(x for x in dataclasses.fields(cls) if x.name == name)
     kind, optional = _kind(f.type)
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     long = f"--{prefix + '-' if prefix else ''}{name.replace('_', '-')}"
-    if key == "run.progress":
-        long = "--progress"
     return Flag(key, _names(key, None, long), kind, optional, default, field_docs(cls)[name])
 
 
