@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from coati.distributed.algo.policy_loss import _masked_mean, clamped_log_ratio
 from coati.registry import Registry
 
 OFF_POLICY_CORRECTIONS: Registry = Registry("off-policy correction")
-LOG_RHO_BOUND = 20.0
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
 def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -33,8 +29,8 @@ def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def log_rho(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor) -> torch.Tensor:
-    """log(pi_prox / mu) per token, clamped to [-LOG_RHO_BOUND, LOG_RHO_BOUND]."""
-    return (old_logprobs - rollout_logprobs).detach().clamp(-LOG_RHO_BOUND, LOG_RHO_BOUND)
+    """log(pi_prox / mu) per token, clamped as every log-ratio is (``policy_loss.clamped_log_ratio``)."""
+    return clamped_log_ratio(old_logprobs, rollout_logprobs).detach()
 
 
 def _metrics(rho: torch.Tensor, weight: torch.Tensor, changed: torch.Tensor, mask: torch.Tensor) -> dict:
