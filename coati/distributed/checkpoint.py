@@ -169,3 +169,70 @@ def load_driver_state(folder: Path) -> dict:
         producers = [{**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}
                      for i, state in enumerate(meta["producers"])]  # fmt: skip
     return {"buffer": buffer, "producers": producers}
+
+
+# ---- the run's actors <-> a checkpoint folder, and the final export ----------------------------------------------
+
+
+def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict) -> str:
+    """Consumers save model and optimizer, producers their positions, the driver its buffer, into a staging folder
+    that becomes ``step-<step>`` when complete; returns its path."""
+    from coati.distributed.actor_group import RunError, get
+
+    folder = manager.staging(step)
+    try:
+        get([c.save_checkpoint.remote(str(folder)) for c in actors.consumers], f"checkpoint {step} (consumers)")
+        states = get([p.state.remote() for p in actors.producers], f"checkpoint {step} (producers)")
+        save_driver_state(folder, buffer_state, states)
+    except (RunError, OSError) as e:
+        free = shutil.disk_usage(manager.root).free / 2**20
+        raise RunError(f"writing checkpoint {folder} failed: {e} ({manager.root} has {free:.0f} MiB free)") from e
+    return str(manager.commit(folder, step, {"step": step, **meta}))
+
+
+def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
+    """Load a checkpoint (already checked against this run) into the running actors; returns its meta and the
+    driver's buffer."""
+    from coati.distributed.actor_group import get
+
+    folder = Path(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    get([c.load_checkpoint.remote(str(folder)) for c in actors.consumers], f"loading {folder} (consumers)")
+    state = load_driver_state(folder)
+    if len(state["producers"]) != len(actors.producers):
+        raise ValueError(f"checkpoint has {len(state['producers'])} producers, this run {len(actors.producers)}")
+    get([p.restore.remote(s) for p, s in zip(actors.producers, state["producers"], strict=True)], "restoring producers")
+    return meta, state["buffer"]
+
+
+def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
+    """Write ``state`` as a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM,
+    atomically (a temporary folder renamed into place)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from coati.distributed.actor_group import RunError
+    from coati.distributed.guards import all_finite
+
+    bad = [k for k, v in state.items() if not all_finite([v])]
+    if bad:
+        raise RunError(f"refusing to export {path}: non-finite weights in {bad[:5]} ({len(bad)} tensors)")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    assert not still_meta and not unexpected, (still_meta, unexpected)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
+        raise RunError(f"exporting {path} failed: {e} ({free:.0f} MiB free there)") from e
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    os.replace(tmp, path)
+    return path

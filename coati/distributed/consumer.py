@@ -318,7 +318,7 @@ class GRPOConsumer:
         return torch.cat(out) if out else None
 
     def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
-        """The engine-trainer log-prob gap over rows sampled by the very weights this step starts from (so any gap
+        """The engine-trainer log-prob gap over tokens sampled by the very weights this step starts from (so any gap
         is the engines' and precisions' difference, not staleness), and the share of tokens whose engine log-probs
         are not valid for the sampling settings (no off-policy correction possible for them)."""
         tokens = float(mask.sum())
@@ -329,7 +329,7 @@ class GRPOConsumer:
                 log.warning("consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
                             "applied to such rows (loss/is_unavailable_frac)", self.rank, self.algo.off_policy_correction)
             return
-        same = torch.from_numpy(batch.policy_version[rows] == self.step_count).to(mask)[:, None] * mask
+        same = torch.from_numpy(batch.token_versions[rows] == self.step_count).to(mask) * mask
         n = float(same.sum())
         if n:
             metrics.add("rollout/engine_trainer_gap_abs", ((old.detach() - rollout).abs() * same).sum() / n, n)

@@ -15,7 +15,7 @@ import dataclasses
 
 from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
 from coati.distributed.config import AlgorithmConfig, LaunchConfig
-from coati.distributed.loop import RunError
+from coati.distributed.actor_group import RunError
 from coati.distributed.run_config import Config, config_from_dict
 
 __all__ = ["ALGO_MAP", "Config", "launch", "launch_distributed", "resolve_algorithm"]
@@ -61,14 +61,15 @@ def _launch_once(config: Config, on_step) -> dict:
     plan = preflight(cfg, train_model_path=model, inference_model_path=m.inference_path or model,
                      tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
                      cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
-                     sleep_while_training=r.sleep_while_training)  # fmt: skip
+                     sleep_while_training=r.sleep_while_training,
+                     in_flight_weight_updates=r.in_flight_weight_updates)  # fmt: skip
     total_steps = min(cfg.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
     record = run_record(cfg, plan, r.seed, r.max_staleness)
     folder, checkpoint = claim_save_dir(r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps,
                                         plan.train_model_path, r.keep_checkpoints)  # fmt: skip
     run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
               master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
-              sleep_while_training=r.sleep_while_training)  # fmt: skip
+              sleep_while_training=r.sleep_while_training, in_flight=r.in_flight_weight_updates)  # fmt: skip
     run.record = record
     try:
         run.start_actors()
@@ -117,6 +118,7 @@ def config_from_launch_kwargs(
     eval_dataset_config: dict[str, Any] | None = None,
     eval_interval: int = _DEFAULTS.run.eval_interval,
     max_staleness: int = _DEFAULTS.run.max_staleness,
+    in_flight_weight_updates: bool = _DEFAULTS.run.in_flight_weight_updates,
     max_steps: int | None = None,
     seed: int = _DEFAULTS.run.seed,
     cpus_per_actor: float = _DEFAULTS.run.cpus_per_actor,
@@ -163,7 +165,8 @@ def config_from_launch_kwargs(
         "reward": {"workers": reward_workers, **tree["reward"]},
         "run": {"project": project_name, "save_dir": None if save_dir is None else os.path.dirname(save_dir) or ".",
                 "run_dir": save_dir, "max_steps": max_steps, "num_episodes": num_episodes,
-                "max_staleness": max_staleness, "eval_interval": eval_interval, "save_interval": save_interval,
+                "max_staleness": max_staleness, "in_flight_weight_updates": in_flight_weight_updates,
+                "eval_interval": eval_interval, "save_interval": save_interval,
                 "keep_checkpoints": keep_checkpoints, "resume": resume, "resume_allow": tuple(resume_allow),
                 "overwrite": overwrite, "max_restarts": max_restarts, "seed": seed, "colocate": colocate,
                 "sleep_while_training": sleep_while_training, "cpus_per_actor": cpus_per_actor,

@@ -44,7 +44,7 @@ def resolve_model_path(path: str, what: str) -> str:
 
 def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
               eval_dataset, cpus_per_actor, colocate=False, inference_options=None,
-              sleep_while_training=False) -> Plan:  # fmt: skip
+              sleep_while_training=False, in_flight_weight_updates=False) -> Plan:  # fmt: skip
     """Every check that needs no actor, so bad input fails before anything starts."""
     import ray
     from transformers import AutoConfig, AutoTokenizer
@@ -97,7 +97,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     )  # fmt: skip
     inference_options = backend_class(cfg.producer.backend).engine_options(
         inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
-        gpu=producers[0].num_gpus > 0,
+        gpu=producers[0].num_gpus > 0, in_flight=in_flight_weight_updates,
     )  # fmt: skip
     from coati.distributed.checkpoint import rows_digest
 

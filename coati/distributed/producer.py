@@ -16,7 +16,7 @@ import torch
 from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardConfig
 from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.rollout import RolloutBatch, oldest_versions
 
 
 class Producer:
@@ -72,7 +72,7 @@ class Producer:
 
     def generate(self, num_prompts: int) -> RolloutBatch:
         """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped."""
-        start = time.perf_counter()
+        t_start, start_version = time.perf_counter(), self.version
         picks = self.cursor.take(num_prompts)
         batches, futures, gen_s = [], [], 0.0
         for lo in range(0, len(picks), self.microbatch_size):
@@ -117,10 +117,14 @@ class Producer:
         out.extras["reward_error_msg"] = np.array([str(r.info.get("error") or "")[:300] for r in results], dtype="<U300")
         out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
         out.group_ids = out.group_ids + (self.idx << 40) + (self._calls() << 20)
-        out.policy_version = np.full(len(out), self.version, dtype=np.int64)
+        # A backend that loads pushes mid-batch labels each token; otherwise the whole batch is the start version.
+        start = np.full(len(out), start_version, dtype=np.int64)
+        if out.token_versions is None:
+            out.token_versions = np.where(out.response_mask, start[:, None], 0)
+        out.policy_version = oldest_versions(out.token_versions, out.response_mask, start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
-        out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - start)
+        out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
 
     def _calls(self) -> int:

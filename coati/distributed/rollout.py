@@ -7,7 +7,9 @@ length, R = padded response length. Invariants (checked by ``validate``):
   token); the inference backend fills it, nobody recomputes it (DAPO may zero rows of truncated responses);
 - ``rollout_logprobs[i, t]`` is log p(response_ids[i, t]) under the sampling distribution at the configured
   temperature (no top-k/top-p renormalisation), 0 where ``response_mask`` is 0;
-- rows of one prompt share ``group_ids``; ``policy_version`` is the weight version that sampled the row.
+- rows of one prompt share ``group_ids``; ``token_versions[i, t]`` is the weight version that sampled response token
+  t (a row spans versions when weights are loaded while it is being generated: in-flight updates), and
+  ``policy_version[i]`` is the row's oldest (the version it started with): its lag bounds every token's.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class RolloutBatch:
     group_ids: np.ndarray = None
     """int64 [N] one id per prompt, shared by its completions"""
     policy_version: np.ndarray = None
-    """int64 [N] weight version that generated the row"""
+    """int64 [N] oldest weight version that sampled any of the row's tokens (the version the row started with)"""
+    token_versions: np.ndarray = None
+    """int64 [N, R] weight version that sampled each response token; 0 on padding"""
     rewards: np.ndarray = None
     """float32 [N] scalar reward (after shaping), filled by the producer"""
     extras: dict = field(default_factory=dict)
@@ -61,6 +65,11 @@ class RolloutBatch:
         for name in ("group_ids", "policy_version", "rewards"):
             value = getattr(self, name)
             assert value is None or value.shape == (n,), (name, None if value is None else value.shape)
+        if self.token_versions is not None:
+            assert self.token_versions.shape == r, (self.token_versions.shape, r)
+            if self.policy_version is not None:
+                assert np.array_equal(oldest_versions(self.token_versions, self.response_mask, self.policy_version),
+                                      self.policy_version), "policy_version is not each row's oldest token version"
         for name, value in self.extras.items():
             assert len(value) == n, (name, len(value))
         return self
@@ -102,9 +111,18 @@ class RolloutBatch:
             values = [getattr(b, name) for b in batches]
             if all(v is not None for v in values):
                 setattr(out, name, np.concatenate(values))
+        if all(b.token_versions is not None for b in batches):
+            out.token_versions = np.concatenate([right(b.token_versions, r, 0) for b in batches])
         keys = set.intersection(*(set(b.extras) for b in batches))
         out.extras = {k: np.concatenate([np.asarray(b.extras[k]) for b in batches]) for k in keys}
         return out
+
+
+def oldest_versions(token_versions: np.ndarray, mask: np.ndarray, empty: np.ndarray) -> np.ndarray:
+    """int64 [N]: each row's oldest token version (``empty[i]`` for a row with no tokens)."""
+    top = np.iinfo(np.int64).max
+    oldest = np.where(mask, token_versions, top).min(-1, initial=top)
+    return np.where(mask.any(-1), oldest, empty).astype(np.int64)
 
 
 def responses_from_token_lists(

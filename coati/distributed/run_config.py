@@ -108,6 +108,9 @@ class RunConfig:
     max_staleness: int = 1
     """k: no trained row was sampled more than k weight versions before the weights it trains; producers roll out
     up to k steps ahead while consumers train (0: synchronous on-policy)"""
+    in_flight_weight_updates: bool = False
+    """load each push while producers are generating instead of after their batch: generation pauses between engine
+    steps, the weights load, it resumes (vllm backend; needs max_staleness >= 1); a row may then span versions"""
     eval_interval: int = 0
     """evaluate on the held-out set before training, at the end, and every N steps when N > 0"""
     save_interval: int = 0
@@ -156,6 +159,9 @@ class RunConfig:
                  f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
                  f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
                  "sleep_while_training off")  # fmt: skip
+        _require(not (self.in_flight_weight_updates and not self.max_staleness),
+                 "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
+                 "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
         _require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
         _require(not (self.resume and self.folder is None),
                  "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip

@@ -1,8 +1,8 @@
-"""A training step's metrics, reduced over micro-batches and then over data-parallel ranks, each by its kind.
-
-A key ending in ``_max`` is a maximum (the largest value any micro-batch on any rank saw), ``_min`` a minimum, any
-other key a mean weighted by the tokens each micro-batch contributed. Every consumer returns the same reduced values,
-so the step's metrics describe the whole global batch, not DP rank 0's shard.
+"""A training step's metrics. Consumers' (``StepMetrics``): reduced over micro-batches and then over data-parallel
+ranks, each by its kind: a key ending in ``_max`` is a maximum (the largest value any micro-batch on any rank saw),
+``_min`` a minimum, any other key a mean weighted by the tokens each micro-batch contributed; every consumer returns
+the same reduced values, so they describe the whole global batch, not DP rank 0's shard. The driver's
+(``rollout_metrics``): the rows drawn for the step and the rows it trained.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
+import numpy as np
 import torch
 
 
@@ -56,3 +57,51 @@ class StepMetrics:
         out.update({k: float(hi[i]) for i, k in enumerate(maxes)})
         out.update({k: float(lo[i]) for i, k in enumerate(mins)})
         return out
+
+
+def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness: int, tokenizer) -> dict:
+    """``reward/*`` and ``response/*`` over the rows drawn for this step (``draws.rollouts``, before filtering);
+    ``reward/train_batch_mean``, the lags and two sample rows over the rows it trained (``batch``, trained from
+    version step - 1). Row lag: from the row's oldest token; token lag: per trained token."""
+    from coati.distributed.guards import reward_failures
+    from coati.distributed.rollout import RolloutBatch
+
+    n = num_generations
+    drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch
+    ex = drawn.extras
+    lag = (step - 1) - batch.policy_version
+    mask = batch.response_mask
+    token_lag = ((step - 1) - batch.token_versions)[mask]
+    versions = np.where(mask, batch.token_versions, batch.policy_version[:, None])
+    out = {
+        "reward/mean": float(drawn.rewards.mean()),
+        "reward/strict_accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
+        "reward/lenient_accuracy": float(np.mean(ex["lenient_ok"])) if "lenient_ok" in ex else float("nan"),
+        "reward/train_batch_mean": float(batch.rewards.mean()),
+        "response/length_mean": float(drawn.response_lengths.mean()),
+        "response/truncated_frac": float(drawn.truncated.mean()),
+        "response/tokens": int(drawn.response_lengths.sum()),
+        "rollout/drawn_groups": len(drawn) // n,
+        "rollout/draws": draws.draws,
+        "rollout/dropped_zero_signal_groups": draws.dropped_zero_signal_groups,
+        "rollout/filled_zero_signal_groups": draws.filled_zero_signal_groups,
+        "rollout/stale_dropped_groups": draws.stale_dropped_groups,
+        "rollout/policy_lag_mean": float(lag.mean()),
+        "rollout/policy_lag_max": int(lag.max()),
+        "rollout/token_lag_mean": float(token_lag.mean()) if token_lag.size else 0.0,
+        "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
+        **reward_failures(ex),
+    }
+    for key in ("time/generate", "time/reward_wait", "time/producer_total"):
+        if key in ex:
+            out[key] = float(np.max(ex[key]))
+    for j, count in enumerate(np.bincount(lag[::n], minlength=max_staleness + 1)):
+        out[f"rollout/lag{j}_groups"] = int(count)  # trained groups sampled j versions back
+    out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
+    out["samples"] = [
+        {"prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
+         "response": tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
+         "reward": float(batch.rewards[i]), "policy_version": int(batch.policy_version[i])}
+        for i in range(0, min(len(batch), 2 * n), n)
+    ]  # fmt: skip
+    return out

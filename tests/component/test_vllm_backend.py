@@ -65,10 +65,11 @@ def tiny(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("vllm_tiny"), num_heads=2, vocab_multiple=8))
 
 
-def start(backend, path, **gen):
+def start(backend, path, threads=1, options=None, **gen):
     cfg = GenerationConfig(**{**GEN, **gen})
     gpus = 0.5 if torch.cuda.is_available() else 0  # two engines share one GPU on a GPU machine
-    return ray.remote(num_cpus=0.5, num_gpus=gpus)(Engine).remote(backend, path, cfg, dtype="float32")
+    actor = ray.remote(num_cpus=0.5, num_gpus=gpus, max_concurrency=threads)(Engine)
+    return actor.remote(backend, path, cfg, dtype="float32", **(options or {}))
 
 
 def trainer_logprobs(path, batch, temperature, top_k=0):
@@ -171,3 +172,54 @@ def test_rollouts_after_a_push_use_the_pushed_weights_not_cached_prefixes(ray_cl
     expected = trainer_logprobs(str(updated), batch, 1.0)
     mask = batch.response_mask.astype(bool)
     np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+
+
+def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
+    """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
+    batch keeps going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
+    labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
+    clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
+    import shutil
+    import time
+
+    from safetensors.torch import load_file, save_file
+
+    tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
+    engine = start("vllm", tiny, threads=2, options={"in_flight_updates": True}, temperature=1.0,
+                   max_prompt_tokens=48, max_new_tokens=400)  # fmt: skip
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"vllm-inflight-{uuid.uuid4().hex[:8]}"
+    shared = list(range(20, 60))
+    prompts = [shared + [5, 6], shared + [7], shared + [8, 9, 10], shared + [11]]
+    try:
+        ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
+        ray.get(engine.generate.remote(prompts[:1], 1))  # warm-up
+        torch.manual_seed(3)
+        original = load_file(f"{tiny}/model.safetensors")
+        pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
+        long = engine.generate.remote(prompts, 4)
+        time.sleep(1.0)
+        ray.get([sender.push.remote(group, pushed, 1), engine.receive.remote(group)])
+        assert not ray.wait([long], timeout=0)[0], "the batch ended before the push: make it longer"
+        during = ray.get(long)
+        after = ray.get(engine.generate.remote(prompts, 2))
+    finally:
+        for actor in (engine, sender):
+            ray.kill(actor)
+    updated = tmp_path / "updated"
+    shutil.copytree(tiny, updated)
+    save_file(pushed, str(updated / "model.safetensors"))
+    mask = during.response_mask.astype(bool)
+    versions = during.token_versions
+    old, new = mask & (versions == 0), mask & (versions == 1)
+    assert set(np.unique(versions[mask])) == {0, 1}, np.unique(versions[mask])
+    spans = [(v[m][:-1] <= v[m][1:]).all() and v[m][0] == 0 for v, m in zip(versions, mask) if m.any()]
+    assert all(spans), "a row's versions must start at 0 and never go back"
+    assert (old.any(-1) & new.any(-1)).sum() >= 1, "no row spans the push"
+    before_push = trainer_logprobs(tiny, during, 1.0)
+    np.testing.assert_allclose(during.rollout_logprobs[old], before_push[old], atol=1e-4, rtol=0)
+    assert np.abs(during.rollout_logprobs[new] - before_push[new]).mean() > 1e-2, "tokens after the push used old weights"
+    assert (after.token_versions[after.response_mask.astype(bool)] == 1).all()
+    expected = trainer_logprobs(str(updated), after, 1.0)
+    m = after.response_mask.astype(bool)
+    np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)

@@ -39,7 +39,7 @@ def test_colocated_reward_rises_on_one_gpu(ray_cluster, tiny):
 def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, tiny, plugin, sleep):
     run = start_run(tiny, colocate=True, sleep_while_training=sleep, plugin_config=plugin, core_algo="RLOO")
     try:
-        (producer,), (consumer,) = run.producer_info, run.consumer_info
+        (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
         assert producer["device"].startswith("cuda") and consumer["device"].startswith("cuda")
         assert producer["gpus"] == consumer["gpus"] and len(producer["gpus"]) == 1  # one GPU, shared
         before = run.full_weights()

@@ -57,16 +57,16 @@ def test_reward_rises(ray_cluster, tiny):
 
 
 def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, backend="transformers",
-              **over):  # fmt: skip
+              max_staleness=0, in_flight=False, **over):  # fmt: skip
     config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
     cfg = config.launch_config()
     train, _ = config.data.datasets(0)
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
-                     train_dataset=train, eval_dataset=None,
-                     cpus_per_actor=0.5, colocate=colocate, inference_options=inference_options)  # fmt: skip
-    run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=0,
+                     train_dataset=train, eval_dataset=None, cpus_per_actor=0.5, colocate=colocate,
+                     inference_options=inference_options, in_flight_weight_updates=in_flight)  # fmt: skip
+    run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=max_staleness,
               master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),
-              sleep_while_training=sleep_while_training)  # fmt: skip
+              sleep_while_training=sleep_while_training, in_flight=in_flight)  # fmt: skip
     run.start_actors()
     run.connect_weight_group()
     run.push_weights()
@@ -115,7 +115,7 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         # transfer per stage; else the weights are packed into a bucket and copied out.
         last = out["history"][-1]
         if in_place:
-            assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == len(run.senders), last
+            assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == len(run.actors.senders), last
             assert last["weights/direct_fraction"] == 1.0, last
         else:
             assert last["weights/in_place_fraction"] < 0.5 and last["weights/direct_fraction"] < 0.5, last

@@ -14,7 +14,7 @@ import torch
 
 from coati.distributed.guards import RewardFailure
 from coati.distributed.launch import launch_distributed
-from coati.distributed.loop import RunError
+from coati.distributed.actor_group import RunError
 from coati.distributed.run_folder import RunFolderError
 from coati.models import build_tiny_model
 

@@ -6,7 +6,7 @@ import pytest
 import ray
 
 from coati.distributed.launch import launch_distributed
-from coati.distributed.loop import RunError
+from coati.distributed.actor_group import RunError
 from coati.models import build_tiny_model
 
 REWARD = "tests.component.reward_fns:digit_fraction"

@@ -1,6 +1,7 @@
 """End to end with the real vLLM engine (CPU build) as the producers' backend: real Ray, real ColossalAI, a tiny
 model. The reward rises, every parameter changes, and after every push each producer's engine holds the consumer's
-weights bitwise (read back through the vLLM worker extension)."""
+weights bitwise (read back through the vLLM worker extension). With in-flight updates, pushes land while rounds are
+being generated, rows span versions, and no trained token is beyond the bound."""
 
 import numpy as np
 import pytest
@@ -43,3 +44,21 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
     assert not unchanged, f"parameters that did not change: {unchanged}"
     rewards = [m["reward/mean"] for m in out["history"]]
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
+
+
+def test_in_flight_updates_land_mid_round_and_keep_the_bound(ray_cluster, tiny):
+    k = 2
+    run = start_run(tiny, backend="vllm", inference_options={"dtype": "float32"}, core_algo="RLOO", num_producers=1,
+                    inference_batch_size=4, inference_microbatch_size=4, max_staleness=k, in_flight=True,
+                    generate_config={"max_new_tokens": 48, "temperature": 1.0})  # fmt: skip
+    try:
+        out = run.loop(max_steps=6, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
+        consumer, engine = run.full_weights(), ray.get(run.producers[0].weights.remote())
+    finally:
+        run.shutdown()
+    history = out["history"]
+    assert sum(m["rollout/mixed_version_rows"] for m in history) > 0, "no push landed while a round was generated"
+    for m in history:
+        assert m["rollout/policy_lag_max"] <= k and m["rollout/stale_dropped_groups"] == 0, m
+        assert m["rollout/token_lag_mean"] <= m["rollout/policy_lag_mean"] + 1e-9, m
+    assert all(torch.equal(engine[name], value) for name, value in consumer.items())

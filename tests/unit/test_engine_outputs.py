@@ -36,6 +36,37 @@ def test_vllm_conversion():
     assert b.extras["logprobs_valid"].all()
 
 
+def test_vllm_weight_version_spans_become_token_versions():
+    """A push landed after the first token of row 1 and before row 0 started (its label: version 4, then 5)."""
+    span = lambda v, a, b: NS(version=str(v), start=a, end=b)  # noqa: E731
+    comps = [vllm_completion([3, EOS], [-0.5, -0.1], "stop"), vllm_completion([4, 4, 4], [-1.0, -2.0, -3.0], "length")]
+    comps[0].weight_versions = [span(5, 0, 2)]
+    comps[1].weight_versions = [span(4, 0, 1), span(5, 1, 3)]
+    b = rollout_from_vllm([NS(outputs=comps)], PROMPTS[:1], n=2, pad_id=0, logprobs_valid=True)
+    assert b.token_versions.tolist() == [[5, 5, 0], [4, 5, 5]]
+    comps[1].weight_versions = [span(4, 0, 1), span(5, 2, 3)]  # a gap: the spans must cover every token
+    with pytest.raises(AssertionError):
+        rollout_from_vllm([NS(outputs=comps)], PROMPTS[:1], n=2, pad_id=0, logprobs_valid=True)
+    comps[1].weight_versions = None  # no label: the producer fills in the version it started with
+    assert rollout_from_vllm([NS(outputs=comps)], PROMPTS[:1], n=2, pad_id=0, logprobs_valid=True).token_versions is None
+
+
+def test_policy_version_is_each_rows_oldest_token_and_concat_keeps_token_versions():
+    from coati.distributed.rollout import RolloutBatch, batch_from_responses, oldest_versions
+
+    a = batch_from_responses([[1]], 2, [[3, 4, 5], []], None, [True, True], pad_id=0)
+    a.token_versions = np.array([[4, 5, 5], [0, 0, 0]])
+    a.policy_version = oldest_versions(a.token_versions, a.response_mask, np.array([4, 5]))
+    assert a.policy_version.tolist() == [4, 5]  # an empty row: the version it started with
+    b = batch_from_responses([[2]], 1, [[6]], None, [True], pad_id=0)
+    b.token_versions, b.policy_version = np.array([[6]]), np.array([6])
+    merged = RolloutBatch.concat([a, b]).validate()
+    assert merged.token_versions.tolist() == [[4, 5, 5], [0, 0, 0], [6, 0, 0]]
+    merged.policy_version = np.array([5, 5, 6])
+    with pytest.raises(AssertionError, match="oldest token version"):
+        merged.validate()
+
+
 def test_vllm_conversion_without_valid_logprobs():
     outputs = [NS(outputs=[NS(token_ids=(3,), logprobs=None, finish_reason="stop")]) for _ in PROMPTS]
     b = rollout_from_vllm(outputs, PROMPTS, n=1, pad_id=0, logprobs_valid=False)
@@ -89,5 +120,12 @@ def test_engine_options_are_decided_before_any_actor_starts():
         vllm.engine_options({"enable_sleep_mode": True}, processes=1, sleep=False, gpu=False)  # decided by the launch
     assert hf.engine_options({"dtype": "bfloat16"}, processes=1, sleep=True, gpu=False) == {"dtype": "bfloat16"}
     assert hf.weight_ranks({}) == 1
+    assert vllm.engine_options({}, processes=1, sleep=False, gpu=False, in_flight=True)["in_flight_updates"] is True
+    from coati.distributed.inference.sglang_backend import SGLangBackend
+
+    for cls in (hf, SGLangBackend):
+        with pytest.raises(ValueError, match="in_flight_weight_updates=True, but the .* engine loads weights only "
+                                             "between batches; use the vllm backend"):
+            cls.engine_options({}, processes=1, sleep=False, gpu=True, in_flight=True)
     with pytest.raises(ValueError, match="num_proc_per_producer=3, but the TransformersBackend engine runs in"):
         hf.engine_options({}, processes=3, sleep=False, gpu=True)

@@ -6,7 +6,7 @@ import pytest
 
 import coati.distributed.launch as launch
 import rl_example
-from coati.distributed.loop import RunError
+from coati.distributed.actor_group import RunError
 
 
 def fake_launcher(fail_times):

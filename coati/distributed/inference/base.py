@@ -2,7 +2,7 @@
 backend's class, before any actor starts, what the engine needs.
 
 Class side (launch): ``engine_options`` turns the user's options plus the launch's choices (engine processes per
-producer, sleeping while consumers train) into the constructor's keyword arguments, refusing what the backend cannot
+producer, sleeping while consumers train, loading pushes while a batch is being generated) into the constructor's keyword arguments, refusing what the backend cannot
 do; ``weight_ranks`` says how many members of each weight group one producer brings.
 Instance side (producer): ``generate(prompts, n, greedy)`` takes tokenised prompts and returns a ``RolloutBatch`` (rows
 prompt-major: the n completions of prompt i are rows i*n .. i*n+n-1, ``group_ids`` = i) with the loss mask and the
@@ -38,6 +38,10 @@ class InferenceBackend:
 
     OPTIONS: dict[str, str] = {}
     """engine options a user may pass (``inference_model_config`` keys beside ``path``), with what each does"""
+    IN_FLIGHT_UPDATES = False
+    """whether ``receive_weights`` may run while ``generate`` runs (another thread): generation pauses between
+    engine steps, keeping its requests and KV cache, the weights load, generation resumes; the batch it returns
+    records the version that sampled each token (``token_versions``)"""
 
     def __init__(self, model_path: str, generation: GenerationConfig, **options):
         self.check_options(options)
@@ -58,15 +62,19 @@ class InferenceBackend:
         """Raise ImportError, with the install command, when the engine is not installed."""
 
     @classmethod
-    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool) -> dict:
+    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False) -> dict:
         """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
-        producer (``num_proc_per_producer``), whether producers sleep while consumers train, and whether they are
-        placed on GPUs."""
+        producer (``num_proc_per_producer``), whether producers sleep while consumers train, whether pushes load
+        while a batch is being generated (``in_flight_weight_updates``), and whether they are placed on GPUs."""
         cls.check_options(options)
         cls.check_processes(processes, gpu)
         if sleep and (reason := cls.cannot_sleep(options, gpu)):
             raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
-        return cls.launch_options(options, processes, sleep)
+        if in_flight and not cls.IN_FLIGHT_UPDATES:
+            raise ValueError(f"in_flight_weight_updates=True, but the {cls.__name__} engine loads weights only "
+                             "between batches; use the vllm backend or turn in_flight_weight_updates off")
+        options = cls.launch_options(options, processes, sleep)
+        return {**options, "in_flight_updates": True} if in_flight else options
 
     @classmethod
     def check_processes(cls, processes: int, gpu: bool) -> None:

@@ -1,7 +1,9 @@
 """Pure conversions from inference-engine outputs to a RolloutBatch (unit-tested without the engines).
 
 vLLM: ``RequestOutput.outputs[j]`` has ``token_ids``, ``logprobs`` (one ``{token_id: Logprob}`` per token, with
-``SamplingParams(logprobs=0)`` holding the sampled token) and ``finish_reason`` ('stop' or 'length').
+``SamplingParams(logprobs=0)`` holding the sampled token), ``finish_reason`` ('stop' or 'length') and
+``weight_versions`` (spans ``[start, end)`` of output tokens sampled by the weights labelled ``version``; None when the
+engine had no label).
 SGLang: ``Engine.generate(..., return_logprob=True)`` returns dicts with ``output_ids`` and ``meta_info`` holding
 ``output_token_logprobs`` (``(logprob, token_id, text)`` per token) and ``finish_reason`` (``{'type': ...}``).
 Which log-probs each engine reports, and so when ``logprobs_valid`` holds, is the backend's business (see
@@ -20,10 +22,22 @@ def _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid) -> Ro
     return batch_from_responses(prompts, n, tokens, logprobs if logprobs_valid else None, finished, pad_id, valid)
 
 
+def token_versions_from_spans(spans, length: int) -> np.ndarray:
+    """int64 [length]: the version of each output token, from vLLM's contiguous ``weight_versions`` spans."""
+    out = np.empty(length, dtype=np.int64)
+    covered = 0
+    for span in spans:
+        assert span.start == covered and span.end <= length, (span, covered, length)
+        out[span.start : span.end] = int(span.version)
+        covered = span.end
+    assert covered == length, f"weight-version spans cover {covered} of {length} tokens"
+    return out
+
+
 def rollout_from_vllm(outputs, prompts, n: int, pad_id: int, logprobs_valid: bool) -> RolloutBatch:
     """``outputs``: one RequestOutput per prompt (in order), each with n completions."""
     assert len(outputs) == len(prompts), (len(outputs), len(prompts))
-    tokens, logprobs, finished = [], [], []
+    tokens, logprobs, finished, versions = [], [], [], []
     for req in outputs:
         assert len(req.outputs) == n, f"expected {n} completions, got {len(req.outputs)}"
         for comp in req.outputs:
@@ -33,7 +47,14 @@ def rollout_from_vllm(outputs, prompts, n: int, pad_id: int, logprobs_valid: boo
                 assert comp.logprobs is not None and len(comp.logprobs) == len(ids)
                 logprobs.append([step[t].logprob for t, step in zip(ids, comp.logprobs, strict=True)])
             finished.append(comp.finish_reason != "length")
-    return _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid)
+            spans = getattr(comp, "weight_versions", None)
+            versions.append(None if spans is None else token_versions_from_spans(spans, len(ids)))
+    batch = _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid)
+    if all(v is not None for v in versions):
+        batch.token_versions = np.zeros(batch.response_ids.shape, dtype=np.int64)
+        for i, v in enumerate(versions):
+            batch.token_versions[i, : len(v)] = v
+    return batch
 
 
 def rollout_from_sglang(outputs, prompts, n: int, pad_id: int, logprobs_valid: bool) -> RolloutBatch:

@@ -10,6 +10,15 @@ processing (the CPU build repacks every linear weight for its GEMM kernels).
 Rollout log-probs are the engine's *processed* log-probs (``logprobs_mode="processed_logprobs"``): those of the
 distribution each token was drawn from, after temperature, top-k and top-p. They are valid for every sampling setting.
 
+Generation runs the engine step by step (``LLM.enqueue`` + ``LLMEngine.step``), and every push is labelled with
+vLLM's weight version (``set_weight_version``), so each completion reports which version sampled each of its tokens
+(``CompletionOutput.weight_versions``). With in-flight updates (``in_flight_updates``, set by the launch) a push may
+arrive while a batch is being generated: the generating thread stops between two engine steps, the push loads,
+generation resumes with the running requests and their KV cache kept (tokens after the push attend to keys computed
+before it; the behaviour log-probs are what the engine sampled from, so the off-policy correction stays exact), and
+the prefix cache is cleared once the batch ends. The engine core then runs in this process without asynchronous
+scheduling, so a step never straddles a push.
+
 On CPU the engine settings follow the actor, not the user: one engine process per producer running inside the
 producer's process (no extra process), as many threads as the producer has (1 by default), threads left unbound (vLLM
 would otherwise pin every engine on a node to the same core), a fixed KV-cache size (``kv_cache_gib``, default 1),
@@ -19,6 +28,7 @@ and no compilation. vLLM's CPU worker cannot sleep, so ``sleep_while_training`` 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 
 import torch
@@ -53,6 +63,8 @@ class VLLMBackend(InferenceBackend):
         "would run a float32 checkpoint in bfloat16)",
         "seed": "sampling seed (set per producer by the launcher)",
     }
+
+    IN_FLIGHT_UPDATES = True
 
     @classmethod
     def check_available(cls) -> None:
@@ -94,11 +106,16 @@ class VLLMBackend(InferenceBackend):
         generation: GenerationConfig,
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
+        in_flight_updates: bool = False,
         **options,
     ):
         super().__init__(model_path, generation, **options)
         cuda = _on_cuda()
         engine: dict = {}
+        if in_flight_updates:
+            # Steps driven from this process, one at a time, so a push lands between two of them.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            engine["async_scheduling"] = False
         if cuda:
             engine["gpu_memory_utilization"] = options.get("gpu_memory_utilization", 0.5)
             engine["enforce_eager"] = options.get("enforce_eager", False)
@@ -128,6 +145,12 @@ class VLLMBackend(InferenceBackend):
         self.tensor_parallel_size = tensor_parallel_size
         self.tokenizer = self.llm.get_tokenizer()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.engine = self.llm.llm_engine
+        self.engine.set_weight_version("0")
+        self._engine_lock = threading.Lock()
+        self._no_push = threading.Event()
+        self._no_push.set()
+        self._clear_prefix_cache = False
 
     def _params(self, n: int, greedy: bool):
         from vllm import SamplingParams
@@ -147,8 +170,23 @@ class VLLMBackend(InferenceBackend):
         from vllm import TokensPrompt
 
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        outputs = self.llm.generate(requests, self._params(n, greedy), use_tqdm=False)
-        return rollout_from_vllm(outputs, prompts, n, self.pad_id, logprobs_valid=True)
+        with self._engine_lock:
+            self.llm.enqueue(requests, self._params(n, greedy), use_tqdm=False)
+        return rollout_from_vllm(self._run(), prompts, n, self.pad_id, logprobs_valid=True)
+
+    def _run(self) -> list:
+        """Step the engine until its requests finish, stopping between steps while a push loads; the finished
+        outputs in request order."""
+        done = []
+        while True:
+            self._no_push.wait()
+            with self._engine_lock:
+                if not self.engine.has_unfinished_requests():
+                    if self._clear_prefix_cache:
+                        self._clear_prefix_cache = not self.llm.reset_prefix_cache()
+                    break
+                done.extend(out for out in self.engine.step() if out.finished)
+        return sorted(done, key=lambda out: int(out.request_id))
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Every vLLM worker joins the consumer's weight group as rank ``rank + its TP rank``."""
@@ -159,9 +197,17 @@ class VLLMBackend(InferenceBackend):
 
     def receive_weights(self, group_name: str) -> dict:
         """Every worker receives one push on ``group_name`` and reloads it; returns the version."""
-        versions = self.llm.collective_rpc("receive_weights", args=(group_name,))
-        self.llm.reset_prefix_cache()
-        return {"version": int(versions[0])}
+        self._no_push.clear()  # the generating thread (if any) stops before its next step
+        try:
+            with self._engine_lock:
+                version = int(self.llm.collective_rpc("receive_weights", args=(group_name,))[0])
+                self.engine.set_weight_version(str(version))
+                # Cached prefixes hold keys and values of the old weights; with requests running, clear once they end.
+                running = self.engine.has_unfinished_requests()
+                self._clear_prefix_cache = running or not self.llm.reset_prefix_cache()
+        finally:
+            self._no_push.set()
+        return {"version": version}
 
     def load_weights(self, weights) -> None:
         raise NotImplementedError(

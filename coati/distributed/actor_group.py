@@ -1,0 +1,189 @@
+"""The run's actors as two groups, and every call the driver fans out to them: start-up on the planned nodes, the
+weight groups, weight pushes, rollouts, evaluation, sleeping and waking, reading weights back, shutdown. Each fan-out
+is one bounded wait whose failure names the actor that died (``RunError``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+STEP_TIMEOUT_S = 3600.0
+"""the longest the driver waits for one fan-out (a rollout round, a training step, ...)"""
+
+ACTOR_NAMES: dict[str, str] = {}
+"""actor id (hex) -> the name the driver gave it, for error messages"""
+
+
+class RunError(RuntimeError):
+    """An actor died, failed or stopped answering; the message names it and the last checkpoint."""
+
+
+def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
+    """ray.get bounded in time, with failures re-raised as RunError naming what was being waited for."""
+    import ray
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.RayActorError as e:
+        name = ACTOR_NAMES.get(getattr(e, "actor_id", None) or "", getattr(e, "actor_id", "unknown"))
+        raise RunError(f"{what}: actor {name} died ({_first_line(e)})") from e
+    except ray.exceptions.RayTaskError as e:
+        raise RunError(f"{what} failed: {_first_line(e)}") from e
+    except ray.exceptions.GetTimeoutError as e:
+        raise RunError(f"{what}: no answer within {timeout:.0f} s") from e
+
+
+def ready(refs) -> bool:
+    """Every one of ``refs`` has finished (without waiting)."""
+    import ray
+
+    return len(ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)[0]) == len(refs)
+
+
+def wait_any(*ref_lists) -> None:
+    """Block until one more of these refs finishes (or none is left unfinished)."""
+    import ray
+
+    pending = [r for refs in ref_lists for r in refs if not ready([r])]
+    if pending:
+        ray.wait(pending, num_returns=1, timeout=STEP_TIMEOUT_S, fetch_local=False)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    tail = [line for line in text if "Error" in line]
+    return (tail[-1] if tail else text[0] if text else type(e).__name__)[:500]
+
+
+class ActorGroups:
+    """Producers (on the low-index nodes) and consumers (on the high-index ones), as the plan placed them."""
+
+    def __init__(self, cfg, plan, *, seed: int, run_name: str, master_addr=None, master_port=None,
+                 in_flight: bool = False):  # fmt: skip
+        self.cfg, self.plan, self.seed, self.run_name = cfg, plan, seed, run_name
+        self.master_addr, self.master_port, self.in_flight = master_addr, master_port, in_flight
+        self.producers, self.consumers, self.senders = [], [], []
+        self.shared_gpus: dict[int, object] = {}
+        self.producer_info: list[dict] = []
+        self.consumer_info: list[dict] = []
+
+    def start(self) -> None:
+        import ray
+
+        from coati.distributed.consumer import GRPOConsumer
+        from coati.distributed.placement import actor_options, reserve_shared_gpus
+        from coati.distributed.producer import Producer
+
+        # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+        env = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+                                            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}  # fmt: skip
+        c, p = self.cfg, self.plan
+        # With in-flight updates a push is received on a second thread while the first one generates.
+        threads = {"max_concurrency": 2} if self.in_flight else {}
+        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
+        for i, slot in enumerate(p.producer_slots):
+            options = actor_options(slot, self.shared_gpus)
+            actor = ray.remote(Producer).options(**options, **env, **threads, name=f"{self.run_name}-producer-{i}")
+            self.producers.append(actor.remote(
+                i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
+                p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
+                system_prompt=p.system_prompt, eval_dataset=p.eval_dataset, seed=self.seed,
+                backend_options=p.inference_options,
+            ))  # fmt: skip
+        world = c.consumer.num_consumer_procs
+        addr = self.master_addr or p.consumer_slots[0].address
+        port = self.master_port or _free_port()
+        for rank, slot in enumerate(p.consumer_slots):
+            options = actor_options(slot, self.shared_gpus)
+            actor = ray.remote(GRPOConsumer).options(**options, **env, name=f"{self.run_name}-consumer-{rank}")
+            self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
+                                               c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
+        for kind, group in (("producer", self.producers), ("consumer", self.consumers)):
+            for i, a in enumerate(group):
+                ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
+        self.producer_info = get([a.setup.remote() for a in self.producers], "producer setup")
+        self.consumer_info = get([a.setup.remote() for a in self.consumers], "consumer setup")
+
+    def connect_weight_group(self, timeout_s: float) -> None:
+        """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
+        from coati.distributed.inference import backend_class
+        from coati.distributed.placement import weight_backend
+
+        backend = weight_backend(self.plan.producer_slots, self.plan.consumer_slots)
+        stages = sorted({info["pp_rank"] for info in self.consumer_info})
+        self.senders = [
+            next(i for i, info in enumerate(self.consumer_info)
+                 if info["pp_rank"] == s and info["dp_rank"] == 0 and info["tp_rank"] == 0)
+            for s in stages
+        ]  # fmt: skip
+        groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
+        # Engines with worker processes (vLLM) put each of them in the group; the others one process per producer.
+        per = backend_class(self.cfg.producer.backend).weight_ranks(self.plan.inference_options)
+        world = 1 + len(self.producers) * per
+        refs = [self.consumers[i].join_weight_group.remote(world, g, backend, timeout_s)
+                for i, g in zip(self.senders, groups)]  # fmt: skip
+        refs += [p.join_weight_groups.remote(world, 1 + i * per, groups, backend, timeout_s)
+                 for i, p in enumerate(self.producers)]  # fmt: skip
+        get(refs, "joining the weight groups")
+
+    def push_weights(self, version: int) -> dict:
+        """Every consumer pushes (senders send, the others take part in gathers), every producer receives; returns
+        how the push travelled, as producer 0 saw it (all producers receive the same transfers)."""
+        refs = [c.push_weights.remote(version) for c in self.consumers]
+        refs += [p.receive_weights.remote() for p in self.producers]
+        received = get(refs, f"weight push {version}")[len(self.consumers) :]
+        return {k: v for k, v in received[0].items() if k.startswith("weights/")}
+
+    def generate(self, sizes: list[int]) -> list:
+        """Start a rollout round: producer i draws ``sizes[i]`` prompts (none when 0); returns the refs."""
+        return [p.generate.remote(k) for p, k in zip(self.producers, sizes, strict=True) if k > 0]
+
+    def train(self, batch_ref) -> list:
+        return [c.train_step.remote(batch_ref) for c in self.consumers]
+
+    def evaluate(self) -> list[dict]:
+        return get([p.evaluate.remote() for p in self.producers], "evaluation")
+
+    def sleep(self) -> dict:
+        """Producers free accelerator memory before consumers start training (they may share the GPUs)."""
+        start = time.perf_counter()
+        mem = get([p.sleep.remote() for p in self.producers], "producers going to sleep")
+        return {"time/sleep": time.perf_counter() - start,
+                "inference/mem_awake_mb": max(m[0] for m in mem) / 2**20,
+                "inference/mem_asleep_mb": max(m[1] for m in mem) / 2**20}  # fmt: skip
+
+    def wake(self) -> float:
+        start = time.perf_counter()
+        get([p.wake.remote() for p in self.producers], "producers waking")
+        return time.perf_counter() - start
+
+    def full_weights(self) -> dict:
+        """The whole model's weights, merged from each pipeline stage's sender (all ranks join the TP gathers)."""
+        states = get([c.weights.remote() for c in self.consumers], "gathering weights")
+        merged = {}
+        for i in self.senders:
+            merged.update(states[i])
+        return merged
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.producers:
+            try:
+                ray.get(a.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        for a in self.producers + self.consumers:
+            ray.kill(a)
+        for g in self.shared_gpus.values():
+            ray.util.remove_placement_group(g)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
