@@ -177,16 +177,12 @@ def config_from_launch_kwargs(
 
 def _dataset_fields(spec: dict | None, prefix: str) -> dict:
     """A ColossalChat dataset dict ({path or rows, size, seed, system_prompt}) as the data section's fields."""
+    from coati.distributed.preflight import dataset_kwargs
+
     if spec is None:
         return {}
-    spec = {k: v for k, v in spec.items() if k != "system_prompt"}
-    unknown = sorted(set(spec) - {"path", "rows", "size", "seed"})
-    if unknown:
-        raise ValueError(f"unknown dataset config key(s) {unknown}; known: path, rows, size, seed, system_prompt")
-    source = spec.get("path", spec.get("rows"))
-    if source is None:
-        raise ValueError("dataset config needs 'path' (a JSONL file or reasoning_gym:<task>) or 'rows' (a list)")
-    return {prefix: source, f"{prefix}_size": spec.get("size"), f"{prefix}_seed": spec.get("seed")}
+    checked = dataset_kwargs({k: v for k, v in spec.items() if k != "system_prompt"})
+    return {prefix: checked["source"], f"{prefix}_size": checked["size"], f"{prefix}_seed": spec.get("seed")}
 
 
 def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **kwargs) -> dict:

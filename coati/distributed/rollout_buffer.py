@@ -21,22 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.rollout import RolloutBatch
 
 SIGNALS = ("task_reward", "reward")
 """what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
-
-
-def degenerate_rows(values: np.ndarray, group_ids: np.ndarray, tol: float = 1e-8) -> np.ndarray:
-    """Bool [B]: True where every row of the row's group has the same value (max - min <= tol)."""
-    _, inverse = np.unique(group_ids, return_inverse=True)
-    k = int(inverse.max()) + 1 if len(inverse) else 0
-    hi = np.full(k, -np.inf)
-    lo = np.full(k, np.inf)
-    np.maximum.at(hi, inverse, values)
-    np.minimum.at(lo, inverse, values)
-    return (hi - lo)[inverse] <= tol
 
 
 @dataclass
@@ -78,7 +69,8 @@ class RolloutBuffer:
         log.rollouts.append(batch)
         if self.dynamic_sampling and len(batch):
             values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
-            degenerate = degenerate_rows(np.asarray(values, dtype=np.float64), batch.group_ids)
+            degenerate = degenerate_groups(torch.from_numpy(np.asarray(values, dtype=np.float64)),
+                                           torch.from_numpy(batch.group_ids)).numpy()
             log.dropped_zero_signal_groups += int(degenerate.sum()) // self.group_size
             log.zero_signal.append(batch.select(np.flatnonzero(degenerate)))
             batch = batch.select(np.flatnonzero(~degenerate))

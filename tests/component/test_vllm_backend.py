@@ -93,6 +93,17 @@ def trainer_logprobs(path, batch, temperature, top_k=0):
     return lp.masked_fill(~t["response_mask"].bool(), 0.0).numpy()
 
 
+def with_weights(path, weights: dict, folder) -> str:
+    """A copy of the model folder ``path`` holding ``weights``."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(path, folder)
+    save_file(weights, str(folder / "model.safetensors"))
+    return str(folder)
+
+
 @pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 5}], ids=["temp", "topk"])
 def test_rollout_logprobs_match_a_teacher_forced_forward(ray_cluster, tiny, sampling):
     """fp32 on both sides; tolerance 1e-4 (different kernels sum in different orders)."""
@@ -144,7 +155,7 @@ def test_rollouts_after_a_push_use_the_pushed_weights_not_cached_prefixes(ray_cl
     same prompts rolled out again: the new log-probs must be the new weights' (a prefix cached under the old weights
     would give the old ones for every shared block). The model ties its embeddings, as the default model does: the
     consumer sends the shared tensor once, and the engine's LM head must follow it."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
     engine = start("vllm", tiny, temperature=1.0)
@@ -164,12 +175,7 @@ def test_rollouts_after_a_push_use_the_pushed_weights_not_cached_prefixes(ray_cl
     finally:
         for actor in (engine, sender):
             ray.kill(actor)
-    import shutil
-
-    updated = tmp_path / "updated"
-    shutil.copytree(tiny, updated)
-    save_file(pushed, str(updated / "model.safetensors"))
-    expected = trainer_logprobs(str(updated), batch, 1.0)
+    expected = trainer_logprobs(with_weights(tiny, pushed, tmp_path / "updated"), batch, 1.0)
     mask = batch.response_mask.astype(bool)
     np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
 
@@ -179,10 +185,9 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     batch keeps going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
     labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
     clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
-    import shutil
     import time
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
     engine = start("vllm", tiny, threads=2, options={"in_flight_updates": True}, temperature=1.0,
@@ -206,9 +211,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     finally:
         for actor in (engine, sender):
             ray.kill(actor)
-    updated = tmp_path / "updated"
-    shutil.copytree(tiny, updated)
-    save_file(pushed, str(updated / "model.safetensors"))
+    updated = with_weights(tiny, pushed, tmp_path / "updated")
     mask = during.response_mask.astype(bool)
     versions = during.token_versions
     old, new = mask & (versions == 0), mask & (versions == 1)
@@ -220,6 +223,6 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     np.testing.assert_allclose(during.rollout_logprobs[old], before_push[old], atol=1e-4, rtol=0)
     assert np.abs(during.rollout_logprobs[new] - before_push[new]).mean() > 1e-2, "tokens after the push used old weights"
     assert (after.token_versions[after.response_mask.astype(bool)] == 1).all()
-    expected = trainer_logprobs(str(updated), after, 1.0)
+    expected = trainer_logprobs(updated, after, 1.0)
     m = after.response_mask.astype(bool)
     np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from coati.distributed.rollout import batch_from_responses
-from coati.distributed.rollout_buffer import RolloutBuffer, degenerate_rows
+from coati.distributed.rollout_buffer import RolloutBuffer
 
 G = 4  # completions per group
 _ids = itertools.count()
@@ -31,9 +31,13 @@ def mixed(k):
     return [[0, 1, 0, 1]] * k
 
 
-def test_degenerate_rows():
-    values = np.array([1, 1, 1, 1, 0, 1, 0, 0], dtype=float)
-    assert degenerate_rows(values, np.repeat([7, 3], 4)).tolist() == [True] * 4 + [False] * 4
+def test_degenerate_groups_mark_every_row_of_a_group_without_signal():
+    import torch
+
+    from coati.distributed.algo.grouping import degenerate_groups
+
+    values = torch.tensor([1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
+    assert degenerate_groups(values, torch.tensor([7] * 4 + [3] * 4)).tolist() == [True] * 4 + [False] * 4
 
 
 def test_dynamic_sampling_filters_on_the_task_reward_not_the_length_penalty():
