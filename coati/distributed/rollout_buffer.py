@@ -3,7 +3,9 @@ them. Pure (no Ray): the loop decides when to draw, the buffer decides what is k
 old to train.
 
 Versions: a row sampled by weights of version v and trained by a step that starts from version u has lag u - v.
-With ``max_staleness = k`` no row with lag > k is ever trained: ``take`` drops such rows first and counts them. The
+With ``max_staleness = k`` no row with lag > k is ever trained: ``take`` drops such rows first and counts them.
+Groups move whole: a group's version is its oldest row's (rows of one group may start at different versions when a
+push lands mid-round), so a group is kept, dropped and trained as one. The
 loop paces producers so that this rarely happens (it draws ahead at most k steps' worth of groups, see
 ``fill_target``), because discarding stale groups biases training toward rollouts that finish quickly.
 
@@ -23,11 +25,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.rollout import RolloutBatch
 
 SIGNALS = ("task_reward", "reward")
 """what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
+
+
+def group_versions(batch: RolloutBatch) -> np.ndarray:
+    """int64 [N]: each row's group's oldest ``policy_version``."""
+    _, inverse = np.unique(batch.group_ids, return_inverse=True)
+    oldest = np.full(int(inverse.max()) + 1 if len(inverse) else 0, np.iinfo(np.int64).max)
+    np.minimum.at(oldest, inverse, batch.policy_version)
+    return oldest[inverse]
 
 
 @dataclass
@@ -68,6 +77,8 @@ class RolloutBuffer:
         log = self.log(for_step)
         log.rollouts.append(batch)
         if self.dynamic_sampling and len(batch):
+            from coati.distributed.algo.grouping import degenerate_groups  # (the algo package imports this module)
+
             values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
             degenerate = degenerate_groups(torch.from_numpy(np.asarray(values, dtype=np.float64)),
                                            torch.from_numpy(batch.group_ids)).numpy()
@@ -79,7 +90,7 @@ class RolloutBuffer:
 
     def groups(self, trained_version: int | None = None) -> int:
         """Groups held (only those still trainable by a step starting from ``trained_version``, when given)."""
-        rows = sum(len(b) if trained_version is None else int((trained_version - b.policy_version <= self.max_staleness).sum())
+        rows = sum(len(b) if trained_version is None else int((trained_version - group_versions(b) <= self.max_staleness).sum())
                    for b in self.batches)  # fmt: skip
         return rows // self.group_size
 
@@ -96,10 +107,11 @@ class RolloutBuffer:
     # ---- taking ----------------------------------------------------------------------------------------------
 
     def drop_stale(self, trained_version: int, log: DrawLog) -> None:
-        """Remove rows whose lag behind ``trained_version`` exceeds the bound (never trained), counting them."""
+        """Remove groups whose oldest row's lag behind ``trained_version`` exceeds the bound (never trained),
+        counting them."""
         kept = []
         for b in self.batches:
-            fresh = trained_version - b.policy_version <= self.max_staleness
+            fresh = trained_version - group_versions(b) <= self.max_staleness
             log.stale_dropped_groups += int((~fresh).sum()) // self.group_size
             if fresh.any():
                 kept.append(b if fresh.all() else b.select(np.flatnonzero(fresh)))
@@ -117,10 +129,11 @@ class RolloutBuffer:
         self.batches.append(pool.select(np.arange(missing)))
 
     def take(self, trained_version: int) -> RolloutBatch:
-        """The step's batch: ``groups_per_step`` groups, oldest first, none beyond the staleness bound."""
+        """The step's batch: ``groups_per_step`` whole groups, oldest first, none beyond the staleness bound."""
         rows = self.groups_per_step * self.group_size
         merged = RolloutBatch.concat(self.batches)
-        order = np.argsort(merged.policy_version, kind="stable")  # oldest versions first, admission order within
+        # Oldest groups first, admission order within a version (so each group's rows stay together).
+        order = np.argsort(group_versions(merged), kind="stable")
         assert len(merged) >= rows, (len(merged), rows)
         assert (trained_version - merged.policy_version[order[:rows]] <= self.max_staleness).all()
         rest = order[rows:]

@@ -65,6 +65,7 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     version step - 1). Row lag: from the row's oldest token; token lag: per trained token."""
     from coati.distributed.guards import reward_failures
     from coati.distributed.rollout import RolloutBatch
+    from coati.distributed.rollout_buffer import group_versions
 
     n = num_generations
     drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch
@@ -95,8 +96,9 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     for key in ("time/generate", "time/reward_wait", "time/producer_total"):
         if key in ex:
             out[key] = float(np.max(ex[key]))
-    for j, count in enumerate(np.bincount(lag[::n], minlength=max_staleness + 1)):
-        out[f"rollout/lag{j}_groups"] = int(count)  # trained groups sampled j versions back
+    group_lag = (step - 1) - group_versions(batch)
+    for j, count in enumerate(np.bincount(group_lag[::n], minlength=max_staleness + 1)):
+        out[f"rollout/lag{j}_groups"] = int(count)  # trained groups whose oldest row started j versions back
     out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
     out["samples"] = [
         {"prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),

@@ -139,3 +139,22 @@ def test_state_round_trip_and_bad_settings():
         RolloutBuffer(1, G, 0, True, signal="accuracy")
     with pytest.raises(ValueError, match="max_staleness must be >= 0, got -1"):
         RolloutBuffer(1, G, -1, False)
+
+
+def test_groups_whose_rows_started_at_different_versions_move_whole():
+    """With in-flight updates a push can land between the rows of one group: its first row started at version 3,
+    the others at 4. The group is as old as its oldest row: taken first and whole, or dropped whole and counted."""
+    b0, b1 = draw(mixed(1), 4), draw(mixed(2), 4)
+    b1.policy_version[G] = 3  # first row of b1's second group
+    buf = RolloutBuffer(2, G, 1, dynamic_sampling=False)
+    buf.admit(b0, 1)
+    buf.admit(b1, 1)
+    assert buf.groups(5) == 2  # the mixed group is two versions behind 5
+    batch = buf.take(4)
+    groups = batch.group_ids.reshape(-1, G)
+    assert (groups == groups[:, :1]).all() and len(set(groups[:, 0])) == 2, batch.group_ids
+    assert groups[0, 0] == b1.group_ids[G]  # the oldest group first
+    log = buf.log(2)
+    buf.admit(b1.select(np.arange(G, 2 * G)), 2)  # the mixed group again, now at step 6
+    buf.drop_stale(5, log)
+    assert log.stale_dropped_groups == 1 and buf.groups() == 1  # dropped whole; the fresh leftover group stays
