@@ -1,13 +1,13 @@
 """What overlap buys and costs: the default job (DAPO on the default model and task) at max_staleness k = 0, 1, 2, one
 after the other on this machine, each through ``rl_example.py`` exactly as ``make run`` runs it but for ``-nb k``;
-with ``--in-flight``, each k >= 1 also with in-flight weight updates (pushes loaded mid-round) beside draining.
+``--modes drain in-flight`` runs each k >= 1 with in-flight weight updates (pushes loaded mid-round) too.
 
 Prints, for each run: training steps per minute of loop time, the groups trained at each version lag (the lag
 histogram), the largest lag, the mean lag per trained token, rows that span two versions, groups dropped for
 staleness, and the held-out lenient/strict accuracy before and after.
 
-    python benchmarks/bench_staleness.py [--ks 0 1 2] [--in-flight] [--max-steps 30] [--out runs/bench_staleness]
-        [-- extra flags]
+    python benchmarks/bench_staleness.py [--ks 0 1 2] [--modes drain in-flight] [--max-steps 30]
+        [--out runs/bench_staleness] [-- extra flags]
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
         cmd.append("--in-flight-weight-updates")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
-    folder = Path(args.out) / project
+    return summarize(Path(args.out) / project, k, in_flight)
+
+
+def summarize(folder: Path, k: int, in_flight: bool) -> dict:
+    """One run's row of the table, from its run folder."""
     summary = json.loads((folder / "summary.json").read_text())
     steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     loop_s = sum(m["time/step"] for m in steps)
@@ -41,10 +45,10 @@ def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
                 j = int(key[len("rollout/lag") : -len("_groups")])
                 lags[j] = lags.get(j, 0) + count
     first, last = summary["evals"][0], summary["evals"][-1]
-    tokens = sum(m["response/tokens"] for m in steps)
     return {"k": k, "mode": "in-flight" if in_flight else "drain", "steps": len(steps),
-            "token_lag": sum(m["rollout/token_lag_mean"] * m["response/tokens"] for m in steps) / tokens,
-            "mixed_rows": sum(m["rollout/mixed_version_rows"] for m in steps), "steps_per_min": 60 * len(steps) / loop_s, "loop_s": loop_s,
+            "token_lag": sum(m["rollout/token_lag_mean"] for m in steps) / len(steps),
+            "mixed_rows": sum(m["rollout/mixed_version_rows"] for m in steps),
+            "steps_per_min": 60 * len(steps) / loop_s, "loop_s": loop_s,
             "lags": dict(sorted(lags.items())), "lag_max": max(m["rollout/policy_lag_max"] for m in steps),
             "stale_dropped": sum(m.get("rollout/stale_dropped_groups", 0) for m in steps),
             "drawn": sum(m["rollout/drawn_groups"] for m in steps),
@@ -54,14 +58,18 @@ def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--in-flight", action="store_true", help="also run each k >= 1 with in-flight updates")
+    parser.add_argument("--modes", nargs="+", choices=["drain", "in-flight"], default=["drain"],
+                        help="how pushes meet a round in flight (in-flight: k >= 1 only)")
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench_staleness"))
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
-    runs = [(k, False) for k in args.ks] + [(k, True) for k in args.ks if args.in_flight and k >= 1]
-    results = [run(k, in_flight, args, extra) for k, in_flight in runs]
-    print(f"\n== default job (DAPO), {args.max_steps} steps, max_staleness k ==")
+    runs = [(k, mode == "in-flight") for mode in args.modes for k in args.ks if mode == "drain" or k >= 1]
+    print_table([run(k, in_flight, args, extra) for k, in_flight in runs], args.max_steps)
+
+
+def print_table(results: list[dict], max_steps: int) -> None:
+    print(f"\n== default job (DAPO), {max_steps} steps, max_staleness k ==")
     print(f"{'k':>2} {'push':>9} {'steps/min':>9} {'vs first':>8} {'loop s':>7} {'groups by lag (0,1,2..)':>24} "
           f"{'lag max':>7} {'token lag':>9} {'mixed rows':>10} {'stale dropped':>13} {'drawn':>6} "
           f"{'lenient before->after':>22} {'strict':>12}")  # fmt: skip
