@@ -41,6 +41,20 @@ class Engine:
     def weights(self):
         return self.backend.state_dict()
 
+    def count_steps(self):
+        """Count the vLLM engine's steps from now on (tests wait for a batch to be under way)."""
+        step, self.steps = self.backend.engine.step, 0
+
+        def counted():
+            self.steps += 1
+            return step()
+
+        self.backend.engine.step = counted
+        return True
+
+    def steps_taken(self):
+        return self.steps
+
 
 class Sender:
     def __init__(self):
@@ -190,7 +204,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     from safetensors.torch import load_file
 
     tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
-    engine = start("vllm", tiny, threads=2, options={"in_flight_updates": True}, temperature=1.0,
+    engine = start("vllm", tiny, threads=3, options={"in_flight_updates": True}, temperature=1.0,
                    max_prompt_tokens=48, max_new_tokens=400)  # fmt: skip
     sender = ray.remote(num_cpus=0.5)(Sender).remote()
     group = f"vllm-inflight-{uuid.uuid4().hex[:8]}"
@@ -202,8 +216,10 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
         torch.manual_seed(3)
         original = load_file(f"{tiny}/model.safetensors")
         pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
+        ray.get(engine.count_steps.remote())
         long = engine.generate.remote(prompts, 4)
-        time.sleep(1.0)
+        while ray.get(engine.steps_taken.remote()) < 5:  # the batch is under way: 16 rows of up to 400 tokens
+            time.sleep(0.05)
         ray.get([sender.push.remote(group, pushed, 1), engine.receive.remote(group)])
         assert not ray.wait([long], timeout=0)[0], "the batch ended before the push: make it longer"
         during = ray.get(long)
