@@ -283,6 +283,9 @@ class ConsumerConfig:
     """gradient clipping norm (0 = off; the norm is still measured)"""
     max_skipped_steps: int = 3
     """optimizer steps skipped for a non-finite loss or gradient norm before the run stops"""
+    compute_dtype: str = "fp32"
+    """dtype of the trainer's matmuls: bf16 runs forward and backward under autocast over fp32 weights (the
+    optimizer updates fp32 masters; both sides of the ratio are computed under the same autocast); fp32: none"""
     plugin: PluginConfig = field(default_factory=PluginConfig)
     """parallel layout"""
 
@@ -294,6 +297,12 @@ class ConsumerConfig:
             _positive(self, "train_microbatch_size")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        _require(self.compute_dtype in ("fp32", "bf16"), f"compute_dtype must be fp32 or bf16, got {self.compute_dtype!r}")
+        _require(
+            self.compute_dtype == "fp32" or self.plugin.precision == "fp32",
+            f"compute_dtype={self.compute_dtype} autocasts over fp32 weights, but plugin precision="
+            f"{self.plugin.precision} makes the weights themselves {self.plugin.precision}; use one of the two",
+        )
         _require(
             isinstance(self.max_skipped_steps, int) and self.max_skipped_steps >= 0,
             f"max_skipped_steps must be an integer >= 0, got {self.max_skipped_steps!r}",

@@ -19,7 +19,7 @@ import torch
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
-from coati.distributed.forward import sequence_logprobs
+from coati.distributed.forward import sequence_logprobs, trim_padding
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
@@ -149,17 +149,26 @@ class GRPOConsumer:
         self.optimizer.step()
         self.optimizer.zero_grad()
 
-    def _tensors(self, batch: RolloutBatch, rows) -> dict[str, torch.Tensor]:
-        def t(a, dtype=None):
-            x = torch.from_numpy(np.ascontiguousarray(a[rows]))
-            return x.to(self.device, dtype) if dtype else x.to(self.device)
+    def _compute(self):
+        """The forward passes' precision: bf16 autocast over the fp32 weights, or nothing."""
+        if self.cfg.compute_dtype == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
-        return {
-            "prompt_ids": t(batch.prompt_ids),
-            "prompt_mask": t(batch.prompt_mask),
-            "response_ids": t(batch.response_ids),
-            "response_mask": t(batch.response_mask),
-        }
+    def _tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
+        """The model inputs of ``rows``; with ``trim``, without the columns that are padding in all of them."""
+        arrays = {name: getattr(batch, name)[rows] for name in ("prompt_ids", "prompt_mask", "response_ids",
+                                                                  "response_mask")}  # fmt: skip
+        if trim:
+            arrays = trim_padding(**arrays)
+        return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for name, a in arrays.items()}
+
+    def _by_length(self, batch: RolloutBatch, shard_rows, local) -> np.ndarray:
+        """``local`` (indices into the shard) ordered by token count, so each micro-batch holds rows of similar
+        length and pads little. The loss is normalised over the whole minibatch, so the grouping changes no value."""
+        rows = shard_rows[local]
+        tokens = batch.prompt_mask[rows].sum(-1) + batch.response_lengths[rows]
+        return local[np.argsort(tokens, kind="stable")]
 
     def train_step(self, batch: RolloutBatch) -> dict:
         """One training step on the global batch of the step; returns its metrics reduced over every DP rank."""
@@ -203,31 +212,12 @@ class GRPOConsumer:
                 step_loss += losses[-1]
                 self._optimizer_step(losses)
                 continue
+            order = self._by_length(batch, shard_rows, local)
             for lo in range(0, mb_rows, self.cfg.train_microbatch_size):
-                idx = local[lo : lo + self.cfg.train_microbatch_size]
-                rows = shard_rows[idx]
-                t = self._tensors(batch, rows)
-                logprobs, entropy = sequence_logprobs(self.model, **t, temperature=self.generation.temperature,
-                                                      with_entropy=True, vocab_size=self.vocab_size)  # fmt: skip
-                mask = loss_mask[rows].to(self.device)
-                inp = LossInput(
-                    logprobs=logprobs,
-                    old_logprobs=old_lp[idx] if old_lp is not None else logprobs.detach(),
-                    advantages=adv[rows].to(self.device),
-                    mask=mask,
-                    ref_logprobs=ref_lp[idx] if ref_lp is not None else None,
-                    rollout_logprobs=self._rollout_logprobs(batch, rows),
-                )
-                loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
-                self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, inp.rollout_logprobs, mask)
-                self.booster.backward(loss, self.optimizer)
-                weight = float(mask.sum())
-                for k, v in m_metrics.items():
-                    if k != "loss/policy":
-                        metrics.add(k, v, weight)
-                losses.append(loss.item())
-                step_loss += losses[-1] / self.dp_size / num_minibatches
-                metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
+                idx = order[lo : lo + self.cfg.train_microbatch_size]
+                loss = self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics)
+                losses.append(loss)
+                step_loss += loss / self.dp_size / num_minibatches
             self._optimizer_step(losses)
         self.step_count += 1
         out = metrics.reduce(self._dp_all_reduce if self.dp_size > 1 else None)
@@ -248,6 +238,33 @@ class GRPOConsumer:
             )
         return out
 
+    def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics) -> float:
+        """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its
+        own longest prompt and response; returns its loss."""
+        t = self._tensors(batch, rows)
+        r = t["response_ids"].shape[1]
+        with self._compute():
+            logprobs, entropy = sequence_logprobs(self.model, **t, temperature=self.generation.temperature,
+                                                  with_entropy=True, vocab_size=self.vocab_size)  # fmt: skip
+        mask = loss_mask[rows, :r].to(self.device)
+        inp = LossInput(
+            logprobs=logprobs,
+            old_logprobs=old_lp[idx, :r] if old_lp is not None else logprobs.detach(),
+            advantages=adv[rows, :r].to(self.device),
+            mask=mask,
+            ref_logprobs=ref_lp[idx, :r] if ref_lp is not None else None,
+            rollout_logprobs=self._rollout_logprobs(batch, rows, r),
+        )
+        loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+        self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, inp.rollout_logprobs, mask)
+        self.booster.backward(loss, self.optimizer)
+        weight = float(mask.sum())
+        for k, v in m_metrics.items():
+            if k != "loss/policy":
+                metrics.add(k, v, weight)
+        metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
+        return loss.item()
+
     def _dp_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,
                "min": torch.distributed.ReduceOp.MIN}  # fmt: skip
@@ -263,7 +280,7 @@ class GRPOConsumer:
         from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
         from coati.distributed.forward import model_inputs, response_logits
 
-        t = self._tensors(batch, rows)
+        t = self._tensors(batch, rows, trim=False)  # the schedule splits one padded minibatch into micro-batches
         inputs = model_inputs(**t)
         r = t["response_ids"].shape[1]
         n_micro = self.cfg.plugin.pp_num_microbatches
@@ -292,7 +309,8 @@ class GRPOConsumer:
             seen["loss"] += loss.item() / self.dp_size
             return loss * n_micro
 
-        self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
+        with self._compute():
+            self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
         return seen["loss"] / (self.cfg.train_batch_size // self.cfg.train_minibatch_size)
 
     @torch.no_grad()
@@ -305,7 +323,7 @@ class GRPOConsumer:
         out = []
         size = chunk // self.cfg.plugin.pp_num_microbatches
         for lo in range(0, len(rows), chunk):
-            t = self._tensors(batch, rows[lo : lo + chunk])
+            t = self._tensors(batch, rows[lo : lo + chunk], trim=False)
             micro = iter(t["response_ids"].split(size))  # the schedule calls criterion once per micro-batch, in order
 
             def criterion(outputs, _batch, micro=micro):
@@ -314,7 +332,8 @@ class GRPOConsumer:
                 out.append(token_logprobs(logits, ids, self.generation.temperature))
                 return logits.new_zeros(())
 
-            self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)
+            with self._compute():
+                self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)
         return torch.cat(out) if out else None
 
     def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
@@ -329,24 +348,25 @@ class GRPOConsumer:
                 log.warning("consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
                             "applied to such rows (loss/is_unavailable_frac)", self.rank, self.algo.off_policy_correction)
             return
-        same = torch.from_numpy(batch.token_versions[rows] == self.step_count).to(mask) * mask
+        same = torch.from_numpy(batch.token_versions[rows][:, : mask.shape[1]] == self.step_count).to(mask) * mask
         n = float(same.sum())
         if n:
             metrics.add("rollout/engine_trainer_gap_abs", ((old.detach() - rollout).abs() * same).sum() / n, n)
 
-    def _rollout_logprobs(self, batch: RolloutBatch, rows):
+    def _rollout_logprobs(self, batch: RolloutBatch, rows, width: int | None = None):
         valid = batch.extras.get("logprobs_valid")
         if valid is not None and not np.all(valid[rows]):
             return None
-        return torch.from_numpy(batch.rollout_logprobs[rows]).to(self.device)
+        return torch.from_numpy(batch.rollout_logprobs[rows][:, :width]).to(self.device)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, model, batch: RolloutBatch, rows) -> torch.Tensor:
         out = []
         for lo in range(0, len(rows), self.cfg.train_microbatch_size):
             t = self._tensors(batch, rows[lo : lo + self.cfg.train_microbatch_size])
-            lp, _ = sequence_logprobs(model, **t, temperature=self.generation.temperature, vocab_size=self.vocab_size)
-            out.append(lp)
+            with self._compute():
+                lp, _ = sequence_logprobs(model, **t, temperature=self.generation.temperature, vocab_size=self.vocab_size)
+            out.append(torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - lp.shape[1])))
         return torch.cat(out)
 
     # ---- weights ---------------------------------------------------------------------------------------------

@@ -17,6 +17,17 @@ def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[s
     return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
 
 
+def trim_padding(prompt_ids, prompt_mask, response_ids, response_mask) -> dict:
+    """The same rows without the columns that are padding in every row: prompt columns left of the longest prompt,
+    response columns right of the longest response (at least one kept). Exact for the real tokens: positions count
+    real tokens only and padded keys are masked. Works on numpy arrays and tensors alike."""
+    p = int(prompt_mask.sum(-1).max()) if len(prompt_mask) else 0
+    r = max(int(response_mask.sum(-1).max()) if len(response_mask) else 0, 1)
+    keep = slice(prompt_ids.shape[1] - p, None)
+    return {"prompt_ids": prompt_ids[:, keep], "prompt_mask": prompt_mask[:, keep],
+            "response_ids": response_ids[:, :r], "response_mask": response_mask[:, :r]}  # fmt: skip
+
+
 def response_logits(logits: torch.Tensor, num_response_tokens: int, vocab_size: int | None = None) -> torch.Tensor:
     """The logits [N, R, V] that predict the R response tokens, from logits over prompt + response (or its last R + 1
     positions), with tensor parallelism's vocabulary padding dropped when ``vocab_size`` is given."""

@@ -26,7 +26,8 @@ _DEFAULTS = Config()
 
 _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer.train_microbatch_size",
               "weight_decay": "consumer.weight_decay", "max_grad_norm": "consumer.max_grad_norm",
-              "max_skipped_steps": "consumer.max_skipped_steps", "reward_fn_type": "reward.fn",
+              "max_skipped_steps": "consumer.max_skipped_steps", "compute_dtype": "consumer.compute_dtype",
+              "reward_fn_type": "reward.fn",
               "reward_kwargs": "reward.kwargs", "reward_max_error_fraction": "reward.max_error_fraction",
               "reward_timeout_s": "reward.item_timeout_s",
               "reward_stop_on_first_step_error": "reward.stop_on_first_step_error"}  # fmt: skip

@@ -1,0 +1,41 @@
+"""Trainer precision (real Ray, real ColossalAI, the transformers backend): bf16 autocast over fp32 master weights
+keeps a small learning-rate step that bf16 weights would lose."""
+
+import pytest
+import torch
+
+from tests.e2e.test_launch import REWARD, start_run
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from coati.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("precision_model"), vocab_multiple=8))
+
+
+def one_step_delta(tiny, compute_dtype: str) -> dict:
+    run = start_run(tiny, core_algo="GRPO", max_steps=1, grpo_config={"lr": 2e-5, "reward_fn_type": REWARD,
+                    "train_microbatch_size": 8, "compute_dtype": compute_dtype})  # fmt: skip
+    try:
+        before = run.full_weights()
+        out = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
+        after = run.full_weights()
+    finally:
+        run.shutdown()
+    assert out["history"][0]["actor/skipped_steps"] == 0
+    return {k: (after[k] - before[k]) for k in before}
+
+
+def test_a_2e_5_step_under_bf16_autocast_changes_the_fp32_masters_as_fp32_training_does(ray_cluster, tiny):
+    fp32, bf16 = one_step_delta(tiny, "fp32"), one_step_delta(tiny, "bf16")
+    for name, d32 in fp32.items():
+        d16 = bf16[name]
+        assert d16.dtype == torch.float32
+        moved32, moved16 = d32 != 0, d16 != 0
+        # Adam's first step moves every weight with a gradient by about lr: none of it may vanish in bf16.
+        assert moved16.sum() >= 0.99 * moved32.sum(), (name, int(moved16.sum()), int(moved32.sum()))
+        both = moved32 & moved16
+        agree = (torch.sign(d32[both]) == torch.sign(d16[both])).float().mean()
+        assert agree > 0.9, (name, float(agree))
+        assert d16.abs().max() <= 2e-5 * 1.01 + 1e-9, (name, float(d16.abs().max()))
