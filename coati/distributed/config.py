@@ -119,6 +119,11 @@ class AlgorithmConfig:
     dynamic_sampling_signal: str = "task_reward"
     """what dynamic sampling compares within a group: task_reward (the reward function's score before length
     shaping: for a verifier, the accuracy) or reward (the shaped reward the advantages see)"""
+    skip_no_signal_after: int = 0
+    """skip a prompt when its turn comes if its last N groups had no signal (every completion the same task
+    reward: always right or always wrong); 0 = off. Needs dynamic_sampling (such groups would be dropped anyway)"""
+    skip_recheck: float = 0.1
+    """probability that a prompt due to be skipped is drawn anyway, so none is starved forever"""
     overlong_buffer_ratio: float = 0.0
     """soft overlong punishment over the last ratio * max_new_tokens tokens of the budget (0 = off)"""
     overlong_penalty_factor: float = 1.0
@@ -159,6 +164,12 @@ class AlgorithmConfig:
             f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
         )
         _require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        _require(isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
+                 f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}")  # fmt: skip
+        _require(not self.skip_no_signal_after or self.dynamic_sampling,
+                 f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
+                 "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0")  # fmt: skip
+        _require(0 < self.skip_recheck <= 1, f"skip_recheck must be in (0, 1], got {self.skip_recheck}")
         from coati.distributed.rollout_buffer import SIGNALS
 
         _require(self.dynamic_sampling_signal in SIGNALS,

@@ -123,7 +123,12 @@ def reward_fields(row: dict) -> dict:
 
 @dataclass
 class DataCursor:
-    """Walks one shard of ``num_rows`` rows in a seeded order, reshuffled per episode."""
+    """Walks one shard of ``num_rows`` rows in a seeded order, reshuffled per episode.
+
+    With ``skip_after = N > 0`` a row whose last N groups had no signal (``record``) is passed over when its turn
+    comes, except with probability ``recheck`` (seeded by the position, so a resumed run skips the same rows); passed
+    over rows are counted in ``skipped``. A row is never passed over twice within one ``take``, so a call always ends.
+    """
 
     num_rows: int
     shard: int
@@ -131,12 +136,17 @@ class DataCursor:
     seed: int = 0
     episode: int = 0
     position: int = 0
+    skip_after: int = 0
+    recheck: float = 0.1
 
     def __post_init__(self):
         self.indices = list(range(self.shard, self.num_rows, self.num_shards))
         if not self.indices:
             raise ValueError(f"shard {self.shard} of {self.num_shards} has no rows (dataset has {self.num_rows})")
         self._order = self._order_for(self.episode)
+        self.no_signal: dict[int, int] = {}
+        """row -> its consecutive groups without signal, up to now"""
+        self.skipped = 0
 
     def _order_for(self, episode: int) -> list[int]:
         order = list(self.indices)
@@ -145,19 +155,37 @@ class DataCursor:
 
     def take(self, k: int) -> list[tuple[int, int]]:
         """Next ``k`` (episode, row index) pairs, moving to the next episode (reshuffled) when the shard runs out."""
-        out = []
+        out, passed = [], set()
         while len(out) < k:
             if self.position >= len(self._order):
                 self.episode += 1
                 self.position = 0
                 self._order = self._order_for(self.episode)
-            out.append((self.episode, self._order[self.position]))
+            row = self._order[self.position]
+            if self._skip(row) and row not in passed:
+                passed.add(row)
+                self.skipped += 1
+            else:
+                out.append((self.episode, row))
             self.position += 1
         return out
 
+    def _skip(self, row: int) -> bool:
+        if not self.skip_after or self.no_signal.get(row, 0) < self.skip_after:
+            return False
+        draw = random.Random(((self.seed * 100_003 + self.episode) * 1_000_003 + self.position) * 7 + 1).random()
+        return draw >= self.recheck
+
+    def record(self, row: int, no_signal: bool) -> None:
+        """One group of ``row`` was scored: had it no signal (every completion the same task reward)?"""
+        self.no_signal[row] = self.no_signal.get(row, 0) + 1 if no_signal else 0
+
     def state(self) -> dict:
-        return {"episode": self.episode, "position": self.position}
+        return {"episode": self.episode, "position": self.position, "skipped": self.skipped,
+                "no_signal": {str(r): c for r, c in self.no_signal.items() if c}}  # fmt: skip
 
     def restore(self, state: dict) -> None:
         self.episode, self.position = int(state["episode"]), int(state["position"])
+        self.skipped = int(state.get("skipped", 0))
+        self.no_signal = {int(r): int(c) for r, c in state.get("no_signal", {}).items()}
         self._order = self._order_for(self.episode)

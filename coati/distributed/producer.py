@@ -59,7 +59,9 @@ class Producer:
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)
-        self.cursor = DataCursor(len(self.rows), self.idx, self.num_producers, seed=self.seed)
+        a = self.algorithm
+        self.cursor = DataCursor(len(self.rows), self.idx, self.num_producers, seed=self.seed,
+                                 skip_after=a.skip_no_signal_after, recheck=a.skip_recheck)  # fmt: skip
         self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
         r = self.reward
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
@@ -73,6 +75,7 @@ class Producer:
     def generate(self, num_prompts: int) -> RolloutBatch:
         """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped."""
         t_start, start_version = time.perf_counter(), self.version
+        skipped_before = self.cursor.skipped
         picks = self.cursor.take(num_prompts)
         batches, futures, gen_s = [], [], 0.0
         for lo in range(0, len(picks), self.microbatch_size):
@@ -100,6 +103,12 @@ class Producer:
             )
         rewards = rewards.astype(np.float32)
         out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
+        for g, (_, row) in enumerate(picks):
+            group = rewards[g * self.n : (g + 1) * self.n]
+            self.cursor.record(row, bool(group.max() - group.min() <= 1e-8))
+        skipped = np.zeros(len(out), dtype=np.int64)  # prompts passed over by this call, counted on its first row
+        skipped[:1] = self.cursor.skipped - skipped_before
+        out.extras["skipped_prompts"] = skipped
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
         if buffer:
             penalty = overlong_penalty(

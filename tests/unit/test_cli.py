@@ -95,6 +95,8 @@ def test_config_file_then_flags(tmp_path, suffix):
         ({"run": {"max_staleness": -1}}, r"max_staleness must be a non-negative integer, got -1"),
         ({"run": {"sleep_while_training": True}}, r"sleep_while_training=True .* set max_staleness=0"),
         ({"run": {"resume": "latest", "save_dir": None}}, r"resume needs a run folder"),
+        ({"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},
+         r"skip_no_signal_after=2 skips prompts .* dynamic_sampling is off; turn it on"),
         ({"run": {"in_flight_weight_updates": True, "max_staleness": 0}},
          r"in_flight_weight_updates=True .* max_staleness=0 has them idle at every push; set max_staleness >= 1"),
     ],

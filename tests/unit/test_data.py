@@ -66,3 +66,31 @@ def test_cursor_shards_cover_every_row_once_per_episode_and_resume():
     d = DataCursor(10, 0, 1, seed=1)
     d.restore(state)
     assert d.take(8) == rest
+
+
+def test_rows_without_signal_are_skipped_rechecked_counted_and_resumed():
+    c = DataCursor(20, 0, 1, seed=3, skip_after=2, recheck=0.25)
+    episode0 = [i for _, i in c.take(20)]
+    solved = set(episode0[:10])
+    for _ in range(2):  # two groups without signal for half the rows, signal for the rest
+        for row in episode0:
+            c.record(row, row in solved)
+    state = c.state()
+    taken = [i for _ in range(40) for _, i in c.take(5)]  # ten more episodes' worth of draws
+    assert c.skipped > 0
+    counts = {row: taken.count(row) for row in episode0}
+    live, dead = [counts[r] for r in episode0 if r not in solved], [counts[r] for r in solved]
+    assert min(live) > max(dead), (live, dead)  # rows with signal come round more often
+    assert min(dead) >= 1, dead  # none starved: the recheck draws them now and then
+    d = DataCursor(20, 0, 1, seed=3, skip_after=2, recheck=0.25)
+    d.restore(state)
+    assert [i for _ in range(40) for _, i in d.take(5)] == taken and d.skipped == c.skipped
+    c.record(next(iter(solved)), False)  # a group with signal resets the row's count
+    assert c.no_signal[next(iter(solved))] == 0
+
+
+def test_a_take_ends_even_when_every_row_would_be_skipped():
+    c = DataCursor(4, 0, 1, seed=0, skip_after=1, recheck=1e-9)
+    for row in range(4):
+        c.record(row, True)
+    assert len(c.take(6)) == 6 and c.skipped == 4
