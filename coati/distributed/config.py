@@ -297,6 +297,10 @@ class ConsumerConfig:
     compute_dtype: str = "fp32"
     """dtype of the trainer's matmuls: bf16 runs forward and backward under autocast over fp32 weights (the
     optimizer updates fp32 masters; both sides of the ratio are computed under the same autocast); fp32: none"""
+    share_prompt_forward: bool = True
+    """compute each group's prompt once per micro-batch (its KV cache shared by the group's responses, gradients
+    through it) instead of once per response; used when micro-batches hold whole groups (train_microbatch_size a
+    multiple of num_generations) and pp_size is 1, otherwise the full forward of every row (said at start-up)"""
     plugin: PluginConfig = field(default_factory=PluginConfig)
     """parallel layout"""
 

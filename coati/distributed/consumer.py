@@ -19,7 +19,7 @@ import torch
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
-from coati.distributed.forward import sequence_logprobs, trim_padding
+from coati.distributed.forward import sequence_logprobs, shared_prompt_logprobs, trim_padding
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
@@ -111,6 +111,7 @@ class GRPOConsumer:
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.step_count = 0
         self._warned_unavailable = False
+        self.share_prompts = self._can_share_prompts()
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
@@ -163,12 +164,36 @@ class GRPOConsumer:
             arrays = trim_padding(**arrays)
         return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for name, a in arrays.items()}
 
+    def _can_share_prompts(self) -> bool:
+        """Whether micro-batches compute each group's prompt once (see ``share_prompt_forward``); says why not."""
+        if not self.cfg.share_prompt_forward:
+            return False
+        size = self.cfg.train_microbatch_size or self.n
+        reason = ("pipeline stages pass hidden states, not caches" if self.cfg.plugin.pp_size > 1 else
+                  f"train_microbatch_size={size} is not a multiple of num_generations={self.n}" if size % self.n else "")
+        if reason and self.rank == 0:
+            log.warning("share_prompt_forward: every row's prompt is computed in full (%s)", reason)
+        return not reason
+
     def _by_length(self, batch: RolloutBatch, shard_rows, local) -> np.ndarray:
         """``local`` (indices into the shard) ordered by token count, so each micro-batch holds rows of similar
-        length and pads little. The loss is normalised over the whole minibatch, so the grouping changes no value."""
+        length and pads little; whole groups move together when prompts are shared. The loss is normalised over
+        the whole minibatch, so the grouping changes no value."""
         rows = shard_rows[local]
         tokens = batch.prompt_mask[rows].sum(-1) + batch.response_lengths[rows]
-        return local[np.argsort(tokens, kind="stable")]
+        if not self.share_prompts:
+            return local[np.argsort(tokens, kind="stable")]
+        groups = local.reshape(-1, self.n)
+        return groups[np.argsort(tokens.reshape(-1, self.n).max(-1), kind="stable")].reshape(-1)
+
+    def _logprobs(self, model, t: dict, with_entropy: bool = False):
+        """Per-token log-probs (and entropy) of a micro-batch's inputs, under the configured precision."""
+        with self._compute():
+            if self.share_prompts:
+                return shared_prompt_logprobs(model, **t, group_size=self.n, temperature=self.generation.temperature,
+                                              with_entropy=with_entropy, vocab_size=self.vocab_size)  # fmt: skip
+            return sequence_logprobs(model, **t, temperature=self.generation.temperature, with_entropy=with_entropy,
+                                     vocab_size=self.vocab_size)  # fmt: skip
 
     def train_step(self, batch: RolloutBatch) -> dict:
         """One training step on the global batch of the step; returns its metrics reduced over every DP rank."""
@@ -243,9 +268,7 @@ class GRPOConsumer:
         own longest prompt and response; returns its loss."""
         t = self._tensors(batch, rows)
         r = t["response_ids"].shape[1]
-        with self._compute():
-            logprobs, entropy = sequence_logprobs(self.model, **t, temperature=self.generation.temperature,
-                                                  with_entropy=True, vocab_size=self.vocab_size)  # fmt: skip
+        logprobs, entropy = self._logprobs(self.model, t, with_entropy=True)
         mask = loss_mask[rows, :r].to(self.device)
         inp = LossInput(
             logprobs=logprobs,
@@ -364,8 +387,7 @@ class GRPOConsumer:
         out = []
         for lo in range(0, len(rows), self.cfg.train_microbatch_size):
             t = self._tensors(batch, rows[lo : lo + self.cfg.train_microbatch_size])
-            with self._compute():
-                lp, _ = sequence_logprobs(model, **t, temperature=self.generation.temperature, vocab_size=self.vocab_size)
+            lp, _ = self._logprobs(model, t)
             out.append(torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - lp.shape[1])))
         return torch.cat(out)
 

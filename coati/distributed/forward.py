@@ -53,3 +53,32 @@ def sequence_logprobs(
     logprobs = token_logprobs(resp_logits, response_ids, temperature)
     entropy = entropy_from_logits(resp_logits.detach(), temperature) if with_entropy else None
     return logprobs, entropy
+
+
+def shared_prompt_logprobs(
+    model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int, temperature: float = 1.0,
+    with_entropy: bool = False, vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sequence_logprobs`` for rows in groups of ``group_size`` consecutive rows sharing one prompt, computing each
+    prompt once: a forward of the groups' prompts fills a KV cache, repeated ``group_size`` times, which the
+    responses attend to; gradients flow back through it into the prompt forward. Equal to the full forward up to
+    float rounding (tested, loss and gradients)."""
+    groups = prompt_ids[::group_size], prompt_mask[::group_size]
+    assert torch.equal(prompt_ids, groups[0].repeat_interleave(group_size, 0)), "rows do not form groups of one prompt"
+    positions = (groups[1].long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=groups[0], attention_mask=groups[1].long(), position_ids=positions, use_cache=True,
+                logits_to_keep=1)  # fmt: skip
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)
+    r = response_ids.shape[1]
+    start = prompt_mask.long().sum(-1, keepdim=True)
+    attention = torch.cat([prompt_mask, response_mask], dim=1).long()
+    tail = model(input_ids=response_ids, attention_mask=attention, position_ids=start + torch.arange(r, device=start.device),
+                 past_key_values=cache, use_cache=True).logits  # fmt: skip
+    # The prompt's last position predicts response token 0; response position t predicts token t + 1.
+    logits = torch.cat([out.logits[:, -1:].repeat_interleave(group_size, 0), tail[:, :-1]], dim=1)
+    if vocab_size is not None and logits.shape[-1] > vocab_size:
+        logits = logits[..., :vocab_size]
+    logprobs = token_logprobs(logits, response_ids, temperature)
+    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+    return logprobs, entropy
