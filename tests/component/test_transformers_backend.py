@@ -133,3 +133,18 @@ def test_bad_prompts(model_dirs):
         a.generate([[5], []])
     with pytest.raises(ValueError, match="prompt 0 has 6 tokens > max_prompt_tokens=5"):
         a.generate([[5] * 6])
+
+
+def test_each_prompt_is_prefilled_once_and_samples_are_what_full_prefills_give(model_dirs):
+    """n samples per prompt from one prefill equal, greedy, the n=1 run of the prompt repeated n times (every
+    sequence prefilled on its own); the prefill runs on one row per prompt."""
+    backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=16))
+    ps = prompts(backend.tokenizer)
+    calls = []
+    prefill = backend._prefill
+    backend._prefill = lambda ids, mask, n: calls.append(ids.shape) or prefill(ids, mask, n)
+    shared = backend.generate(ps, n=3, greedy=True)
+    full = backend.generate([p for p in ps for _ in range(3)], n=1, greedy=True)
+    assert [tuple(c) for c in calls] == [(3, max(map(len, ps)) - 1)]
+    assert np.array_equal(shared.response_ids, full.response_ids)
+    np.testing.assert_allclose(shared.rollout_logprobs, full.rollout_logprobs, atol=1e-5)

@@ -1,7 +1,8 @@
 """Rollouts with Hugging Face transformers ``generate``: runs everywhere, the only backend that runs on CPU.
 
 Batched generation with KV cache and left padding, n samples per prompt, temperature/top-k/top-p, stop strings,
-greedy mode for evaluation. Rollout log-probs come from the raw logits of each step scaled by the temperature, the
+greedy mode for evaluation. Each prompt is prefilled once: all but its last token go through the model once per
+prompt, the cache is repeated for its n samples, and ``generate`` continues from it. Rollout log-probs come from the raw logits of each step scaled by the temperature, the
 same formula (``token_logprobs``) the trainer uses.
 """
 
@@ -85,6 +86,8 @@ class TransformersBackend(InferenceBackend):
         input_ids = torch.from_numpy(ids).to(self.device)
         attention = torch.from_numpy(mask).to(self.device, torch.long)
         kwargs = {"tokenizer": self.tokenizer} if self.generation.stop_strings else {}
+        if n > 1 and ids.shape[1] > 1:
+            kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
         out = self.model.generate(
             input_ids=input_ids, attention_mask=attention, generation_config=self._generation_config(greedy), **kwargs
         )
@@ -100,6 +103,15 @@ class TransformersBackend(InferenceBackend):
             lps.append(logprobs[i, :length].tolist())
             finished.append(done)
         return batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id)
+
+    def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int):
+        """The KV cache of each prompt but its last token, computed once and repeated for the prompt's n samples
+        (``generate`` then feeds only the last prompt token, at the positions it computes from the mask)."""
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                           logits_to_keep=1).past_key_values  # fmt: skip
+        cache.batch_repeat_interleave(n)
+        return cache
 
     def _response_length(self, seq: np.ndarray) -> tuple[int, bool]:
         """(tokens to keep including the terminator, whether a terminator was produced)."""
