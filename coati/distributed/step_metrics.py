@@ -91,6 +91,9 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "rollout/policy_lag_mean": float(lag.mean()),
         "rollout/policy_lag_max": int(lag.max()),
         "rollout/token_lag_mean": float(token_lag.mean()) if token_lag.size else 0.0,
+        # Real tokens the step trained on, and the same with each group's prompt counted once (the compute needed).
+        "rollout/trained_tokens": int(batch.prompt_mask.sum() + batch.response_lengths.sum()),
+        "rollout/trained_tokens_unique": int(batch.prompt_mask[::n].sum() + batch.response_lengths.sum()),
         "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
         **reward_failures(ex),
     }
