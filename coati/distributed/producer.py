@@ -13,6 +13,7 @@ import time
 import numpy as np
 import torch
 
+from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardConfig
 from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
@@ -103,9 +104,9 @@ class Producer:
             )
         rewards = rewards.astype(np.float32)
         out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
+        no_signal = degenerate_groups(torch.from_numpy(rewards), torch.arange(len(rewards)) // self.n)
         for g, (_, row) in enumerate(picks):
-            group = rewards[g * self.n : (g + 1) * self.n]
-            self.cursor.record(row, bool(group.max() - group.min() <= 1e-8))
+            self.cursor.record(row, bool(no_signal[g * self.n]))
         skipped = np.zeros(len(out), dtype=np.int64)  # prompts passed over by this call, counted on its first row
         skipped[:1] = self.cursor.skipped - skipped_before
         out.extras["skipped_prompts"] = skipped
