@@ -56,13 +56,24 @@ def _first_line(e: Exception) -> str:
     return (tail[-1] if tail else text[0] if text else type(e).__name__)[:500]
 
 
+def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) -> list[int]:
+    """CPU threads per actor: a working actor gets an equal share of its node's cores among the actors working on
+    that node (at least 1), an idle one 1. Shares never add up to more than a node's cores, so nothing oversubscribes
+    (two single-threaded actors on one core already made generation 40-60x slower)."""
+    busy: dict[str, int] = {}
+    for node, w in zip(nodes, working, strict=True):
+        busy[node] = busy.get(node, 0) + w
+    return [max(1, cores[node] // busy[node]) if w else 1 for node, w in zip(nodes, working, strict=True)]
+
+
 class ActorGroups:
     """Producers (on the low-index nodes) and consumers (on the high-index ones), as the plan placed them."""
 
     def __init__(self, cfg, plan, *, seed: int, run_name: str, master_addr=None, master_port=None,
-                 in_flight: bool = False):  # fmt: skip
+                 in_flight: bool = False, follow_work: bool = False):  # fmt: skip
         self.cfg, self.plan, self.seed, self.run_name = cfg, plan, seed, run_name
         self.master_addr, self.master_port, self.in_flight = master_addr, master_port, in_flight
+        self.follow_work = follow_work
         self.producers, self.consumers, self.senders = [], [], []
         self.shared_gpus: dict[int, object] = {}
         self.producer_info: list[dict] = []
@@ -80,8 +91,10 @@ class ActorGroups:
         env = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
                                             "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}  # fmt: skip
         c, p = self.cfg, self.plan
-        # With in-flight updates a push is received on a second thread while the first one generates.
+        # With in-flight updates a push is received on a second thread while the first one generates; with threads
+        # following the work, a consumer is lent cores on a second thread while the first one trains.
         threads = {"max_concurrency": 2} if self.in_flight else {}
+        lend = {"max_concurrency": 2} if self.follow_work else {}
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
         for i, slot in enumerate(p.producer_slots):
             options = actor_options(slot, self.shared_gpus)
@@ -97,7 +110,7 @@ class ActorGroups:
         port = self.master_port or _free_port()
         for rank, slot in enumerate(p.consumer_slots):
             options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(GRPOConsumer).options(**options, **env, name=f"{self.run_name}-consumer-{rank}")
+            actor = ray.remote(GRPOConsumer).options(**options, **env, **lend, name=f"{self.run_name}-consumer-{rank}")
             self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
                                                c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
         for kind, group in (("producer", self.producers), ("consumer", self.consumers)):
@@ -105,6 +118,27 @@ class ActorGroups:
                 ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
         self.producer_info = get([a.setup.remote() for a in self.producers], "producer setup")
         self.consumer_info = get([a.setup.remote() for a in self.consumers], "consumer setup")
+        infos = self.producer_info + self.consumer_info
+        self.cores = {}
+        for info in infos:  # the CPUs each node lets its actors run on
+            self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
+
+    def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
+        """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers
+        (``consumers``) work; None each when threads do not follow the work (every actor keeps its own)."""
+        np_, nc = len(self.producers), len(self.consumers)
+        if not self.follow_work:
+            return [None] * np_, [None] * nc
+        nodes = [info["node_id"] for info in self.producer_info + self.consumer_info]
+        counts = thread_counts(nodes, self.cores, [producers] * np_ + [consumers] * nc)
+        return counts[:np_], counts[np_:]
+
+    def lend_to_consumers(self) -> None:
+        """The producers have stopped for this step: the training step in progress takes their cores from its next
+        micro-batch on (the consumers give them back when the step ends)."""
+        if self.follow_work:
+            for c, n in zip(self.consumers, self.threads(False, True)[1], strict=True):
+                c.set_threads.remote(n)
 
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
@@ -136,15 +170,20 @@ class ActorGroups:
         received = get(refs, f"weight push {version}")[len(self.consumers) :]
         return {k: v for k, v in received[0].items() if k.startswith("weights/")}
 
-    def generate(self, sizes: list[int]) -> list:
-        """Start a rollout round: producer i draws ``sizes[i]`` prompts (none when 0); returns the refs."""
-        return [p.generate.remote(k) for p, k in zip(self.producers, sizes, strict=True) if k > 0]
+    def generate(self, sizes: list[int], training: bool) -> list:
+        """Start a rollout round: producer i draws ``sizes[i]`` prompts (none when 0), alongside a training step
+        (``training``) or alone; returns the refs."""
+        threads = self.threads(True, training)[0]
+        return [p.generate.remote(k, t) for p, k, t in zip(self.producers, sizes, threads, strict=True) if k > 0]
 
-    def train(self, batch_ref) -> list:
-        return [c.train_step.remote(batch_ref) for c in self.consumers]
+    def train(self, batch_ref, generating: bool) -> list:
+        """Start a training step, alongside rollouts (``generating``) or alone; returns the refs."""
+        threads = self.threads(generating, True)[1]
+        return [c.train_step.remote(batch_ref, t) for c, t in zip(self.consumers, threads, strict=True)]
 
     def evaluate(self) -> list[dict]:
-        return get([p.evaluate.remote() for p in self.producers], "evaluation")
+        threads = self.threads(True, False)[0]
+        return get([p.evaluate.remote(threads=t) for p, t in zip(self.producers, threads, strict=True)], "evaluation")
 
     def sleep(self) -> dict:
         """Producers free accelerator memory before consumers start training (they may share the GPUs)."""

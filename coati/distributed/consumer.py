@@ -41,7 +41,10 @@ class GRPOConsumer:
         num_generations: int,
         seed: int = 0,
     ):
-        torch.set_num_threads(int(os.environ.get("COATI_THREADS", "1")))
+        self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
+        torch.set_num_threads(self.base_threads)
+        self.threads = self.base_threads
+        """threads the training step uses from its next micro-batch on (``set_threads``)"""
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.model_path = model_path
@@ -195,9 +198,30 @@ class GRPOConsumer:
             return sequence_logprobs(model, **t, temperature=self.generation.temperature, with_entropy=with_entropy,
                                      vocab_size=self.vocab_size)  # fmt: skip
 
-    def train_step(self, batch: RolloutBatch) -> dict:
-        """One training step on the global batch of the step; returns its metrics reduced over every DP rank."""
+    def set_threads(self, n: int) -> None:
+        """Train with ``n`` threads from the next micro-batch on (called on a second thread while a step runs: the
+        driver lends the cores of producers that have stopped). OpenMP's thread count belongs to the calling thread,
+        so the training thread applies it itself (``_use_threads``)."""
+        self.threads = n
+
+    def _use_threads(self) -> None:
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        self.threads_used = max(self.threads_used, self.threads)
+
+    def train_step(self, batch: RolloutBatch, threads: int | None = None) -> dict:
+        """One training step on the global batch of the step, with ``threads`` CPU threads (None: this actor's own;
+        ``set_threads`` may change it while the step runs); returns its metrics reduced over every DP rank."""
+        self.threads, self.threads_used = threads or self.base_threads, 0
+        try:
+            return self._train_step(batch)
+        finally:
+            torch.set_num_threads(self.base_threads)  # cores go back to the producers with the step's end
+            self.threads = self.base_threads
+
+    def _train_step(self, batch: RolloutBatch) -> dict:
         start = time.perf_counter()
+        self._use_threads()
         metrics = StepMetrics()
         n_rows = len(batch)
         assert n_rows % (self.dp_size * self.n) == 0, (n_rows, self.dp_size, self.n)
@@ -240,6 +264,7 @@ class GRPOConsumer:
             order = self._by_length(batch, shard_rows, local)
             for lo in range(0, mb_rows, self.cfg.train_microbatch_size):
                 idx = order[lo : lo + self.cfg.train_microbatch_size]
+                self._use_threads()
                 loss = self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics)
                 losses.append(loss)
                 step_loss += loss / self.dp_size / num_minibatches
@@ -250,6 +275,7 @@ class GRPOConsumer:
             torch.distributed.all_reduce(step_loss, group=self.plugin.dp_group)
         out["loss/policy"] = float(step_loss)
         out["time/train_step"] = time.perf_counter() - start
+        out["actor/threads"] = self.threads_used
         out["actor/lr"] = self.cfg.learning_rate
         finite = [n for n, skipped in self._step_log if not skipped]
         out["actor/grad_norm"] = float(np.mean(finite)) if finite else float("nan")

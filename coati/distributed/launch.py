@@ -70,7 +70,8 @@ def _launch_once(config: Config, on_step) -> dict:
                                         plan.train_model_path, r.keep_checkpoints)  # fmt: skip
     run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
               master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
-              sleep_while_training=r.sleep_while_training, in_flight=r.in_flight_weight_updates)  # fmt: skip
+              sleep_while_training=r.sleep_while_training, in_flight=r.in_flight_weight_updates,
+              follow_work=r.threads_follow_work)  # fmt: skip
     run.record = record
     try:
         run.start_actors()
@@ -120,6 +121,7 @@ def config_from_launch_kwargs(
     eval_interval: int = _DEFAULTS.run.eval_interval,
     max_staleness: int = _DEFAULTS.run.max_staleness,
     in_flight_weight_updates: bool = _DEFAULTS.run.in_flight_weight_updates,
+    threads_follow_work: bool = _DEFAULTS.run.threads_follow_work,
     max_steps: int | None = None,
     seed: int = _DEFAULTS.run.seed,
     cpus_per_actor: float = _DEFAULTS.run.cpus_per_actor,
@@ -167,7 +169,7 @@ def config_from_launch_kwargs(
         "run": {"project": project_name, "save_dir": None if save_dir is None else os.path.dirname(save_dir) or ".",
                 "run_dir": save_dir, "max_steps": max_steps, "num_episodes": num_episodes,
                 "max_staleness": max_staleness, "in_flight_weight_updates": in_flight_weight_updates,
-                "eval_interval": eval_interval, "save_interval": save_interval,
+                "threads_follow_work": threads_follow_work, "eval_interval": eval_interval, "save_interval": save_interval,
                 "keep_checkpoints": keep_checkpoints, "resume": resume, "resume_allow": tuple(resume_allow),
                 "overwrite": overwrite, "max_restarts": max_restarts, "seed": seed, "colocate": colocate,
                 "sleep_while_training": sleep_while_training, "cpus_per_actor": cpus_per_actor,

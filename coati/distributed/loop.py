@@ -44,12 +44,12 @@ class Round:
 
 class Run:
     def __init__(self, cfg: LaunchConfig, plan: Plan, *, seed, weight_sync_timeout_s, max_staleness, master_addr,
-                 master_port, run_name, sleep_while_training=False, in_flight=False):  # fmt: skip
+                 master_port, run_name, sleep_while_training=False, in_flight=False, follow_work):  # fmt: skip
         self.cfg, self.plan, self.seed = cfg, plan, seed
         self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
         self.sleep_while_training, self.in_flight = sleep_while_training, in_flight
         self.actors = ActorGroups(cfg, plan, seed=seed, run_name=run_name, master_addr=master_addr,
-                                  master_port=master_port, in_flight=in_flight)  # fmt: skip
+                                  master_port=master_port, in_flight=in_flight, follow_work=follow_work)  # fmt: skip
         self.run_name = run_name
         self.version = 0
         self.push_stats: dict = {}
@@ -132,10 +132,11 @@ class Run:
         missing = max(missing_groups, 1)
         return [min(size, missing // n + (i < missing % n)) for i in range(n)]
 
-    def _start_round(self, for_step: int, missing_groups: int) -> None:
+    def _start_round(self, for_step: int, missing_groups: int, training: bool) -> None:
         assert self.round is None, "one rollout round at a time"
         self.buffer.log(for_step).draws += 1
-        self.round = Round(self.actors.generate(self._draw_sizes(missing_groups)), for_step, self.version)
+        refs = self.actors.generate(self._draw_sizes(missing_groups), training)
+        self.round = Round(refs, for_step, self.version)
 
     def _collect(self) -> None:
         """Wait for the round in flight; each producer's draw is checked, then admitted for the step being
@@ -168,9 +169,16 @@ class Run:
                 log.warning("dynamic sampling: %d draws left step %d short; filled with %d zero-signal groups",
                             draws.draws, step, short)  # fmt: skip
                 break
-            self._start_round(step, need - buf.groups())
+            self._start_round(step, need - buf.groups(), training=False)
             self._collect()
         return buf.take(step - 1)
+
+    def _fills_while_training(self, step: int, total: int) -> bool:
+        """Whether producers will roll out while step ``step`` trains (a round in flight, or the next steps' groups
+        still short of what ``max_staleness`` lets them draw ahead)."""
+        if self.max_staleness < 1 or step >= total:
+            return False
+        return self.round is not None or self.buffer.groups(step) < self.buffer.fill_target(total - step)
 
     def _fill_while_training(self, train_refs, step: int, total: int) -> None:
         """While step ``step`` trains, roll out with the weights the producers hold (version step - 1) for the next
@@ -180,8 +188,9 @@ class Run:
         while not ready(train_refs):
             if self.round is None:
                 if self.buffer.groups(step) >= target:
+                    self.actors.lend_to_consumers()  # the producers are done until the push
                     break
-                self._start_round(step + 1, target - self.buffer.groups(step))
+                self._start_round(step + 1, target - self.buffer.groups(step), training=True)
             wait_any(self.round.refs, train_refs)
             if ready(self.round.refs):
                 self._collect()
@@ -228,7 +237,7 @@ class Run:
             batch = self._take(step)
             t_rollout = time.perf_counter() - t0
             asleep = self.actors.sleep() if self.sleep_while_training else {}
-            train_refs = self.actors.train(ray.put(batch))
+            train_refs = self.actors.train(ray.put(batch), generating=self._fills_while_training(step, total))
             t1 = time.perf_counter()
             if self.max_staleness >= 1 and step < total:
                 self._fill_while_training(train_refs, step, total)

@@ -91,13 +91,14 @@ def _plan_colocated(nodes, num_producers, gpus_per_producer, num_consumers, tota
 
 
 def whereabouts() -> dict:
-    """Where the calling actor runs: node id, pid and the GPU ids Ray gave it."""
+    """Where the calling actor runs: node id, pid, the GPU ids Ray gave it and the CPUs it may run on."""
     import os
 
     import ray
 
     ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
+    return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "cores": len(os.sched_getaffinity(0))}  # fmt: skip
 
 
 def weight_backend(producers: list[Slot], consumers: list[Slot]) -> str:

@@ -7,6 +7,7 @@ scoring overlaps the next micro-batch's generation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -38,7 +39,8 @@ class Producer:
         seed: int = 0,
         backend_options: dict | None = None,
     ):
-        torch.set_num_threads(int(os.environ.get("COATI_THREADS", "1")))
+        self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
+        torch.set_num_threads(self.base_threads)
         self.idx, self.num_producers = producer_idx, num_producers
         self.model_path, self.backend_name = model_path, backend
         self.generation, self.algorithm = generation, algorithm
@@ -73,8 +75,23 @@ class Producer:
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 
-    def generate(self, num_prompts: int) -> RolloutBatch:
-        """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped."""
+    def generate(self, num_prompts: int, threads: int | None = None) -> RolloutBatch:
+        """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped, with
+        ``threads`` CPU threads (None: this actor's own)."""
+        with self._threads(threads):
+            return self._generate(num_prompts, threads or self.base_threads)
+
+    @contextlib.contextmanager
+    def _threads(self, n: int | None):
+        """Run the engine with ``n`` threads (it steps in this thread, whose OpenMP setting it uses), then give them
+        back."""
+        torch.set_num_threads(n or self.base_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self.base_threads)
+
+    def _generate(self, num_prompts: int, threads: int) -> RolloutBatch:
         t_start, start_version = time.perf_counter(), self.version
         skipped_before = self.cursor.skipped
         picks = self.cursor.take(num_prompts)
@@ -133,6 +150,7 @@ class Producer:
             out.token_versions = np.where(out.response_mask, start[:, None], 0)
         out.policy_version = oldest_versions(out.token_versions, out.response_mask, start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
+        out.extras["threads"] = np.full(len(out), threads, dtype=np.int64)
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
@@ -154,8 +172,13 @@ class Producer:
             futures.append(self.pool.submit(text, fields))
         return futures
 
-    def evaluate(self, max_items: int | None = None) -> dict:
-        """Greedy accuracy on this producer's share of the held-out rows (strict and lenient)."""
+    def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:
+        """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU
+        threads (None: this actor's own)."""
+        with self._threads(threads):
+            return self._evaluate(max_items)
+
+    def _evaluate(self, max_items: int | None) -> dict:
         rows = self.eval_rows[self.idx :: self.num_producers][:max_items]
         if not rows:
             return {"count": 0, "strict_correct": 0, "lenient_correct": 0, "reward_errors": 0, "first_error": ""}

@@ -111,6 +111,10 @@ class RunConfig:
     in_flight_weight_updates: bool = False
     """load each push while producers are generating instead of after their batch: generation pauses between engine
     steps, the weights load, it resumes (vllm backend; needs max_staleness >= 1); a row may then span versions"""
+    threads_follow_work: bool = True
+    """CPU threads follow the work: an actor that is working (generating, training) gets an equal share of its
+    node's cores among the actors working there, an idle one 1 (a training step takes the producers' cores from its
+    next micro-batch on once they stop); False: every actor 1 thread always"""
     eval_interval: int = 0
     """evaluate on the held-out set before training, at the end, and every N steps when N > 0"""
     save_interval: int = 0

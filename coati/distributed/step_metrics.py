@@ -88,6 +88,7 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "rollout/filled_zero_signal_groups": draws.filled_zero_signal_groups,
         "rollout/stale_dropped_groups": draws.stale_dropped_groups,
         "rollout/skipped_prompts": int(ex["skipped_prompts"].sum()) if "skipped_prompts" in ex else 0,
+        "rollout/threads": int(ex["threads"].max()) if "threads" in ex else 1,  # CPU threads a producer generated with
         "rollout/policy_lag_mean": float(lag.mean()),
         "rollout/policy_lag_max": int(lag.max()),
         "rollout/token_lag_mean": float(token_lag.mean()) if token_lag.size else 0.0,

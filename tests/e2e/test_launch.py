@@ -1,5 +1,7 @@
 """End to end on CPU with real Ray actors, real ColossalAI and a tiny model built from a config."""
 
+import os
+
 import numpy as np
 import pytest
 import ray
@@ -37,9 +39,17 @@ def run_kwargs(tiny, **over):
 def test_each_algorithm_runs_two_steps(ray_cluster, tiny, algo):
     out = launch_distributed(**run_kwargs(tiny, core_algo=algo))
     assert [m["step"] for m in out["history"]] == [1, 2]
+    cores = len(os.sched_getaffinity(0))
     for m in out["history"]:
         assert np.isfinite(m["loss/policy"]) and m["rollout/drawn_groups"] >= 4
         assert m["actor/entropy"] > 0
+        # Synchronous: each side works alone, with every core of the node.
+        assert m["actor/threads"] == cores and m["rollout/threads"] == cores, (m["actor/threads"], m["rollout/threads"])
+
+
+def test_every_actor_keeps_one_thread_when_threads_do_not_follow_the_work(ray_cluster, tiny):
+    out = launch_distributed(**run_kwargs(tiny, threads_follow_work=False, max_steps=1))
+    assert [(m["actor/threads"], m["rollout/threads"]) for m in out["history"]] == [(1, 1)]
 
 
 def test_producers_sleep_while_consumers_train(ray_cluster, tiny):
@@ -57,7 +67,7 @@ def test_reward_rises(ray_cluster, tiny):
 
 
 def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, backend="transformers",
-              max_staleness=0, in_flight=False, **over):  # fmt: skip
+              max_staleness=0, in_flight=False, follow_work=True, **over):  # fmt: skip
     config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
     cfg = config.launch_config()
     train, _ = config.data.datasets(0)
@@ -66,7 +76,7 @@ def start_run(tiny, colocate=False, sleep_while_training=False, inference_option
                      inference_options=inference_options, in_flight_weight_updates=in_flight)  # fmt: skip
     run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=max_staleness,
               master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),
-              sleep_while_training=sleep_while_training, in_flight=in_flight)  # fmt: skip
+              sleep_while_training=sleep_while_training, in_flight=in_flight, follow_work=follow_work)  # fmt: skip
     run.start_actors()
     run.connect_weight_group()
     run.push_weights()

@@ -1,0 +1,42 @@
+"""Cores lent while a step runs (real Ray, real ColossalAI): once the producers stop, the training step in progress
+takes their cores from its next micro-batch on, and gives them back when it ends."""
+
+import os
+
+import pytest
+import ray
+
+from coati.models import build_tiny_model
+from tests.e2e.test_launch import REWARD, start_run
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("threads_model"), vocab_multiple=8))
+
+
+def test_a_training_step_takes_the_cores_the_producers_stop_using(ray_cluster, tiny):
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs 2 cores to lend one")
+    run = start_run(tiny, core_algo="GRPO", max_staleness=1,
+                    grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1})  # fmt: skip
+    try:
+        batch = ray.put(ray.get(run.producers[0].generate.remote(4)))
+        alone = ray.get(run.actors.train(batch, generating=False))[0]
+        assert alone["actor/threads"] == cores
+        beside = ray.get(run.actors.train(batch, generating=True))[0]
+        assert beside["actor/threads"] == 1  # producers rolling out: one core each
+        # Lent mid-step: 16 micro-batches of one row, so the step sees it unless it ended first (retried twice).
+        seen = []
+        for _ in range(3):
+            refs = run.actors.train(batch, generating=True)
+            run.actors.lend_to_consumers()
+            seen.append(ray.get(refs)[0]["actor/threads"])
+            if seen[-1] == cores:
+                break
+        assert seen[-1] == cores, seen
+        # Given back when the step ends: the next step beside rollouts runs on one thread again.
+        assert ray.get(run.actors.train(batch, generating=True))[0]["actor/threads"] == 1
+    finally:
+        run.shutdown()
