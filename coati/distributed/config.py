@@ -294,9 +294,11 @@ class ConsumerConfig:
     """gradient clipping norm (0 = off; the norm is still measured)"""
     max_skipped_steps: int = 3
     """optimizer steps skipped for a non-finite loss or gradient norm before the run stops"""
-    compute_dtype: str = "fp32"
+    compute_dtype: str = "auto"
     """dtype of the trainer's matmuls: bf16 runs forward and backward under autocast over fp32 weights (the
-    optimizer updates fp32 masters; both sides of the ratio are computed under the same autocast); fp32: none"""
+    optimizer updates fp32 masters; both sides of the ratio are computed under the same autocast); fp32: none (to
+    force full precision); auto: bf16 where the hardware computes it natively (a CUDA GPU with bf16, a CPU with
+    AVX512-BF16 or AMX), else fp32, and fp32 when the plugin's precision already makes the weights bf16/fp16"""
     share_prompt_forward: bool = True
     """compute each group's prompt once per micro-batch (its KV cache shared by the group's responses, gradients
     through it) instead of once per response; used when micro-batches hold whole groups (train_microbatch_size a
@@ -312,7 +314,8 @@ class ConsumerConfig:
             _positive(self, "train_microbatch_size")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
-        _require(self.compute_dtype in ("fp32", "bf16"), f"compute_dtype must be fp32 or bf16, got {self.compute_dtype!r}")
+        _require(self.compute_dtype in ("auto", "fp32", "bf16"),
+                 f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}")  # fmt: skip
         _require(
             self.compute_dtype == "fp32" or self.plugin.precision == "fp32",
             f"compute_dtype={self.compute_dtype} autocasts over fp32 weights, but plugin precision="

@@ -19,7 +19,7 @@ import torch
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
-from coati.distributed.forward import sequence_logprobs, shared_prompt_logprobs, trim_padding
+from coati.distributed.forward import resolve_compute_dtype, sequence_logprobs, shared_prompt_logprobs, trim_padding
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
@@ -115,10 +115,14 @@ class GRPOConsumer:
         self.step_count = 0
         self._warned_unavailable = False
         self.share_prompts = self._can_share_prompts()
+        self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision)
+        if self.rank == 0:
+            log.warning("trainer computes in %s (compute_dtype=%s, weights %s)", self.compute_dtype,
+                        self.cfg.compute_dtype, p.precision)  # fmt: skip
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
-                "pp_rank": self.pp_rank, "device": str(self.device)}  # fmt: skip
+                "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -155,7 +159,7 @@ class GRPOConsumer:
 
     def _compute(self):
         """The forward passes' precision: bf16 autocast over the fp32 weights, or nothing."""
-        if self.cfg.compute_dtype == "bf16":
+        if self.compute_dtype == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -82,3 +82,24 @@ def shared_prompt_logprobs(
     logprobs = token_logprobs(logits, response_ids, temperature)
     entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
     return logprobs, entropy
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 matmuls natively: a CUDA GPU with bf16, or a CPU with AVX512-BF16 or AMX
+    (elsewhere bf16 is emulated and slower than fp32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_compute_dtype(requested: str, device: torch.device, weights_precision: str) -> str:
+    """``consumer.compute_dtype`` made concrete: "auto" is bf16 autocast where the device computes bf16 natively and
+    the weights are fp32, else fp32 (no autocast)."""
+    if requested != "auto":
+        return requested
+    return "bf16" if weights_precision == "fp32" and native_bf16(device) else "fp32"

@@ -95,7 +95,7 @@ def test_config_file_then_flags(tmp_path, suffix):
         ({"run": {"max_staleness": -1}}, r"max_staleness must be a non-negative integer, got -1"),
         ({"run": {"sleep_while_training": True}}, r"sleep_while_training=True .* set max_staleness=0"),
         ({"run": {"resume": "latest", "save_dir": None}}, r"resume needs a run folder"),
-        ({"consumer": {"compute_dtype": "fp16"}}, r"compute_dtype must be fp32 or bf16, got 'fp16'"),
+        ({"consumer": {"compute_dtype": "fp16"}}, r"compute_dtype must be auto, fp32 or bf16, got 'fp16'"),
         ({"consumer": {"compute_dtype": "bf16", "plugin": {"precision": "bf16"}}},
          r"compute_dtype=bf16 autocasts over fp32 weights, but plugin precision=bf16 .* use one of the two"),
         ({"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},

@@ -132,3 +132,14 @@ def test_resolve_callable_dotted_path():
         resolve_callable("math:nope", reg)
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod_xyz'"):
         resolve_callable("no_such_mod_xyz:f", reg)
+
+
+def test_compute_dtype_auto_is_bf16_only_over_fp32_weights_on_native_bf16_hardware():
+    import torch
+
+    from coati.distributed.forward import native_bf16, resolve_compute_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_compute_dtype("fp32", cpu, "fp32") == "fp32" and resolve_compute_dtype("bf16", cpu, "fp32") == "bf16"
+    assert resolve_compute_dtype("auto", cpu, "bf16") == "fp32"  # the weights are bf16 already: no autocast on top
+    assert resolve_compute_dtype("auto", cpu, "fp32") == ("bf16" if native_bf16(cpu) else "fp32")
