@@ -317,7 +317,7 @@ class ConsumerConfig:
         _require(self.compute_dtype in ("auto", "fp32", "bf16"),
                  f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}")  # fmt: skip
         _require(
-            self.compute_dtype == "fp32" or self.plugin.precision == "fp32",
+            self.compute_dtype != "bf16" or self.plugin.precision == "fp32",
             f"compute_dtype={self.compute_dtype} autocasts over fp32 weights, but plugin precision="
             f"{self.plugin.precision} makes the weights themselves {self.plugin.precision}; use one of the two",
         )
