@@ -5,10 +5,19 @@ function (bench_reward.py, shared verbatim), 4 prompts x 4 completions per step,
 rate, DAPO loss (clip 0.2/0.28, token-mean, no KL), and the same number of steps. coati runs synchronously
 (max_staleness 0) and overlapped (1), with DAPO's dynamic sampling and overlong shaping off to match TRL. Throughput
 is completions per second of training-loop wall time (model loading excluded on both sides). TRL runs in the same
-environment as coati (TRL 1.16 accepts the transformers coati pins), in a subprocess of its own.
+environment as coati (TRL 1.16 accepts the transformers coati pins), in a subprocess of its own, with both cores.
+
+Each precision runs all three: ``fp32`` (TRL bf16=False; coati compute_dtype fp32, fp32 generation) and ``best``,
+each side's fastest setting a user would pick on this CPU (TRL bf16=True; coati's default bf16 autocast training
+over fp32 masters and bf16 generation weights). Ratios compare coati with TRL at the same precision.
+
+The trainer's achieved GFLOP/s counts the matmul FLOPs a training step needs (6 x weights x tokens: each group's
+prompt once, the output layer on response tokens only; attention scores left out, a few % at these lengths) over
+the step's training time, against the matmul peak measured by a probe in the same run at the trainer's precision
+and thread count.
 
     pip install -r benchmarks/requirements.txt
-    python benchmarks/bench_vs_trl.py [--sizes tiny smollm2] [--steps 12 6] [--max-new-tokens 32]
+    python benchmarks/bench_vs_trl.py [--sizes tiny smollm2] [--steps 12 6] [--precisions fp32 best]
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +34,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROMPTS, GENERATIONS = 4, 4
+PRECISIONS = {
+    # name: (TRL's bf16 flag, coati's consumer.compute_dtype, coati's generation weights dtype)
+    "fp32": (False, "fp32", "float32"),
+    "best": (True, "auto", "bfloat16"),
+}
 
 
 def trl_python() -> str:
@@ -41,12 +56,55 @@ def workload_rows(n: int, seed: int) -> list[dict]:
     return load_rows("reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2", size=n, seed=seed)
 
 
-def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: float, threads: int,
-            save_to: str | None = None) -> dict:  # fmt: skip
+def matmul_peak(dtype: str, threads: int, seconds: float = 1.5) -> float:
+    """Best GFLOP/s of torch matmuls shaped like a small model's training (tokens x hidden @ hidden x 4 hidden) and
+    square, at ``dtype`` on ``threads`` threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    best = 0.0
+    try:
+        for m, k, n in ((2048, 576, 1536), (1024, 1024, 1024)):
+            a, b = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
+            a @ b  # warm-up
+            reps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds / 2:
+                a @ b
+                reps += 1
+            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9)
+    finally:
+        torch.set_num_threads(before)
+    return best
+
+
+def matmul_weights(model: str) -> tuple[int, int]:
+    """(weights in the decoder's matmuls, weights of the output layer) of a model folder."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    head = net.get_output_embeddings()
+    body = sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    return body, head.weight.numel()
+
+
+def trainer_gflops(history: list[dict], weights: tuple[int, int]) -> float:
+    """Matmul GFLOP/s the trainer achieved over the run's steps (see the module docstring)."""
+    body, head = weights
+    flops = sum(6 * (body * m["rollout/trained_tokens_unique"] + head * m["rollout/trained_response_tokens"])
+                for m in history)  # fmt: skip
+    return flops / sum(m["time/train_step"] for m in history) / 1e9
+
+
+def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: float, threads: int, bf16: bool,
+            save_to: str | None = None, max_seconds: float | None = None) -> dict:  # fmt: skip
     with tempfile.TemporaryDirectory() as d:
         spec = {"model": model, "rows": rows, "steps": steps, "max_new_tokens": max_new_tokens, "lr": lr,
                 "prompts": PROMPTS, "generations": GENERATIONS, "threads": threads, "seed": 0, "out_dir": d,
-                "bench_dir": str(HERE), "save_to": save_to}  # fmt: skip
+                "bench_dir": str(HERE), "save_to": save_to, "bf16": bf16, "max_seconds": max_seconds}  # fmt: skip
         Path(d, "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads), PYTHONPATH="")
         out = subprocess.run([python, str(HERE / "trl_side.py"), f"{d}/spec.json", f"{d}/out.json"], env=env,
@@ -56,18 +114,20 @@ def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: 
         return json.loads(Path(d, "out.json").read_text())
 
 
-def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int) -> dict:
+def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str,
+              generation_dtype: str) -> dict:  # fmt: skip
     from coati.distributed.launch import launch_distributed
 
     start = time.perf_counter()
     result = launch_distributed(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=PROMPTS, inference_microbatch_size=PROMPTS, train_batch_size=PROMPTS,
-        train_minibatch_size=PROMPTS, train_dataset_config={"rows": rows}, inference_model_config={"path": model},
-        train_model_config={"path": model}, generate_config={"max_new_tokens": max_new_tokens, "temperature": 1.0},
+        train_minibatch_size=PROMPTS, train_dataset_config={"rows": rows},
+        inference_model_config={"path": model, "dtype": generation_dtype}, train_model_config={"path": model},
+        generate_config={"max_new_tokens": max_new_tokens, "temperature": 1.0},
         grpo_config={"lr": lr, "reward_fn_type": "benchmarks.bench_reward:last_number_reward",
                      "train_microbatch_size": PROMPTS * GENERATIONS, "dynamic_sampling": False,
-                     "overlong_buffer_ratio": 0.0},
+                     "overlong_buffer_ratio": 0.0, "compute_dtype": compute_dtype},
         plugin_config={}, num_generations=GENERATIONS, core_algo="DAPO", max_steps=steps, max_staleness=staleness,
         inference_backend="transformers",  # as TRL generates (and the tiny model's head size is one vLLM's CPU build lacks)
     )  # fmt: skip
@@ -85,10 +145,54 @@ def breakdown(history: list[dict]) -> dict:
     return mean
 
 
+def measure(size: str, model: str, steps: int, args, python: str, rows) -> dict:
+    """Every run of one model size, at each precision: TRL, coati synchronous, coati overlapped."""
+    runs = {}
+    for precision in args.precisions:
+        trl_bf16, compute, generation = PRECISIONS[precision]
+        print(f"   {precision}: TRL", flush=True)
+        runs[precision, "TRL GRPOTrainer"] = run_trl(python, model, rows, steps, args.max_new_tokens, args.lr, 2,
+                                                     trl_bf16)  # fmt: skip
+        for name, k in (("coati sync", 0), ("coati overlap", 1)):
+            print(f"   {precision}: {name}", flush=True)
+            runs[precision, name] = run_coati(model, rows, steps, args.max_new_tokens, args.lr, k, compute, generation)
+    return runs
+
+
+def print_size(runs: dict, steps: int, weights, peaks: dict) -> dict:
+    n = steps * PROMPTS * GENERATIONS
+    rates = {key: n / r["wall"] for key, r in runs.items()}
+    print(f"{'precision':<10}{'run':<18}{'completions/s':>14}{'vs TRL':>8}   reward per step")
+    for (precision, name), rate in rates.items():
+        curve = " ".join(f"{r:.2f}" for r in runs[precision, name]["rewards"])
+        print(f"{precision:<10}{name:<18}{rate:>14.2f}{rate / rates[precision, 'TRL GRPOTrainer']:>7.2f}x   {curve}")
+    if ("fp32", "TRL GRPOTrainer") in rates and ("best", "coati overlap") in rates:
+        print(f"coati overlap at its best vs TRL in fp32: "
+              f"{rates['best', 'coati overlap'] / rates['fp32', 'TRL GRPOTrainer']:.2f}x")  # fmt: skip
+    trainer = {}
+    for (precision, name), r in runs.items():
+        if not name.startswith("coati"):
+            continue
+        h, b = r["history"], breakdown(r["history"])
+        threads = int(statistics.median(m["actor/threads"] for m in h))
+        dtype = "bf16" if PRECISIONS[precision][1] != "fp32" else "fp32"
+        achieved, peak = trainer_gflops(h, weights), peaks[dtype, min(threads, 2)]
+        trainer[precision, name] = {"gflops": achieved, "peak": peak, "threads": threads, **b}
+        print(f"{precision} {name}, mean s per step: " + ", ".join(
+            f"{k.split('/')[-1]} {b[k]:.2f}" for k in ("time/generate", "time/reward_wait", "time/train_step",
+                                                       "time/weight_push", "time/step"))
+            + f", overhead {b['overhead']:.2f} ({100 * b['overhead'] / b['time/step']:.1f}%)"
+            + f"; trainer {achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f}% of the {dtype} peak on {threads} "
+              f"thread(s) ({peak:.0f})")  # fmt: skip
+    return {"rates": {f"{p}/{n}": v for (p, n), v in rates.items()},
+            "trainer": {f"{p}/{n}": v for (p, n), v in trainer.items()}}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "smollm2"])
     parser.add_argument("--steps", nargs="+", type=int, default=[12, 6], help="steps per size, in --sizes order")
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-5)
     args = parser.parse_args()
@@ -99,10 +203,12 @@ def main():
     from coati.models import build_tiny_model
 
     python = trl_python()
+    peaks = {(d, t): matmul_peak(d, t) for d in ("fp32", "bf16") for t in (1, 2)}
+    print("matmul peak, GFLOP/s: " + ", ".join(f"{d} {t} thread(s) {v:.0f}" for (d, t), v in peaks.items()))
     ray.init(include_dashboard=False, num_cpus=4, log_to_driver=False)
     rows = workload_rows(256, seed=0)
     tmp = tempfile.mkdtemp()
-    report = []
+    report = {"peaks": {f"{d}/{t}": v for (d, t), v in peaks.items()}}
     for size, steps in zip(args.sizes, args.steps, strict=True):
         if size == "tiny":
             model = str(build_tiny_model(Path(tmp) / "tiny", arch="qwen2", hidden_size=256, num_layers=4, num_heads=4))
@@ -112,22 +218,8 @@ def main():
             model = default_model_path()
         print(f"\n== {size}: {steps} steps x {PROMPTS * GENERATIONS} completions, {args.max_new_tokens} new tokens ==",
               flush=True)  # fmt: skip
-        trl = run_trl(python, model, rows, steps, args.max_new_tokens, args.lr, threads=2)
-        sync = run_coati(model, rows, steps, args.max_new_tokens, args.lr, staleness=0)
-        overlap = run_coati(model, rows, steps, args.max_new_tokens, args.lr, staleness=1)
-        n = steps * PROMPTS * GENERATIONS
-        rates = {"TRL GRPOTrainer": n / trl["wall"], "coati sync": n / sync["wall"], "coati overlap": n / overlap["wall"]}
-        print(f"{'run':<18}{'completions/s':>14}{'vs TRL':>8}   reward per step")
-        for name, rate, rewards in zip(rates, rates.values(), (trl["rewards"], sync["rewards"], overlap["rewards"])):
-            curve = " ".join(f"{r:.2f}" for r in rewards)
-            print(f"{name:<18}{rate:>14.2f}{rate / rates['TRL GRPOTrainer']:>7.2f}x   {curve}")
-        b = breakdown(sync["history"])
-        print("coati sync, mean seconds per step: " + ", ".join(
-            f"{k.split('/')[-1]} {b[k]:.3f}" for k in ("time/generate", "time/reward_wait", "time/train_step",
-                                                       "time/weight_push", "time/step")))  # fmt: skip
-        print(f"framework overhead (step time not in generation, reward, train or push): {b['overhead']:.3f} s "
-              f"= {100 * b['overhead'] / b['time/step']:.1f}% of step time (target <= 5%)")
-        report.append({"size": size, "rates": rates, "breakdown": b})
+        runs = measure(size, model, steps, args, python, rows)
+        report[size] = print_size(runs, steps, matmul_weights(model), peaks)
     ray.shutdown()
     return report
 

@@ -104,6 +104,7 @@ class ActorGroups:
                 p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
                 system_prompt=p.system_prompt, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
+                trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision),
             ))  # fmt: skip
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address

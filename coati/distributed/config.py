@@ -187,8 +187,8 @@ class ProducerConfig:
     """number of producer actors"""
     num_proc_per_producer: int = 1
     """accelerators per producer (tensor parallelism of the inference engine); ignored on CPU"""
-    inference_batch_size: int = 4
-    """prompts each producer rolls out per draw"""
+    inference_batch_size: int = 8
+    """prompts each producer rolls out per draw (a synchronous run draws no more than its step lacks)"""
     inference_microbatch_size: int | None = None
     """prompts per generate call; divides inference_batch_size (None: inference_batch_size)"""
     num_generations: int = 4
@@ -284,8 +284,12 @@ class ConsumerConfig:
     """prompts per DP rank per optimizer step; train_batch_size / train_minibatch_size optimizer steps per step
     (None: train_batch_size, one optimizer step)"""
     train_microbatch_size: int | None = None
-    """completions per forward/backward pass; divides train_minibatch_size * num_generations (None:
-    num_generations, one group per pass)"""
+    """completions per forward/backward pass; divides train_minibatch_size * num_generations (None: passes of whole
+    groups filled up to train_microbatch_tokens; with pipeline parallelism, num_generations)"""
+    train_microbatch_tokens: int = 8192
+    """with train_microbatch_size None: the most padded tokens one forward/backward pass computes (its rows times
+    its longest prompt and response, each group's prompt once when shared); rows go in by length, at least one group
+    per pass"""
     learning_rate: float = 2e-5
     """optimizer learning rate"""
     weight_decay: float = 0.0
@@ -312,6 +316,7 @@ class ConsumerConfig:
         _positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size")
         if self.train_microbatch_size is not None:
             _positive(self, "train_microbatch_size")
+        _positive(self, "train_microbatch_tokens")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
         _require(self.compute_dtype in ("auto", "fp32", "bf16"),
@@ -353,13 +358,14 @@ class LaunchConfig:
 
     def __post_init__(self):
         _positive(self, "num_episodes")
-        if self.consumer.train_microbatch_size is None:
+        if self.consumer.train_microbatch_size is None and self.consumer.plugin.pp_size > 1:
             object.__setattr__(self, "consumer", dataclasses.replace(
                 self.consumer, train_microbatch_size=self.producer.num_generations))  # fmt: skip
         p, c = self.producer, self.consumer
         samples = c.train_minibatch_size * p.num_generations
-        _divides("train_microbatch_size", c.train_microbatch_size,
-                 "train_minibatch_size * num_generations", samples)  # fmt: skip
+        if c.train_microbatch_size is not None:
+            _divides("train_microbatch_size", c.train_microbatch_size,
+                     "train_minibatch_size * num_generations", samples)  # fmt: skip
         produced = p.inference_batch_size * p.num_producers
         consumed = c.train_batch_size * c.dp_size
         _require(

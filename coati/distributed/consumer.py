@@ -19,7 +19,13 @@ import torch
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
-from coati.distributed.forward import resolve_compute_dtype, sequence_logprobs, shared_prompt_logprobs, trim_padding
+from coati.distributed.forward import (
+    resolve_compute_dtype,
+    sequence_logprobs,
+    shared_prompt_logprobs,
+    token_budget_chunks,
+    trim_padding,
+)
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
@@ -182,6 +188,16 @@ class GRPOConsumer:
             log.warning("share_prompt_forward: every row's prompt is computed in full (%s)", reason)
         return not reason
 
+    def _chunks(self, batch: RolloutBatch, rows) -> list[slice]:
+        """``rows`` (in their order) split into forward/backward passes: ``train_microbatch_size`` rows each, or as
+        many whole groups as fit in ``train_microbatch_tokens``."""
+        size = self.cfg.train_microbatch_size
+        if size:
+            return [slice(lo, lo + size) for lo in range(0, len(rows), size)]
+        unit = self.n if self.share_prompts else 1
+        return token_budget_chunks(batch.prompt_mask[rows].sum(-1), batch.response_lengths[rows], unit,
+                                   self.cfg.train_microbatch_tokens, self.share_prompts)  # fmt: skip
+
     def _by_length(self, batch: RolloutBatch, shard_rows, local) -> np.ndarray:
         """``local`` (indices into the shard) ordered by token count, so each micro-batch holds rows of similar
         length and pads little; whole groups move together when prompts are shared. The loss is normalised over
@@ -266,8 +282,8 @@ class GRPOConsumer:
                 self._optimizer_step(losses)
                 continue
             order = self._by_length(batch, shard_rows, local)
-            for lo in range(0, mb_rows, self.cfg.train_microbatch_size):
-                idx = order[lo : lo + self.cfg.train_microbatch_size]
+            for chunk in self._chunks(batch, shard_rows[order]):
+                idx = order[chunk]
                 self._use_threads()
                 loss = self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics)
                 losses.append(loss)
@@ -415,8 +431,8 @@ class GRPOConsumer:
     @torch.no_grad()
     def _logprobs_no_grad(self, model, batch: RolloutBatch, rows) -> torch.Tensor:
         out = []
-        for lo in range(0, len(rows), self.cfg.train_microbatch_size):
-            t = self._tensors(batch, rows[lo : lo + self.cfg.train_microbatch_size])
+        for chunk in self._chunks(batch, rows):
+            t = self._tensors(batch, rows[chunk])
             lp, _ = self._logprobs(model, t)
             out.append(torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - lp.shape[1])))
         return torch.cat(out)

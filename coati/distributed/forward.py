@@ -28,6 +28,26 @@ def trim_padding(prompt_ids, prompt_mask, response_ids, response_mask) -> dict:
             "response_ids": response_ids[:, :r], "response_mask": response_mask[:, :r]}  # fmt: skip
 
 
+def token_budget_chunks(prompt_lens, response_lens, unit: int, budget: int, shared: bool) -> list[slice]:
+    """Consecutive chunks of rows, in the given order and ``unit`` rows (a group) at a time, each as large as fits in
+    ``budget`` padded tokens: rows x (longest prompt + longest response), or with ``shared`` prompts, groups x
+    longest prompt + rows x longest response. A chunk holds at least one unit, whatever its size."""
+    chunks, lo, n = [], 0, len(prompt_lens)
+    assert n % unit == 0, (n, unit)
+    while lo < n:
+        hi = lo + unit
+        while hi < n:
+            p, r = max(prompt_lens[lo : hi + unit]), max(response_lens[lo : hi + unit])
+            rows = hi + unit - lo
+            cost = rows // unit * p + rows * r if shared else rows * (p + r)
+            if cost > budget:
+                break
+            hi += unit
+        chunks.append(slice(lo, hi))
+        lo = hi
+    return chunks
+
+
 def response_logits(logits: torch.Tensor, num_response_tokens: int, vocab_size: int | None = None) -> torch.Tensor:
     """The logits [N, R, V] that predict the R response tokens, from logits over prompt + response (or its last R + 1
     positions), with tensor parallelism's vocabulary padding dropped when ``vocab_size`` is given."""
@@ -103,3 +123,11 @@ def resolve_compute_dtype(requested: str, device: torch.device, weights_precisio
     if requested != "auto":
         return requested
     return "bf16" if weights_precision == "fp32" and native_bf16(device) else "fp32"
+
+
+def generation_dtype(compute_dtype: str, weights_precision: str, device: torch.device) -> str | None:
+    """The engine weights' dtype that matches the trainer: "bfloat16" (or "float16") when the trainer computes in it
+    (bf16 autocast, or bf16/fp16 weights), else None (the backend's own default: the checkpoint's dtype)."""
+    if weights_precision in ("bf16", "fp16"):
+        return {"bf16": "bfloat16", "fp16": "float16"}[weights_precision]
+    return "bfloat16" if resolve_compute_dtype(compute_dtype, device, weights_precision) == "bf16" else None

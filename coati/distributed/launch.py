@@ -25,6 +25,7 @@ _DEFAULTS = Config()
 
 
 _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer.train_microbatch_size",
+              "train_microbatch_tokens": "consumer.train_microbatch_tokens",
               "weight_decay": "consumer.weight_decay", "max_grad_norm": "consumer.max_grad_norm",
               "max_skipped_steps": "consumer.max_skipped_steps", "compute_dtype": "consumer.compute_dtype",
               "reward_fn_type": "reward.fn",

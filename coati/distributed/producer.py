@@ -18,7 +18,13 @@ from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardConfig
 from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
+from coati.distributed.forward import generation_dtype
 from coati.distributed.rollout import RolloutBatch, oldest_versions
+
+SET_NUM_THREADS = torch.set_num_threads
+"""torch's own setter, kept before any engine loads: vLLM's CPU worker replaces ``torch.set_num_threads`` with a
+no-op (it assumes threads bound to cores; this backend leaves them unbound), which would keep generation on one
+thread however many cores it is given"""
 
 
 class Producer:
@@ -38,7 +44,10 @@ class Producer:
         eval_dataset: dict | None = None,
         seed: int = 0,
         backend_options: dict | None = None,
+        trainer_precision: tuple[str, str] | None = None,
     ):
+        self.trainer_precision = trainer_precision
+        """(consumer.compute_dtype, plugin precision): the engine's weights default to the trainer's compute dtype"""
         self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
         torch.set_num_threads(self.base_threads)
         self.idx, self.num_producers = producer_idx, num_producers
@@ -59,6 +68,11 @@ class Producer:
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
         options = {"seed": seed, **self.backend_options}
+        if "dtype" not in options and self.trainer_precision is not None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            dtype = generation_dtype(*self.trainer_precision, device)
+            if dtype is not None:
+                options["dtype"] = dtype
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)
@@ -71,7 +85,8 @@ class Producer:
         self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
         from coati.distributed.placement import whereabouts
 
-        return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", ""))}
+        return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", "")),
+                "dtype": options.get("dtype", "the backend's default")}  # fmt: skip
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 
@@ -79,17 +94,17 @@ class Producer:
         """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped, with
         ``threads`` CPU threads (None: this actor's own)."""
         with self._threads(threads):
-            return self._generate(num_prompts, threads or self.base_threads)
+            return self._generate(num_prompts, torch.get_num_threads())  # what the engine gets, not what was asked
 
     @contextlib.contextmanager
     def _threads(self, n: int | None):
         """Run the engine with ``n`` threads (it steps in this thread, whose OpenMP setting it uses), then give them
         back."""
-        torch.set_num_threads(n or self.base_threads)
+        SET_NUM_THREADS(n or self.base_threads)
         try:
             yield
         finally:
-            torch.set_num_threads(self.base_threads)
+            SET_NUM_THREADS(self.base_threads)
 
     def _generate(self, num_prompts: int, threads: int) -> RolloutBatch:
         t_start, start_version = time.perf_counter(), self.version

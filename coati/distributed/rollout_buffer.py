@@ -80,8 +80,9 @@ class RolloutBuffer:
             from coati.distributed.algo.grouping import degenerate_groups  # (the algo package imports this module)
 
             values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
-            degenerate = degenerate_groups(torch.from_numpy(np.asarray(values, dtype=np.float64)),
-                                           torch.from_numpy(batch.group_ids)).numpy()
+            # Copies: arrays from the object store are read-only.
+            degenerate = degenerate_groups(torch.tensor(values, dtype=torch.float64),
+                                           torch.tensor(batch.group_ids)).numpy()
             log.dropped_zero_signal_groups += int(degenerate.sum()) // self.group_size
             log.zero_signal.append(batch.select(np.flatnonzero(degenerate)))
             batch = batch.select(np.flatnonzero(~degenerate))

@@ -95,6 +95,7 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         # Real tokens the step trained on, and the same with each group's prompt counted once (the compute needed).
         "rollout/trained_tokens": int(batch.prompt_mask.sum() + batch.response_lengths.sum()),
         "rollout/trained_tokens_unique": int(batch.prompt_mask[::n].sum() + batch.response_lengths.sum()),
+        "rollout/trained_response_tokens": int(batch.response_lengths.sum()),
         "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
         **reward_failures(ex),
     }

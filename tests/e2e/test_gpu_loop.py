@@ -37,7 +37,8 @@ def test_colocated_reward_rises_on_one_gpu(ray_cluster, tiny):
     ids=["bf16", "zero2", "bf16-sleep"],
 )
 def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, tiny, plugin, sleep):
-    run = start_run(tiny, colocate=True, sleep_while_training=sleep, plugin_config=plugin, core_algo="RLOO")
+    run = start_run(tiny, colocate=True, sleep_while_training=sleep, plugin_config=plugin, core_algo="RLOO",
+                    inference_options=None)  # the engine follows the trainer: bf16
     try:
         (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
         assert producer["device"].startswith("cuda") and consumer["device"].startswith("cuda")

@@ -13,6 +13,9 @@ from coati.distributed.preflight import preflight
 from coati.models import build_tiny_model
 
 REWARD = "tests.component.reward_fns:digit_fraction"
+FP32 = {"dtype": "float32"}
+"""engine weights as the trainer's fp32 masters, so pushes can be compared bitwise (the default follows the trainer's
+compute dtype: bf16 on a CPU with native bf16)"""
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,7 @@ def test_reward_rises(ray_cluster, tiny):
     assert last > first + 0.05, rewards
 
 
-def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=None, backend="transformers",
+def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=FP32, backend="transformers",
               max_staleness=0, in_flight=False, follow_work=True, **over):  # fmt: skip
     config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
     cfg = config.launch_config()

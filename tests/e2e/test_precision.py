@@ -1,7 +1,9 @@
 """Trainer precision (real Ray, real ColossalAI, the transformers backend): bf16 autocast over fp32 master weights
-keeps a small learning-rate step that bf16 weights would lose."""
+keeps a small learning-rate step that bf16 weights would lose, and the engine's weights follow the trainer's compute
+dtype unless set."""
 
 import pytest
+import ray
 import torch
 
 from tests.e2e.test_launch import REWARD, start_run
@@ -15,15 +17,22 @@ def tiny(tmp_path_factory):
 
 
 def one_step_delta(tiny, compute_dtype: str) -> dict:
-    run = start_run(tiny, core_algo="GRPO", max_steps=1, grpo_config={"lr": 2e-5, "reward_fn_type": REWARD,
-                    "train_microbatch_size": 8, "compute_dtype": compute_dtype})  # fmt: skip
+    run = start_run(tiny, core_algo="GRPO", max_steps=1, inference_options=None,
+                    grpo_config={"lr": 2e-5, "reward_fn_type": REWARD, "compute_dtype": compute_dtype})  # fmt: skip
     try:
+        (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
+        assert consumer["compute_dtype"] == compute_dtype
+        assert producer["dtype"] == ("bfloat16" if compute_dtype == "bf16" else "the backend's default")
         before = run.full_weights()
         out = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
         after = run.full_weights()
+        engine = ray.get(run.producers[0].weights.remote())
     finally:
         run.shutdown()
     assert out["history"][0]["actor/skipped_steps"] == 0
+    for k, v in after.items():  # the push reaches the engine as the trainer's weights in the engine's dtype
+        assert engine[k].dtype == (torch.bfloat16 if compute_dtype == "bf16" else torch.float32), k
+        assert torch.equal(engine[k], v.to(engine[k].dtype)), k
     return {k: (after[k] - before[k]) for k in before}
 
 

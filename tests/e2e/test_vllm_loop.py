@@ -3,6 +3,8 @@ model. The reward rises, every parameter changes, and after every push each prod
 weights bitwise (read back through the vLLM worker extension). With in-flight updates, pushes land while rounds are
 being generated, rows span versions, and no trained token is beyond the bound."""
 
+import os
+
 import numpy as np
 import pytest
 import ray
@@ -37,6 +39,10 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
         out = run.loop(max_steps=12, eval_interval=0, save_interval=0, save_dir=None,
                        on_step=producers_hold_consumer_weights)  # fmt: skip
         after = run.full_weights()
+        # Given the cores, the engine generates with them (vLLM's CPU worker turns torch.set_num_threads into a no-op).
+        cores = len(os.sched_getaffinity(0))
+        lent = ray.get(run.producers[0].generate.remote(1, cores))
+        assert set(lent.extras["threads"]) == {cores}
     finally:
         run.shutdown()
     assert not mismatches, f"(step, producer, tensor) where the engine differs from the consumer: {mismatches[:5]}"

@@ -52,8 +52,8 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
     for name in ("max_staleness", "eval_interval", "seed", "keep_checkpoints", "weight_sync_timeout_s"):
         assert getattr(launch.run, name) == getattr(cli.run, name), name
     lc = cli.launch_config()
-    assert (lc.producer.backend, lc.producer.num_generations, lc.consumer.train_microbatch_size,
-            lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 4, 2e-5, 48, 1)
+    assert (lc.producer.backend, lc.producer.num_generations, lc.producer.inference_batch_size, lc.consumer.train_microbatch_size,
+            lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 8, None, 2e-5, 48, 1)
 
 
 def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset():
