@@ -42,8 +42,8 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
     cli = parse_config([])
     assert cli == Config()
     launch = config_from_launch_kwargs(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
-        inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4, train_dataset_config={"path": "x.jsonl"},
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=8,
+        inference_microbatch_size=8, train_batch_size=4, train_minibatch_size=4, train_dataset_config={"path": "x.jsonl"},
         inference_model_config={"path": "m"}, generate_config={}, train_model_config={"path": "m"}, grpo_config={},
         plugin_config={},
     )  # fmt: skip
