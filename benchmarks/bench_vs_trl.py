@@ -8,8 +8,8 @@ is completions per second of training-loop wall time (model loading excluded on 
 environment as coati (TRL 1.16 accepts the transformers coati pins), in a subprocess of its own, with both cores.
 
 Each precision runs all three: ``fp32`` (TRL bf16=False; coati compute_dtype fp32, fp32 generation) and ``best``,
-each side's fastest setting a user would pick on this CPU (TRL bf16=True; coati's default bf16 autocast training
-over fp32 masters and bf16 generation weights). Ratios compare coati with TRL at the same precision.
+each side's fastest setting a user would pick on this CPU (TRL bf16=True; coati's defaults: bf16 autocast training
+over fp32 masters, and bf16 engine weights, which follow the trainer's compute dtype). Ratios compare coati with TRL at the same precision.
 
 The trainer's achieved GFLOP/s counts the matmul FLOPs a training step needs (6 x weights x tokens: each group's
 prompt once, the output layer on response tokens only; attention scores left out, a few % at these lengths) over
@@ -35,9 +35,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROMPTS, GENERATIONS = 4, 4
 PRECISIONS = {
-    # name: (TRL's bf16 flag, coati's consumer.compute_dtype, coati's generation weights dtype)
-    "fp32": (False, "fp32", "float32"),
-    "best": (True, "auto", "bfloat16"),
+    # name: (TRL's bf16 flag, coati's consumer.compute_dtype; coati's engine weights follow it)
+    "fp32": (False, "fp32"),
+    "best": (True, "auto"),
 }
 
 
@@ -114,8 +114,7 @@ def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: 
         return json.loads(Path(d, "out.json").read_text())
 
 
-def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str,
-              generation_dtype: str) -> dict:  # fmt: skip
+def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str) -> dict:
     from coati.distributed.launch import launch_distributed
 
     start = time.perf_counter()
@@ -123,7 +122,7 @@ def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, stal
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=PROMPTS, inference_microbatch_size=PROMPTS, train_batch_size=PROMPTS,
         train_minibatch_size=PROMPTS, train_dataset_config={"rows": rows},
-        inference_model_config={"path": model, "dtype": generation_dtype}, train_model_config={"path": model},
+        inference_model_config={"path": model}, train_model_config={"path": model},
         generate_config={"max_new_tokens": max_new_tokens, "temperature": 1.0},
         grpo_config={"lr": lr, "reward_fn_type": "benchmarks.bench_reward:last_number_reward",
                      "train_microbatch_size": PROMPTS * GENERATIONS, "dynamic_sampling": False,
@@ -149,13 +148,13 @@ def measure(size: str, model: str, steps: int, args, python: str, rows) -> dict:
     """Every run of one model size, at each precision: TRL, coati synchronous, coati overlapped."""
     runs = {}
     for precision in args.precisions:
-        trl_bf16, compute, generation = PRECISIONS[precision]
+        trl_bf16, compute = PRECISIONS[precision]
         print(f"   {precision}: TRL", flush=True)
         runs[precision, "TRL GRPOTrainer"] = run_trl(python, model, rows, steps, args.max_new_tokens, args.lr, 2,
                                                      trl_bf16)  # fmt: skip
         for name, k in (("coati sync", 0), ("coati overlap", 1)):
             print(f"   {precision}: {name}", flush=True)
-            runs[precision, name] = run_coati(model, rows, steps, args.max_new_tokens, args.lr, k, compute, generation)
+            runs[precision, name] = run_coati(model, rows, steps, args.max_new_tokens, args.lr, k, compute)
     return runs
 
 
