@@ -74,6 +74,8 @@ class ActorGroups:
         self.cfg, self.plan, self.seed, self.run_name = cfg, plan, seed, run_name
         self.master_addr, self.master_port, self.in_flight = master_addr, master_port, in_flight
         self.follow_work = follow_work
+        self.train_calls = 0
+        """training steps started, numbering each so that a lend of cores reaches the step it was meant for"""
         self.producers, self.consumers, self.senders = [], [], []
         self.shared_gpus: dict[int, object] = {}
         self.producer_info: list[dict] = []
@@ -104,7 +106,7 @@ class ActorGroups:
                 p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
                 system_prompt=p.system_prompt, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
-                trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision),
+                trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
             ))  # fmt: skip
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address
@@ -135,11 +137,11 @@ class ActorGroups:
         return counts[:np_], counts[np_:]
 
     def lend_to_consumers(self) -> None:
-        """The producers have stopped for this step: the training step in progress takes their cores from its next
+        """The producers have stopped for this step: the training step last started takes their cores from its next
         micro-batch on (the consumers give them back when the step ends)."""
         if self.follow_work:
             for c, n in zip(self.consumers, self.threads(False, True)[1], strict=True):
-                c.set_threads.remote(n)
+                c.set_threads.remote(n, self.train_calls)
 
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
@@ -180,7 +182,8 @@ class ActorGroups:
     def train(self, batch_ref, generating: bool) -> list:
         """Start a training step, alongside rollouts (``generating``) or alone; returns the refs."""
         threads = self.threads(generating, True)[1]
-        return [c.train_step.remote(batch_ref, t) for c, t in zip(self.consumers, threads, strict=True)]
+        self.train_calls += 1
+        return [c.train_step.remote(batch_ref, t, self.train_calls) for c, t in zip(self.consumers, threads, strict=True)]
 
     def evaluate(self) -> list[dict]:
         threads = self.threads(True, False)[0]

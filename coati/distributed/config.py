@@ -302,7 +302,8 @@ class ConsumerConfig:
     """dtype of the trainer's matmuls: bf16 runs forward and backward under autocast over fp32 weights (the
     optimizer updates fp32 masters; both sides of the ratio are computed under the same autocast); fp32: none (to
     force full precision); auto: bf16 where the hardware computes it natively (a CUDA GPU with bf16, a CPU with
-    AVX512-BF16 or AMX), else fp32, and fp32 when the plugin's precision already makes the weights bf16/fp16"""
+    AVX512-BF16 or AMX), else fp32, and fp32 when the plugin's precision already makes the weights bf16/fp16 or with
+    tensor parallelism (whose layers' backward ignores autocast)"""
     share_prompt_forward: bool = True
     """compute each group's prompt once per micro-batch (its KV cache shared by the group's responses, gradients
     through it) instead of once per response; used when micro-batches hold whole groups (train_microbatch_size a
@@ -325,6 +326,11 @@ class ConsumerConfig:
             self.compute_dtype != "bf16" or self.plugin.precision == "fp32",
             f"compute_dtype={self.compute_dtype} autocasts over fp32 weights, but plugin precision="
             f"{self.plugin.precision} makes the weights themselves {self.plugin.precision}; use one of the two",
+        )
+        _require(
+            self.compute_dtype != "bf16" or self.plugin.tp_size == 1,
+            f"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers (tp_size={self.plugin.tp_size}) run "
+            "their backward outside autocast; use compute_dtype='fp32' (or 'auto') or plugin precision='bf16'",
         )
         _require(
             isinstance(self.max_skipped_steps, int) and self.max_skipped_steps >= 0,

@@ -49,8 +49,10 @@ class GRPOConsumer:
     ):
         self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
         torch.set_num_threads(self.base_threads)
-        self.threads = self.base_threads
-        """threads the training step uses from its next micro-batch on (``set_threads``)"""
+        self.threads, self.call = self.base_threads, None
+        """threads the training call in progress was started with, and its number"""
+        self.lent = (-1, self.base_threads)
+        """(train call, threads) lent for it by ``set_threads``"""
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.model_path = model_path
@@ -121,7 +123,7 @@ class GRPOConsumer:
         self.step_count = 0
         self._warned_unavailable = False
         self.share_prompts = self._can_share_prompts()
-        self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision)
+        self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision, p.tp_size)
         if self.rank == 0:
             log.warning("trainer computes in %s (compute_dtype=%s, weights %s)", self.compute_dtype,
                         self.cfg.compute_dtype, p.precision)  # fmt: skip
@@ -218,21 +220,24 @@ class GRPOConsumer:
             return sequence_logprobs(model, **t, temperature=self.generation.temperature, with_entropy=with_entropy,
                                      vocab_size=self.vocab_size)  # fmt: skip
 
-    def set_threads(self, n: int) -> None:
-        """Train with ``n`` threads from the next micro-batch on (called on a second thread while a step runs: the
-        driver lends the cores of producers that have stopped). OpenMP's thread count belongs to the calling thread,
-        so the training thread applies it itself (``_use_threads``)."""
-        self.threads = n
+    def set_threads(self, n: int, call: int) -> None:
+        """Train call ``call`` uses ``n`` threads from its next micro-batch on (called on a second thread: the driver
+        lends the cores of producers that have stopped; a lend that arrives before its call has started still holds
+        for it). OpenMP's thread count belongs to the calling thread, so the training thread applies it itself
+        (``_use_threads``)."""
+        self.lent = (call, n)
 
     def _use_threads(self) -> None:
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
-        self.threads_used = max(self.threads_used, self.threads)
+        n = self.lent[1] if self.lent[0] == self.call else self.threads
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+        self.threads_used = max(self.threads_used, n)
 
-    def train_step(self, batch: RolloutBatch, threads: int | None = None) -> dict:
+    def train_step(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict:
         """One training step on the global batch of the step, with ``threads`` CPU threads (None: this actor's own;
-        ``set_threads`` may change it while the step runs); returns its metrics reduced over every DP rank."""
-        self.threads, self.threads_used = threads or self.base_threads, 0
+        a ``set_threads`` for the same ``call`` may raise it while the step runs); returns its metrics reduced over
+        every DP rank."""
+        self.call, self.threads, self.threads_used = call, threads or self.base_threads, 0
         try:
             return self._train_step(batch)
         finally:

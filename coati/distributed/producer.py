@@ -44,10 +44,11 @@ class Producer:
         eval_dataset: dict | None = None,
         seed: int = 0,
         backend_options: dict | None = None,
-        trainer_precision: tuple[str, str] | None = None,
+        trainer_precision: tuple[str, str, int] | None = None,
     ):
         self.trainer_precision = trainer_precision
-        """(consumer.compute_dtype, plugin precision): the engine's weights default to the trainer's compute dtype"""
+        """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
+        dtype"""
         self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
         torch.set_num_threads(self.base_threads)
         self.idx, self.num_producers = producer_idx, num_producers

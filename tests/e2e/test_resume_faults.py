@@ -8,6 +8,7 @@ import ray
 from coati.distributed.launch import launch_distributed
 from coati.distributed.actor_group import RunError
 from coati.models import build_tiny_model
+from tests.e2e.test_launch import FP32
 
 REWARD = "tests.component.reward_fns:digit_fraction"
 
@@ -22,7 +23,7 @@ def kwargs(tiny, save_dir, **over):
         num_producers=2, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=2,
         inference_batch_size=2, inference_microbatch_size=2, train_batch_size=4, train_minibatch_size=2,
         train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(8)]},  # 2 steps per episode
-        inference_model_config={"path": tiny}, train_model_config={"path": tiny},
+        inference_model_config={"path": tiny, **FP32}, train_model_config={"path": tiny},
         generate_config={"max_new_tokens": 8, "temperature": 1.0},
         grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4},
         plugin_config={}, num_generations=4, core_algo="DAPO", save_dir=str(save_dir), save_interval=2,

@@ -27,7 +27,8 @@ def test_a_training_step_takes_the_cores_the_producers_stop_using(ray_cluster, t
         assert alone["actor/threads"] == cores
         beside = ray.get(run.actors.train(batch, generating=True))[0]
         assert beside["actor/threads"] == 1  # producers rolling out: one core each
-        # Lent mid-step: 16 micro-batches of one row, so the step sees it unless it ended first (retried twice).
+        # Lent right after the step starts (before it has fetched its batch, even): 16 micro-batches of one row, so
+        # the step sees it unless it ended first (retried twice).
         seen = []
         for _ in range(3):
             refs = run.actors.train(batch, generating=True)

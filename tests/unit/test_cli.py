@@ -98,6 +98,8 @@ def test_config_file_then_flags(tmp_path, suffix):
         ({"consumer": {"compute_dtype": "fp16"}}, r"compute_dtype must be auto, fp32 or bf16, got 'fp16'"),
         ({"consumer": {"compute_dtype": "bf16", "plugin": {"precision": "bf16"}}},
          r"compute_dtype=bf16 autocasts over fp32 weights, but plugin precision=bf16 .* use one of the two"),
+        ({"consumer": {"num_consumer_procs": 2, "compute_dtype": "bf16", "plugin": {"tp_size": 2}}},
+         r"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers \(tp_size=2\) .* use compute_dtype"),
         ({"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},
          r"skip_no_signal_after=2 skips prompts .* dynamic_sampling is off; turn it on"),
         ({"run": {"in_flight_weight_updates": True, "max_staleness": 0}},

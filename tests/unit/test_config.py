@@ -143,3 +143,4 @@ def test_compute_dtype_auto_is_bf16_only_over_fp32_weights_on_native_bf16_hardwa
     assert resolve_compute_dtype("fp32", cpu, "fp32") == "fp32" and resolve_compute_dtype("bf16", cpu, "fp32") == "bf16"
     assert resolve_compute_dtype("auto", cpu, "bf16") == "fp32"  # the weights are bf16 already: no autocast on top
     assert resolve_compute_dtype("auto", cpu, "fp32") == ("bf16" if native_bf16(cpu) else "fp32")
+    assert resolve_compute_dtype("auto", cpu, "fp32", tp_size=2) == "fp32"  # TP layers' backward ignores autocast
