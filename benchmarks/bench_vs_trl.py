@@ -186,7 +186,8 @@ def print_size(runs: dict, steps: int, weights, peaks: dict) -> dict:
         print(f"{precision} {name}, mean s per step: " + ", ".join(
             f"{k.split('/')[-1]} {b[k]:.2f}" for k in ("time/generate", "time/reward_wait", "time/train_step",
                                                        "time/weight_push", "time/step"))
-            + f", overhead {b['overhead']:.2f} ({100 * b['overhead'] / b['time/step']:.1f}%)"
+            # Synchronous steps are the sum of their parts; the rest is the framework's own time.
+            + (f", overhead {b['overhead']:.2f} ({100 * b['overhead'] / b['time/step']:.1f}%)" if "sync" in name else "")
             + f"; trainer {achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f}% of the {dtype} peak on {threads} "
               f"thread(s) ({peak:.0f})")  # fmt: skip
     return {"rates": {f"{p}/{n}": v for (p, n), v in rates.items()},
