@@ -119,8 +119,12 @@ class ActorGroups:
         for kind, group in (("producer", self.producers), ("consumer", self.consumers)):
             for i, a in enumerate(group):
                 ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
-        self.producer_info = get([a.setup.remote() for a in self.producers], "producer setup")
-        self.consumer_info = get([a.setup.remote() for a in self.consumers], "consumer setup")
+        producers = [a.setup.remote() for a in self.producers]
+        if self.shared_gpus:  # engines size their memory by what is free on the GPU: no consumer loading beside them
+            self.producer_info = get(producers, "producer setup")
+        consumers = [a.setup.remote() for a in self.consumers]
+        self.producer_info = get(producers, "producer setup")
+        self.consumer_info = get(consumers, "consumer setup")
         infos = self.producer_info + self.consumer_info
         self.cores = {}
         for info in infos:  # the CPUs each node lets its actors run on
