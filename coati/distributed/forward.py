@@ -93,12 +93,12 @@ def shared_prompt_logprobs(
     r = response_ids.shape[1]
     start = prompt_mask.long().sum(-1, keepdim=True)
     attention = torch.cat([prompt_mask, response_mask], dim=1).long()
-    tail = model(input_ids=response_ids, attention_mask=attention, position_ids=start + torch.arange(r, device=start.device),
-                 past_key_values=cache, use_cache=True).logits  # fmt: skip
+    positions = start + torch.arange(r, device=start.device)
+    tail = model(input_ids=response_ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                 use_cache=True).logits  # fmt: skip
     # The prompt's last position predicts response token 0; response position t predicts token t + 1.
-    logits = torch.cat([out.logits[:, -1:].repeat_interleave(group_size, 0), tail[:, :-1]], dim=1)
-    if vocab_size is not None and logits.shape[-1] > vocab_size:
-        logits = logits[..., :vocab_size]
+    logits = torch.cat([out.logits[:, -1:].repeat_interleave(group_size, 0), tail], dim=1)
+    logits = response_logits(logits, r, vocab_size)
     logprobs = token_logprobs(logits, response_ids, temperature)
     entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
     return logprobs, entropy
