@@ -104,7 +104,7 @@ class ActorGroups:
             self.producers.append(actor.remote(
                 i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
                 p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
-                system_prompt=p.system_prompt, eval_dataset=p.eval_dataset, seed=self.seed,
+                prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
                 trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
             ))  # fmt: skip

@@ -1,9 +1,12 @@
 """Prompt datasets: rows of chat messages (or a plain prompt) plus the fields the reward function reads.
 
 A row is a dict with ``messages`` (a list of ``{"role", "content"}``) or ``prompt`` (a string), and any other columns
-(``gt_answer``, ``test_cases``, ...) that are passed to the reward function by name. Sources: a JSONL file, a list of
-rows, or a reasoning-gym task (``reasoning_gym:<task>``). Everything is validated in the driver, before any actor
-starts: a bad JSONL line is reported with its number.
+(``gt_answer``, ``test_cases``, ...) that are passed to the reward function by name. Sources: a JSONL file (read here,
+so a bad line is reported with its number); a parquet, JSON, arrow or CSV file, a folder of them or a folder written by
+``save_to_disk``, and a hub dataset id when the hub is reachable (all through the ``datasets`` library); a list of
+rows; or a reasoning-gym task (``reasoning_gym:<task>``). ``prompt_column`` and ``answer_column`` map other layouts
+onto a row (verl's parquet files: ``prompt`` holds the messages, ``answer_column="reward_model.ground_truth"``).
+Everything is validated in the driver, before any actor starts.
 
 ``DataCursor`` gives each producer its shard in a seeded order, reshuffled every episode, with a position that a
 checkpoint can save and restore.
@@ -12,7 +15,9 @@ checkpoint can save and restore.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,24 +26,118 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-def load_rows(source, size: int | None = None, seed: int = 0) -> list[dict]:
-    """Rows from a JSONL path, a list of dicts, or ``reasoning_gym:<task>`` (``size`` items from ``seed``)."""
+FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
+"""file suffix -> the ``datasets`` builder that reads it (JSONL files are read here unless inside a folder)"""
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def load_rows(source, size: int | None = None, seed: int = 0, split: str = "train", subset: str | None = None,
+              prompt_column: str | None = None, answer_column: str | None = None,
+              exclude: tuple[int, ...] = ()) -> list[dict]:  # fmt: skip
+    """Rows from ``source`` (see the module docstring): the first ``size`` (for a reasoning-gym task, ``size`` items
+    drawn from ``seed``), mapped to rows by the column options, minus the indices in ``exclude``."""
+    columns = (prompt_column, answer_column)
     if isinstance(source, list):
-        rows = [dict(r) for r in source]
+        rows = [as_row(r, *columns, f"row {i}") for i, r in enumerate(source)]
     elif isinstance(source, str) and source.startswith("reasoning_gym:"):
         rows = reasoning_gym_rows(source.split(":", 1)[1], size or 100, seed)
+    elif isinstance(source, str) and source.endswith(".jsonl") and os.path.isfile(source):
+        rows = read_jsonl(source, columns)
     else:
-        rows = read_jsonl(source)
+        rows = [as_row(r, *columns, f"{source} row {i}") for i, r in enumerate(read_dataset(source, split, subset, size))]
     if size is not None and not (isinstance(source, str) and source.startswith("reasoning_gym:")):
         rows = rows[:size]
-    for i, row in enumerate(rows):
-        check_row(row, f"row {i}")
+    if exclude:
+        drop = set(exclude)
+        rows = [r for i, r in enumerate(rows) if i not in drop]
     if not rows:
         raise ValueError(f"dataset {source!r} has no rows")
     return rows
 
 
-def read_jsonl(path) -> list[dict]:
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+
+
+def read_dataset(source: str, split: str, subset: str | None, size: int | None) -> list[dict]:
+    """Records of a file, folder or hub dataset through the ``datasets`` library (a single file is one split)."""
+    import datasets
+
+    path = Path(source)
+    if path.is_file():
+        builder = FILE_FORMATS.get("".join(path.suffixes[-1:]).lower())
+        if builder is None:
+            raise ValueError(f"dataset file {source} has an unknown format; known: .jsonl and {sorted(FILE_FORMATS)}")
+        data = datasets.load_dataset(builder, data_files=str(path), split="train")
+    elif path.is_dir():
+        saved = (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+        data = datasets.load_from_disk(str(path)) if saved else _split_of(datasets.load_dataset, source, split, subset)
+        if isinstance(data, datasets.DatasetDict):
+            data = _pick(data, split, source)
+    elif not HUB_ID.match(source) or path.suffix.lower() in FILE_FORMATS:
+        raise FileNotFoundError(f"dataset file or folder {source} does not exist; check the path")
+    elif hub_offline():
+        raise FileNotFoundError(
+            f"dataset {source!r} is not a local file or folder, and the hub is offline (HF_HUB_OFFLINE or "
+            "HF_DATASETS_OFFLINE is 1): unset it to download the hub dataset, or pass a local path"
+        )
+    else:
+        data = _split_of(datasets.load_dataset, source, split, subset)
+    if size is not None and size < len(data):
+        data = data.select(range(size))
+    return data.to_list()
+
+
+def _split_of(load, source: str, split: str, subset: str | None):
+    try:
+        return load(source, subset, split=split)
+    except ValueError as e:
+        if "split" not in str(e).lower():
+            raise
+        raise ValueError(f"dataset {source!r} has no split {split!r} ({e}); set train_split/eval_split") from None
+
+
+def _pick(data, split: str, source: str):
+    if split not in data:
+        raise ValueError(f"dataset {source!r} has no split {split!r}; its splits: {sorted(data)} (set "
+                         "train_split/eval_split)")  # fmt: skip
+    return data[split]
+
+
+def as_row(record: dict, prompt_column: str | None, answer_column: str | None, where: str) -> dict:
+    """A dataset record as a row: the prompt from ``prompt_column`` (a string -> ``prompt``, a list of messages ->
+    ``messages``; None: ``messages`` or ``prompt``, whichever the record has), the reference answer from
+    ``answer_column`` copied to ``gt_answer``; a dotted name reads inside a mapping column
+    (``reward_model.ground_truth``). Raises naming ``where`` when the row has no usable prompt."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a mapping of columns, got {type(record).__name__}")
+    row = dict(record)
+    if prompt_column is not None or isinstance(row.get("prompt"), list):
+        name = prompt_column or "prompt"
+        value = _lookup(record, name, where)
+        if "." not in name:
+            del row[name]
+        row.pop("prompt", None)
+        row["messages" if isinstance(value, list) else "prompt"] = value
+    if answer_column is not None:
+        value = _lookup(record, answer_column, where)
+        row["gt_answer"] = value if isinstance(value, str) or value is None else str(value)
+    check_row(row, where)
+    return row
+
+
+def _lookup(record: dict, name: str, where: str):
+    value = record
+    for i, part in enumerate(name.split(".")):
+        if not isinstance(value, dict) or part not in value:
+            have = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"{where}: no column {'.'.join(name.split('.')[: i + 1])!r} (has {have}); check "
+                             "prompt_column/answer_column")  # fmt: skip
+        value = value[part]
+    return value
+
+
+def read_jsonl(path, columns: tuple[str | None, str | None] = (None, None)) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"dataset file {path} does not exist")
@@ -60,8 +159,7 @@ def read_jsonl(path) -> list[dict]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from e
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            check_row(row, f"{path}:{lineno}")
-            rows.append(row)
+            rows.append(as_row(row, *columns, f"{path}:{lineno}"))
     return rows
 
 
@@ -76,7 +174,8 @@ def check_row(row: dict, where: str) -> None:
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise ValueError(f"{where}: 'prompt' must be a non-empty string")
     else:
-        raise ValueError(f"{where}: needs 'messages' or 'prompt'; has {sorted(row)}")
+        raise ValueError(f"{where}: needs 'messages' or 'prompt'; has {sorted(row)} (prompt_column names the column "
+                         "holding the prompt)")  # fmt: skip
 
 
 def reasoning_gym_rows(task: str, size: int, seed: int) -> list[dict]:
@@ -103,6 +202,28 @@ def _number(text: str):
         except ValueError:
             pass
     return text
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a row becomes prompt tokens: through the tokenizer's chat template (with ``system_prompt`` first when
+    set), or with ``raw`` the row's prompt text as it is (base models; no template, no system prompt)."""
+
+    system_prompt: str | None = None
+    raw: bool = False
+
+    def __post_init__(self):
+        if self.raw and self.system_prompt:
+            raise ValueError("raw_prompt tokenizes the prompt text as it is, so system_prompt has nowhere to go; put "
+                             "it in the prompts or turn raw_prompt off")  # fmt: skip
+
+    def encode(self, tokenizer, row: dict) -> list[int]:
+        if self.raw:
+            if "prompt" not in row:
+                raise ValueError("raw_prompt needs a 'prompt' string in every row; this row has chat 'messages' "
+                                 "(turn raw_prompt off to use the chat template)")  # fmt: skip
+            return list(tokenizer(row["prompt"])["input_ids"])
+        return encode_prompt(tokenizer, row, self.system_prompt)
 
 
 def encode_prompt(tokenizer, row: dict, system_prompt: str | None = None) -> list[int]:

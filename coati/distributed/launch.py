@@ -63,8 +63,12 @@ def _launch_once(config: Config, on_step) -> dict:
     plan = preflight(cfg, train_model_path=model, inference_model_path=m.inference_path or model,
                      tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
                      cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
-                     sleep_while_training=r.sleep_while_training,
-                     in_flight_weight_updates=r.in_flight_weight_updates)  # fmt: skip
+                     sleep_while_training=r.sleep_while_training, in_flight_weight_updates=r.in_flight_weight_updates,
+                     raw_prompt=config.data.raw_prompt, filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
+    for what, n in plan.overlong.items():
+        if n:
+            log.warning("dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens "
+                        "(filter_overlong_prompts)", n, what, cfg.generation.max_prompt_tokens)  # fmt: skip
     total_steps = min(cfg.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
     record = run_record(cfg, plan, r.seed, r.max_staleness)
     folder, checkpoint = claim_save_dir(r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps,
@@ -212,9 +216,14 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
         "dataset": {"rows": plan.dataset_digest},  # the content, wherever the file now lies
         "seed": seed,
         "max_staleness": max_staleness,
-        "system_prompt": plan.system_prompt,
+        "system_prompt": plan.prompt_format.system_prompt,
+        "raw_prompt": plan.prompt_format.raw,
     }  # fmt: skip
-    return {"config": config_dict(cfg), "identity": identity}
+    spec = plan.train_dataset
+    dataset = {"source": spec["source"] if isinstance(spec["source"], str) else f"{len(spec['source'])} rows given",
+               **{k: spec[k] for k in ("split", "subset", "prompt_column", "answer_column", "size") if spec.get(k)},
+               "rows": plan.num_rows, "overlong_dropped": plan.overlong.get("train", 0)}  # fmt: skip
+    return {"config": config_dict(cfg), "identity": identity, "dataset": dataset}
 
 
 def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, model_path, keep_checkpoints):

@@ -100,7 +100,7 @@ class Run:
 
         self._settle()  # a round in flight lands in the buffer, which the checkpoint holds
         meta = {"version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name,
-                "identity": self.record.get("identity", {})}  # fmt: skip
+                "identity": self.record.get("identity", {}), "dataset": self.record.get("dataset", {})}  # fmt: skip
         self.last_checkpoint = write_checkpoint(self.actors, manager, step, self.buffer.state(), meta)
         return self.last_checkpoint
 

@@ -22,10 +22,13 @@ class Plan:
     eval_dataset: dict | None
     num_rows: int
     steps_per_episode: int
-    system_prompt: str | None
+    prompt_format: object
+    """``data.PromptFormat``: chat template and system prompt, or raw text"""
     inference_options: dict
     dataset_digest: str
     """a hash of the training rows: a checkpoint records it, so a resume on other data is refused"""
+    overlong: dict
+    """{"train": n, "eval": n}: rows dropped for prompts over max_prompt_tokens (filter_overlong_prompts)"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -44,12 +47,13 @@ def resolve_model_path(path: str, what: str) -> str:
 
 def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
               eval_dataset, cpus_per_actor, colocate=False, inference_options=None,
-              sleep_while_training=False, in_flight_weight_updates=False) -> Plan:  # fmt: skip
+              sleep_while_training=False, in_flight_weight_updates=False, raw_prompt=False,
+              filter_overlong=False) -> Plan:  # fmt: skip
     """Every check that needs no actor, so bad input fails before anything starts."""
     import ray
     from transformers import AutoConfig, AutoTokenizer
 
-    from coati.distributed.data import encode_prompt, load_rows
+    from coati.distributed.data import PromptFormat, load_rows
     from coati.distributed.inference import backend_class
     from coati.distributed.placement import alive_nodes, plan_placement
 
@@ -58,7 +62,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     tokenizer_path = resolve_model_path(tokenizer_path, "tokenizer")
     backend_class(cfg.producer.backend).check_options(inference_options or {})
     train_dataset = dict(train_dataset)
-    system_prompt = train_dataset.pop("system_prompt", None)
+    prompt_format = PromptFormat(train_dataset.pop("system_prompt", None), raw_prompt)
     eval_dataset = dict(eval_dataset) if eval_dataset else None
     if eval_dataset:
         eval_dataset.pop("system_prompt", None)
@@ -74,16 +78,19 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
             )
     rows = load_rows(**train_dataset)
     eval_rows = load_rows(**eval_dataset) if eval_dataset else []
+    overlong = {}
+    for what, spec, data in (("train", train_dataset, rows), ("eval", eval_dataset, eval_rows)):
+        over = overlong_rows(data, prompt_format, tokenizer, cfg.generation.max_prompt_tokens, what, filter_overlong)
+        if over:  # the producers read the same rows and leave these out
+            spec["exclude"], drop = tuple(over), set(over)
+            data[:] = [row for i, row in enumerate(data) if i not in drop]
+            if not data:
+                raise ValueError(f"every {what} row's prompt is over max_prompt_tokens="
+                                 f"{cfg.generation.max_prompt_tokens}; raise it")  # fmt: skip
+        overlong[what] = len(over)
     check_reward_inputs(cfg, rows, "training set")
     if eval_rows:
         check_reward_inputs(cfg, eval_rows, "eval set")
-    for i, row in enumerate(rows + eval_rows):
-        n = len(encode_prompt(tokenizer, row, system_prompt))
-        if n > cfg.generation.max_prompt_tokens:
-            raise ValueError(
-                f"prompt of row {i} has {n} tokens > max_prompt_tokens={cfg.generation.max_prompt_tokens}; "
-                "raise max_prompt_tokens or drop the row"
-            )
     per_step = cfg.global_train_batch_size
     if len(rows) < per_step:
         raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
@@ -102,8 +109,22 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     from coati.distributed.checkpoint import rows_digest
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-                eval_dataset, len(rows), len(rows) // per_step, system_prompt, dict(inference_options or {}),
-                rows_digest(rows))  # fmt: skip
+                eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
+                rows_digest(rows), overlong)  # fmt: skip
+
+
+def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: str, drop: bool) -> list[int]:
+    """Indices of the rows whose prompts have more than ``limit`` tokens: refused, or returned when ``drop``."""
+    over = []
+    for i, row in enumerate(rows):
+        n = len(prompt_format.encode(tokenizer, row))
+        if n > limit and not drop:
+            raise ValueError(f"{what} row {i}'s prompt has {n} tokens > max_prompt_tokens={limit}; raise "
+                             "max_prompt_tokens, or drop such rows with filter_overlong_prompts "
+                             "(--filter-overlong-prompts)")  # fmt: skip
+        if n > limit:
+            over.append(i)
+    return over
 
 
 def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
@@ -130,16 +151,25 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
                 )
 
 
+DATASET_KEYS = ("path", "rows", "size", "seed", "system_prompt", "split", "subset", "prompt_column",
+                "answer_column", "exclude")  # fmt: skip
+
+
 def dataset_kwargs(spec: dict) -> dict:
-    """A dataset config as ``load_rows`` arguments, its file made absolute (actors run elsewhere)."""
+    """A dataset config as ``load_rows`` arguments, a local file or folder made absolute (actors run elsewhere)."""
     spec = dict(spec)
     source = spec.pop("path", None) or spec.pop("rows", None) or spec.pop("source", None)
     out = {"source": source, "size": spec.pop("size", None), "seed": spec.pop("seed", 0)}
     if out["source"] is None:
-        raise ValueError("dataset config needs 'path' (a JSONL file or reasoning_gym:<task>) or 'rows' (a list)")
+        raise ValueError("dataset config needs 'path' (a dataset file, folder, hub id or reasoning_gym:<task>) or "
+                         "'rows' (a list)")  # fmt: skip
+    for key in ("split", "subset", "prompt_column", "answer_column", "exclude"):
+        if spec.get(key) is not None:
+            out[key] = spec.pop(key)
+        spec.pop(key, None)
     if spec:
-        raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: path, rows, size, seed, system_prompt")
-    if isinstance(source, str) and not source.startswith("reasoning_gym:"):
+        raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: {', '.join(DATASET_KEYS)}")
+    if isinstance(source, str) and not source.startswith("reasoning_gym:") and os.path.exists(source):
         out["source"] = os.path.abspath(source)
     size = out["size"]
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):

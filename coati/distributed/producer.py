@@ -17,7 +17,7 @@ import torch
 from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardConfig
-from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
+from coati.distributed.data import DataCursor, PromptFormat, load_rows, reward_fields
 from coati.distributed.forward import generation_dtype
 from coati.distributed.rollout import RolloutBatch, oldest_versions
 
@@ -40,7 +40,7 @@ class Producer:
         reward: RewardConfig,
         num_generations: int,
         microbatch_size: int,
-        system_prompt: str | None = None,
+        prompt_format: PromptFormat = PromptFormat(),
         eval_dataset: dict | None = None,
         seed: int = 0,
         backend_options: dict | None = None,
@@ -57,7 +57,7 @@ class Producer:
         self.dataset_spec, self.eval_spec = dataset, eval_dataset
         self.reward = reward
         self.n, self.microbatch_size = num_generations, microbatch_size
-        self.system_prompt, self.seed = system_prompt, seed
+        self.prompt_format, self.seed = prompt_format, seed
         self.backend_options = dict(backend_options or {})
         self.version = 0
         self.weight_groups: list[str] = []
@@ -116,7 +116,7 @@ class Producer:
             chunk = picks[lo : lo + self.microbatch_size]
             rows = [self.rows[i] for _, i in chunk]
             t0 = time.perf_counter()
-            batch = self.backend.generate([encode_prompt(self.tokenizer, r, self.system_prompt) for r in rows], self.n)
+            batch = self.backend.generate([self.prompt_format.encode(self.tokenizer, r) for r in rows], self.n)
             gen_s += time.perf_counter() - t0
             futures.extend(self._submit_rewards(batch, rows))
             batch.extras["prompt_index"] = np.repeat(np.array([i for _, i in chunk], dtype=np.int64), self.n)
@@ -201,7 +201,7 @@ class Producer:
         ok, lenient, errors, first_error = 0, 0, 0, ""
         for lo in range(0, len(rows), self.microbatch_size):
             chunk = rows[lo : lo + self.microbatch_size]
-            batch = self.backend.generate([encode_prompt(self.tokenizer, r, self.system_prompt) for r in chunk], 1, greedy=True)
+            batch = self.backend.generate([self.prompt_format.encode(self.tokenizer, r) for r in chunk], 1, greedy=True)
             for f in self._submit_rewards(batch, chunk):
                 r = f.result()
                 ok += bool(r.answer_ok)

@@ -52,8 +52,11 @@ class DataConfig:
     """Training and held-out prompts."""
 
     train: str | list = DEFAULT_TASK
-    """training prompts: a JSONL file, reasoning_gym:<task>?<options>, or (from Python or a config file) a list of
-    rows"""
+    """training prompts: a JSONL, parquet, JSON, arrow or CSV file, a folder of them or one written by
+    Dataset.save_to_disk, a hub dataset id (when the hub is reachable), reasoning_gym:<task>?<options>, or (from
+    Python or a config file) a list of rows"""
+    train_split: str = "train"
+    """the split of a dataset folder or hub dataset used for training (a single file is one split)"""
     train_size: int | None = None
     """training rows: 512 drawn from a reasoning-gym task unless set; a file or list is used whole unless set"""
     train_seed: int | None = None
@@ -63,8 +66,25 @@ class DataConfig:
     no evaluation)"""
     eval_size: int | None = 96
     """held-out rows (None: the whole file or list)"""
+    eval_split: str = "test"
+    """the split of a dataset folder or hub dataset used for evaluation (a single file is one split)"""
     eval_seed: int | None = None
     """seed that draws a reasoning-gym held-out set (None: the training seed + 10000)"""
+    subset: str | None = None
+    """the configuration of a hub dataset (load_dataset's name, e.g. "main" for openai/gsm8k)"""
+    prompt_column: str | None = None
+    """the column holding the prompt: a string, or a list of chat messages (None: 'messages' or 'prompt'); a dotted
+    name reads inside a mapping column"""
+    answer_column: str | None = None
+    """the column holding the reference answer, copied to gt_answer (the column the math rewards read); a dotted
+    name reads inside a mapping column, e.g. reward_model.ground_truth in verl's parquet files (None: gt_answer as
+    it is)"""
+    filter_overlong_prompts: bool = False
+    """drop the rows whose prompts have more than max_prompt_tokens tokens (counted and logged at start-up) instead
+    of refusing the dataset"""
+    raw_prompt: bool = False
+    """tokenize each row's prompt text as it is, without the chat template (base models); needs a 'prompt' string
+    per row and no system_prompt"""
     system_prompt: str | None = None
     """system prompt added to every prompt"""
 
@@ -74,20 +94,31 @@ class DataConfig:
         for name in ("train_size", "eval_size"):
             if getattr(self, name) is not None:
                 _positive(self, name)
+        self.prompt_format()  # raw_prompt with a system prompt is refused now
+
+    def prompt_format(self):
+        from coati.distributed.data import PromptFormat
+
+        return PromptFormat(self.system_prompt, self.raw_prompt)
 
     def datasets(self, run_seed: int) -> tuple[dict, dict | None]:
         """(the training set, the held-out set or None) as the preflight reads them."""
         gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")
         seed = run_seed if self.train_seed is None else self.train_seed
+        columns = {k: v for k, v in (("subset", self.subset), ("prompt_column", self.prompt_column),
+                                     ("answer_column", self.answer_column)) if v is not None}  # fmt: skip
         train = {"rows" if isinstance(self.train, list) else "path": self.train, "seed": seed,
-                 "size": DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size}  # fmt: skip
+                 "size": DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size, **columns}  # fmt: skip
+        if self.train_split != "train":
+            train["split"] = self.train_split
         if self.system_prompt is not None:
             train["system_prompt"] = self.system_prompt
         source = self.eval if self.eval is not None else (self.train if gym else None)
         if source is None:
             return train, None
         held_out = {"rows" if isinstance(source, list) else "path": source, "size": self.eval_size,
-                    "seed": seed + 10_000 if self.eval_seed is None else self.eval_seed}  # fmt: skip
+                    "seed": seed + 10_000 if self.eval_seed is None else self.eval_seed, "split": self.eval_split,
+                    **columns}  # fmt: skip
         return train, held_out
 
 

@@ -56,3 +56,8 @@ def trl_style(prompts, completions, **kwargs):
 
 def typed_options(completions, scale: float = 1.0, shout: bool = False, **fields):
     return [scale * (2.0 if shout else 1.0) for _ in completions]
+
+
+def gt_as_reward(completions, gt_answer, **fields):
+    """The row's reference answer as the reward (to check that a mapped answer column reaches the reward)."""
+    return [RewardResult(float(a), True, float(a) > 0) for a in gt_answer]

@@ -94,3 +94,81 @@ def test_a_take_ends_even_when_every_row_would_be_skipped():
     for row in range(4):
         c.record(row, True)
     assert len(c.take(6)) == 6 and c.skipped == 4
+
+
+# ---- datasets through the datasets library ------------------------------------------------------------------------
+
+VERL_ROWS = [{"data_source": "t", "prompt": [{"role": "user", "content": f"q{i}"}],
+              "reward_model": {"style": "rule", "ground_truth": i}} for i in range(6)]  # fmt: skip
+
+
+def test_a_verl_parquet_file_maps_its_prompt_and_nested_answer(tmp_path):
+    import datasets
+
+    path = tmp_path / "train.parquet"
+    datasets.Dataset.from_list(VERL_ROWS).to_parquet(str(path))
+    rows = load_rows(str(path), answer_column="reward_model.ground_truth")
+    assert [r["messages"] for r in rows] == [r["prompt"] for r in VERL_ROWS]
+    assert [r["gt_answer"] for r in rows] == [str(i) for i in range(6)]  # numbers become the text the verifier reads
+    assert "prompt" not in rows[0] and rows[0]["data_source"] == "t"  # other columns reach the reward by name
+    assert len(load_rows(str(path), size=4, exclude=(1,))) == 3  # the first 4, less the dropped one
+    with pytest.raises(ValueError, match=r"row 0: no column 'reward_model.truth' \(has \['ground_truth', 'style'\]\)"):
+        load_rows(str(path), answer_column="reward_model.truth")
+
+
+def test_json_csv_and_arrow_files_and_a_string_prompt_column(tmp_path):
+    import datasets
+
+    data = datasets.Dataset.from_list([{"question": f"what is {i}+{i}?", "answer": 2 * i} for i in range(5)])
+    data.to_json(str(tmp_path / "d.json"))
+    data.to_csv(str(tmp_path / "d.csv"))
+    data.save_to_disk(str(tmp_path / "saved"))
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    for source in (tmp_path / "d.json", tmp_path / "d.csv", arrow, tmp_path / "saved"):
+        rows = load_rows(str(source), prompt_column="question", answer_column="answer")
+        assert [(r["prompt"], r["gt_answer"]) for r in rows] == [(f"what is {i}+{i}?", str(2 * i)) for i in range(5)]
+        assert "question" not in rows[0], source
+    with pytest.raises(ValueError, match=r"needs 'messages' or 'prompt'; has \['answer', 'question'\] \(prompt_column"):
+        load_rows(str(tmp_path / "d.json"))
+
+
+def test_folder_splits_are_chosen_by_name_and_a_missing_one_is_named(tmp_path):
+    import datasets
+
+    folder = tmp_path / "gsm"
+    folder.mkdir()
+    for split, n in (("train", 5), ("test", 3)):
+        datasets.Dataset.from_list([{"prompt": f"{split} {i}"} for i in range(n)]).to_parquet(str(folder / f"{split}.parquet"))
+    assert [r["prompt"] for r in load_rows(str(folder))] == [f"train {i}" for i in range(5)]
+    assert [r["prompt"] for r in load_rows(str(folder), split="test")] == [f"test {i}" for i in range(3)]
+    with pytest.raises(ValueError, match="no split 'validation'"):
+        load_rows(str(folder), split="validation")
+    saved = tmp_path / "saved_dict"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a"}]),
+                          "dev": datasets.Dataset.from_list([{"prompt": "b"}])}).save_to_disk(str(saved))  # fmt: skip
+    assert load_rows(str(saved), split="dev") == [{"prompt": "b"}]
+    with pytest.raises(ValueError, match=r"no split 'test'; its splits: \['dev', 'train'\]"):
+        load_rows(str(saved), split="test")
+
+
+def test_missing_paths_and_offline_hub_ids_say_which(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="hub is offline"):
+        load_rows("openai/gsm8k")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_rows("data/train.parquet")
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(ValueError, match="unknown format"):
+        load_rows(str(tmp_path / "d.txt"))
+
+
+def test_raw_prompts_skip_the_chat_template():
+    from coati.distributed.data import PromptFormat
+
+    tok = char_tokenizer()
+    assert tok.decode(PromptFormat(raw=True).encode(tok, {"prompt": "2+2="})) == "2+2="
+    assert tok.decode(PromptFormat().encode(tok, {"prompt": "2+2="})) == "user: 2+2=\nassistant: "
+    with pytest.raises(ValueError, match="raw_prompt needs a 'prompt' string"):
+        PromptFormat(raw=True).encode(tok, {"messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(ValueError, match="system_prompt has nowhere to go"):
+        PromptFormat("sys", raw=True)
