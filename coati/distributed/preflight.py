@@ -32,16 +32,30 @@ class Plan:
 
 
 def resolve_model_path(path: str, what: str) -> str:
-    """An absolute local folder (actors run in other working directories, possibly on other nodes), or a hub id
-    when the hub is reachable."""
+    """An absolute local folder (actors run in other working directories, possibly on other nodes), or a hub model
+    id when the hub is reachable: downloaded here first into the Hugging Face cache, so a missing, gated or
+    unreachable model fails before any actor starts (actors load it by id: from that cache on this node, from the
+    hub on others)."""
+    from coati.distributed.data import HUB_ID, hub_offline
+
     if not isinstance(path, str) or not path:
         raise ValueError(f"{what} path must be a non-empty string, got {path!r}")
     if os.path.isdir(path):
         if not os.path.exists(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{what} folder {path} has no config.json; pass a Hugging Face model folder")
         return os.path.abspath(path)
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.path.sep in path or path.startswith("."):
-        raise FileNotFoundError(f"{what} {path!r} is not a local folder (and the hub is offline); check the path")
+    if not HUB_ID.match(path):
+        raise FileNotFoundError(f"{what} {path!r} is not a local folder (nor a hub id, owner/name); check the path")
+    if hub_offline():
+        raise FileNotFoundError(f"{what} {path!r} is not a local folder, and the hub is offline (HF_HUB_OFFLINE=1): "
+                                "unset HF_HUB_OFFLINE to download it, or pass a local folder")  # fmt: skip
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(path)
+    except Exception as e:  # network, gated, missing: all end here, before any actor starts
+        raise FileNotFoundError(f"{what} {path!r} is not a local folder, and fetching it from the hub failed: "
+                                f"{type(e).__name__}: {str(e).splitlines()[0]}") from e  # fmt: skip
     return path
 
 

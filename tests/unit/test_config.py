@@ -144,3 +144,24 @@ def test_compute_dtype_auto_is_bf16_only_over_fp32_weights_on_native_bf16_hardwa
     assert resolve_compute_dtype("auto", cpu, "bf16") == "fp32"  # the weights are bf16 already: no autocast on top
     assert resolve_compute_dtype("auto", cpu, "fp32") == ("bf16" if native_bf16(cpu) else "fp32")
     assert resolve_compute_dtype("auto", cpu, "fp32", tp_size=2) == "fp32"  # TP layers' backward ignores autocast
+
+
+def test_model_paths_and_hub_ids_are_told_apart(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from coati.distributed.preflight import resolve_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and the hub is "
+                                                r"offline \(HF_HUB_OFFLINE=1\)"):  # fmt: skip
+        resolve_model_path("HuggingFaceTB/SmolLM2-135M", "train model")
+    with pytest.raises(FileNotFoundError, match=r"'\./models/x' is not a local folder \(nor a hub id"):
+        resolve_model_path("./models/x", "train model")
+    # Online (this machine has no route to the hub): the download is tried, and its failure named, before any actor.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and fetching it "
+                                                r"from the hub failed: \w+"):  # fmt: skip
+        resolve_model_path("HuggingFaceTB/SmolLM2-135M", "train model")
