@@ -183,11 +183,13 @@ class ActorGroups:
         threads = self.threads(True, training)[0]
         return [p.generate.remote(k, t) for p, k, t in zip(self.producers, sizes, threads, strict=True) if k > 0]
 
-    def train(self, batch_ref, generating: bool) -> list:
-        """Start a training step, alongside rollouts (``generating``) or alone; returns the refs."""
+    def train(self, batch_ref, generating: bool, total_steps: int | None = None) -> list:
+        """Start a training step of a run of ``total_steps``, alongside rollouts (``generating``) or alone; returns
+        the refs."""
         threads = self.threads(generating, True)[1]
         self.train_calls += 1
-        return [c.train_step.remote(batch_ref, t, self.train_calls) for c, t in zip(self.consumers, threads, strict=True)]
+        return [c.train_step.remote(batch_ref, t, self.train_calls, total_steps)
+                for c, t in zip(self.consumers, threads, strict=True)]  # fmt: skip
 
     def evaluate(self) -> list[dict]:
         threads = self.threads(True, False)[0]

@@ -13,6 +13,8 @@ import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from coati.distributed.schedule import SCHEDULES
+
 
 def field_docs(cls) -> dict[str, str]:
     """The string literal under each annotated field of dataclass ``cls`` (and its bases)."""
@@ -291,7 +293,17 @@ class ConsumerConfig:
     its longest prompt and response, each group's prompt once when shared); rows go in by length, at least one group
     per pass"""
     learning_rate: float = 2e-5
-    """optimizer learning rate"""
+    """optimizer learning rate (the peak, under a schedule)"""
+    lr_schedule: str = "constant"
+    """learning-rate schedule after the warmup: constant, linear or cosine (decaying to min_lr_ratio x learning_rate
+    by the run's last step)"""
+    warmup_steps: int = 0
+    """training steps over which the learning rate rises linearly to learning_rate (per optimizer step; 0: none)"""
+    min_lr_ratio: float = 0.0
+    """the fraction of learning_rate a linear or cosine schedule ends at"""
+    gradient_checkpointing: bool = False
+    """recompute each decoder layer's activations in the backward pass instead of keeping them (less memory, about
+    a third more compute); each row's prompt is then computed in full (the recompute keeps no KV cache)"""
     weight_decay: float = 0.0
     """optimizer weight decay"""
     max_grad_norm: float = 1.0
@@ -320,6 +332,10 @@ class ConsumerConfig:
         _positive(self, "train_microbatch_tokens")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
         _require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        _require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
+        _require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+                 f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")  # fmt: skip
+        _require(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _require(self.compute_dtype in ("auto", "fp32", "bf16"),
                  f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}")  # fmt: skip
         _require(

@@ -27,6 +27,7 @@ from coati.distributed.forward import (
     trim_padding,
 )
 from coati.distributed.rollout import RolloutBatch
+from coati.distributed.schedule import lr_factor
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
 
@@ -94,6 +95,8 @@ class GRPOConsumer:
         torch.manual_seed(self.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.config.use_cache = False
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.vocab_size = model.config.vocab_size
         # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
         # ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights are cast,
@@ -120,7 +123,7 @@ class GRPOConsumer:
         if self.algo.beta > 0 and self.is_last_stage:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)
-        self.step_count = 0
+        self.step_count, self.lr = 0, self.cfg.learning_rate
         self._warned_unavailable = False
         self.share_prompts = self._can_share_prompts()
         self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision, p.tp_size)
@@ -130,7 +133,9 @@ class GRPOConsumer:
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
-                "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype}  # fmt: skip
+                "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
+                "gradient_checkpointing": self.model.unwrap().is_gradient_checkpointing,
+                "shares_prompts": self.share_prompts}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -156,8 +161,14 @@ class GRPOConsumer:
 
         inner.step = guarded_step
 
-    def _optimizer_step(self, losses: list[float]) -> None:
-        """One optimizer step, skipped when any rank's loss of it was not finite (agreed over the whole world)."""
+    def _optimizer_step(self, losses: list[float], minibatch: int, per_step: int) -> None:
+        """Optimizer step ``minibatch`` of ``per_step`` in this training step, at the schedule's learning rate;
+        skipped when any rank's loss of it was not finite (agreed over the whole world)."""
+        c = self.cfg
+        self.lr = c.learning_rate * lr_factor(self.step_count * per_step + minibatch, self.total_steps * per_step,
+                                              c.lr_schedule, c.warmup_steps * per_step, c.min_lr_ratio)  # fmt: skip
+        for group in self.optimizer.optim.param_groups:
+            group["lr"] = self.lr
         bad = torch.tensor([0.0 if all(np.isfinite(losses)) else 1.0], device=self.device)
         if self.world_size > 1:
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
@@ -185,7 +196,9 @@ class GRPOConsumer:
             return False
         size = self.cfg.train_microbatch_size or self.n
         reason = ("pipeline stages pass hidden states, not caches" if self.cfg.plugin.pp_size > 1 else
-                  f"train_microbatch_size={size} is not a multiple of num_generations={self.n}" if size % self.n else "")
+                  "gradient checkpointing recomputes layers without their KV cache" if self.cfg.gradient_checkpointing
+                  else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}" if size % self.n
+                  else "")  # fmt: skip
         if reason and self.rank == 0:
             log.warning("share_prompt_forward: every row's prompt is computed in full (%s)", reason)
         return not reason
@@ -233,10 +246,13 @@ class GRPOConsumer:
             torch.set_num_threads(n)
         self.threads_used = max(self.threads_used, n)
 
-    def train_step(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict:
+    def train_step(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None,
+                   total_steps: int | None = None) -> dict:  # fmt: skip
         """One training step on the global batch of the step, with ``threads`` CPU threads (None: this actor's own;
-        a ``set_threads`` for the same ``call`` may raise it while the step runs); returns its metrics reduced over
-        every DP rank."""
+        a ``set_threads`` for the same ``call`` may raise it while the step runs), of a run of ``total_steps`` (the
+        learning-rate schedule's horizon); returns its metrics reduced over every DP rank."""
+        assert total_steps is not None or self.cfg.lr_schedule == "constant", "a decaying schedule needs its horizon"
+        self.total_steps = total_steps or self.step_count + 1
         self.call, self.threads, self.threads_used = call, threads or self.base_threads, 0
         try:
             return self._train_step(batch)
@@ -284,7 +300,7 @@ class GRPOConsumer:
                     old_lp[local] if old_lp is not None else None, ref_lp[local] if ref_lp is not None else None,
                 ))  # fmt: skip
                 step_loss += losses[-1]
-                self._optimizer_step(losses)
+                self._optimizer_step(losses, m, num_minibatches)
                 continue
             order = self._by_length(batch, shard_rows, local)
             for chunk in self._chunks(batch, shard_rows[order]):
@@ -293,7 +309,7 @@ class GRPOConsumer:
                 loss = self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics)
                 losses.append(loss)
                 step_loss += loss / self.dp_size / num_minibatches
-            self._optimizer_step(losses)
+            self._optimizer_step(losses, m, num_minibatches)
         self.step_count += 1
         out = metrics.reduce(self._dp_all_reduce if self.dp_size > 1 else None)
         if self.dp_size > 1:
@@ -301,7 +317,7 @@ class GRPOConsumer:
         out["loss/policy"] = float(step_loss)
         out["time/train_step"] = time.perf_counter() - start
         out["actor/threads"] = self.threads_used
-        out["actor/lr"] = self.cfg.learning_rate
+        out["actor/lr"] = self.lr  # the step's last optimizer step's
         finite = [n for n, skipped in self._step_log if not skipped]
         out["actor/grad_norm"] = float(np.mean(finite)) if finite else float("nan")
         out["actor/skipped_steps"] = sum(skipped for _, skipped in self._step_log)

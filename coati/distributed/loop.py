@@ -237,7 +237,7 @@ class Run:
             batch = self._take(step)
             t_rollout = time.perf_counter() - t0
             asleep = self.actors.sleep() if self.sleep_while_training else {}
-            train_refs = self.actors.train(ray.put(batch), generating=self._fills_while_training(step, total))
+            train_refs = self.actors.train(ray.put(batch), self._fills_while_training(step, total), total)
             t1 = time.perf_counter()
             if self.max_staleness >= 1 and step < total:
                 self._fill_while_training(train_refs, step, total)
