@@ -1,5 +1,5 @@
 """A whole job as the command line runs it: Ray (joining ``run.address`` or starting a local cluster), the run folder,
-the reporter (progress bar, metrics.jsonl, plots, wandb), then ``launch``. Returns the run's summary."""
+the reporter (progress bar, plots, the loggers of ``run.report_to``), then ``launch``. Returns the run's summary."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def run_job(config: Config) -> dict:
             ray.init(address=r.address)
         elif not ray.is_initialized():
             ray.init(include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
-        reporter = Reporter(r.folder, use_wandb=r.wandb, project=r.project, config=dataclasses.asdict(config),
+        reporter = Reporter(r.folder, report_to=r.report_to, project=r.project, config=dataclasses.asdict(config),
                             progress=r.progress, append=bool(r.resume))  # fmt: skip
         result = launch(config, on_step=reporter.on_step)
         return reporter.finish(result)

@@ -16,6 +16,7 @@ import dataclasses
 from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
 from coati.distributed.config import AlgorithmConfig, LaunchConfig
 from coati.distributed.actor_group import RunError
+from coati.distributed.reporting import phase
 from coati.distributed.run_config import Config, config_from_dict
 
 __all__ = ["ALGO_MAP", "Config", "launch", "launch_distributed", "resolve_algorithm"]
@@ -82,10 +83,14 @@ def _launch_once(config: Config, on_step) -> dict:
               follow_work=r.threads_follow_work)  # fmt: skip
     run.record = record
     try:
+        phase(f"starting {cfg.producer.num_producers} producer(s) and {cfg.consumer.num_consumer_procs} consumer(s): "
+              "loading models")  # fmt: skip
         run.start_actors()
         run.connect_weight_group()
         if checkpoint is not None:
+            phase(f"restoring {checkpoint.name}")
             run.restore(str(checkpoint))
+        phase("first weight push")
         run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
         return run.loop(max_steps=r.max_steps, eval_interval=r.eval_interval, save_interval=r.save_interval,
                         save_dir=r.folder, on_step=on_step, keep_checkpoints=r.keep_checkpoints)  # fmt: skip

@@ -23,6 +23,7 @@ from coati.distributed.actor_group import ActorGroups, RunError, get, ready, wai
 from coati.distributed.config import LaunchConfig
 from coati.distributed.guards import RewardFailure, check_reward_failures
 from coati.distributed.preflight import Plan
+from coati.distributed.reporting import phase
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.rollout_buffer import RolloutBuffer
 from coati.distributed.step_metrics import rollout_metrics
@@ -231,8 +232,13 @@ class Run:
         history, evals = [], []
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
         if self.plan.eval_dataset and self.start_step == 0:
+            phase("evaluating before training")
             evals.append({"step": 0, **self.evaluate()})
+            if on_step is not None:
+                on_step(dict(evals[-1]))
         for step in range(self.start_step + 1, total + 1):
+            if step == self.start_step + 1:
+                phase(f"step {step}: first rollouts and training")
             t0 = time.perf_counter()
             batch = self._take(step)
             t_rollout = time.perf_counter() - t0

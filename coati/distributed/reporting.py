@@ -1,86 +1,122 @@
-"""What a run leaves behind: a progress bar, metrics.jsonl, samples.jsonl, evals.json, PNG plots, and (optionally)
-wandb. wandb runs offline when no API key is set and can be turned off; nothing here is needed to train."""
+"""What a run leaves behind: a progress bar that says what the run is doing, evals.json, summary.json, PNG plots,
+and whatever the loggers of ``run.report_to`` write (metrics.jsonl and samples.jsonl, TensorBoard event files, a
+wandb run; see ``loggers``). Nothing here is needed to train."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-import os
 import time
 from pathlib import Path
 
 PLOTS = {
-    "reward": ["reward/mean", "reward/train_batch_mean"],
-    "accuracy": ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient"],
-    "kl": ["loss/approx_kl", "loss/kl"],
-    "entropy": ["actor/entropy"],
-    "response_length": ["response/length_mean"],
+    "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),
+    "accuracy": ("fraction correct", ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict",
+                                      "eval/lenient"]),  # fmt: skip
+    "kl": ("KL (nats per token)", ["loss/approx_kl", "loss/kl"]),
+    "entropy": ("entropy (nats per token)", ["actor/entropy"]),
+    "response_length": ("response length (tokens)", ["response/length_mean"]),
+    "learning_rate": ("learning rate", ["actor/lr"]),
 }
+"""file name -> (y axis label, the series it draws); a series that is absent or zero at every step is not drawn (the
+KL with beta 0, say), and a plot with no series is not written"""
+SMOOTHING = 0.6
+"""weight of the past in the exponential moving average drawn over series of 10 points or more"""
+PHASES = logging.getLogger("coati.phase")
+"""the driver's phase messages ("starting 1 producer and 1 consumer", "evaluating before training", ...): shown on
+the progress bar by a reporter, otherwise at INFO level"""
+
+
+def phase(message: str) -> None:
+    PHASES.info(message)
 
 
 class Reporter:
-    def __init__(self, out_dir: str, total_steps: int | None = None, use_wandb: bool = False, project: str = "coati",
-                 config: dict | None = None, progress: bool = True, append: bool = False):  # fmt: skip
+    def __init__(self, out_dir: str, total_steps: int | None = None, report_to: tuple[str, ...] = ("jsonl",),
+                 project: str = "coati", config: dict | None = None, progress: bool = True, append: bool = False):  # fmt: skip
+        from coati.distributed.loggers import logger_class
+
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.out / "metrics.jsonl"
-        if not append:  # a resumed run keeps the metrics of the steps before the checkpoint
-            self.metrics_path.write_text("")
         self.history: list[dict] = []
         self.start = time.perf_counter()
-        self.bar = None
+        self.loggers = [logger_class(name)(self.out, project, config or {}, append) for name in report_to]
+        self.bar = self.phases = None
         if progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, desc="RL steps", unit="step", dynamic_ncols=True)
-        self.wandb = None
-        if use_wandb:
-            self.wandb = _start_wandb(project, config, self.out)
+            self.bar = tqdm(total=total_steps, desc="starting", unit="step", dynamic_ncols=True)
+            self.phases = _BarPhases(self.bar)
+            self.phases.saved = PHASES.level, PHASES.propagate
+            PHASES.addHandler(self.phases)
+            PHASES.setLevel(logging.INFO)
+            PHASES.propagate = False  # on the bar only
 
     def on_step(self, metrics: dict) -> None:
+        """A training step's metrics, or (step 0) the evaluation before training."""
         samples = metrics.pop("samples", None)
         metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
         metrics["time/elapsed"] = time.perf_counter() - self.start
-        self.history.append(metrics)
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        if samples:
-            with (self.out / "samples.jsonl").open("a") as f:
-                for s in samples:
-                    f.write(json.dumps({"step": metrics["step"], **s}) + "\n")
+        step = int(metrics["step"])
+        if step > 0:
+            self.history.append(metrics)
+        for logger in self.loggers:
+            logger.log(step, metrics)
+            if samples:
+                logger.completions(step, samples)
         if self.bar is not None:
-            if self.bar.total is None and "total_steps" in metrics:
-                self.bar.total = metrics["total_steps"]
-            tok_s = metrics.get("response/tokens", 0) / max(metrics.get("time/step", 1e-9), 1e-9)
-            post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
-                    "acc": f"{metrics.get('reward/lenient_accuracy', float('nan')):.2f}",
-                    "strict": f"{metrics.get('reward/strict_accuracy', float('nan')):.2f}", "tok/s": f"{tok_s:.0f}"}  # fmt: skip
-            post["reward_err"] = f"{metrics.get('reward/errors', 0)}/{metrics.get('reward/timeouts', 0)}t"
-            if metrics.get("actor/skipped_steps"):
-                post["skipped"] = metrics["actor/skipped_steps"]
-            if "eval/lenient" in metrics:
-                post["eval"] = f"{metrics['eval/lenient']:.3f}"
-            self.bar.set_postfix(post)
-            self.bar.update(1)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=int(metrics["step"]))
+            self._show(metrics)
+
+    def _show(self, metrics: dict) -> None:
+        if metrics["step"] == 0:
+            self.bar.set_postfix({"eval_lenient": f"{metrics.get('eval/lenient', float('nan')):.3f}"})
+            return
+        if self.bar.total is None and "total_steps" in metrics:
+            self.bar.total = metrics["total_steps"]
+        self.bar.set_description("RL steps")
+        tok_s = metrics.get("response/tokens", 0) / max(metrics.get("time/step", 1e-9), 1e-9)
+        post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
+                "train_lenient": f"{metrics.get('reward/lenient_accuracy', float('nan')):.2f}",
+                "train_strict": f"{metrics.get('reward/strict_accuracy', float('nan')):.2f}", "tok/s": f"{tok_s:.0f}"}  # fmt: skip
+        post["reward_err"] = f"{metrics.get('reward/errors', 0)}/{metrics.get('reward/timeouts', 0)}t"
+        if metrics.get("actor/skipped_steps"):
+            post["skipped"] = metrics["actor/skipped_steps"]
+        if "eval/lenient" in metrics:
+            post["eval_lenient"] = f"{metrics['eval/lenient']:.3f}"
+        self.bar.set_postfix(post)
+        self.bar.update(1)
 
     def finish(self, result: dict) -> dict:
         if self.bar is not None:
+            PHASES.removeHandler(self.phases)
+            PHASES.level, PHASES.propagate = self.phases.saved
             self.bar.close()
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,
                    "evals": result.get("evals", []), "final_model": result.get("final_model"), "plots": plots}  # fmt: skip
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        if self.wandb is not None:
-            self.wandb.finish()
+        for logger in self.loggers:
+            logger.close()
         return summary
 
 
+class _BarPhases(logging.Handler):
+    """Shows the driver's phase messages as the progress bar's description, so the minute of start-up before the
+    first step says what it is doing."""
+
+    def __init__(self, bar):
+        super().__init__(logging.INFO)
+        self.bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.bar.set_description(record.getMessage())
+
+
 def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> list[str]:
-    """One PNG per PLOTS entry with the series that the run recorded (evaluations, including the one before
-    training at step 0, come from ``evals``); returns the paths written."""
+    """One PNG per PLOTS entry that has a series to draw (evaluations, including the one before training at step 0,
+    come from ``evals``); long series are drawn faintly with their moving average over them. Returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,22 +124,28 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, keys in PLOTS.items():
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        drawn = 0
+    for name, (label, keys) in PLOTS.items():
+        series = {}
         for key in keys:
             source = evals if key.startswith("eval/") and evals else history
             pts = [(m["step"], m[key]) for m in source if key in m and isinstance(m[key], (int, float))
                    and math.isfinite(m[key])]  # fmt: skip
-            if pts:
-                ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=key)
-                drawn += 1
-        if not drawn:
-            ax.text(0.5, 0.5, f"no {name} data recorded", ha="center", va="center", transform=ax.transAxes)
+            if any(v != 0 for _, v in pts):
+                series[key] = pts
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key, pts in series.items():
+            steps, values = zip(*pts)
+            if len(pts) < 10:
+                ax.plot(steps, values, marker="o", label=key)
+                continue
+            (line,) = ax.plot(steps, values, alpha=0.3)
+            ax.plot(steps, ema(values, SMOOTHING), color=line.get_color(), label=f"{key} (EMA {SMOOTHING})")
         ax.set_xlabel("step")
-        ax.set_title(name)
-        if drawn:
-            ax.legend(fontsize=7)
+        ax.set_ylabel(label)
+        ax.set_title(name.replace("_", " "))
+        ax.legend(fontsize=7)
         fig.tight_layout()
         path = folder / f"{name}.png"
         fig.savefig(path, dpi=100)
@@ -112,10 +154,10 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
     return written
 
 
-def _start_wandb(project: str, config: dict | None, out: Path):
-    try:
-        import wandb
-    except ImportError as e:
-        raise ImportError("wandb logging was asked for but wandb is not installed: pip install wandb") from e
-    mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    return wandb.init(project=project, config=config or {}, dir=str(out), mode=mode)
+def ema(values, weight: float) -> list[float]:
+    """Exponential moving average, debiased at the start: s_t = weight s_{t-1} + (1 - weight) x_t, over 1 - weight^t."""
+    out, s = [], 0.0
+    for t, x in enumerate(values, 1):
+        s = weight * s + (1 - weight) * x
+        out.append(s / (1 - weight**t))
+    return out

@@ -176,13 +176,22 @@ class RunConfig:
     """CPUs Ray reserves per actor"""
     weight_sync_timeout_s: float = 300.0
     """seconds a weight push may take before the run stops naming who did not answer"""
-    wandb: bool = False
-    """log to wandb (offline unless WANDB_API_KEY is set)"""
+    report_to: tuple[str, ...] = ("jsonl",)
+    """where step metrics and sample completions go besides the run folder's summary and plots: any of jsonl
+    (metrics.jsonl, samples.jsonl), tensorboard (<run folder>/tensorboard), wandb (offline unless WANDB_API_KEY is
+    set); none: nothing"""
     progress: bool = True
     """show a progress bar"""
 
     def __post_init__(self):
         object.__setattr__(self, "resume_allow", tuple(self.resume_allow))
+        object.__setattr__(self, "report_to", tuple(self.report_to))
+        from coati.distributed.loggers import LOGGERS
+
+        unknown = [name for name in self.report_to if name not in LOGGERS]
+        _require(not unknown and len(set(self.report_to)) == len(self.report_to),
+                 f"report_to={list(self.report_to)}: each of {sorted(LOGGERS)} at most once"
+                 + (f" ({unknown} unknown)" if unknown else ""))  # fmt: skip
         if self.max_steps is not None:
             _positive(self, "max_steps")
         _positive(self, "num_episodes", "keep_checkpoints")

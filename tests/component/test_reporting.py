@@ -1,25 +1,72 @@
-"""The run reporter: metrics.jsonl, summary and plots, and the wandb run (offline, as without an API key)."""
+"""The run reporter and its loggers: metrics.jsonl and samples.jsonl, TensorBoard event files read back, the wandb run
+(offline, as without an API key), the evaluation before training logged as step 0, and plots of what was measured."""
 
 import json
+import logging
 from pathlib import Path
 
-from coati.distributed.reporting import Reporter
+import pytest
+
+from coati.distributed.reporting import PHASES, Reporter, ema, phase
 
 
-def test_reporter_writes_metrics_summary_plots_and_an_offline_wandb_run(tmp_path, monkeypatch):
+def steps():
+    for step, reward in [(1, 0.125), (2, 0.375)]:
+        yield {"step": step, "total_steps": 2, "reward/mean": reward, "loss/policy": 0.5, "loss/kl": 0.0,
+               "loss/approx_kl": 0.0, "actor/lr": 1e-5, "samples": [{"prompt": "1+1=", "response": "2|x", "reward": reward,
+                                                                     "policy_version": step - 1}]}  # fmt: skip
+
+
+def test_every_logger_gets_the_steps_the_completions_and_the_evaluation_before_training(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    reporter = Reporter(str(tmp_path), total_steps=2, use_wandb=True, config={"algo": "DAPO-test"}, progress=False)
-    for step, reward in [(1, 0.125), (2, 0.375)]:
-        reporter.on_step({"step": step, "reward/mean": reward, "loss/policy": 0.5, "samples": [{"response": "x"}]})
+    reporter = Reporter(str(tmp_path), report_to=("jsonl", "tensorboard", "wandb"), config={"algo": "DAPO-test"},
+                        progress=False)  # fmt: skip
+    reporter.on_step({"step": 0, "eval/lenient": 0.25, "eval/count": 4})
+    for metrics in steps():
+        reporter.on_step(metrics)
     summary = reporter.finish({"evals": [{"step": 0, "eval/lenient": 0.25}]})
 
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.125), (2, 0.375)]
+    assert [(r["step"], r.get("reward/mean"), r.get("eval/lenient")) for r in rows] == [(0, None, 0.25), (1, 0.125, None),
+                                                                                       (2, 0.375, None)]  # fmt: skip
+    assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 2]
     assert summary["steps"] == 2 and all(Path(p).exists() for p in summary["plots"])
-    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 2
-    # The wandb run file holds the config and every logged value (records are uncompressed protobuf).
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 0.125), (2, 0.375)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/lenient")] == [(0, 0.25)]
+    (text,) = [t for t in events.Tensors("completions/text_summary") if t.step == 2]
+    assert "| 1+1= | 2\\|x | 0.375 | 1 |" in text.tensor_proto.string_val[0].decode()
+
+    # The wandb run file holds the config, every logged value and the completions table (uncompressed protobuf).
     (run,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     data = run.read_bytes()
-    for needle in [b"DAPO-test", b"reward/mean", b"0.125", b"0.375"]:
+    for needle in [b"DAPO-test", b"reward/mean", b"eval/lenient", b"0.125", b"0.375", b"completions"]:
         assert needle in data, needle
+    (table,) = {p.name for p in run.parent.glob("files/media/table/completions_2_*.table.json")} or {None}
+    assert table is not None
+
+
+def test_plots_are_labelled_and_leave_out_what_was_not_measured(tmp_path):
+    reporter = Reporter(str(tmp_path), report_to=(), progress=False)
+    for metrics in steps():  # the KL is 0 at every step (beta 0): no kl plot
+        reporter.on_step(metrics)
+    plots = {Path(p).stem for p in reporter.finish({"evals": []})["plots"]}
+    assert plots == {"reward", "learning_rate"}
+    assert not (tmp_path / "metrics.jsonl").exists()  # report_to without jsonl writes none
+    assert ema([1.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3])  # debiased: the first point is itself
+
+
+def test_phases_show_on_the_progress_bar_and_nowhere_else(tmp_path, caplog):
+    reporter = Reporter(str(tmp_path), report_to=(), progress=True)
+    with caplog.at_level(logging.INFO):
+        phase("starting 1 producer(s) and 1 consumer(s): loading models")
+        assert reporter.bar.desc.startswith("starting 1 producer(s)") and not caplog.records
+        reporter.on_step(next(steps()))
+        assert reporter.bar.desc.startswith("RL steps") and "train_lenient" in str(reporter.bar.postfix)
+    reporter.finish({"evals": []})
+    assert not PHASES.handlers

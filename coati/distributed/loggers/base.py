@@ -1,0 +1,24 @@
+"""The logger seam: what a logging backend receives from the reporter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class Logger:
+    """One backend. ``out`` is the run folder (backends write under it), ``append`` whether a resumed run adds to an
+    earlier run's files."""
+
+    def __init__(self, out: Path, project: str, config: dict, append: bool):
+        self.out = out
+
+    def log(self, step: int, scalars: dict) -> None:
+        """A step's scalar metrics (step 0: the evaluation before training)."""
+        raise NotImplementedError
+
+    def completions(self, step: int, rows: list[dict]) -> None:
+        """Sample completions of a step: dicts with prompt, response, reward, policy_version."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

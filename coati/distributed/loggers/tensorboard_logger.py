@@ -1,0 +1,34 @@
+"""TensorBoard event files under <run folder>/tensorboard, through torch's standard ``SummaryWriter``: every scalar
+under its metric name, and each step's sample completions as a markdown table (the Text tab)."""
+
+from __future__ import annotations
+
+from coati.distributed.loggers.base import Logger
+
+
+class TensorBoardLogger(Logger):
+    def __init__(self, out, project, config, append):
+        super().__init__(out, project, config, append)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ImportError("report_to has tensorboard but it is not installed: pip install tensorboard") from e
+        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+
+    def log(self, step, scalars):
+        for key, value in scalars.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def completions(self, step, rows):
+        def cell(text) -> str:
+            return str(text).replace("|", "\\|").replace("\n", "<br>")
+
+        table = ["| prompt | response | reward | version |", "|---|---|---|---|"]
+        table += [f"| {cell(r['prompt'])} | {cell(r['response'])} | {r['reward']:.3f} | {r.get('policy_version', '')} |"
+                  for r in rows]  # fmt: skip
+        self.writer.add_text("completions", "\n".join(table), step)
+
+    def close(self):
+        self.writer.close()
