@@ -9,6 +9,7 @@ cluster; nothing else changes.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -24,7 +25,7 @@ def main(argv=None) -> dict:
 
 def print_summary(summary: dict, run_dir: str) -> None:
     evals = summary["evals"]
-    print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {run_dir}/")
+    print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {os.path.abspath(run_dir)}/")
     if len(evals) >= 2:
         first, last = evals[0], evals[-1]
         for key in ("eval/strict", "eval/lenient"):

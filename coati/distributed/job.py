@@ -19,7 +19,11 @@ def run_job(config: Config) -> dict:
     r = config.run
     if r.folder is None:
         raise ValueError("a job writes its outputs to <save_dir>/<project>: set save_dir (or run_dir)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from coati.distributed.run_folder import submitted_job_folder_error
+
+    problem = submitted_job_folder_error(r.folder)
+    if problem:
+        raise ValueError(problem)
     # Claimed before anything writes there (the reporter appends metrics); launch claims the same folder again.
     folder = RunFolder.claim(r.folder, "resume" if r.resume else "overwrite" if r.overwrite else "new")
     try:

@@ -17,6 +17,7 @@ from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
 from coati.distributed.config import AlgorithmConfig, LaunchConfig
 from coati.distributed.actor_group import RunError
 from coati.distributed.reporting import phase
+from coati.distributed.run_folder import check_shared
 from coati.distributed.run_config import Config, config_from_dict
 
 __all__ = ["ALGO_MAP", "Config", "launch", "launch_distributed", "resolve_algorithm"]
@@ -77,6 +78,12 @@ def _launch_once(config: Config, on_step) -> dict:
     record = run_record(cfg, plan, r.seed, r.max_staleness)
     folder, checkpoint = claim_save_dir(r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps,
                                         plan.train_model_path, r.keep_checkpoints)  # fmt: skip
+    if folder is not None:
+        try:
+            check_shared(r.folder, [slot.node_id for slot in plan.consumer_slots])
+        except BaseException:
+            folder.release()
+            raise
     run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
               master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
               sleep_while_training=r.sleep_while_training, in_flight=r.in_flight_weight_updates,

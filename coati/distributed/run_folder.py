@@ -1,7 +1,8 @@
 """A run folder belongs to one run at a time. ``RunFolder.claim`` takes an exclusive lock (``<folder>/.lock``, held
 by the driver process while the run lives), refuses a folder that holds another run's results unless the run
 resumes it or is told to overwrite it, and checks, before any actor starts, that the folder is writable and its
-disk has room for the checkpoints the run will keep.
+disk has room for the checkpoints the run will keep. On a cluster, ``check_shared`` makes sure the consumers' nodes
+see the folder too (they write their checkpoint shards into it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "summary.json", "evals.json", "samples.jsonl")
+RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "summary.json", "evals.json", "samples.jsonl", "tensorboard")
 """what a run leaves in its folder; any of them marks the folder as holding a run"""
 
 _HELD: dict[str, "RunFolder"] = {}
@@ -104,3 +105,52 @@ def model_bytes(path: str) -> int:
     if not folder.is_dir():
         return 0
     return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
+
+
+def check_shared(path: str, node_ids) -> None:
+    """Consumers write their shards of every checkpoint (model, optimizer, RNG) into ``<run folder>/checkpoints`` on
+    their own nodes, while the driver writes the rest and completes the checkpoint on its node: on other nodes the
+    folder must be the same storage (a shared file system). Refuse before any actor starts if one of ``node_ids``
+    does not see a file the driver has just written there."""
+    import uuid
+
+    import ray
+
+    others = sorted(set(node_ids) - {ray.get_runtime_context().get_node_id()})
+    if not others:
+        return
+    marker = Path(path) / f".visible-{uuid.uuid4().hex[:8]}"
+    marker.write_text("")
+    try:
+        seen = visible_from(others, str(marker.resolve()))
+    finally:
+        marker.unlink()
+    blind = [node for node, ok in seen.items() if not ok]
+    if blind:
+        raise RunFolderError(
+            f"run folder {os.path.abspath(path)} is not shared with the consumers' node(s) {blind}: they write their "
+            "checkpoint shards there and the driver completes each checkpoint on its own node. Put save_dir on "
+            "storage every node mounts at the same path (NFS, a cluster file system), or run with save_dir None"
+        )
+
+
+def visible_from(node_ids, path: str) -> dict[str, bool]:
+    """Whether ``path`` exists as seen from each node (a task pinned to it)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0)(os.path.exists)
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(path)
+            for node in node_ids]  # fmt: skip
+    return dict(zip(node_ids, ray.get(refs, timeout=120), strict=True))
+
+
+def submitted_job_folder_error(path: str) -> str | None:
+    """Why a relative run folder is refused inside a job started by ``ray job submit`` (None: fine). Such a job runs
+    in Ray's temporary copy of its working directory, deleted with the Ray session, and a relative folder would
+    vanish with it."""
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ or os.path.isabs(path):
+        return None
+    return (f"run folder {path!r} is relative, and this job runs in Ray's temporary working directory "
+            f"({os.getcwd()}), which is deleted with the Ray session; pass an absolute --save-dir (or --run-dir), on "
+            "storage every consumer node mounts")  # fmt: skip

@@ -1,0 +1,61 @@
+"""The cluster path as far as one box allows: a whole job on a simulated 3-node cluster leaves its outputs where the
+README says, the run folder's visibility from other nodes is probed, and a submitted job's relative run folder is
+refused."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coati.distributed.run_folder import submitted_job_folder_error, visible_from
+from coati.models import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
+    tiny = build_tiny_model(tmp_path / "model")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "gt_answer": str(2 * i)}) + "\n" for i in range(8)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "tests/e2e/multinode_job.py"), str(tiny), str(data),
+                          str(tmp_path / "runs")], capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert len({result["driver"], result["producer"], result["consumer"]}) == 3  # three nodes, one role each
+    assert result["steps"] == 2
+    files = set(result["files"])
+    # The driver's files: logs, evaluations, summary, plots, the final model, and each checkpoint's driver part.
+    for name in ("metrics.jsonl", "samples.jsonl", "evals.json", "summary.json", "plots/reward.png",
+                 "final/config.json", "final/model.safetensors", "checkpoints/latest"):  # fmt: skip
+        assert name in files, name
+    assert any(f.startswith("tensorboard/events.out.tfevents") for f in files)
+    for step in (1, 2):  # the consumer's shards (written on its node) beside the driver's part (written on its own)
+        for name in ("meta.json", "driver.json", "rng-consumer-0.pt", "model/pytorch_model.bin.index.json",
+                     "optimizer/pytorch_optim.bin.index.json"):  # fmt: skip
+            assert f"checkpoints/step-{step}/{name}" in files, (step, name)
+
+
+def test_the_run_folder_probe_sees_what_a_node_sees(ray_cluster, tmp_path):
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    (tmp_path / "marker").write_text("")
+    assert visible_from([node], str(tmp_path / "marker")) == {node: True}
+    assert visible_from([node], str(tmp_path / "absent")) == {node: False}
+
+
+def test_a_submitted_jobs_relative_run_folder_is_refused(monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert submitted_job_folder_error("runs/coati") is None  # a plain run: relative to where it was started
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what `ray job submit` sets for its entrypoint
+    assert "pass an absolute --save-dir" in submitted_job_folder_error("runs/coati")
+    assert submitted_job_folder_error("/shared/runs/coati") is None
+    with pytest.raises(ValueError, match="Ray's temporary working directory"):
+        from coati.distributed.job import run_job
+        from coati.distributed.run_config import Config
+
+        run_job(Config())
