@@ -125,3 +125,23 @@ def test_launch_distributed_refuses_what_has_no_field():
                                   grpo_config={"lr": 1e-3, "reward_kwargs": {"a": 1}}, save_dir="out/run")  # fmt: skip
     assert c.data.datasets(0)[0] == {"rows": [{"prompt": "q"}], "seed": 5, "size": 1}
     assert c.consumer.learning_rate == 1e-3 and c.reward.kwargs == {"a": 1} and c.run.folder == "out/run"
+
+
+def test_the_readme_comparison_table_names_only_real_flags():
+    """Every flag in the coati column of the README's "Coming from TRL or verl" table is one the command line has,
+    and every row has one."""
+    import re
+    from pathlib import Path
+
+    from coati.distributed.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Coming from TRL or verl", 1)[1].split("\n### ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0][1].strip() == "coati" and len(rows) > 25
+    options = {o for action in build_parser()._actions for o in action.option_strings}
+    for setting, coati, *_ in rows[1:]:
+        flags = re.findall(r"`(-[-\w]+)", coati)
+        assert flags, f"row {setting.strip()!r} names no coati flag"
+        unknown = [f for f in flags if f not in options]
+        assert not unknown, f"row {setting.strip()!r}: {unknown} are not flags of rl_example.py"
