@@ -8,4 +8,4 @@ run: install
 	HF_HUB_OFFLINE=1 python rl_example.py --algo DAPO
 
 test: install
-	HF_HUB_OFFLINE=1 python -m pytest -q tests
+	HF_HUB_OFFLINE=1 python -m pytest -q --durations=20 tests

@@ -55,7 +55,8 @@ def coati_run(folder: str) -> dict:
     accuracy before and after."""
     import json
 
-    steps = [json.loads(line) for line in open(Path(folder, "metrics.jsonl"))]
+    lines = [json.loads(line) for line in open(Path(folder, "metrics.jsonl"))]
+    steps = [m for m in lines if m["step"] > 0]  # step 0: the evaluation before training
     evals = json.loads(Path(folder, "evals.json").read_text())
     return {"seconds": sum(m["time/step"] for m in steps), "steps": len(steps),
             "before": evals[0]["eval/lenient"], "after": evals[-1]["eval/lenient"]}  # fmt: skip

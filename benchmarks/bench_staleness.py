@@ -36,7 +36,8 @@ def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
 def summarize(folder: Path, k: int, in_flight: bool) -> dict:
     """One run's row of the table, from its run folder."""
     summary = json.loads((folder / "summary.json").read_text())
-    steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if m["step"] > 0]  # step 0: the evaluation before training
     loop_s = sum(m["time/step"] for m in steps)
     lags = {}
     for m in steps:

@@ -265,7 +265,8 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
         checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)
         meta = json.loads((checkpoint / "meta.json").read_text())
         saved = {"config": meta["config"], "identity": meta.get("identity", {})}
-        check_compatible(saved, record, str(checkpoint), allow)
+        current = {"config": record["config"], "identity": record["identity"]}  # the dataset's description aside
+        check_compatible(saved, current, str(checkpoint), allow)
         if meta["step"] >= total_steps:
             raise ValueError(
                 f"checkpoint {checkpoint} is at step {meta['step']} and this run has {total_steps} steps: nothing "

@@ -332,7 +332,8 @@ def test_custom_reward_recipe_runs_as_documented(tiny, tmp_path):
            str(tmp_path), "--no-progress", "-mnt", "8", "--eval-size", "2", "--train-size", "16"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "custom_reward" / "metrics.jsonl").read_text().count("\n") == 1
+    lines = (tmp_path / "custom_reward" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1]  # the evaluation before training, one step
 
 
 def test_a_run_folder_claimed_twice_by_one_process_stays_locked_until_both_release(tmp_path):

@@ -102,7 +102,7 @@ BAD = [
     ("empty prompt", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": ""}] * 8}},
      ValueError, r"row 0: 'prompt' must be a non-empty string"),
     ("prompt too long", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x" * 400}] * 8}},
-     ValueError, r"prompt of row 0 has \d+ tokens > max_prompt_tokens=256"),
+     ValueError, r"train row 0's prompt has \d+ tokens > max_prompt_tokens=256; .*--filter-overlong-prompts"),
     ("missing model folder", lambda t, d: {"train_model_config": {"path": str(d / "nope")}},
      FileNotFoundError, r"train model .*nope.* is not a local folder"),
     ("impossible batch arithmetic", lambda t, d: {"train_batch_size": 3},
