@@ -27,7 +27,8 @@ def parquet_folder(tmp_path, n_train=12, n_test=5, long_row=3):
 def config(tiny, folder, tmp_path, **data):  # noqa: F811
     tree = config_to_dict(config_from_launch_kwargs(**run_kwargs(
         tiny, max_steps=2, train_batch_size=2, train_minibatch_size=2, inference_batch_size=2, inference_microbatch_size=2,
-        grpo_config={"lr": 1e-3, "reward_fn_type": "tests.component.reward_fns:gt_as_reward"}, save_dir=str(tmp_path / "run"),
+        grpo_config={"lr": 1e-3, "reward_fn_type": "tests.component.reward_fns:gt_as_reward", "lr_schedule": "cosine",
+                     "min_lr_ratio": 0.1}, save_dir=str(tmp_path / "run"),
         generate_config={"max_new_tokens": 4, "max_prompt_tokens": 64})))  # fmt: skip
     tree["data"] = {"train": str(folder), "eval": str(folder), "eval_size": None, "answer_column": "reward_model.ground_truth",
                     **data}  # fmt: skip
@@ -43,6 +44,8 @@ def test_parquet_folder_trains_with_mapped_columns_and_overlong_prompts_dropped(
     assert [m["step"] for m in out["history"]] == [1, 2]
     for m in out["history"]:  # rewards are the nested answers (1 or 2): the column reached the reward function
         assert 1.0 <= m["reward/mean"] <= 2.0
+    # The cosine schedule over the run's two steps: the full rate, then half way down to the floor.
+    assert [m["actor/lr"] for m in out["history"]] == pytest.approx([1e-3, 1e-3 * (0.1 + 0.9 * 0.5)])
     assert [e["eval/count"] for e in out["evals"]] == [5, 5]  # the test split, whole
     meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("*/meta.json")).read_text())
     assert meta["dataset"] == {"source": str(folder), "answer_column": "reward_model.ground_truth", "rows": 11,
