@@ -177,7 +177,7 @@ def config_from_launch_kwargs(
         "algo": core_algo, "algorithm": algorithm,
         "model": {"path": train_model_config["path"], "inference_path": inference.pop("path"),
                   "tokenizer_path": (tokenizer_config or {}).get("path"), "inference_options": inference},
-        "data": {**train, **held_out, "system_prompt": system_prompt},
+        "data": {**_merge_datasets(train, held_out), "system_prompt": system_prompt},
         "producer": {"num_producers": num_producers, "num_proc_per_producer": num_proc_per_producer,
                      "inference_batch_size": inference_batch_size, "inference_microbatch_size": inference_microbatch_size,
                      "num_generations": num_generations, "backend": inference_backend},
@@ -199,13 +199,29 @@ def config_from_launch_kwargs(
 
 
 def _dataset_fields(spec: dict | None, prefix: str) -> dict:
-    """A ColossalChat dataset dict ({path or rows, size, seed, system_prompt}) as the data section's fields."""
+    """A ColossalChat dataset dict ({path or rows, size, seed, system_prompt}, plus split and the column options) as
+    the data section's fields."""
     from coati.distributed.preflight import dataset_kwargs
 
     if spec is None:
         return {}
     checked = dataset_kwargs({k: v for k, v in spec.items() if k != "system_prompt"})
-    return {prefix: checked["source"], f"{prefix}_size": checked["size"], f"{prefix}_seed": spec.get("seed")}
+    if "exclude" in checked:
+        raise ValueError("exclude is set by filter_overlong_prompts, not by a dataset config; remove it")
+    out = {prefix: checked["source"], f"{prefix}_size": checked["size"], f"{prefix}_seed": spec.get("seed")}
+    if "split" in checked:
+        out[f"{prefix}_split"] = checked["split"]
+    return out | {k: checked[k] for k in ("subset", "prompt_column", "answer_column") if k in checked}
+
+
+def _merge_datasets(train: dict, held_out: dict) -> dict:
+    """The training and held-out dataset fields as one data section; the column options are shared, so the two
+    configs must agree on them."""
+    clash = {k: (train[k], v) for k, v in held_out.items() if k in train and train[k] != v}
+    if clash:
+        raise ValueError(f"train and eval dataset configs disagree on {clash} (train, eval); the column options are "
+                         "shared: set them once")  # fmt: skip
+    return train | held_out
 
 
 def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **kwargs) -> dict:

@@ -125,6 +125,14 @@ def test_launch_distributed_refuses_what_has_no_field():
                                   grpo_config={"lr": 1e-3, "reward_kwargs": {"a": 1}}, save_dir="out/run")  # fmt: skip
     assert c.data.datasets(0)[0] == {"rows": [{"prompt": "q"}], "seed": 5, "size": 1}
     assert c.consumer.learning_rate == 1e-3 and c.reward.kwargs == {"a": 1} and c.run.folder == "out/run"
+    # A dataset dict's split and column options reach the data section (none is dropped) ...
+    c = config_from_launch_kwargs(**base, train_dataset_config={"path": "d", "split": "dev", "answer_column": "a.b"},
+                                  eval_dataset_config={"path": "d", "split": "val", "answer_column": "a.b"}, grpo_config={})  # fmt: skip
+    assert (c.data.train_split, c.data.eval_split, c.data.answer_column) == ("dev", "val", "a.b")
+    # ... and the shared column options must agree.
+    with pytest.raises(ValueError, match=r"disagree on \{'prompt_column': \('q', 'question'\)\}"):
+        config_from_launch_kwargs(**base, train_dataset_config={"path": "d", "prompt_column": "q"},
+                                  eval_dataset_config={"path": "d", "prompt_column": "question"}, grpo_config={})  # fmt: skip
 
 
 def test_the_readme_comparison_table_names_only_real_flags():

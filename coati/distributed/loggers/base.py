@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+
+
+def require(module: str, package: str):
+    """``module``, imported for the logger of that package, or an ImportError with the install command."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"report_to has {package} but it is not installed: pip install {package}") from e
 
 
 class Logger:

@@ -3,17 +3,13 @@ under its metric name, and each step's sample completions as a markdown table (t
 
 from __future__ import annotations
 
-from coati.distributed.loggers.base import Logger
+from coati.distributed.loggers.base import Logger, require
 
 
 class TensorBoardLogger(Logger):
     def __init__(self, out, project, config, append):
         super().__init__(out, project, config, append)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:
-            raise ImportError("report_to has tensorboard but it is not installed: pip install tensorboard") from e
-        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+        self.writer = require("torch.utils.tensorboard", "tensorboard").SummaryWriter(log_dir=str(out / "tensorboard"))
 
     def log(self, step, scalars):
         for key, value in scalars.items():

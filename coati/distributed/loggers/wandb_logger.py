@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from coati.distributed.loggers.base import Logger
+from coati.distributed.loggers.base import Logger, require
 
 COLUMNS = ["step", "prompt", "response", "reward", "policy_version"]
 
@@ -13,13 +13,9 @@ COLUMNS = ["step", "prompt", "response", "reward", "policy_version"]
 class WandbLogger(Logger):
     def __init__(self, out, project, config, append):
         super().__init__(out, project, config, append)
-        try:
-            import wandb
-        except ImportError as e:
-            raise ImportError("report_to has wandb but it is not installed: pip install wandb") from e
+        self.wandb = require("wandb", "wandb")
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        self.wandb = wandb
-        self.run = wandb.init(project=project, config=config or {}, dir=str(out), mode=mode)
+        self.run = self.wandb.init(project=project, config=config or {}, dir=str(out), mode=mode)
 
     def log(self, step, scalars):
         self.run.log(scalars, step=step)
