@@ -65,13 +65,13 @@ def read_dataset(source: str, split: str, subset: str | None, size: int | None) 
 
     path = Path(source)
     if path.is_file():
-        builder = FILE_FORMATS.get("".join(path.suffixes[-1:]).lower())
+        builder = FILE_FORMATS.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"dataset file {source} has an unknown format; known: .jsonl and {sorted(FILE_FORMATS)}")
         data = datasets.load_dataset(builder, data_files=str(path), split="train")
     elif path.is_dir():
         saved = (path / "dataset_dict.json").exists() or (path / "state.json").exists()
-        data = datasets.load_from_disk(str(path)) if saved else _split_of(datasets.load_dataset, source, split, subset)
+        data = datasets.load_from_disk(str(path)) if saved else _split_of(source, split, subset)
         if isinstance(data, datasets.DatasetDict):
             data = _pick(data, split, source)
     elif not HUB_ID.match(source) or path.suffix.lower() in FILE_FORMATS:
@@ -82,15 +82,18 @@ def read_dataset(source: str, split: str, subset: str | None, size: int | None) 
             "HF_DATASETS_OFFLINE is 1): unset it to download the hub dataset, or pass a local path"
         )
     else:
-        data = _split_of(datasets.load_dataset, source, split, subset)
+        data = _split_of(source, split, subset)
     if size is not None and size < len(data):
         data = data.select(range(size))
     return data.to_list()
 
 
-def _split_of(load, source: str, split: str, subset: str | None):
+def _split_of(source: str, split: str, subset: str | None):
+    """``split`` of a dataset folder or hub id (its ``subset`` configuration), naming the split when it is missing."""
+    import datasets
+
     try:
-        return load(source, subset, split=split)
+        return datasets.load_dataset(source, subset, split=split)
     except ValueError as e:
         if "split" not in str(e).lower():
             raise
