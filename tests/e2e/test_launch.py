@@ -38,20 +38,9 @@ def run_kwargs(tiny, **over):
     return kw
 
 
-@pytest.mark.parametrize("algo", ["GRPO", "DAPO", "RLOO", "REINFORCE_PPB"])
-def test_each_algorithm_runs_two_steps(ray_cluster, tiny, algo):
-    out = launch_distributed(**run_kwargs(tiny, core_algo=algo))
-    assert [m["step"] for m in out["history"]] == [1, 2]
-    cores = len(os.sched_getaffinity(0))
-    for m in out["history"]:
-        assert np.isfinite(m["loss/policy"]) and m["rollout/drawn_groups"] >= 4
-        assert m["actor/entropy"] > 0
-        # Synchronous: each side works alone, with every core of the node.
-        assert m["actor/threads"] == cores and m["rollout/threads"] == cores, (m["actor/threads"], m["rollout/threads"])
-
-
 def test_producers_sleep_while_consumers_train_and_threads_can_stay_single(ray_cluster, tiny):
-    out = launch_distributed(**run_kwargs(tiny, sleep_while_training=True, threads_follow_work=False))
+    out = launch_distributed(**run_kwargs(tiny, core_algo="CISPO", sleep_while_training=True,
+                                          threads_follow_work=False))  # fmt: skip
     assert [m["step"] for m in out["history"]] == [1, 2]
     for m in out["history"]:  # on CPU sleeping frees nothing, but every step slept and woke
         assert m["time/sleep"] >= 0 and m["time/wake"] >= 0 and m["inference/mem_asleep_mb"] == 0
@@ -85,20 +74,28 @@ def start_run(tiny, colocate=False, sleep_while_training=False, inference_option
 DP2 = {"num_consumer_procs": 2, "train_batch_size": 2, "train_minibatch_size": 2}
 
 
+ZERO = {"precision": "bf16"}
+"""ZeRO needs bf16, on both sides"""
+
+
+# Each layout trains with another algorithm preset, so every preset also runs end to end (the same two steps).
 @pytest.mark.parametrize(
     "layout,in_place",
     [
-        ({}, True),
+        ({"core_algo": "DAPO"}, True),
         ({**DP2, "core_algo": "RLOO"}, True),  # torch DDP around flattened parameters
-        # ZeRO (bf16, as ZeRO needs, on both sides): flattened before the optimizer is wrapped
-        ({**DP2, "plugin_config": {"zero_stage": 1, "precision": "bf16"}, "inference_options": {"dtype": "bfloat16"}},
-         True),
-        ({"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}, False),  # gathered from shards: new tensors
-        ({"num_consumer_procs": 2, "core_algo": "RLOO", "plugin_config": {"pp_size": 2, "pp_num_microbatches": 2}}, True),
+        # ZeRO: flattened before the optimizer is wrapped
+        ({**DP2, "core_algo": "GRPO", "plugin_config": {"zero_stage": 1, **ZERO}}, True),
+        ({**DP2, "core_algo": "DR_GRPO", "plugin_config": {"zero_stage": 2, **ZERO}}, True),
+        ({"num_consumer_procs": 2, "core_algo": "GSPO", "plugin_config": {"tp_size": 2}}, False),  # gathered from shards
+        ({"num_consumer_procs": 2, "core_algo": "REINFORCE_PPB",
+          "plugin_config": {"pp_size": 2, "pp_num_microbatches": 4}}, True),
     ],
-    ids=["dp1", "dp2", "zero1", "tp2", "pp2"],
+    ids=["dp1-DAPO", "dp2-RLOO", "zero1-GRPO", "zero2-DR_GRPO", "tp2-GSPO", "pp2-REINFORCE_PPB"],
 )
 def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny, layout, in_place):
+    if "zero_stage" in layout.get("plugin_config", {}):
+        layout = {**layout, "inference_options": {"dtype": "bfloat16"}}
     run = start_run(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2, **layout)
     try:
         before = run.full_weights()
@@ -106,6 +103,11 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         for p in run.producers:
             assert_same(ray.get(p.weights.remote()), before)
         out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
+        assert [m["step"] for m in out["history"]] == [1, 2]
+        for m in out["history"]:
+            assert np.isfinite(m["loss/policy"]) and m["actor/entropy"] > 0, m
+            if len(run.consumers) == 1:  # synchronous: the consumer trains alone, with every core of the node
+                assert m["actor/threads"] == len(os.sched_getaffinity(0)), m
         after = run.full_weights()
         unchanged = [k for k in before if torch.equal(before[k], after[k])]
         assert not unchanged, f"parameters that did not change: {unchanged}"
@@ -151,20 +153,6 @@ def test_pipeline_matches_one_stage_with_kl_and_two_minibatches(ray_cluster, tin
     for key in ("loss/policy", "loss/kl", "loss/clipfrac", "loss/ratio_mean", "actor/entropy"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
     assert one["loss/kl"] > 0 and one["loss/ratio_mean"] != 1.0  # the second minibatch saw an updated policy
-
-
-@pytest.mark.parametrize(
-    "plugin",
-    [{}, {"zero_stage": 2, "precision": "bf16"}, {"tp_size": 2}, {"pp_size": 2, "pp_num_microbatches": 4}],
-    ids=["dp2", "zero2", "tp2", "pp2"],
-)
-def test_parallel_layouts_run_a_step(ray_cluster, tiny, plugin):
-    tbs = 2 if plugin.get("tp_size", 1) == 1 and plugin.get("pp_size", 1) == 1 else 4
-    out = launch_distributed(**run_kwargs(
-        tiny, num_consumer_procs=2, plugin_config=plugin, train_batch_size=tbs, train_minibatch_size=tbs, max_steps=1,
-        core_algo="RLOO",
-    ))  # fmt: skip
-    assert len(out["history"]) == 1 and np.isfinite(out["history"][0]["loss/policy"])
 
 
 def test_bad_input_fails_before_actors_start(ray_cluster, tiny, tmp_path):

@@ -198,22 +198,15 @@ def test_non_finite_reward_fails_the_step_naming_function_and_row(ray_cluster, t
 
 
 def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
+    """The rule itself is unit-tested (test_guards.py); here the errors travel from the reward pool to the driver."""
     with pytest.raises(RewardFailure, match=r"always_raises failed on 16 of 16 .*first step.*KeyError: 'gold'"):
         launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:always_raises"}))
-    # One prompt in sixteen fails: 4 of 64 completions of a draw. Any failure on the first step stops the run ...
-    over = dict(inference_batch_size=16, inference_microbatch_size=16, train_batch_size=16, train_minibatch_size=16,
-                grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:raises_on_q1", "train_microbatch_size": 16})  # fmt: skip
-    with pytest.raises(RewardFailure, match=r"failed on 4 of 64 completions \(on the run's first step\); first error, "
-                       r"dataset row 1: ZeroDivisionError"):  # fmt: skip
-        launch_distributed(**kwargs(tiny, **over))
-    # ... past it, more than max_error_fraction of a step does (6% > 5%) ...
-    over["grpo_config"] = {**over["grpo_config"], "reward_stop_on_first_step_error": False,
-                           "reward_max_error_fraction": 0.05}  # fmt: skip
-    with pytest.raises(RewardFailure, match=r"failed on 4 of 64 completions \(more than 5% of the step\)"):
-        launch_distributed(**kwargs(tiny, **over))
-    # ... and under the threshold the run goes on, counting the errors in every step's metrics.
-    over["grpo_config"]["reward_max_error_fraction"] = 0.1
-    out = launch_distributed(**kwargs(tiny, **over))
+    # One prompt in sixteen fails (4 of 64 completions of a draw): past the first step and under the threshold the run
+    # goes on, counting the errors in every step's metrics.
+    grpo = {"lr": 1e-3, "reward_fn_type": f"{FNS}:raises_on_q1", "train_microbatch_size": 16,
+            "reward_stop_on_first_step_error": False, "reward_max_error_fraction": 0.1}  # fmt: skip
+    out = launch_distributed(**kwargs(tiny, inference_batch_size=16, inference_microbatch_size=16, train_batch_size=16,
+                                      train_minibatch_size=16, grpo_config=grpo))  # fmt: skip
     assert out["history"][0]["reward/errors"] == 4 and out["history"][0]["reward/timeouts"] == 0
     assert no_actors_left()
 
