@@ -107,6 +107,7 @@ class ActorGroups:
                 prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
                 trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
+                lora_scale=c.consumer.lora_scale,
             ))  # fmt: skip
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address

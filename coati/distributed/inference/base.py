@@ -123,6 +123,20 @@ class InferenceBackend:
         return {"version": loaded.version, "transfers": loaded.transfers, "nbytes": loaded.nbytes,
                 "direct_bytes": loaded.direct_bytes, "in_place_bytes": loaded.in_place_bytes}  # fmt: skip
 
+    def receive_adapter(self, group_name: str, scale: float) -> dict:
+        """Receive one push of a LoRA adapter (wire-named tensors, see ``lora``) and apply it with ``load_adapter``;
+        returns what ``receive_weights`` does."""
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        got = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name)
+        self.load_adapter({k: v for k, v in got.items() if isinstance(v, torch.Tensor)}, scale)
+        return {"version": got.version, "transfers": got.transfers, "nbytes": got.nbytes,
+                "direct_bytes": got.direct_bytes, "in_place_bytes": 0}  # fmt: skip
+
+    def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float) -> None:
+        """Serve the base weights plus ``scale`` * B A of every adapter pair (the base itself kept intact)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters")
+
     def weight_destinations(self) -> Mapping[str, torch.Tensor]:
         """Tensors a weight push may be received into in place, by name (the default, none: everything goes
         through ``load_weights``)."""
