@@ -329,6 +329,8 @@ class ConsumerConfig:
     """dropout on the adapter's input while training"""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """the linear layers that get an adapter (module names as peft matches them)"""
+    lora_export_merged: bool = False
+    """with LoRA, final/ holds the adapter as a PEFT folder; this also writes the merged model to final/merged"""
     plugin: PluginConfig = field(default_factory=PluginConfig)
     """parallel layout"""
 

@@ -26,7 +26,7 @@ from coati.distributed.forward import (
     token_budget_chunks,
     trim_padding,
 )
-from coati.distributed.lora import adapter_tensors, merged_state
+from coati.distributed.lora import adapter_tensors, merged_state, peft_config
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.schedule import lr_factor
 from coati.distributed.step_metrics import StepMetrics
@@ -99,12 +99,7 @@ class GRPOConsumer:
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.cfg.lora_rank:  # peft wraps the model before boosting; only the adapter trains
-            from peft import LoraConfig
-
-            c = self.cfg
-            model = self.plugin.enable_lora(model, lora_config=LoraConfig(
-                r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
-                target_modules=list(c.lora_target_modules), task_type="CAUSAL_LM"))  # fmt: skip
+            model = self.plugin.enable_lora(model, lora_config=peft_config(self.cfg, self.model_path))
         self.vocab_size = model.config.vocab_size
         # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
         # ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights are cast,

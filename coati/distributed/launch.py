@@ -34,7 +34,7 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer
               "min_lr_ratio": "consumer.min_lr_ratio", "gradient_checkpointing": "consumer.gradient_checkpointing",
               "share_prompt_forward": "consumer.share_prompt_forward", "lora_rank": "consumer.lora_rank",
               "lora_alpha": "consumer.lora_alpha", "lora_dropout": "consumer.lora_dropout",
-              "lora_target_modules": "consumer.lora_target_modules",
+              "lora_target_modules": "consumer.lora_target_modules", "lora_export_merged": "consumer.lora_export_merged",
               "reward_fn_type": "reward.fn",
               "reward_kwargs": "reward.kwargs", "reward_max_error_fraction": "reward.max_error_fraction",
               "reward_timeout_s": "reward.item_timeout_s",

@@ -1,6 +1,6 @@
 """LoRA between consumers and producers. A consumer trains a peft adapter over frozen base weights and pushes only
 the adapter; a producer merges it into a kept copy of its base weights, W = W0 + (alpha / r) B A, so generation runs
-at the base model's speed and the base itself is never changed. Pure: names and tensors only.
+at the base model's speed and the base itself is never changed. Pure (names and tensors) but for ``peft_config``.
 
 Names: peft calls a target's weights ``base_model.model.<module>.base_layer.weight`` and its adapter
 ``base_model.model.<module>.lora_A.weight`` ([r, in]) and ``.lora_B.weight`` ([out, r]); the wire and the producers
@@ -57,3 +57,12 @@ def merged_state(named: dict[str, torch.Tensor], scale: float) -> dict[str, torc
         key = hf_name(name)
         out[key] = merge(tensor, *pairs[key], scale) if key in pairs else tensor
     return out
+
+
+def peft_config(consumer, base_path: str | None = None):
+    """peft's LoraConfig of a ConsumerConfig's LoRA fields (``base_path`` recorded as the adapter's base model)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=consumer.lora_rank, lora_alpha=consumer.lora_alpha, lora_dropout=consumer.lora_dropout,
+                      target_modules=list(consumer.lora_target_modules), task_type="CAUSAL_LM",
+                      base_model_name_or_path=base_path)  # fmt: skip

@@ -27,13 +27,14 @@ def peft_merged(base_path: str, adapter: dict) -> dict:
     return {k: v.detach() for k, v in model.merge_and_unload().state_dict().items()}
 
 
-def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster, tiny):  # noqa: F811
+def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster, tiny, tmp_path):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
     run = start_run(tiny, core_algo="GRPO", inference_options=FP32,
-                    grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA})  # fmt: skip
+                    grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA,
+                                 "lora_export_merged": True})  # fmt: skip
     try:
-        out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
+        out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=str(tmp_path), on_step=None)
         engine = ray.get(run.producers[0].weights.remote())
         adapter = ray.get(run.consumers[0].adapter.remote())
         consumer = ray.get(run.consumers[0].weights.remote())
@@ -55,6 +56,17 @@ def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster
             assert not torch.allclose(weight, base[name], atol=1e-4), name  # ... and not the base model
         else:
             assert torch.equal(weight, base[name]), name  # frozen weights never change
+    # final/ and each checkpoint hold the adapter as a PEFT folder that peft loads onto the base; final/merged the
+    # merged model.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM as Auto
+
+    for folder in (tmp_path / "final", tmp_path / "checkpoints" / "step-2" / "adapter"):
+        loaded = PeftModel.from_pretrained(Auto.from_pretrained(tiny, dtype=torch.float32), str(folder))
+        state = loaded.merge_and_unload().state_dict()
+        assert all(torch.allclose(state[k], merged[k], atol=1e-6) for k in merged), folder
+    final_merged = Auto.from_pretrained(str(tmp_path / "final" / "merged")).state_dict()
+    assert all(torch.allclose(final_merged[k], merged[k], atol=1e-6) for k in merged)
 
 
 def test_reward_rises_with_lora(ray_cluster, tiny):  # noqa: F811
