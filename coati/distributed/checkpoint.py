@@ -240,7 +240,8 @@ def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:
     def write(tmp: str) -> None:
         lora_config.save_pretrained(tmp)
         save_file({PREFIX + k: v.contiguous() for k, v in adapter.items()}, os.path.join(tmp, "adapter_model.safetensors"))
-        tokenizer.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
 
     return write_atomically(path, write)
 

@@ -424,9 +424,6 @@ class LaunchConfig:
             f"train on train_batch_size * dp_size = {consumed}; one must divide the other "
             f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
         )
-        _require(not c.lora_rank or p.backend == "transformers",
-                 f"LoRA pushes are applied by the transformers backend; backend={p.backend!r} cannot load them yet "
-                 "(use -b transformers, or lora_rank 0)")  # fmt: skip
         if c.plugin.pp_size > 1:
             _divides("pp_num_microbatches", c.plugin.pp_num_microbatches,
                      "train_minibatch_size * num_generations", samples)  # fmt: skip

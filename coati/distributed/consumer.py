@@ -99,7 +99,8 @@ class GRPOConsumer:
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.cfg.lora_rank:  # peft wraps the model before boosting; only the adapter trains
-            model = self.plugin.enable_lora(model, lora_config=peft_config(self.cfg, self.model_path))
+            model = self.plugin.enable_lora(model, lora_config=peft_config(self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_dropout, self.cfg.lora_target_modules,
+                                                                     self.model_path))
         self.vocab_size = model.config.vocab_size
         # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
         # ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights are cast,

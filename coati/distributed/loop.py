@@ -136,7 +136,8 @@ class Run:
         from coati.distributed.lora import peft_config
 
         adapter = get(self.actors.consumers[0].adapter.remote(), "gathering the adapter")
-        config = peft_config(self.cfg.consumer, self.plan.train_model_path)
+        c = self.cfg.consumer
+        config = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules, self.plan.train_model_path)
         return export_adapter(adapter, config, self.tokenizer, path)
 
     # ---- rollouts --------------------------------------------------------------------------------------------

@@ -59,10 +59,9 @@ def merged_state(named: dict[str, torch.Tensor], scale: float) -> dict[str, torc
     return out
 
 
-def peft_config(consumer, base_path: str | None = None):
-    """peft's LoraConfig of a ConsumerConfig's LoRA fields (``base_path`` recorded as the adapter's base model)."""
+def peft_config(rank: int, alpha: float, dropout: float, target_modules, base_path: str | None = None):
+    """peft's LoraConfig of these LoRA settings (``base_path`` recorded as the adapter's base model)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=consumer.lora_rank, lora_alpha=consumer.lora_alpha, lora_dropout=consumer.lora_dropout,
-                      target_modules=list(consumer.lora_target_modules), task_type="CAUSAL_LM",
-                      base_model_name_or_path=base_path)  # fmt: skip
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                      task_type="CAUSAL_LM", base_model_name_or_path=base_path)  # fmt: skip

@@ -45,10 +45,10 @@ class Producer:
         seed: int = 0,
         backend_options: dict | None = None,
         trainer_precision: tuple[str, str, int] | None = None,
-        lora_scale: float | None = None,
+        lora: dict | None = None,
     ):
-        self.lora_scale = lora_scale
-        """alpha / r when consumers push LoRA adapters (merged into the engine's base weights), else None"""
+        self.lora = lora
+        """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
@@ -232,10 +232,10 @@ class Producer:
         packed), and the share that went straight into the engine's weights (no staging copy)."""
         totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0}
         for name in self.weight_groups:
-            if self.lora_scale is None:
+            if self.lora is None:
                 got = self.backend.receive_weights(name)
             else:
-                got = self.backend.receive_adapter(name, self.lora_scale)
+                got = self.backend.receive_adapter(name, self.lora)
             self.version = got["version"]
             for k in totals:
                 totals[k] += got.get(k, 0)

@@ -69,8 +69,18 @@ def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster
     assert all(torch.allclose(final_merged[k], merged[k], atol=1e-6) for k in merged)
 
 
-def test_reward_rises_with_lora(ray_cluster, tiny):  # noqa: F811
-    out = launch_distributed(**run_kwargs(tiny, core_algo="RLOO", max_steps=12,
+@pytest.fixture(scope="module")
+def tiny32(tmp_path_factory):
+    """head_dim 32, which vLLM's CPU attention kernels take"""
+    from coati.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("lora_vllm"), num_heads=2, vocab_multiple=8))
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):  # noqa: F811
+    model = tiny32 if backend == "vllm" else tiny
+    out = launch_distributed(**run_kwargs(model, core_algo="RLOO", max_steps=12, inference_backend=backend,
                                           grpo_config={"lr": 2e-2, "reward_fn_type": REWARD, "lora_rank": 8,
                                                        "lora_alpha": 16, "lora_target_modules": HEAD}))  # fmt: skip
     rewards = [m["reward/mean"] for m in out["history"]]
@@ -82,6 +92,10 @@ def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny):  # noqa: F811
     with pytest.raises(ValueError, match=r"LoRA trains with data parallelism \(tp_size=1, pp_size=1, zero_stage=0\)"):
         launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"tp_size": 2},
                                         grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
-    with pytest.raises(ValueError, match="LoRA pushes are applied by the transformers backend"):
-        launch_distributed(**run_kwargs(tiny, inference_backend="vllm",
+    with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
+        launch_distributed(**run_kwargs(tiny, inference_backend="vllm", in_flight_weight_updates=True, max_staleness=1,
                                         grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
+    from coati.distributed.inference.sglang_backend import SGLangBackend  # the class only: sglang itself is GPU-only
+
+    with pytest.raises(ValueError, match="SGLangBackend engine cannot apply LoRA pushes yet"):
+        SGLangBackend.engine_options({}, processes=1, sleep=False, gpu=False, lora_rank=8)

@@ -19,6 +19,7 @@ from coati.distributed.wire_layout import flatten_parameters
 
 
 class TransformersBackend(InferenceBackend):
+    LORA = True
     OPTIONS = {
         "device": "torch device (default: cuda when available, else cpu)",
         "dtype": "weights dtype, e.g. bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",

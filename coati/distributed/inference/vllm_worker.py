@@ -48,6 +48,12 @@ class WeightSyncExtension:
             torch.cuda.synchronize()
         return loaded.version
 
+    def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
+        """Receive one LoRA push; returns (its version, the adapter's tensors on the CPU) for the producer, which
+        hands them to vLLM as a PEFT folder."""
+        got = ray_broadcast_tensor_dict(None, 0, self._coati_groups[group_name].device, group=self._coati_groups[group_name])
+        return got.version, {k: v.to("cpu").clone() for k, v in got.items() if isinstance(v, torch.Tensor)}
+
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """This worker's weights as the engine computes with them, under the Hugging Face names, on the CPU.
 
