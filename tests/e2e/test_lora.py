@@ -98,4 +98,4 @@ def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny):  # noqa: F811
     from coati.distributed.inference.sglang_backend import SGLangBackend  # the class only: sglang itself is GPU-only
 
     with pytest.raises(ValueError, match="SGLangBackend engine cannot apply LoRA pushes yet"):
-        SGLangBackend.engine_options({}, processes=1, sleep=False, gpu=False, lora_rank=8)
+        SGLangBackend.engine_options({}, processes=1, sleep=False, gpu=True, lora_rank=8)
