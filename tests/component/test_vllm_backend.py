@@ -247,14 +247,16 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)
 
 
-def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny):
-    """An adapter pushed to a vLLM engine started for LoRA: greedy output equals transformers running peft's merge of
-    that adapter, and differs from the base model's; a second push replaces the first."""
+@pytest.mark.parametrize("merge", [False, True], ids=["adapter", "merged"])
+def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny, merge):
+    """An adapter pushed to a vLLM engine, served as a vLLM LoRA adapter or merged into the engine's weights: greedy
+    output equals transformers running peft's merge of that adapter, and differs from the base model's; a second push
+    replaces the first."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
     lora = {"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj", "down_proj")}
-    engine = start("vllm", tiny, options={"lora_rank": 4})
+    engine = start("vllm", tiny, options={"lora_rank": 4, "lora_merge": merge})
     sender = ray.remote(num_cpus=0.5)(Sender).remote()
     group = f"vllm-lora-{uuid.uuid4().hex[:8]}"
 
