@@ -5,6 +5,7 @@ plan, the number of rows) into a ``Plan``.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -49,14 +50,20 @@ def resolve_model_path(path: str, what: str) -> str:
     if hub_offline():
         raise FileNotFoundError(f"{what} {path!r} is not a local folder, and the hub is offline (HF_HUB_OFFLINE=1): "
                                 "unset HF_HUB_OFFLINE to download it, or pass a local folder")  # fmt: skip
-    from huggingface_hub import snapshot_download
-
     try:
-        snapshot_download(path)
+        _fetch(path)
     except Exception as e:  # network, gated, missing: all end here, before any actor starts
         raise FileNotFoundError(f"{what} {path!r} is not a local folder, and fetching it from the hub failed: "
                                 f"{type(e).__name__}: {str(e).splitlines()[0]}") from e  # fmt: skip
     return path
+
+
+@functools.lru_cache(maxsize=None)
+def _fetch(repo_id: str) -> str:
+    """A hub model downloaded once per driver (model, inference model and tokenizer are often the same id)."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id)
 
 
 def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
