@@ -25,11 +25,12 @@ if __name__ == "__main__":
     producers, consumers = plan_placement(alive_nodes(), 1, 1, 1, 0.5)
     summary = rl_example.main(["-m", tiny, "-b", "transformers", "-d", data, "-ed", data, "--eval-size", "4",
                                "-mnt", "8", "--max-steps", "2", "-si", "1", "-sd", save_dir, "-p", "job",
-                               "--no-progress", "-tbs", "2", "-ibs", "2", "-imbs", "2", "--report-to", "jsonl",
+                               "--no-progress", "-tbs", "2", "-ibs", "2", "-imbs", "2", "-lr", "1e-3", "--report-to", "jsonl",
                                "tensorboard"])  # fmt: skip
     run = Path(save_dir) / "job"
     files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
     print("RESULT " + json.dumps({"driver": ray.get_runtime_context().get_node_id(), "producer": producers[0].node_id,
-                                  "consumer": consumers[0].node_id, "files": files, "steps": summary["steps"]}))  # fmt: skip
+                                  "consumer": consumers[0].node_id, "files": files, "steps": summary["steps"],
+                                  "final_model": summary["final_model"]}))  # fmt: skip
     ray.shutdown()
     cluster.shutdown()

@@ -1,5 +1,5 @@
-"""The cluster path as far as one box allows: a whole job on a simulated 3-node cluster leaves its outputs where the
-README says, the run folder's visibility from other nodes is probed, and a submitted job's relative run folder is
+"""The cluster path as far as one box allows: a whole job (rl_example.py, the main job's path) on a simulated 3-node
+cluster leaves its outputs where the README says, holding what they should, the run folder's visibility from other nodes is probed, and a submitted job's relative run folder is
 refused."""
 
 import json
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from PIL import Image
 
 from coati.distributed.run_folder import submitted_job_folder_error, visible_from
 from coati.models import build_tiny_model
@@ -37,6 +39,27 @@ def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
         for name in ("meta.json", "driver.json", "rng-consumer-0.pt", "model/pytorch_model.bin.index.json",
                      "optimizer/pytorch_optim.bin.index.json"):  # fmt: skip
             assert f"checkpoints/step-{step}/{name}" in files, (step, name)
+    # What the files hold (this job is also the main job's path, rl_example.py, end to end).
+    run = tmp_path / "runs" / "job"
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1, 2]  # step 0: the evaluation before training
+    assert lines[0]["eval/count"] == 4 and "reward/mean" not in lines[0]
+    for key in ("reward/mean", "loss/policy", "actor/entropy", "response/length_mean", "time/step", "actor/lr"):
+        assert all(key in m for m in lines[1:]), key
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"prompt", "response", "reward", "step"} <= set(samples[0])
+    evals = json.loads((run / "evals.json").read_text())
+    assert [e["step"] for e in evals] == [0, 2] and all(e["eval/count"] == 4 for e in evals)
+    assert "plots/kl.png" not in files  # DAPO's beta is 0: no KL is measured, none is drawn
+    for name in ("reward", "entropy", "response_length", "learning_rate"):
+        with Image.open(run / "plots" / f"{name}.png") as img:
+            assert img.size[0] > 100 and img.size[1] > 100
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(result["final_model"])
+    AutoTokenizer.from_pretrained(result["final_model"])
+    original = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
+    assert any(not torch.equal(v, original[k]) for k, v in model.state_dict().items()), "final/ is the initial model"
 
 
 def test_the_run_folder_probe_sees_what_a_node_sees(ray_cluster, tmp_path):
