@@ -12,11 +12,14 @@ State dict shaped like a 135M-parameter Llama (SmolLM2-135M: 30 layers, hidden 5
   per-tensor      one broadcast per tensor straight into the weights (the reference minus its allocations and copy)
   raw-flat        one broadcast of a single flat buffer of the same bytes (the practical limit of the link)
   object-store    ray.put of the state dict, ray.get on the receiver (torch tensors are pickled)
+  lora-R          a LoRA push of rank R (adapters on all seven linear layers of every block, fp32): the adapter through
+                  ray_broadcast_tensor_dict, then merged by the receiver into its weights from a kept base copy
+                  (W = W0 + (alpha / R) B A), as a transformers producer does; timed to the merge's end
 Every method lands the bytes in the receiver's preallocated copy of the weights, as a producer does. Each rep runs
 every method once, in turn, so a slow spell of the machine hits them all. Prints GB/s (median of --reps) and the
-ratios the targets are stated in.
+ratios the targets are stated in, then push bytes and time of each LoRA rank beside the full push.
 
-    python benchmarks/bench_weight_sync.py [--reps 15] [--layers 30] [--bucket-mb 16 128]
+    python benchmarks/bench_weight_sync.py [--reps 15] [--layers 30] [--bucket-mb 16 128] [--lora-ranks 8 16 64]
 """
 
 from __future__ import annotations
@@ -46,6 +49,20 @@ def llama_like_state_dict(layers: int = 30, hidden: int = 576, inter: int = 1536
         sd[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
     sd["model.norm.weight"] = torch.ones(hidden)
     return sd
+
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def adapter_for(sd: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """Random A [rank, in] and B [out, rank] for every target weight of ``sd``, under the names a push carries."""
+    out = {}
+    for name, w in sd.items():
+        if any(f".{t}." in name for t in TARGETS):
+            module = name[: -len(".weight")]
+            out[f"{module}.lora_A.weight"] = torch.randn(rank, w.shape[1]) * 0.01
+            out[f"{module}.lora_B.weight"] = torch.randn(w.shape[0], rank) * 0.01
+    return out
 
 
 def flat_copy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -78,6 +95,13 @@ class Endpoint:
         nbytes = sum(t.numel() * t.element_size() for t in self.sd.values())
         return nbytes, len(self.sd)
 
+    def set_lora(self, rank: int) -> int:
+        """The sender's adapter of ``rank`` (its bytes returned); the receiver keeps a base copy of the targets."""
+        self.adapter = adapter_for(self.sd, rank) if self.rank == 0 else None
+        if self.rank != 0 and not hasattr(self, "base"):
+            self.base = {k: v.clone() for k, v in self.sd.items() if any(f".{t}." in k for t in TARGETS)}
+        return sum(t.numel() * t.element_size() for t in (self.adapter or {}).values())
+
     def _barrier(self, group):
         import ray.util.collective as cc
 
@@ -98,6 +122,13 @@ class Endpoint:
                 sd if self.rank == 0 else None, 0, group_name=group, on_bucket=lambda b: self._load(sd, b), into=sd,
                 bucket_bytes=bucket_mb << 20,
             )  # fmt: skip
+        elif method == "lora":
+            from coati.distributed.lora import adapter_pairs, merge
+
+            got = ray_broadcast_tensor_dict(self.adapter, 0, group_name=group, bucket_bytes=bucket_mb << 20)
+            if self.rank != 0:
+                for name, (a, b) in adapter_pairs(dict(got)).items():
+                    self.sd[name].copy_(merge(self.base[name], a, b, 2.0))
         elif method == "reference":
             meta = [(k, t.shape, t.dtype) for k, t in self.sd.items()] if self.rank == 0 else None
             meta = ray_broadcast_object(meta, 0, group_name=group)
@@ -149,6 +180,7 @@ def main():
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--bucket-mb", type=int, nargs="+", default=[16, 128], help="bucket sizes to measure (MiB)")
+    parser.add_argument("--lora-ranks", type=int, nargs="*", default=[8, 16, 64], help="LoRA ranks to measure")
     args = parser.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     src, dst = Endpoint.remote(0, args.layers), Endpoint.remote(1, args.layers)
@@ -188,7 +220,25 @@ def main():
         ratios = "  ".join(f"{results[b] / results[label]:.2f}x {b}" for b in baselines)
         print(f"{label} throughput: {ratios}")
     print("targets: >= 0.8x raw-flat, >= 3x one tensor at a time")
+    lora_pushes(src, dst, group, args, nbytes, results[f"bucketed-flat-{max(args.bucket_mb)}MiB"])
     ray.shutdown()
+
+
+def lora_pushes(src, dst, group: str, args, full_bytes: int, full_s: float) -> None:
+    """Push bytes and seconds (to the receiver's merge's end) of an adapter of each rank, beside the full push."""
+    if not args.lora_ranks:
+        return
+    print(f"\n{'push':<22}{'MB':>10}{'seconds':>10}{'vs full':>10}")
+    print(f"{'full (bucketed-flat)':<22}{full_bytes / 1e6:>10.1f}{full_s:>10.3f}{1.0:>9.2f}x")
+    for r in args.lora_ranks:
+        nbytes, _ = ray.get([src.set_lora.remote(r), dst.set_lora.remote(r)])
+        secs = []
+        for rep in range(args.reps + 1):
+            _, t = ray.get([src.run.remote("lora", group, 16), dst.run.remote("lora", group, 16)])
+            if rep:
+                secs.append(t)
+        t = statistics.median(secs)
+        print(f"{f'lora-{r}':<22}{nbytes / 1e6:>10.1f}{t:>10.3f}{t / full_s:>9.2f}x  ({full_bytes / nbytes:.0f}x fewer bytes)")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ class ActorGroups:
                 prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
                 trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
+                lora={"rank": c.consumer.lora_rank, "alpha": c.consumer.lora_alpha,
+                      "target_modules": c.consumer.lora_target_modules} if c.consumer.lora_rank else None,
             ))  # fmt: skip
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address

@@ -174,9 +174,10 @@ def load_driver_state(folder: Path) -> dict:
 # ---- the run's actors <-> a checkpoint folder, and the final export ----------------------------------------------
 
 
-def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict) -> str:
-    """Consumers save model and optimizer, producers their positions, the driver its buffer, into a staging folder
-    that becomes ``step-<step>`` when complete; returns its path."""
+def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict,
+                     also=None) -> str:  # fmt: skip
+    """Consumers save model and optimizer, producers their positions, the driver its buffer (and ``also(folder)``
+    whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its path."""
     from coati.distributed.actor_group import RunError, get
 
     folder = manager.staging(step)
@@ -184,6 +185,8 @@ def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_sta
         get([c.save_checkpoint.remote(str(folder)) for c in actors.consumers], f"checkpoint {step} (consumers)")
         states = get([p.state.remote() for p in actors.producers], f"checkpoint {step} (producers)")
         save_driver_state(folder, buffer_state, states)
+        if also is not None:
+            also(str(folder))
     except (RunError, OSError) as e:
         free = shutil.disk_usage(manager.root).free / 2**20
         raise RunError(f"writing checkpoint {folder} failed: {e} ({manager.root} has {free:.0f} MiB free)") from e
@@ -223,10 +226,34 @@ def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
     model.tie_weights()
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     assert not still_meta and not unexpected, (still_meta, unexpected)
+    return write_atomically(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+
+
+def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:
+    """Write a LoRA adapter (wire names, see ``lora``) as a PEFT folder, ``adapter_config.json`` and
+    ``adapter_model.safetensors`` plus the tokenizer, that ``PeftModel.from_pretrained(base, path)`` loads;
+    atomically."""
+    from safetensors.torch import save_file
+
+    from coati.distributed.lora import PREFIX
+
+    def write(tmp: str) -> None:
+        lora_config.save_pretrained(tmp)
+        save_file({PREFIX + k: v.contiguous() for k, v in adapter.items()}, os.path.join(tmp, "adapter_model.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+    return write_atomically(path, write)
+
+
+def write_atomically(path: str, write) -> str:
+    """``write(tmp)`` into a temporary folder beside ``path``, then rename it into place (replacing ``path``)."""
+    from coati.distributed.actor_group import RunError
+
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        os.makedirs(tmp, exist_ok=True)
+        write(tmp)
     except (OSError, RuntimeError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20

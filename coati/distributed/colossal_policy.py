@@ -39,6 +39,8 @@ class DecoderLMPolicy(Policy):
     """Tensor and pipeline parallel sharding of a transformers 5 decoder-only causal LM (see the module docstring)."""
 
     def config_sanity_check(self):
+        if not self.shard_config.enable_tensor_parallelism and self.pipeline_stage_manager is None:
+            return  # data parallelism and ZeRO keep the model as it is (a peft model included)
         model = self.model
         inner = getattr(model, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")

@@ -320,6 +320,17 @@ class ConsumerConfig:
     """compute each group's prompt once per micro-batch (its KV cache shared by the group's responses, gradients
     through it) instead of once per response; used when micro-batches hold whole groups (train_microbatch_size a
     multiple of num_generations) and pp_size is 1, otherwise the full forward of every row (said at start-up)"""
+    lora_rank: int = 0
+    """train a LoRA adapter of this rank instead of the whole model (0: full fine-tuning): the base weights stay
+    frozen, only the adapter is optimised and pushed, and producers merge it into a kept copy of the base"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the adapter adds (lora_alpha / lora_rank) * B A to each target weight"""
+    lora_dropout: float = 0.0
+    """dropout on the adapter's input while training"""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """the linear layers that get an adapter (module names as peft matches them)"""
+    lora_export_merged: bool = False
+    """with LoRA, final/ holds the adapter as a PEFT folder; this also writes the merged model to final/merged"""
     plugin: PluginConfig = field(default_factory=PluginConfig)
     """parallel layout"""
 
@@ -352,6 +363,18 @@ class ConsumerConfig:
             isinstance(self.max_skipped_steps, int) and self.max_skipped_steps >= 0,
             f"max_skipped_steps must be an integer >= 0, got {self.max_skipped_steps!r}",
         )
+        object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        _require(isinstance(self.lora_rank, int) and self.lora_rank >= 0,
+                 f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}")  # fmt: skip
+        if self.lora_rank:
+            p = self.plugin
+            _require(p.tp_size == 1 and p.pp_size == 1 and p.zero_stage == 0,
+                     f"LoRA trains with data parallelism (tp_size=1, pp_size=1, zero_stage=0); got tp_size={p.tp_size}, "
+                     f"pp_size={p.pp_size}, zero_stage={p.zero_stage}: use more consumers for data parallelism, or "
+                     "lora_rank 0")  # fmt: skip
+            _require(self.lora_alpha > 0 and 0 <= self.lora_dropout < 1 and self.lora_target_modules,
+                     f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "
+                     f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}")  # fmt: skip
         model_parallel = self.plugin.tp_size * self.plugin.pp_size
         _divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
         _divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)
@@ -359,6 +382,11 @@ class ConsumerConfig:
     @property
     def dp_size(self) -> int:
         return self.num_consumer_procs // (self.plugin.tp_size * self.plugin.pp_size)
+
+    @property
+    def lora_scale(self) -> float | None:
+        """alpha / r, what a producer multiplies the adapter's B A by (None without LoRA)"""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else None
 
 
 @dataclass(frozen=True)

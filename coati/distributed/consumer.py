@@ -26,6 +26,7 @@ from coati.distributed.forward import (
     token_budget_chunks,
     trim_padding,
 )
+from coati.distributed.lora import adapter_tensors, merged_state, peft_config
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.schedule import lr_factor
 from coati.distributed.step_metrics import StepMetrics
@@ -97,6 +98,9 @@ class GRPOConsumer:
         model.config.use_cache = False
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.cfg.lora_rank:  # peft wraps the model before boosting; only the adapter trains
+            model = self.plugin.enable_lora(model, lora_config=peft_config(self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_dropout, self.cfg.lora_target_modules,
+                                                                     self.model_path))
         self.vocab_size = model.config.vocab_size
         # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
         # ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights are cast,
@@ -107,10 +111,11 @@ class GRPOConsumer:
         if early:
             model.to(self.device, {"bf16": torch.bfloat16, "fp16": torch.float16}[p.precision])
             flatten_parameters(model)
-        optimizer = HybridAdam(model.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
+        trainable = [param for param in model.parameters() if param.requires_grad]
+        optimizer = HybridAdam(trainable, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         self._guard_optimizer_step()
-        if p.zero_stage == 0:
+        if p.zero_stage == 0 and not self.cfg.lora_rank:  # an adapter's push is small: no flat layout needed
             flatten_parameters(self.model.unwrap())
         self.dp_rank = self.plugin.dp_group.rank()
         self.dp_size = self.plugin.dp_size
@@ -134,7 +139,7 @@ class GRPOConsumer:
 
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
                 "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
-                "gradient_checkpointing": self.model.unwrap().is_gradient_checkpointing,
+                "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
                 "shares_prompts": self.share_prompts}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
@@ -487,13 +492,23 @@ class GRPOConsumer:
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
-        state = self.full_state_dict()
+        state = adapter_tensors(self._named()) if self.cfg.lora_rank else self.full_state_dict()
         if self.weight_group is not None:
             ray_broadcast_tensor_dict(state, 0, self.device, self.weight_group, version=version)
         return time.perf_counter() - start
 
+    def adapter(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter's tensors on CPU, under the names a push carries."""
+        return {k: v.cpu().clone() for k, v in adapter_tensors(self._named()).items()}
+
+    def _named(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.unwrap(unwrap_peft=False).named_parameters()}  # peft's names
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """This stage's full weights on CPU (all stages' when pp_size == 1); collective over TP."""
+        """This stage's full weights on CPU (all stages' when pp_size == 1), with a LoRA adapter merged in;
+        collective over TP."""
+        if self.cfg.lora_rank:
+            return {k: v.cpu().clone() for k, v in merged_state(self._named(), self.cfg.lora_scale).items()}
         return {k: v.cpu().clone() for k, v in self.full_state_dict().items()}
 
     def save_checkpoint(self, folder: str) -> bool:

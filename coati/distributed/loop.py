@@ -102,7 +102,8 @@ class Run:
         self._settle()  # a round in flight lands in the buffer, which the checkpoint holds
         meta = {"version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name,
                 "identity": self.record.get("identity", {}), "dataset": self.record.get("dataset", {})}  # fmt: skip
-        self.last_checkpoint = write_checkpoint(self.actors, manager, step, self.buffer.state(), meta)
+        adapter = (lambda folder: self.save_adapter(os.path.join(folder, "adapter"))) if self.cfg.consumer.lora_rank else None
+        self.last_checkpoint = write_checkpoint(self.actors, manager, step, self.buffer.state(), meta, also=adapter)
         return self.last_checkpoint
 
     def restore(self, folder: str) -> int:
@@ -117,10 +118,27 @@ class Run:
         return self.start_step
 
     def save(self, path: str) -> str:
-        """Write the trained model as a Hugging Face folder (weights, config, tokenizer), atomically."""
+        """Write the trained model as a Hugging Face folder (weights, config, tokenizer), atomically; with LoRA the
+        adapter as a PEFT folder, and the merged model in ``<path>/merged`` when ``lora_export_merged``."""
         from coati.distributed.checkpoint import export_model
 
-        return export_model(self.full_weights(), self.plan.train_model_path, self.tokenizer, path)
+        c = self.cfg.consumer
+        if not c.lora_rank:
+            return export_model(self.full_weights(), self.plan.train_model_path, self.tokenizer, path)
+        self.save_adapter(path)
+        if c.lora_export_merged:
+            export_model(self.full_weights(), self.plan.train_model_path, self.tokenizer, os.path.join(path, "merged"))
+        return path
+
+    def save_adapter(self, path: str) -> str:
+        """The consumers' LoRA adapter (DP replicas hold the same one) as a PEFT folder."""
+        from coati.distributed.checkpoint import export_adapter
+        from coati.distributed.lora import peft_config
+
+        adapter = get(self.actors.consumers[0].adapter.remote(), "gathering the adapter")
+        c = self.cfg.consumer
+        config = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules, self.plan.train_model_path)
+        return export_adapter(adapter, config, self.tokenizer, path)
 
     # ---- rollouts --------------------------------------------------------------------------------------------
 

@@ -125,7 +125,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     )  # fmt: skip
     inference_options = backend_class(cfg.producer.backend).engine_options(
         inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
-        gpu=producers[0].num_gpus > 0, in_flight=in_flight_weight_updates,
+        gpu=producers[0].num_gpus > 0, in_flight=in_flight_weight_updates, lora_rank=cfg.consumer.lora_rank,
     )  # fmt: skip
     from coati.distributed.checkpoint import rows_digest
 

@@ -45,7 +45,10 @@ class Producer:
         seed: int = 0,
         backend_options: dict | None = None,
         trainer_precision: tuple[str, str, int] | None = None,
+        lora: dict | None = None,
     ):
+        self.lora = lora
+        """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
@@ -229,14 +232,18 @@ class Producer:
         packed), and the share that went straight into the engine's weights (no staging copy)."""
         totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0}
         for name in self.weight_groups:
-            got = self.backend.receive_weights(name)
+            if self.lora is None:
+                got = self.backend.receive_weights(name)
+            else:
+                got = self.backend.receive_adapter(name, self.lora)
             self.version = got["version"]
             for k in totals:
                 totals[k] += got.get(k, 0)
         out = {"version": self.version}
         if totals["nbytes"]:
             n = totals["nbytes"]
-            out.update({"weights/transfers": totals["transfers"], "weights/direct_fraction": totals["direct_bytes"] / n,
+            out.update({"weights/transfers": totals["transfers"], "weights/bytes": n,
+                        "weights/direct_fraction": totals["direct_bytes"] / n,
                         "weights/in_place_fraction": totals["in_place_bytes"] / n})  # fmt: skip
         return out
 

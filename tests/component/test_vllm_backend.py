@@ -38,6 +38,9 @@ class Engine:
     def receive(self, group):
         return self.backend.receive_weights(group)
 
+    def receive_adapter(self, group, lora):
+        return self.backend.receive_adapter(group, lora)
+
     def weights(self):
         return self.backend.state_dict()
 
@@ -242,3 +245,54 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     expected = trainer_logprobs(updated, after, 1.0)
     m = after.response_mask.astype(bool)
     np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["adapter", "merged"])
+def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny, merge):
+    """An adapter pushed to a vLLM engine, served as a vLLM LoRA adapter or merged into the engine's weights: greedy
+    output equals transformers running peft's merge of that adapter, and differs from the base model's; a second push
+    replaces the first."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    lora = {"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj", "down_proj")}
+    engine = start("vllm", tiny, options={"lora_rank": 4, "lora_merge": merge})
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"vllm-lora-{uuid.uuid4().hex[:8]}"
+
+    def adapter_and_merge(seed):
+        torch.manual_seed(seed)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32),
+                               LoraConfig(r=4, lora_alpha=8, target_modules=list(lora["target_modules"])))  # fmt: skip
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.5)
+        state = {k[len("base_model.model."):]: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+        return state, model.merge_and_unload()
+
+    def greedy_hf(model):
+        out = []
+        for p in PROMPTS:
+            ids = model.generate(torch.tensor([p]), max_new_tokens=GEN["max_new_tokens"], do_sample=False)[0, len(p):]
+            out.append(ids.tolist())
+        return out
+
+    def greedy_engine():
+        batch = ray.get(engine.generate.remote(PROMPTS, 1, True))
+        return [batch.response_ids[i, : batch.response_lengths[i]].tolist() for i in range(len(PROMPTS))]
+
+    try:
+        base = greedy_engine()
+        ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
+        for version, seed in ((3, 0), (4, 1)):
+            adapter, merged = adapter_and_merge(seed)
+            got = ray.get([sender.push.remote(group, adapter, version), engine.receive_adapter.remote(group, lora)])
+            assert got[1]["version"] == version and got[1]["nbytes"] == sum(t.numel() * 4 for t in adapter.values())
+            served = greedy_engine()
+            expected = greedy_hf(merged)
+            for i in range(len(PROMPTS)):  # up to the engine's stop at EOS, the same tokens
+                assert served[i] == expected[i][: len(served[i])], (version, i, served[i], expected[i])
+            assert served != base  # the adapter changed what the engine generates
+    finally:
+        for actor in (engine, sender):
+            ray.kill(actor)

@@ -39,12 +39,16 @@ class InferenceBackend:
     OPTIONS: dict[str, str] = {}
     """engine options a user may pass (``inference_model_config`` keys beside ``path``), with what each does"""
     IN_FLIGHT_UPDATES = False
+    LORA = False
+    """whether the engine applies LoRA pushes (``receive_adapter``)"""
     """whether ``receive_weights`` may run while ``generate`` runs (another thread): generation pauses between
     engine steps, keeping its requests and KV cache, the weights load, generation resumes; the batch it returns
     records the version that sampled each token (``token_versions``)"""
 
-    def __init__(self, model_path: str, generation: GenerationConfig, **options):
+    def __init__(self, model_path: str, generation: GenerationConfig, lora_rank: int = 0, **options):
         self.check_options(options)
+        self.lora_rank = lora_rank
+        """the rank of the LoRA adapters pushes carry (0: pushes carry whole weights)"""
         self.model_path = model_path
         self.generation = generation
         self.options = options
@@ -62,7 +66,8 @@ class InferenceBackend:
         """Raise ImportError, with the install command, when the engine is not installed."""
 
     @classmethod
-    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False) -> dict:
+    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False,
+                       lora_rank: int = 0) -> dict:  # fmt: skip
         """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
         producer (``num_proc_per_producer``), whether producers sleep while consumers train, whether pushes load
         while a batch is being generated (``in_flight_weight_updates``), and whether they are placed on GPUs."""
@@ -73,7 +78,15 @@ class InferenceBackend:
         if in_flight and not cls.IN_FLIGHT_UPDATES:
             raise ValueError(f"in_flight_weight_updates=True, but the {cls.__name__} engine loads weights only "
                              "between batches; use the vllm backend or turn in_flight_weight_updates off")
+        if lora_rank and not cls.LORA:
+            raise ValueError(f"lora_rank={lora_rank}, but the {cls.__name__} engine cannot apply LoRA pushes yet; use "
+                             "the transformers or vllm backend, or lora_rank 0")  # fmt: skip
+        if lora_rank and in_flight:
+            raise ValueError("in_flight_weight_updates with LoRA is not supported yet: an adapter loads between batches; "
+                             "turn one of them off")  # fmt: skip
         options = cls.launch_options(options, processes, sleep)
+        if lora_rank:
+            options["lora_rank"] = lora_rank
         return {**options, "in_flight_updates": True} if in_flight else options
 
     @classmethod
@@ -122,6 +135,20 @@ class InferenceBackend:
                                            on_bucket=self.load_weights, into=self.weight_destinations())  # fmt: skip
         return {"version": loaded.version, "transfers": loaded.transfers, "nbytes": loaded.nbytes,
                 "direct_bytes": loaded.direct_bytes, "in_place_bytes": loaded.in_place_bytes}  # fmt: skip
+
+    def receive_adapter(self, group_name: str, lora: dict) -> dict:
+        """Receive one push of a LoRA adapter (wire-named tensors, see ``lora``) and apply it with ``load_adapter``
+        (``lora``: rank, alpha, dropout, target_modules); returns what ``receive_weights`` does."""
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        got = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name)
+        self.load_adapter({k: v for k, v in got.items() if isinstance(v, torch.Tensor)}, lora["alpha"] / lora["rank"])
+        return {"version": got.version, "transfers": got.transfers, "nbytes": got.nbytes,
+                "direct_bytes": got.direct_bytes, "in_place_bytes": 0}  # fmt: skip
+
+    def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float) -> None:
+        """Serve the base weights plus ``scale`` * B A of every adapter pair (the base itself kept intact)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters")
 
     def weight_destinations(self) -> Mapping[str, torch.Tensor]:
         """Tensors a weight push may be received into in place, by name (the default, none: everything goes

@@ -19,6 +19,7 @@ from coati.distributed.wire_layout import flatten_parameters
 
 
 class TransformersBackend(InferenceBackend):
+    LORA = True
     OPTIONS = {
         "device": "torch device (default: cuda when available, else cpu)",
         "dtype": "weights dtype, e.g. bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
@@ -54,6 +55,8 @@ class TransformersBackend(InferenceBackend):
         if not self.eos_ids:
             raise ValueError(f"model {model_path} has no EOS token; set eos_token_id in its generation config")
         self._state = None
+        self._lora_base: dict[str, torch.Tensor] = {}
+        """base values of the weights a LoRA adapter targets, kept at the first push"""
 
     def _generation_config(self, greedy: bool):
         from transformers import GenerationConfig as HFGenerationConfig
@@ -142,6 +145,20 @@ class TransformersBackend(InferenceBackend):
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(target.shape)}")
                 target.data.copy_(tensor)
+
+    @torch.no_grad()
+    def load_adapter(self, adapter, scale: float) -> None:
+        """Merge the adapter into the target weights from a copy of their base values kept at the first push, so
+        generation runs at the base model's speed and every push starts from the same base."""
+        from coati.distributed.lora import adapter_pairs, merge
+
+        self.weight_destinations()
+        for name, (a, b) in adapter_pairs(adapter).items():
+            if name not in self._state:
+                raise KeyError(f"the adapter targets {name}, which the model does not have")
+            target = self._state[name]
+            base = self._lora_base.setdefault(name, target.detach().clone())
+            target.data.copy_(merge(base, a.to(target.device), b.to(target.device), scale))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

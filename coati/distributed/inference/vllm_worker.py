@@ -48,6 +48,34 @@ class WeightSyncExtension:
             torch.cuda.synchronize()
         return loaded.version
 
+    def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
+        """Receive one LoRA push; returns (its version, the adapter's tensors on the CPU) for the producer, which
+        hands them to vLLM as a PEFT folder."""
+        got = ray_broadcast_tensor_dict(None, 0, self._coati_groups[group_name].device, group=self._coati_groups[group_name])
+        return got.version, {k: v.to("cpu").clone() for k, v in got.items() if isinstance(v, torch.Tensor)}
+
+    def receive_adapter_merged(self, group_name: str, model_path: str, scale: float) -> tuple[int, int]:
+        """Receive one LoRA push and reload every weight of the layers it targets as base + scale * B A (fused
+        modules such as qkv_proj reload only with all their parts, so whole layers are sent to the reload); the
+        base values come from the checkpoint at ``model_path``, read once. Returns (version, adapter bytes)."""
+        from coati.distributed.lora import adapter_pairs, merge
+
+        version, adapter = self.receive_adapter(group_name)
+        if not hasattr(self, "_coati_base"):
+            from safetensors.torch import load_file
+            import glob
+            import os
+
+            self._coati_base = {}
+            for f in sorted(glob.glob(os.path.join(model_path, "*.safetensors"))):
+                self._coati_base.update(load_file(f))
+        pairs = adapter_pairs(adapter)
+        layers = {name.rsplit(".", 2)[0] for name in pairs}  # model.layers.<i>.<block>
+        weights = [(name, merge(base, *pairs[name], scale) if name in pairs else base)
+                   for name, base in self._coati_base.items() if name.rsplit(".", 2)[0] in layers]  # fmt: skip
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        return version, sum(t.numel() * t.element_size() for t in adapter.values())
+
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """This worker's weights as the engine computes with them, under the Hugging Face names, on the CPU.
 

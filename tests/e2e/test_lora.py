@@ -1,0 +1,114 @@
+"""LoRA end to end (real Ray, ColossalAI, peft, the transformers backend): consumers train only an adapter, pushes
+carry only the adapter, and the engine then serves exactly what peft's own merge of that adapter gives; the reward
+rises."""
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from tests.e2e.test_launch import FP32, REWARD, launch_distributed, run_kwargs, start_run, tiny  # noqa: F401
+
+HEAD = ("q_proj", "v_proj", "lm_head")
+"""with the LM head adapted too, a tiny random model can shift its output distribution within a few steps"""
+LORA = {"lora_rank": 4, "lora_alpha": 8, "lora_target_modules": ("q_proj", "v_proj", "down_proj")}
+
+
+def peft_merged(base_path: str, adapter: dict) -> dict:
+    """The base model with ``adapter`` (names as pushed) merged by peft itself."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                            task_type="CAUSAL_LM"))  # fmt: skip
+    result = set_peft_model_state_dict(model, {f"base_model.model.{k}": v for k, v in adapter.items()})
+    assert not result.unexpected_keys, result.unexpected_keys
+    return {k: v.detach() for k, v in model.merge_and_unload().state_dict().items()}
+
+
+def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster, tiny, tmp_path):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    run = start_run(tiny, core_algo="GRPO", inference_options=FP32,
+                    grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA,
+                                 "lora_export_merged": True})  # fmt: skip
+    try:
+        out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=str(tmp_path), on_step=None)
+        engine = ray.get(run.producers[0].weights.remote())
+        adapter = ray.get(run.consumers[0].adapter.remote())
+        consumer = ray.get(run.consumers[0].weights.remote())
+    finally:
+        run.shutdown()
+    base = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).state_dict().items()}
+    assert len(adapter) == 2 * 3 * 2  # A and B of three modules in each of two layers
+    # Only the adapter travels: each push is its bytes, a fraction of the model's.
+    adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+    assert all(m["weights/bytes"] == adapter_bytes for m in out["history"])
+    assert adapter_bytes < 0.2 * sum(t.numel() * t.element_size() for t in base.values())
+    merged = peft_merged(tiny, adapter)
+    targets = [k for k in base if any(f".{m}." in k for m in LORA["lora_target_modules"])]
+    assert targets
+    for name, weight in engine.items():
+        assert torch.allclose(weight, merged[name], atol=1e-6), name  # the engine serves peft's merge ...
+        assert torch.allclose(consumer[name], merged[name], atol=1e-6), name  # ... which is the consumer's model
+        if name in targets:
+            assert not torch.allclose(weight, base[name], atol=1e-4), name  # ... and not the base model
+        else:
+            assert torch.equal(weight, base[name]), name  # frozen weights never change
+    # final/ and each checkpoint hold the adapter as a PEFT folder that peft loads onto the base; final/merged the
+    # merged model.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM as Auto
+
+    for folder in (tmp_path / "final", tmp_path / "checkpoints" / "step-2" / "adapter"):
+        loaded = PeftModel.from_pretrained(Auto.from_pretrained(tiny, dtype=torch.float32), str(folder))
+        state = loaded.merge_and_unload().state_dict()
+        assert all(torch.allclose(state[k], merged[k], atol=1e-6) for k in merged), folder
+    final_merged = Auto.from_pretrained(str(tmp_path / "final" / "merged")).state_dict()
+    assert all(torch.allclose(final_merged[k], merged[k], atol=1e-6) for k in merged)
+
+
+@pytest.fixture(scope="module")
+def tiny32(tmp_path_factory):
+    """head_dim 32, which vLLM's CPU attention kernels take"""
+    from coati.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("lora_vllm"), num_heads=2, vocab_multiple=8))
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):  # noqa: F811
+    model = tiny32 if backend == "vllm" else tiny
+    out = launch_distributed(**run_kwargs(model, core_algo="RLOO", max_steps=12, inference_backend=backend,
+                                          grpo_config={"lr": 2e-2, "reward_fn_type": REWARD, "lora_rank": 8,
+                                                       "lora_alpha": 16, "lora_target_modules": HEAD}))  # fmt: skip
+    rewards = [m["reward/mean"] for m in out["history"]]
+    first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
+    assert last > first + 0.05, rewards
+
+
+def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny):  # noqa: F811
+    with pytest.raises(ValueError, match=r"LoRA trains with data parallelism \(tp_size=1, pp_size=1, zero_stage=0\)"):
+        launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"tp_size": 2},
+                                        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
+    with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
+        launch_distributed(**run_kwargs(tiny, inference_backend="vllm", in_flight_weight_updates=True, max_staleness=1,
+                                        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
+    from coati.distributed.inference.sglang_backend import SGLangBackend  # the class only: sglang itself is GPU-only
+
+    with pytest.raises(ValueError, match="SGLangBackend engine cannot apply LoRA pushes yet"):
+        SGLangBackend.engine_options({}, processes=1, sleep=False, gpu=True, lora_rank=8)
+
+
+def test_a_resumed_lora_run_continues_exactly(ray_cluster, tiny, tmp_path):  # noqa: F811
+    """Adapter and optimizer come back from a checkpoint: a run cut after step 2 and resumed trains step 3 with the
+    uninterrupted run's loss."""
+    grpo = {"lr": 2e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA}
+    full = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "full")))
+    launch_distributed(**run_kwargs(tiny, max_steps=2, grpo_config=grpo, save_dir=str(tmp_path / "cut")))
+    resumed = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "cut"),
+                                              resume="latest"))  # fmt: skip
+    assert [m["step"] for m in resumed["history"]] == [3]
+    assert resumed["history"][0]["loss/policy"] == full["history"][2]["loss/policy"]
+    assert resumed["history"][0]["loss/policy"] != full["history"][1]["loss/policy"]
