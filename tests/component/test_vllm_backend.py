@@ -121,19 +121,24 @@ def with_weights(path, weights: dict, folder) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 5}], ids=["temp", "topk"])
-def test_rollout_logprobs_match_a_teacher_forced_forward(ray_cluster, tiny, sampling):
-    """fp32 on both sides; tolerance 1e-4 (different kernels sum in different orders)."""
-    engine = start("vllm", tiny, **sampling)
-    batch = ray.get(engine.generate.remote(PROMPTS, 4))
-    ray.kill(engine)
-    assert batch.extras["logprobs_valid"].all() and batch.response_lengths.sum() > 0
-    expected = trainer_logprobs(tiny, batch, sampling["temperature"], sampling.get("top_k", 0))
-    mask = batch.response_mask.astype(bool)
-    np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
-    if sampling.get("top_k"):  # the truncated distribution, not the full softmax: they differ
-        full = trainer_logprobs(tiny, batch, sampling["temperature"])
-        assert np.abs(full[mask] - expected[mask]).max() > 1e-2
+SAMPLINGS = [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 5}]
+
+
+def test_rollout_logprobs_match_a_teacher_forced_forward(ray_cluster, tiny):
+    """fp32 on both sides; tolerance 1e-4 (different kernels sum in different orders). Plain temperature, and top-k
+    (one engine each, started together)."""
+    engines = [start("vllm", tiny, **sampling) for sampling in SAMPLINGS]
+    batches = ray.get([engine.generate.remote(PROMPTS, 4) for engine in engines])
+    for engine in engines:
+        ray.kill(engine)
+    for sampling, batch in zip(SAMPLINGS, batches, strict=True):
+        assert batch.extras["logprobs_valid"].all() and batch.response_lengths.sum() > 0
+        expected = trainer_logprobs(tiny, batch, sampling["temperature"], sampling.get("top_k", 0))
+        mask = batch.response_mask.astype(bool)
+        np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+        if sampling.get("top_k"):  # the truncated distribution, not the full softmax: they differ
+            full = trainer_logprobs(tiny, batch, sampling["temperature"])
+            assert np.abs(full[mask] - expected[mask]).max() > 1e-2
 
 
 def test_pushed_weights_are_read_back_bitwise_and_greedy_matches_transformers(ray_cluster, tiny):
@@ -247,16 +252,15 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("merge", [False, True], ids=["adapter", "merged"])
-def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny, merge):
+def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny):
     """An adapter pushed to a vLLM engine, served as a vLLM LoRA adapter or merged into the engine's weights: greedy
     output equals transformers running peft's merge of that adapter, and differs from the base model's; a second push
-    replaces the first."""
+    replaces the first. One engine in each mode, both receiving the same pushes."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
     lora = {"rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj", "down_proj")}
-    engine = start("vllm", tiny, options={"lora_rank": 4, "lora_merge": merge})
+    engines = [start("vllm", tiny, options={"lora_rank": 4, "lora_merge": merge}) for merge in (False, True)]
     sender = ray.remote(num_cpus=0.5)(Sender).remote()
     group = f"vllm-lora-{uuid.uuid4().hex[:8]}"
 
@@ -277,22 +281,24 @@ def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny, merge):
             out.append(ids.tolist())
         return out
 
-    def greedy_engine():
-        batch = ray.get(engine.generate.remote(PROMPTS, 1, True))
-        return [batch.response_ids[i, : batch.response_lengths[i]].tolist() for i in range(len(PROMPTS))]
+    def greedy_engines():
+        batches = ray.get([engine.generate.remote(PROMPTS, 1, True) for engine in engines])
+        return [[b.response_ids[i, : b.response_lengths[i]].tolist() for i in range(len(PROMPTS))] for b in batches]
 
     try:
-        base = greedy_engine()
-        ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
+        base = greedy_engines()
+        ray.get([sender.join.remote(3, group)] + [e.join.remote(3, i + 1, group) for i, e in enumerate(engines)])
         for version, seed in ((3, 0), (4, 1)):
             adapter, merged = adapter_and_merge(seed)
-            got = ray.get([sender.push.remote(group, adapter, version), engine.receive_adapter.remote(group, lora)])
-            assert got[1]["version"] == version and got[1]["nbytes"] == sum(t.numel() * 4 for t in adapter.values())
-            served = greedy_engine()
+            got = ray.get([sender.push.remote(group, adapter, version)]
+                          + [e.receive_adapter.remote(group, lora) for e in engines])  # fmt: skip
+            for info in got[1:]:
+                assert info["version"] == version and info["nbytes"] == sum(t.numel() * 4 for t in adapter.values())
             expected = greedy_hf(merged)
-            for i in range(len(PROMPTS)):  # up to the engine's stop at EOS, the same tokens
-                assert served[i] == expected[i][: len(served[i])], (version, i, served[i], expected[i])
-            assert served != base  # the adapter changed what the engine generates
+            for mode, served, before in zip(("adapter", "merged"), greedy_engines(), base, strict=True):
+                for i in range(len(PROMPTS)):  # up to the engine's stop at EOS, the same tokens
+                    assert served[i] == expected[i][: len(served[i])], (mode, version, i, served[i], expected[i])
+                assert served != before, mode  # the adapter changed what the engine generates
     finally:
-        for actor in (engine, sender):
+        for actor in (*engines, sender):
             ray.kill(actor)

@@ -102,13 +102,15 @@ def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny):  # noqa: F811
 
 
 def test_a_resumed_lora_run_continues_exactly(ray_cluster, tiny, tmp_path):  # noqa: F811
-    """Adapter and optimizer come back from a checkpoint: a run cut after step 2 and resumed trains step 3 with the
-    uninterrupted run's loss."""
+    """Adapter and optimizer come back from a checkpoint: resumed from the step-2 checkpoint of a 3-step run, step 3
+    trains with that run's loss."""
     grpo = {"lr": 2e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA}
-    full = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "full")))
-    launch_distributed(**run_kwargs(tiny, max_steps=2, grpo_config=grpo, save_dir=str(tmp_path / "cut")))
-    resumed = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "cut"),
-                                              resume="latest"))  # fmt: skip
+    full = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "full"),
+                                           save_interval=2))  # fmt: skip
+    step2 = tmp_path / "full" / "checkpoints" / "step-2"
+    assert (step2 / "adapter" / "adapter_config.json").exists()
+    resumed = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "cont"),
+                                              resume=str(step2)))  # fmt: skip
     assert [m["step"] for m in resumed["history"]] == [3]
     assert resumed["history"][0]["loss/policy"] == full["history"][2]["loss/policy"]
     assert resumed["history"][0]["loss/policy"] != full["history"][1]["loss/policy"]
