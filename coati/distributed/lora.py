@@ -41,8 +41,8 @@ def adapter_pairs(adapter: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Ten
 
 def merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
     """W0 + scale * B A, computed in fp32 and returned in W0's dtype. Shapes: W0 [out, in], A [r, in], B [out, r]."""
-    delta = b.to(torch.float32) @ a.to(torch.float32)
-    return (base.to(torch.float32) + scale * delta).to(base.dtype)
+    out = base.to(torch.float32, copy=True)  # a copy even in fp32: the base is kept
+    return out.addmm_(b.to(torch.float32), a.to(torch.float32), alpha=scale).to(base.dtype)
 
 
 def merged_state(named: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:

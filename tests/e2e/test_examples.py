@@ -33,3 +33,5 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     assert len(metrics) == 1
     steps = [json.loads(line)["step"] for line in metrics[0].read_text().splitlines()]
     assert steps in ([1], [0, 1]), steps  # one training step, after the evaluation before training when there is one
+    if name == "lora_dapo.py":  # the adapter, as a PEFT folder, is what the run leaves
+        assert (metrics[0].parent / "final" / "adapter_config.json").exists()

@@ -157,7 +157,9 @@ class TransformersBackend(InferenceBackend):
             if name not in self._state:
                 raise KeyError(f"the adapter targets {name}, which the model does not have")
             target = self._state[name]
-            base = self._lora_base.setdefault(name, target.detach().clone())
+            base = self._lora_base.get(name)
+            if base is None:  # the first push: the weights are still the base's
+                base = self._lora_base[name] = target.detach().clone()
             target.data.copy_(merge(base, a.to(target.device), b.to(target.device), scale))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
