@@ -368,9 +368,9 @@ class ConsumerConfig:
                  f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}")  # fmt: skip
         if self.lora_rank:
             p = self.plugin
-            _require(p.tp_size == 1 and p.pp_size == 1 and p.zero_stage == 0,
-                     f"LoRA trains with data parallelism (tp_size=1, pp_size=1, zero_stage=0); got tp_size={p.tp_size}, "
-                     f"pp_size={p.pp_size}, zero_stage={p.zero_stage}: use more consumers for data parallelism, or "
+            _require(p.tp_size == 1 and p.pp_size == 1,
+                     f"LoRA trains with data parallelism, ZeRO included (tp_size=1, pp_size=1); got "
+                     f"tp_size={p.tp_size}, pp_size={p.pp_size}: use more consumers for data parallelism, or "
                      "lora_rank 0")  # fmt: skip
             _require(self.lora_alpha > 0 and 0 <= self.lora_dropout < 1 and self.lora_target_modules,
                      f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "

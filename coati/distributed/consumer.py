@@ -98,9 +98,10 @@ class GRPOConsumer:
         model.config.use_cache = False
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.cfg.lora_rank:  # peft wraps the model before boosting; only the adapter trains
-            model = self.plugin.enable_lora(model, lora_config=peft_config(self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_dropout, self.cfg.lora_target_modules,
-                                                                     self.model_path))
+        c = self.cfg
+        if c.lora_rank:  # peft wraps the model before boosting; only the adapter trains
+            lora = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules, self.model_path)
+            model = self.plugin.enable_lora(model, lora_config=lora)
         self.vocab_size = model.config.vocab_size
         # Flat weight buffers, laid out as a transformers producer's: pushes go in a few transfers, received in place.
         # ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights are cast,

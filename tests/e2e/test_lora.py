@@ -69,6 +69,33 @@ def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster
     assert all(torch.allclose(final_merged[k], merged[k], atol=1e-6) for k in merged)
 
 
+def test_zero_trains_the_adapter_and_the_engine_serves_the_consumer_s_merge(ray_cluster, tiny, tmp_path):  # noqa: F811
+    """ZeRO-2 over two consumers (bf16 on both sides, as ZeRO needs): the adapter trains identically on both ranks, the
+    pushes are its bf16 bytes, the engine holds exactly the consumer's merged model, and the adapter is exported."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = start_run(tiny, core_algo="GRPO", num_consumer_procs=2, train_batch_size=2, train_minibatch_size=2,
+                    plugin_config={"zero_stage": 2, "precision": "bf16"}, inference_options={"dtype": "bfloat16"},
+                    grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, **LORA})  # fmt: skip
+    try:
+        before = ray.get(run.consumers[0].adapter.remote())
+        out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=str(tmp_path), on_step=None)
+        engine = ray.get(run.producers[0].weights.remote())
+        adapters = ray.get([c.adapter.remote() for c in run.consumers])
+        consumer = ray.get(run.consumers[0].weights.remote())
+    finally:
+        run.shutdown()
+    assert all(not torch.equal(before[k], adapters[0][k]) for k in before)  # every adapter tensor trained
+    assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in before)  # ... alike on both ranks
+    assert all(m["weights/bytes"] == sum(t.numel() * 2 for t in before.values()) for m in out["history"])
+    assert all(torch.equal(w, consumer[name]) for name, w in engine.items())
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16),
+                                       str(tmp_path / "final"))  # fmt: skip
+    state = loaded.merge_and_unload().state_dict()
+    assert all(torch.allclose(state[k].float(), consumer[k].float(), atol=1e-2) for k in consumer)
+
+
 @pytest.fixture(scope="module")
 def tiny32(tmp_path_factory):
     """head_dim 32, which vLLM's CPU attention kernels take"""
@@ -89,7 +116,7 @@ def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):  # noqa: F8
 
 
 def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny):  # noqa: F811
-    with pytest.raises(ValueError, match=r"LoRA trains with data parallelism \(tp_size=1, pp_size=1, zero_stage=0\)"):
+    with pytest.raises(ValueError, match=r"LoRA trains with data parallelism, ZeRO included \(tp_size=1, pp_size=1\)"):
         launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"tp_size": 2},
                                         grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
     with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
