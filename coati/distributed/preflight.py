@@ -109,7 +109,9 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
                 raise ValueError(f"every {what} row's prompt is over max_prompt_tokens="
                                  f"{cfg.generation.max_prompt_tokens}; raise it")  # fmt: skip
         overlong[what] = len(over)
-    check_inputs = check_reward_inputs if cfg.reward.env is None else functools.partial(check_env_inputs, tokenizer=tokenizer)
+    check_inputs = check_reward_inputs
+    if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
+        check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)
     check_inputs(cfg, rows, "training set")
     if eval_rows:
         check_inputs(cfg, eval_rows, "eval set")

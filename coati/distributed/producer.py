@@ -189,7 +189,8 @@ class Producer:
         """``n`` rollouts of each row and their scores (futures of RewardResults): completions scored by the reward
         pool, or episodes scored by their environment."""
         if self.episodes is None:
-            batch = self.backend.generate([self.prompt_format.encode(self.tokenizer, r) for r in rows], n, greedy=greedy)
+            prompts = [self.prompt_format.encode(self.tokenizer, r) for r in rows]
+            batch = self.backend.generate(prompts, n, greedy=greedy)
             return batch, self._submit_rewards(batch, rows)
         from concurrent.futures import Future
 
