@@ -49,6 +49,8 @@ def test_retry_gives_feedback_and_decays_the_reward():
 
 def test_environments_resolve_by_name_or_path():
     assert {"tool_math", "retry"} <= set(ENVIRONMENTS)
+    for name in ENVIRONMENTS:  # registered environments say what they reward
+        assert len((ENVIRONMENTS[name].__doc__ or "").strip()) > 20, name
     assert resolve_environment("retry") is Retry
     assert resolve_environment("tests.unit.test_envs:Script") is Script
     with pytest.raises(KeyError, match="unknown environment 'nope'; known: .*retry"):

@@ -13,6 +13,8 @@ FEEDBACK = "That is not correct. Check your work and give the final answer again
 
 @register_environment
 class Retry(Environment):
+    """Feedback after each wrong answer; the reward of a right one decays with the attempts it took."""
+
     name = "retry"
     max_turns = 3
 
