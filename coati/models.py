@@ -11,9 +11,12 @@ import string
 from pathlib import Path
 
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ '<eos>' if m['role'] == 'assistant' else '' }}\n"
+    "{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
+"""role: content lines; an assistant turn ends with the end-of-sequence token the model stops at, as chat models'
+templates do (a multi-turn episode's trained tokens are then the template's rendering)"""
 SPECIAL = ["<pad>", "<eos>", "<bos>"]
 
 

@@ -63,6 +63,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "generation.max_new_tokens": ("-mnt",),
     "generation.max_prompt_tokens": ("-mpt",),
     "reward.fn": ("-rt", "--reward-type"),
+    "reward.env": ("--env",),
+    "reward.env_kwargs": ("--env-kwargs",),
+    "reward.env_max_turns": ("--env-max-turns",),
+    "reward.env_max_tokens": ("--env-max-tokens",),
+    "reward.env_step_timeout_s": ("--env-step-timeout-s",),
     "algo": ("-a",),
     "algorithm.beta": ("-kl", "--kl-coeff"),
 }

@@ -226,9 +226,29 @@ class RewardConfig:
     """the run stops when more than this fraction of a step's completions fail to score (error or timeout)"""
     stop_on_first_step_error: bool = True
     """the run stops when any completion of its first step fails to score (a broken reward shows at once)"""
+    env: str | None = None
+    """multi-turn environment (tool_math, retry or package.module:Class): each rollout is an episode of model turns
+    and environment replies, scored by the environment (``fn`` is then unused); None: one completion per prompt"""
+    env_kwargs: dict = field(default_factory=dict)
+    """options passed to the environment by name"""
+    env_max_turns: int | None = None
+    """model turns per episode (None: the environment's own limit)"""
+    env_max_tokens: int = 256
+    """tokens per episode, its first prompt included; a longer conversation is cut there and flagged (at most
+    generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
+    env_step_timeout_s: float = 30.0
+    """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
 
     def __post_init__(self):
         _require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
+        _require(self.env is None or (isinstance(self.env, str) and self.env),
+                 f"env must be an environment name or package.module:Class, got {self.env!r}")  # fmt: skip
+        _require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
+        _require(self.env_max_turns is None or self.env_max_turns >= 1,
+                 f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
+        _require(self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
+                 f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
+                 f"{self.env_step_timeout_s}")  # fmt: skip
         _require(
             isinstance(self.kwargs, dict),
             f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
@@ -432,6 +452,15 @@ class LaunchConfig:
             buffer < self.generation.max_new_tokens,
             f"overlong buffer of {buffer} tokens must be shorter than max_new_tokens={self.generation.max_new_tokens}",
         )
+        g, r = self.generation, self.reward
+        if r.env is not None:
+            _require(r.env_max_tokens <= g.max_prompt_tokens,
+                     f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
+                     f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
+                     "env_max_tokens")  # fmt: skip
+            _require(not g.stop_strings,
+                     f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
+                     "token the chat template closes it with; drop the stop strings")  # fmt: skip
 
     @property
     def global_train_batch_size(self) -> int:

@@ -273,7 +273,7 @@ class GRPOConsumer:
         n_rows = len(batch)
         assert n_rows % (self.dp_size * self.n) == 0, (n_rows, self.dp_size, self.n)
         # Arrays from the object store are read-only: copy the small ones into tensors.
-        loss_mask = torch.tensor(batch.response_mask, dtype=torch.float32)
+        loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)  # sampled tokens only
         if self.algo.mask_truncated:
             loss_mask = mask_truncated(loss_mask, torch.tensor(batch.truncated))
         adv = ADVANTAGE_ESTIMATORS.get(self.algo.advantage_estimator)(

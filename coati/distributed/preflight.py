@@ -109,9 +109,12 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
                 raise ValueError(f"every {what} row's prompt is over max_prompt_tokens="
                                  f"{cfg.generation.max_prompt_tokens}; raise it")  # fmt: skip
         overlong[what] = len(over)
-    check_reward_inputs(cfg, rows, "training set")
+    check_inputs = check_reward_inputs
+    if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
+        check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)
+    check_inputs(cfg, rows, "training set")
     if eval_rows:
-        check_reward_inputs(cfg, eval_rows, "eval set")
+        check_inputs(cfg, eval_rows, "eval set")
     per_step = cfg.global_train_batch_size
     if len(rows) < per_step:
         raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
@@ -146,6 +149,27 @@ def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: 
         if n > limit:
             over.append(i)
     return over
+
+
+def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:
+    """The environment resolves, its chat template closes turns with the end-of-turn token, and each row makes an
+    episode whose first messages fit in env_max_tokens (with room for a turn)."""
+    from coati.distributed.envs import resolve_environment
+    from coati.distributed.envs.base import check_messages
+    from coati.distributed.envs.episodes import TurnTemplate
+
+    r = cfg.reward
+    env_cls, template = resolve_environment(r.env), TurnTemplate(tokenizer)
+    for i, row in enumerate(rows):
+        try:
+            messages = check_messages(env_cls(row, **r.env_kwargs).reset(), "reset()")
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{what} row {i}: env {r.env!r} with env_kwargs {r.env_kwargs} cannot start an episode: "
+                             f"{type(e).__name__}: {e}") from e  # fmt: skip
+        n = len(template.prompt(messages))
+        if n >= r.env_max_tokens:
+            raise ValueError(f"{what} row {i}: the episode's first messages take {n} tokens, env_max_tokens is "
+                             f"{r.env_max_tokens}; raise env_max_tokens (and max_prompt_tokens)")  # fmt: skip
 
 
 def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:

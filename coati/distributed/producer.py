@@ -87,6 +87,13 @@ class Producer:
         r = self.reward
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
         self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
+        self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
+        if r.env is not None:
+            from coati.distributed.envs import resolve_environment
+            from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
+
+            self.episodes = EpisodeRunner(resolve_environment(r.env), r.env_kwargs, TurnTemplate(self.tokenizer),
+                                          r.env_max_turns, r.env_max_tokens, r.env_step_timeout_s)  # fmt: skip
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", "")),
@@ -119,9 +126,9 @@ class Producer:
             chunk = picks[lo : lo + self.microbatch_size]
             rows = [self.rows[i] for _, i in chunk]
             t0 = time.perf_counter()
-            batch = self.backend.generate([self.prompt_format.encode(self.tokenizer, r) for r in rows], self.n)
+            batch, scored = self._rollouts(rows, self.n, greedy=False)
             gen_s += time.perf_counter() - t0
-            futures.extend(self._submit_rewards(batch, rows))
+            futures.extend(scored)
             batch.extras["prompt_index"] = np.repeat(np.array([i for _, i in chunk], dtype=np.int64), self.n)
             batch.extras["episode"] = np.repeat(np.array([e for e, _ in chunk], dtype=np.int64), self.n)
             batch.group_ids = batch.group_ids + lo  # unique within this call
@@ -147,7 +154,7 @@ class Producer:
         skipped[:1] = self.cursor.skipped - skipped_before
         out.extras["skipped_prompts"] = skipped
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
-        if buffer:
+        if buffer and self.episodes is None:  # an episode's length is bounded by env_max_tokens instead
             penalty = overlong_penalty(
                 torch.from_numpy(out.response_lengths), self.generation.max_new_tokens, buffer,
                 self.algorithm.overlong_penalty_factor,
@@ -167,7 +174,7 @@ class Producer:
         start = np.full(len(out), start_version, dtype=np.int64)
         if out.token_versions is None:
             out.token_versions = np.where(out.response_mask, start[:, None], 0)
-        out.policy_version = oldest_versions(out.token_versions, out.response_mask, start)
+        out.policy_version = oldest_versions(out.token_versions, out.trained_mask(), start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
         out.extras["threads"] = np.full(len(out), threads, dtype=np.int64)
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
@@ -177,6 +184,27 @@ class Producer:
     def _calls(self) -> int:
         self._num_calls = getattr(self, "_num_calls", 0) + 1
         return self._num_calls
+
+    def _rollouts(self, rows: list[dict], n: int, greedy: bool) -> tuple[RolloutBatch, list]:
+        """``n`` rollouts of each row and their scores (futures of RewardResults): completions scored by the reward
+        pool, or episodes scored by their environment."""
+        if self.episodes is None:
+            prompts = [self.prompt_format.encode(self.tokenizer, r) for r in rows]
+            batch = self.backend.generate(prompts, n, greedy=greedy)
+            return batch, self._submit_rewards(batch, rows)
+        from concurrent.futures import Future
+
+        from coati.distributed.reward import RewardResult
+
+        batch = self.episodes.rollouts(lambda contexts: self.backend.generate(contexts, 1, greedy=greedy), rows, n,
+                                       self.backend.pad_id, self.version)  # fmt: skip
+        scored = []
+        for i in range(len(batch)):  # an environment's failure is the episode's (env_error), not a scoring error
+            result = RewardResult(float(batch.rewards[i]), answer_ok=bool(batch.extras["answer_ok"][i]),
+                                  info={"lenient_ok": bool(batch.extras["lenient_ok"][i])})  # fmt: skip
+            scored.append(Future())
+            scored[-1].set_result(result)
+        return batch, scored
 
     def _submit_rewards(self, batch: RolloutBatch, rows: list[dict]):
         futures = []
@@ -204,8 +232,8 @@ class Producer:
         ok, lenient, errors, first_error = 0, 0, 0, ""
         for lo in range(0, len(rows), self.microbatch_size):
             chunk = rows[lo : lo + self.microbatch_size]
-            batch = self.backend.generate([self.prompt_format.encode(self.tokenizer, r) for r in chunk], 1, greedy=True)
-            for f in self._submit_rewards(batch, chunk):
+            _, scored = self._rollouts(chunk, 1, greedy=True)
+            for f in scored:
                 r = f.result()
                 ok += bool(r.answer_ok)
                 lenient += bool(r.info.get("lenient_ok", r.answer_ok))
@@ -275,4 +303,6 @@ class Producer:
 
     def close(self) -> None:
         self.pool.close()
+        if self.episodes is not None:
+            self.episodes.close()
 

@@ -5,6 +5,9 @@ length, R = padded response length. Invariants (checked by ``validate``):
 - prompts are LEFT-padded, responses RIGHT-padded; ``prompt_mask``/``response_mask`` mark real tokens;
 - ``response_mask`` is also the loss mask: the response tokens up to and including EOS (or the stop string's last
   token); the inference backend fills it, nobody recomputes it (DAPO may zero rows of truncated responses);
+- multi-turn episodes put the whole conversation after the first prompt in the response (sampled turns and the
+  environment's observations) and set ``loss_mask``, True on the sampled tokens only, within ``response_mask``;
+  ``rollout_logprobs`` and ``token_versions`` are 0 off it;
 - ``rollout_logprobs[i, t]`` is log p(response_ids[i, t]) under the sampling distribution at the configured
   temperature (no top-k/top-p renormalisation), 0 where ``response_mask`` is 0;
 - rows of one prompt share ``group_ids``; ``token_versions[i, t]`` is the weight version that sampled response token
@@ -45,6 +48,17 @@ class RolloutBatch:
     """float32 [N] scalar reward (after shaping), filled by the producer"""
     extras: dict = field(default_factory=dict)
     """name -> array [N]: per-row diagnostics (answer_ok, format_ok, prompt index, ...)"""
+    loss_mask: np.ndarray = None
+    """bool [N, R] True on the tokens the policy sampled, within response_mask (multi-turn episodes: environment
+    tokens are False); None: response_mask is the loss mask"""
+
+    turn_index: np.ndarray = None
+    """int64 [N, R] multi-turn episodes: the 1-based model turn each sampled token belongs to, 0 elsewhere (turn k
+    spans the tokens where it equals k); None for single-turn rows"""
+
+    def trained_mask(self) -> np.ndarray:
+        """bool [N, R] the tokens the loss covers."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -68,10 +82,16 @@ class RolloutBatch:
         if self.token_versions is not None:
             assert self.token_versions.shape == r, (self.token_versions.shape, r)
             if self.policy_version is not None:
-                assert np.array_equal(oldest_versions(self.token_versions, self.response_mask, self.policy_version),
+                assert np.array_equal(oldest_versions(self.token_versions, self.trained_mask(), self.policy_version),
                                       self.policy_version), "policy_version is not each row's oldest token version"
         for name, value in self.extras.items():
             assert len(value) == n, (name, len(value))
+        if self.loss_mask is not None:
+            assert self.loss_mask.shape == r, (self.loss_mask.shape, r)
+            assert not (self.loss_mask & ~self.response_mask).any(), "loss_mask outside response_mask"
+            assert not self.rollout_logprobs[~self.loss_mask].any(), "rollout log-probs off the loss mask"
+        if self.turn_index is not None:
+            assert self.turn_index.shape == r and np.array_equal(self.turn_index > 0, self.trained_mask()), "turn_index"
         return self
 
     def select(self, index) -> "RolloutBatch":
@@ -113,6 +133,10 @@ class RolloutBatch:
                 setattr(out, name, np.concatenate(values))
         if all(b.token_versions is not None for b in batches):
             out.token_versions = np.concatenate([right(b.token_versions, r, 0) for b in batches])
+        if any(b.loss_mask is not None for b in batches):
+            out.loss_mask = np.concatenate([right(b.trained_mask(), r, False) for b in batches])
+        if all(b.turn_index is not None for b in batches):
+            out.turn_index = np.concatenate([right(b.turn_index, r, 0) for b in batches])
         keys = set.intersection(*(set(b.extras) for b in batches))
         out.extras = {k: np.concatenate([np.asarray(b.extras[k]) for b in batches]) for k in keys}
         return out

@@ -243,6 +243,9 @@ class Config:
 
     def __post_init__(self):
         self.launch_config()  # every cross-section check, now
+        if self.reward.env is not None and (self.data.system_prompt or self.data.raw_prompt):
+            raise ValueError(f"env {self.reward.env!r} writes each episode's first messages itself: drop "
+                             "data.system_prompt/raw_prompt (an environment may take a system_prompt in env_kwargs)")
 
     def launch_config(self) -> LaunchConfig:
         """The training subtree, with the algorithm resolved from its preset (checked as it is built)."""

@@ -71,7 +71,7 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch
     ex = drawn.extras
     lag = (step - 1) - batch.policy_version
-    mask = batch.response_mask
+    mask = batch.trained_mask()  # the sampled tokens (an episode's environment tokens carry no version)
     token_lag = ((step - 1) - batch.token_versions)[mask]
     versions = np.where(mask, batch.token_versions, batch.policy_version[:, None])
     out = {
@@ -98,6 +98,7 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "rollout/trained_response_tokens": int(batch.response_lengths.sum()),
         "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
         **reward_failures(ex),
+        **episode_metrics(ex),
     }
     for key in ("time/generate", "time/reward_wait", "time/producer_total"):
         if key in ex:
@@ -113,3 +114,13 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         for i in range(0, min(len(batch), 2 * n), n)
     ]  # fmt: skip
     return out
+
+
+def episode_metrics(ex: dict) -> dict:
+    """``env/*`` of multi-turn episodes (none for single-turn rollouts): model turns, tool calls, and the episodes
+    that ended by the turn limit, by the token budget or by an environment failure."""
+    if "turns" not in ex:
+        return {}
+    return {"env/turns_mean": float(np.mean(ex["turns"])), "env/turns_max": int(np.max(ex["turns"])),
+            "env/tool_calls_mean": float(np.mean(ex["tool_calls"])),
+            "env/turn_limit_frac": float(np.mean(ex["turn_limit"])), "env/errors": int(np.sum(ex["env_error"]))}  # fmt: skip

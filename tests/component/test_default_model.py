@@ -39,3 +39,28 @@ def test_a_folder_from_an_older_conversion_is_not_used(tmp_path):
     shutil.copytree(path, stale)
     (stale / "coati_conversion.json").unlink()
     assert round_trips(stale) and not is_current(stale)  # right tokenizer, but not stamped by this conversion
+
+
+def test_a_multi_turn_episode_s_tokens_are_the_chat_template_s_rendering():
+    """On the chat model's own template (ChatML, with its default system message): a tool episode played by a
+    scripted policy trains exactly the tokens the template gives the final conversation, the sampled ones unmasked."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from coati.distributed.envs.episodes import TurnTemplate, retokenized_equal, run_episodes
+    from coati.distributed.envs.tool_math import ToolMath
+    from coati.distributed.rollout import batch_from_responses
+
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    template = TurnTemplate(tok)
+    replies = iter(["I will compute it.\n<tool>print(17 * 3)</tool>", "So the answer is \\boxed{51}."])
+
+    def policy(contexts):
+        tokens = [tok.encode(next(replies), add_special_tokens=False) + [tok.eos_token_id] for _ in contexts]
+        return batch_from_responses(contexts, 1, tokens, [[-1.0] * len(t) for t in tokens], [True], tok.pad_token_id)
+
+    (episode,) = run_episodes(policy, template, [ToolMath({"prompt": "17 * 3?", "gt_answer": "51"})], 3, 512)
+    assert episode.reward == 1.0 and episode.info["tool_calls"] == 1 and retokenized_equal(episode, template)
+    masked = tok.decode([t for t, m in zip(episode.ids, episode.loss_mask) if not m])
+    assert masked == "\n<|im_start|>user\n<output>\n51\n</output><|im_end|>\n<|im_start|>assistant\n", masked
+    assert np.sum(episode.loss_mask) == len(episode.ids) - len(tok.encode(masked, add_special_tokens=False))

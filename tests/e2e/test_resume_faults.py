@@ -94,6 +94,9 @@ def write(tmp_path, name, text):
     return str(path)
 
 
+GRPO = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4}
+ANSWERED = [{"prompt": f"q{i}", "gt_answer": "1"} for i in range(8)]
+
 BAD = [
     ("malformed JSONL", lambda t, d: {"train_dataset_config": {"path": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
      ValueError, r"a.jsonl:2: not valid JSON"),
@@ -117,6 +120,18 @@ BAD = [
      r"unknown reward function 'nope'; known: code, math"),
     ("too few rows", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}}, ValueError,
      r"the training set has 3 rows, fewer than one step's 4 prompts"),
+    ("unknown environment", lambda t, d: {"grpo_config": {**GRPO, "env": "nope"}}, KeyError,
+     r"unknown environment 'nope'; known: retry, tool_math"),
+    ("environment without its column", lambda t, d: {"grpo_config": {**GRPO, "env": "tool_math"}}, ValueError,
+     r"training set row 0: env 'tool_math' with env_kwargs \{\} cannot start an episode: .*needs a gt_answer column"),
+    ("unknown environment option", lambda t, d: {"grpo_config": {**GRPO, "env": "retry", "env_kwargs": {"colour": 1}},
+                                                 "train_dataset_config": {"rows": ANSWERED}}, ValueError,
+     r"env 'retry' with env_kwargs \{'colour': 1\} cannot start an episode: TypeError: .*'colour'"),
+    ("episode budget over the prompt limit", lambda t, d: {"grpo_config": {**GRPO, "env": "retry",
+                                                                           "env_max_tokens": 300}}, ValueError,
+     r"env_max_tokens=300 > max_prompt_tokens=256: each turn's prompt is the conversation so far"),
+    ("stop strings in episodes", lambda t, d: {"grpo_config": {**GRPO, "env": "retry"}, "generate_config": {
+        "max_new_tokens": 8, "stop_strings": ["\n"]}}, ValueError, r"stop_strings \['\\n'\] with env 'retry'"),
 ]  # fmt: skip
 
 

@@ -17,7 +17,8 @@ PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" /
                                             ROOT / "coati" / "distributed" / "guards.py",
                                             ROOT / "coati" / "distributed" / "rollout_buffer.py",
                                             ROOT / "coati" / "distributed" / "step_metrics.py",
-                                            ROOT / "coati" / "distributed" / "reward" / "code_runner.py"]
+                                            ROOT / "coati" / "distributed" / "reward" / "code_runner.py",
+                                            *sorted((ROOT / "coati" / "distributed" / "envs").glob("*.py"))]
 
 
 @pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS,
