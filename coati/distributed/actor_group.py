@@ -98,6 +98,7 @@ class ActorGroups:
         threads = {"max_concurrency": 2} if self.in_flight else {}
         lend = {"max_concurrency": 2} if self.follow_work else {}
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
+        self.reward_servers = self._start_reward_servers(env)
         for i, slot in enumerate(p.producer_slots):
             options = actor_options(slot, self.shared_gpus)
             actor = ray.remote(Producer).options(**options, **env, **threads, name=f"{self.run_name}-producer-{i}")
@@ -107,6 +108,7 @@ class ActorGroups:
                 prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
                 trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
+                reward_servers=self.reward_servers,
                 lora={"rank": c.consumer.lora_rank, "alpha": c.consumer.lora_alpha,
                       "target_modules": c.consumer.lora_target_modules} if c.consumer.lora_rank else None,
             ))  # fmt: skip
@@ -131,6 +133,24 @@ class ActorGroups:
         self.cores = {}
         for info in infos:  # the CPUs each node lets its actors run on
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
+
+    def _start_reward_servers(self, env: dict) -> list:
+        """The reward-model actors (none without an ``rm`` component), each with its own resources; ready on return,
+        so a model that fails to load stops the run before the producers start."""
+        import ray
+
+        from coati.distributed.reward.model_actors import RewardModelServer
+
+        r = self.cfg.reward
+        if r.rm_path is None:
+            return []
+        server = ray.remote(RewardModelServer)
+        servers = [server.options(num_cpus=r.rm_cpus, num_gpus=r.rm_gpus, name=f"{self.run_name}-rm-{i}", **env)
+                   .remote(r.rm_path, batch_size=r.rm_batch_size) for i in range(r.rm_servers)]  # fmt: skip
+        for i, a in enumerate(servers):
+            ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-rm-{i}"
+        get([a.ping.remote() for a in servers], "reward model setup")
+        return servers
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
         """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers
@@ -226,7 +246,7 @@ class ActorGroups:
                 ray.get(a.close.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        for a in self.producers + self.consumers:
+        for a in self.producers + self.consumers + getattr(self, "reward_servers", []):
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)

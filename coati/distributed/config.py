@@ -238,6 +238,25 @@ class RewardConfig:
     generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
     env_step_timeout_s: float = 30.0
     """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
+    components: dict = field(default_factory=dict)
+    """weights of the reward's named components, summed: the reward function by its name (``fn``) and ``rm`` (the
+    reward model at rm_path), e.g. {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
+    rm_path: str | None = None
+    """a reward model: an AutoModelForSequenceClassification folder with one output, scoring prompt + completion
+    under its chat template (the ``rm`` component)"""
+    rm_servers: int = 1
+    """Ray actors hosting the reward model, shared by all producers"""
+    rm_cpus: float = 1.0
+    """CPUs reserved for each reward-model actor"""
+    rm_gpus: float = 0.0
+    """GPUs (or a share of one) for each reward-model actor"""
+    rm_batch_size: int = 8
+    """pairs per reward-model forward"""
+    rm_normalize: str = "none"
+    """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
+    mean and std of every score so far (running)"""
+    rm_timeout_s: float = 120.0
+    """a reward-model call that takes longer stops the run, naming the server"""
 
     def __post_init__(self):
         _require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
@@ -246,6 +265,7 @@ class RewardConfig:
         _require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
         _require(self.env_max_turns is None or self.env_max_turns >= 1,
                  f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
+        self._check_components()
         _require(self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
                  f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
                  f"{self.env_step_timeout_s}")  # fmt: skip
@@ -259,6 +279,29 @@ class RewardConfig:
             0 <= self.max_error_fraction <= 1,
             f"reward max_error_fraction must be in [0, 1], got {self.max_error_fraction}",
         )
+
+
+    def _check_components(self) -> None:
+        from coati.distributed.reward.compose import NORMALIZATIONS
+
+        known = {self.fn, "rm"}
+        _require(isinstance(self.components, dict) and set(self.components) <= known
+                 and all(isinstance(w, (int, float)) for w in self.components.values()),
+                 f"reward components must map names in {sorted(known)} to numbers, got "
+                 f"{self.components!r}")  # fmt: skip
+        _require(("rm" in self.components) == (self.rm_path is not None),
+                 f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
+                 f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
+        _require(self.rm_normalize in NORMALIZATIONS,
+                 f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
+        _positive(self, "rm_servers")
+        _positive(self, "rm_batch_size")
+        _require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The components' weights (the reward function alone, weight 1, when none are set)."""
+        return dict(self.components) or {self.fn: 1.0}
 
 
 @dataclass(frozen=True)

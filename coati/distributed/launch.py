@@ -40,7 +40,10 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer
               "reward_timeout_s": "reward.item_timeout_s",
               "reward_stop_on_first_step_error": "reward.stop_on_first_step_error", "env": "reward.env",
               "env_kwargs": "reward.env_kwargs", "env_max_turns": "reward.env_max_turns",
-              "env_max_tokens": "reward.env_max_tokens", "env_step_timeout_s": "reward.env_step_timeout_s"}  # fmt: skip
+              "env_max_tokens": "reward.env_max_tokens", "env_step_timeout_s": "reward.env_step_timeout_s",
+              "reward_components": "reward.components", "rm_path": "reward.rm_path", "rm_servers": "reward.rm_servers",
+              "rm_cpus": "reward.rm_cpus", "rm_gpus": "reward.rm_gpus", "rm_batch_size": "reward.rm_batch_size",
+              "rm_normalize": "reward.rm_normalize", "rm_timeout_s": "reward.rm_timeout_s"}  # fmt: skip
 """ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
 

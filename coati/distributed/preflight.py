@@ -109,6 +109,8 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
                 raise ValueError(f"every {what} row's prompt is over max_prompt_tokens="
                                  f"{cfg.generation.max_prompt_tokens}; raise it")  # fmt: skip
         overlong[what] = len(over)
+    if cfg.reward.rm_path is not None:
+        check_reward_model(cfg.reward.rm_path)
     check_inputs = check_reward_inputs
     if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
         check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)
@@ -149,6 +151,19 @@ def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: 
         if n > limit:
             over.append(i)
     return over
+
+
+def check_reward_model(path: str) -> None:
+    """``path`` is a sequence-classification folder with one output (the reward model loads in its own actors)."""
+    from transformers import AutoConfig
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"reward model {path} is not a model folder (no config.json); rm_path takes a local "
+                                "AutoModelForSequenceClassification folder")  # fmt: skip
+    config = AutoConfig.from_pretrained(path)
+    if config.num_labels != 1 or not any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
+        raise ValueError(f"reward model {path} is {config.architectures} with {config.num_labels} outputs; a reward "
+                         "model is a ...ForSequenceClassification with one (num_labels=1)")  # fmt: skip
 
 
 def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:

@@ -46,8 +46,11 @@ class Producer:
         backend_options: dict | None = None,
         trainer_precision: tuple[str, str, int] | None = None,
         lora: dict | None = None,
+        reward_servers: list | None = None,
     ):
         self.lora = lora
+        self.reward_servers = list(reward_servers or [])
+        """the reward-model actors (the ``rm`` component), shared with the other producers"""
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
@@ -87,6 +90,14 @@ class Producer:
         r = self.reward
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
         self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
+        self.rm = None  # the reward model's client and, for running normalisation, its statistics
+        if self.reward_servers:
+            from coati.distributed.reward.compose import RunningNorm
+            from coati.distributed.reward.model_actors import RewardModelClient
+
+            names = [f"rm-{i}" for i in range(len(self.reward_servers))]
+            self.rm = RewardModelClient(self.reward_servers, names, r.rm_timeout_s)
+            self.rm_norm = RunningNorm()
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:
             from coati.distributed.envs import resolve_environment
@@ -145,7 +156,7 @@ class Producer:
                 f"reward function {self.reward.fn} returned {rewards[i]} for row {picks[i // self.n][1]} of the "
                 f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
             )
-        rewards = rewards.astype(np.float32)
+        rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks])
         out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
         no_signal = degenerate_groups(torch.from_numpy(rewards), torch.arange(len(rewards)) // self.n)
         for g, (_, row) in enumerate(picks):
@@ -180,6 +191,27 @@ class Producer:
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
+
+    def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict]) -> np.ndarray:
+        """The reward: the components' weighted sum (the reward function's values alone when it is the only one), each
+        component's values kept in ``extras["component/<name>"]``."""
+        from coati.distributed.reward.compose import combine, normalize
+
+        r = self.reward
+        values = {r.fn: fn_rewards}
+        if self.rm is not None:
+            texts = [self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(),
+                                           skip_special_tokens=True) for i in range(len(out))]  # fmt: skip
+            prompts = [rows[g // self.n].get("messages", rows[g // self.n].get("prompt")) for g in range(len(out))]
+            scores = np.asarray(self.rm.score(prompts, texts), dtype=np.float32)
+            if not np.isfinite(scores).all():
+                raise ValueError(f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
+                                 f"scores of {len(scores)}; check the model (its head, its dtype)")  # fmt: skip
+            values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
+        if r.components:
+            for name, v in values.items():
+                out.extras[f"component/{name}"] = v
+        return combine(values, r.weights)
 
     def _calls(self) -> int:
         self._num_calls = getattr(self, "_num_calls", 0) + 1
@@ -292,14 +324,19 @@ class Producer:
     def state(self) -> dict:
         """Dataset position, call counter and RNG: what a checkpoint needs to continue with the same data order and
         the same samples."""
-        return {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
-                "torch_rng": torch.get_rng_state()}  # fmt: skip
+        state = {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
+                 "torch_rng": torch.get_rng_state()}  # fmt: skip
+        if self.rm is not None:
+            state["rm_norm"] = self.rm_norm.state()
+        return state
 
     def restore(self, state: dict) -> None:
         self.cursor.restore(state["cursor"])
         self._num_calls = state["calls"]
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
+        if self.rm is not None and "rm_norm" in state:
+            self.rm_norm.restore(state["rm_norm"])
 
     def close(self) -> None:
         self.pool.close()
