@@ -134,22 +134,31 @@ class ActorGroups:
         for info in infos:  # the CPUs each node lets its actors run on
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
 
-    def _start_reward_servers(self, env: dict) -> list:
-        """The reward-model actors (none without an ``rm`` component), each with its own resources; ready on return,
-        so a model that fails to load stops the run before the producers start."""
+    def _start_reward_servers(self, env: dict) -> dict[str, list]:
+        """The reward-model and judge actors of the reward's model components ({component: actors}), each with its
+        own resources; ready on return, so a model that fails to load stops the run before the producers start."""
         import ray
 
+        from coati.distributed.reward.judge import JudgeServer
         from coati.distributed.reward.model_actors import RewardModelServer
 
         r = self.cfg.reward
-        if r.rm_path is None:
-            return []
-        server = ray.remote(RewardModelServer)
-        servers = [server.options(num_cpus=r.rm_cpus, num_gpus=r.rm_gpus, name=f"{self.run_name}-rm-{i}", **env)
-                   .remote(r.rm_path, batch_size=r.rm_batch_size) for i in range(r.rm_servers)]  # fmt: skip
-        for i, a in enumerate(servers):
-            ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-rm-{i}"
-        get([a.ping.remote() for a in servers], "reward model setup")
+        wanted = {}
+        if r.rm_path is not None:
+            wanted["rm"] = (RewardModelServer, r.rm_servers, r.rm_cpus, r.rm_gpus,
+                            dict(path=r.rm_path, batch_size=r.rm_batch_size))  # fmt: skip
+        if r.judge_path is not None:
+            wanted["judge"] = (JudgeServer, r.judge_servers, r.judge_cpus, r.judge_gpus,
+                               dict(path=r.judge_path, backend=r.judge_backend, template=r.judge_template,
+                                    max_score=r.judge_max_score, max_new_tokens=r.judge_max_new_tokens))  # fmt: skip
+        servers: dict[str, list] = {}
+        for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
+            remote = ray.remote(cls)
+            servers[component] = [remote.options(num_cpus=cpus, num_gpus=gpus, name=f"{self.run_name}-{component}-{i}",
+                                                 **env).remote(**kwargs) for i in range(count)]  # fmt: skip
+            for i, a in enumerate(servers[component]):
+                ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{component}-{i}"
+        get([a.ping.remote() for group in servers.values() for a in group], "reward model setup")
         return servers
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
@@ -246,7 +255,8 @@ class ActorGroups:
                 ray.get(a.close.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        for a in self.producers + self.consumers + getattr(self, "reward_servers", []):
+        servers = [a for group in getattr(self, "reward_servers", {}).values() for a in group]
+        for a in self.producers + self.consumers + servers:
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)

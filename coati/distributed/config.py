@@ -13,6 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 from coati.distributed.schedule import SCHEDULES
 
 
@@ -257,6 +258,25 @@ class RewardConfig:
     mean and std of every score so far (running)"""
     rm_timeout_s: float = 120.0
     """a reward-model call that takes longer stops the run, naming the server"""
+    judge_path: str | None = None
+    """an LLM judge: a generative model folder that grades each completion through judge_template (the ``judge``
+    component, in [0, 1]; a reply without a readable score counts 0, with the reason)"""
+    judge_backend: str = "transformers"
+    """the judge's inference backend (transformers, vllm)"""
+    judge_template: str = JUDGE_TEMPLATE
+    """the judge's user turn, with {question}, {completion} and {reference} (the row's gt_answer, or '(none)')"""
+    judge_max_score: float = 10.0
+    """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
+    judge_max_new_tokens: int = 32
+    """tokens the judge may write per grade"""
+    judge_servers: int = 1
+    """Ray actors hosting the judge, shared by all producers"""
+    judge_cpus: float = 1.0
+    """CPUs reserved for each judge actor"""
+    judge_gpus: float = 0.0
+    """GPUs (or a share of one) for each judge actor"""
+    judge_timeout_s: float = 300.0
+    """a judge call that takes longer stops the run, naming the server"""
 
     def __post_init__(self):
         _require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
@@ -284,7 +304,7 @@ class RewardConfig:
     def _check_components(self) -> None:
         from coati.distributed.reward.compose import NORMALIZATIONS
 
-        known = {self.fn, "rm"}
+        known = {self.fn, "rm", "judge"}
         _require(isinstance(self.components, dict) and set(self.components) <= known
                  and all(isinstance(w, (int, float)) for w in self.components.values()),
                  f"reward components must map names in {sorted(known)} to numbers, got "
@@ -292,6 +312,15 @@ class RewardConfig:
         _require(("rm" in self.components) == (self.rm_path is not None),
                  f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
                  f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
+        _require(("judge" in self.components) == (self.judge_path is not None),
+                 f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
+                 f"{self.judge_path!r}")  # fmt: skip
+        _require(all(f"{{{k}}}" in self.judge_template for k in ("question", "completion")),
+                 f"judge_template must contain {{question}} and {{completion}}, got {self.judge_template!r}")
+        _positive(self, "judge_servers")
+        _require(self.judge_timeout_s > 0 and self.judge_max_score > 0,
+                 f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "
+                 f"{self.judge_max_score}")  # fmt: skip
         _require(self.rm_normalize in NORMALIZATIONS,
                  f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
         _positive(self, "rm_servers")

@@ -111,6 +111,9 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         overlong[what] = len(over)
     if cfg.reward.rm_path is not None:
         check_reward_model(cfg.reward.rm_path)
+    if cfg.reward.judge_path is not None and not os.path.isfile(os.path.join(cfg.reward.judge_path, "config.json")):
+        raise FileNotFoundError(f"judge {cfg.reward.judge_path} is not a model folder (no config.json); judge_path "
+                                "takes a local generative model folder")  # fmt: skip
     check_inputs = check_reward_inputs
     if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
         check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)

@@ -46,11 +46,11 @@ class Producer:
         backend_options: dict | None = None,
         trainer_precision: tuple[str, str, int] | None = None,
         lora: dict | None = None,
-        reward_servers: list | None = None,
+        reward_servers: dict[str, list] | None = None,
     ):
         self.lora = lora
-        self.reward_servers = list(reward_servers or [])
-        """the reward-model actors (the ``rm`` component), shared with the other producers"""
+        self.reward_servers = dict(reward_servers or {})
+        """{component: actors} of the reward's model components (rm, judge), shared with the other producers"""
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
@@ -90,14 +90,13 @@ class Producer:
         r = self.reward
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
         self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
-        self.rm = None  # the reward model's client and, for running normalisation, its statistics
-        if self.reward_servers:
-            from coati.distributed.reward.compose import RunningNorm
-            from coati.distributed.reward.model_actors import RewardModelClient
+        from coati.distributed.reward.compose import RunningNorm
+        from coati.distributed.reward.model_actors import RewardModelClient
 
-            names = [f"rm-{i}" for i in range(len(self.reward_servers))]
-            self.rm = RewardModelClient(self.reward_servers, names, r.rm_timeout_s)
-            self.rm_norm = RunningNorm()
+        timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
+        self.scorers = {name: RewardModelClient(actors, [f"{name}-{i}" for i in range(len(actors))], timeouts[name])
+                        for name, actors in self.reward_servers.items()}  # fmt: skip
+        self.rm_norm = RunningNorm()  # the reward model's statistics for running normalisation
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:
             from coati.distributed.envs import resolve_environment
@@ -199,15 +198,22 @@ class Producer:
 
         r = self.reward
         values = {r.fn: fn_rewards}
-        if self.rm is not None:
+        if self.scorers:
             texts = [self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(),
                                            skip_special_tokens=True) for i in range(len(out))]  # fmt: skip
-            prompts = [rows[g // self.n].get("messages", rows[g // self.n].get("prompt")) for g in range(len(out))]
-            scores = np.asarray(self.rm.score(prompts, texts), dtype=np.float32)
+            owners = [rows[i // self.n] for i in range(len(out))]  # rows are prompt-major, n per prompt
+            prompts = [row.get("messages", row.get("prompt")) for row in owners]
+        if "rm" in self.scorers:
+            scores = np.asarray(self.scorers["rm"].score(prompts, texts), dtype=np.float32)
             if not np.isfinite(scores).all():
                 raise ValueError(f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
                                  f"scores of {len(scores)}; check the model (its head, its dtype)")  # fmt: skip
             values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
+        if "judge" in self.scorers:
+            graded = self.scorers["judge"].score(prompts, texts, [row.get("gt_answer") for row in owners])
+            values["judge"] = np.array([score for score, _ in graded], dtype=np.float32)
+            out.extras["judge_unread"] = np.array([bool(why) for _, why in graded])  # read as 0: the reason kept
+            out.extras["judge_unread_msg"] = np.array([why[:300] for _, why in graded], dtype="<U300")
         if r.components:
             for name, v in values.items():
                 out.extras[f"component/{name}"] = v
@@ -326,7 +332,7 @@ class Producer:
         the same samples."""
         state = {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
                  "torch_rng": torch.get_rng_state()}  # fmt: skip
-        if self.rm is not None:
+        if "rm" in self.scorers:
             state["rm_norm"] = self.rm_norm.state()
         return state
 
@@ -335,7 +341,7 @@ class Producer:
         self._num_calls = state["calls"]
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
-        if self.rm is not None and "rm_norm" in state:
+        if "rm" in self.scorers and "rm_norm" in state:
             self.rm_norm.restore(state["rm_norm"])
 
     def close(self) -> None:

@@ -1,6 +1,9 @@
 """The judge on tiny models (the transformers backend): one fitted to always reply 'Score: 7' scores every answer 0.7;
 a random one replies gibberish, scored 0 with the reason."""
 
+import random
+import string
+
 import pytest
 import torch
 
@@ -18,8 +21,11 @@ def fit_reply(path: str, reply: str, steps: int = 200) -> str:
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    turns = [[{"role": "user", "content": TEMPLATE.format(question=f"{i}+{i}?", completion=str(i * 3))}]
-             for i in range(16)]  # fmt: skip
+    rng = random.Random(0)  # questions and answers of every kind: the reply must not depend on them
+    chars = string.ascii_letters + string.digits + string.punctuation + " "
+    texts_of = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 16))) for _ in range(96)]
+    turns = [[{"role": "user", "content": TEMPLATE.format(question=texts_of[2 * i], completion=texts_of[2 * i + 1])}]
+             for i in range(48)]  # fmt: skip
     prompts = [tok.apply_chat_template(t, add_generation_prompt=True, tokenize=False) for t in turns]
     texts = [tok.apply_chat_template(t + [{"role": "assistant", "content": reply}], tokenize=False) for t in turns]
     tok.padding_side = "right"

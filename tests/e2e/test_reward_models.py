@@ -44,3 +44,18 @@ def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, ti
         launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "reward_components": {REWARD: 1.0},
                                                            "rm_path": tiny}))  # fmt: skip
     assert set(ray.util.list_named_actors()) == before
+
+
+def test_a_judge_component_adds_its_weighted_grade(ray_cluster, tiny, tmp_path):  # noqa: F811
+    """A tiny judge fitted to reply 'Score: 7' grades every completion 0.7: with weights 1 (the rule) and 0.5 (the
+    judge), each step's reward is the rule's plus 0.35, and each component is reported."""
+    from coati.models import build_tiny_model
+    from tests.component.test_judge import TEMPLATE, fit_reply
+
+    judge = fit_reply(str(build_tiny_model(tmp_path / "judge")), "Score: 7")
+    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "judge_path": judge,
+            "judge_template": TEMPLATE, "judge_max_new_tokens": 12, "reward_components": {REWARD: 1.0, "judge": 0.5}}
+    out = launch_distributed(**run_kwargs(tiny, max_steps=2, grpo_config=grpo))
+    for m in out["history"]:
+        assert m["reward/component/judge"] == pytest.approx(0.7, abs=1e-5) and m["reward/judge_unread"] == 0
+        assert m["reward/mean"] == pytest.approx(m[f"reward/component/{REWARD}"] + 0.35, abs=1e-5)

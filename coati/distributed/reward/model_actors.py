@@ -1,6 +1,6 @@
 """Reward models in Ray actors of their own: the server (one ``RewardModel`` per actor, with its own resources and
-threads) and the producers' client, which spreads a batch over the servers and names the one that died or stopped
-answering instead of returning zeros.
+threads) and the producers' client, which spreads a batch over the servers (reward-model or judge servers alike) and
+names the one that died or stopped answering instead of returning zeros.
 """
 
 from __future__ import annotations
@@ -35,14 +35,17 @@ class RewardModelClient:
         assert servers and len(servers) == len(names), (len(servers), names)
         self.servers, self.names, self.timeout_s = list(servers), list(names), timeout_s
 
-    def score(self, prompts: list, completions: list[str]) -> list[float]:
+    def score(self, prompts: list, completions: list[str], references: list | None = None) -> list:
+        """The servers' results, in order (a reward model's floats; a judge's (score, reason) pairs)."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         k = len(self.servers)
         bounds = [len(prompts) * i // k for i in range(k + 1)]
         parts = [(i, bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
-        refs = [self.servers[i].score.remote(prompts[lo:hi], completions[lo:hi]) for i, lo, hi in parts]
+        extra = [] if references is None else [references]
+        refs = [self.servers[i].score.remote(prompts[lo:hi], completions[lo:hi], *[x[lo:hi] for x in extra])
+                for i, lo, hi in parts]  # fmt: skip
         deadline, out = time.monotonic() + self.timeout_s, []
         for (i, _, _), ref in zip(parts, refs, strict=True):
             try:
