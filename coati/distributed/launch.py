@@ -44,8 +44,9 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer
               "reward_components": "reward.components", "rm_path": "reward.rm_path", "rm_servers": "reward.rm_servers",
               "rm_cpus": "reward.rm_cpus", "rm_gpus": "reward.rm_gpus", "rm_batch_size": "reward.rm_batch_size",
               "rm_normalize": "reward.rm_normalize", "rm_timeout_s": "reward.rm_timeout_s",
-              **{f"judge_{k}": f"reward.judge_{k}" for k in ("path", "backend", "template", "max_score", "max_new_tokens",
-                                                           "servers", "cpus", "gpus", "timeout_s")}}  # fmt: skip
+              **{f"judge_{k}": f"reward.judge_{k}" for k in ("path", "backend", "template", "max_score",
+                                                           "max_new_tokens", "servers", "cpus", "gpus",
+                                                           "timeout_s")}}  # fmt: skip
 """ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
 

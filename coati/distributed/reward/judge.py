@@ -36,7 +36,8 @@ def render(template: str, question, completion: str, reference) -> str:
     """The judge's user turn (a question given as messages is shown as its last user message)."""
     if not isinstance(question, str):
         question = next((m["content"] for m in reversed(list(question)) if m.get("role") == "user"), "")
-    return template.format(question=question, completion=completion, reference="(none)" if reference is None else reference)
+    reference = "(none)" if reference is None else reference
+    return template.format(question=question, completion=completion, reference=reference)
 
 
 class JudgeServer:
