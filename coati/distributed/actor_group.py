@@ -135,8 +135,9 @@ class ActorGroups:
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
 
     def _start_reward_servers(self, env: dict) -> dict[str, list]:
-        """The reward-model and judge actors of the reward's model components ({component: actors}), each with its
-        own resources; ready on return, so a model that fails to load stops the run before the producers start."""
+        """The reward-model and judge actors of the reward's model components ({component: [(name, actor)]}), each
+        with its own resources; ready on return, so a model that fails to load stops the run before the producers
+        start."""
         import ray
 
         from coati.distributed.reward.judge import JudgeServer
@@ -154,11 +155,12 @@ class ActorGroups:
         servers: dict[str, list] = {}
         for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
             remote = ray.remote(cls)
-            servers[component] = [remote.options(num_cpus=cpus, num_gpus=gpus, name=f"{self.run_name}-{component}-{i}",
-                                                 **env).remote(**kwargs) for i in range(count)]  # fmt: skip
-            for i, a in enumerate(servers[component]):
-                ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{component}-{i}"
-        get([a.ping.remote() for group in servers.values() for a in group], "reward model setup")
+            names = [f"{self.run_name}-{component}-{i}" for i in range(count)]
+            options = {"num_cpus": cpus, "num_gpus": gpus, **env}
+            servers[component] = [(name, remote.options(name=name, **options).remote(**kwargs)) for name in names]
+            for name, a in servers[component]:
+                ACTOR_NAMES[a._actor_id.hex()] = name
+        get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")
         return servers
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
@@ -255,7 +257,7 @@ class ActorGroups:
                 ray.get(a.close.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        servers = [a for group in getattr(self, "reward_servers", {}).values() for a in group]
+        servers = [a for group in getattr(self, "reward_servers", {}).values() for _, a in group]
         for a in self.producers + self.consumers + servers:
             ray.kill(a)
         for g in self.shared_gpus.values():

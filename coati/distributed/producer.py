@@ -50,7 +50,7 @@ class Producer:
     ):
         self.lora = lora
         self.reward_servers = dict(reward_servers or {})
-        """{component: actors} of the reward's model components (rm, judge), shared with the other producers"""
+        """{component: [(name, actor)]} of the reward's model components (rm, judge), shared by all producers"""
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
@@ -94,8 +94,8 @@ class Producer:
         from coati.distributed.reward.model_actors import RewardModelClient
 
         timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
-        self.scorers = {name: RewardModelClient(actors, [f"{name}-{i}" for i in range(len(actors))], timeouts[name])
-                        for name, actors in self.reward_servers.items()}  # fmt: skip
+        self.scorers = {c: RewardModelClient([a for _, a in servers], [n for n, _ in servers], timeouts[c])
+                        for c, servers in self.reward_servers.items()}  # fmt: skip
         self.rm_norm = RunningNorm()  # the reward model's statistics for running normalisation
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:

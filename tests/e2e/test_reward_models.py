@@ -59,3 +59,26 @@ def test_a_judge_component_adds_its_weighted_grade(ray_cluster, tiny, tmp_path):
     for m in out["history"]:
         assert m["reward/component/judge"] == pytest.approx(0.7, abs=1e-5) and m["reward/judge_unread"] == 0
         assert m["reward/mean"] == pytest.approx(m[f"reward/component/{REWARD}"] + 0.35, abs=1e-5)
+
+
+def test_a_dead_reward_model_stops_the_run_naming_it(ray_cluster, tiny, digit_rm):  # noqa: F811
+    """Killed after step 1: the next rollout fails naming it (a RunError, so run.max_restarts would restart the run
+    with new servers), and no actor of the run is left."""
+    import ray
+
+    from coati.distributed.actor_group import RunError
+
+    killed = {}
+
+    def kill_the_reward_model(metrics):
+        if metrics["step"] == 1:
+            name = next(n for n in ray.util.list_named_actors() if n.endswith("-rm-0"))
+            ray.kill(ray.get_actor(name))
+            killed["name"] = name
+
+    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "rm_path": digit_rm, "reward_components": {"rm": 1.0},
+            "rm_timeout_s": 20}  # fmt: skip
+    with pytest.raises(RunError, match=r"reward model server coati-\w+-rm-0 died") as err:
+        launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, on_step=kill_the_reward_model))
+    assert killed["name"] in str(err.value)
+    assert not [n for n in ray.util.list_named_actors() if n.startswith(killed["name"].rsplit("-", 2)[0])]
