@@ -151,7 +151,8 @@ class ActorGroups:
         if r.judge_path is not None:
             wanted["judge"] = (JudgeServer, r.judge_servers, r.judge_cpus, r.judge_gpus,
                                dict(path=r.judge_path, backend=r.judge_backend, template=r.judge_template,
-                                    max_score=r.judge_max_score, max_new_tokens=r.judge_max_new_tokens))  # fmt: skip
+                                    max_score=r.judge_max_score, max_new_tokens=r.judge_max_new_tokens,
+                                    max_prompt_tokens=r.judge_max_prompt_tokens))  # fmt: skip
         servers: dict[str, list] = {}
         for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
             remote = ray.remote(cls)

@@ -269,6 +269,9 @@ class RewardConfig:
     """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
     judge_max_new_tokens: int = 32
     """tokens the judge may write per grade"""
+    judge_max_prompt_tokens: int = 1024
+    """the longest judge prompt (template, question, completion, reference); with judge_max_new_tokens at most the
+    judge model's context"""
     judge_servers: int = 1
     """Ray actors hosting the judge, shared by all producers"""
     judge_cpus: float = 1.0

@@ -45,7 +45,7 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer
               "rm_cpus": "reward.rm_cpus", "rm_gpus": "reward.rm_gpus", "rm_batch_size": "reward.rm_batch_size",
               "rm_normalize": "reward.rm_normalize", "rm_timeout_s": "reward.rm_timeout_s",
               **{f"judge_{k}": f"reward.judge_{k}" for k in ("path", "backend", "template", "max_score",
-                                                           "max_new_tokens", "servers", "cpus", "gpus",
+                                                           "max_new_tokens", "max_prompt_tokens", "servers", "cpus", "gpus",
                                                            "timeout_s")}}  # fmt: skip
 """ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
