@@ -82,3 +82,24 @@ def test_a_dead_reward_model_stops_the_run_naming_it(ray_cluster, tiny, digit_rm
         launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, on_step=kill_the_reward_model))
     assert killed["name"] in str(err.value)
     assert not [n for n in ray.util.list_named_actors() if n.startswith(killed["name"].rsplit("-", 2)[0])]
+
+
+def test_with_restarts_a_dead_reward_model_is_replaced(ray_cluster, tiny, digit_rm, tmp_path):  # noqa: F811
+    """--max-restarts 1: the run restarts from its last checkpoint with new reward-model servers and trains to the
+    end."""
+    import ray
+
+    killed = []
+
+    def kill_once(metrics):
+        if metrics["step"] == 2 and not killed:
+            name = next(n for n in ray.util.list_named_actors() if n.endswith("-rm-0"))
+            ray.kill(ray.get_actor(name))
+            killed.append(name)
+
+    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "rm_path": digit_rm, "reward_components": {"rm": 1.0},
+            "rm_timeout_s": 20}  # fmt: skip
+    out = launch_distributed(**run_kwargs(tiny, max_steps=4, grpo_config=grpo, on_step=kill_once, max_restarts=1,
+                                          save_dir=str(tmp_path), save_interval=1))  # fmt: skip
+    assert killed and out["history"][-1]["step"] == 4
+    assert all(np.isfinite(m["reward/component/rm"]) for m in out["history"])
