@@ -239,7 +239,8 @@ def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:
 
     def write(tmp: str) -> None:
         lora_config.save_pretrained(tmp)
-        save_file({PREFIX + k: v.contiguous() for k, v in adapter.items()}, os.path.join(tmp, "adapter_model.safetensors"))
+        tensors = {PREFIX + k: v.contiguous() for k, v in adapter.items()}
+        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
 

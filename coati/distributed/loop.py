@@ -102,8 +102,11 @@ class Run:
         self._settle()  # a round in flight lands in the buffer, which the checkpoint holds
         meta = {"version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name,
                 "identity": self.record.get("identity", {}), "dataset": self.record.get("dataset", {})}  # fmt: skip
-        adapter = (lambda folder: self.save_adapter(os.path.join(folder, "adapter"))) if self.cfg.consumer.lora_rank else None
-        self.last_checkpoint = write_checkpoint(self.actors, manager, step, self.buffer.state(), meta, also=adapter)
+        def adapter(folder: str) -> None:  # a LoRA run's checkpoint holds its adapter as a PEFT folder too
+            self.save_adapter(os.path.join(folder, "adapter"))
+
+        also = adapter if self.cfg.consumer.lora_rank else None
+        self.last_checkpoint = write_checkpoint(self.actors, manager, step, self.buffer.state(), meta, also=also)
         return self.last_checkpoint
 
     def restore(self, folder: str) -> int:
@@ -137,7 +140,8 @@ class Run:
 
         adapter = get(self.actors.consumers[0].adapter.remote(), "gathering the adapter")
         c = self.cfg.consumer
-        config = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules, self.plan.train_model_path)
+        config = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules,
+                             self.plan.train_model_path)  # fmt: skip
         return export_adapter(adapter, config, self.tokenizer, path)
 
     # ---- rollouts --------------------------------------------------------------------------------------------

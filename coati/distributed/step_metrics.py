@@ -127,4 +127,5 @@ def episode_metrics(ex: dict) -> dict:
         return {}
     return {"env/turns_mean": float(np.mean(ex["turns"])), "env/turns_max": int(np.max(ex["turns"])),
             "env/tool_calls_mean": float(np.mean(ex["tool_calls"])),
-            "env/turn_limit_frac": float(np.mean(ex["turn_limit"])), "env/errors": int(np.sum(ex["env_error"]))}  # fmt: skip
+            "env/turn_limit_frac": float(np.mean(ex["turn_limit"])),
+            "env/errors": int(np.sum(ex["env_error"]))}  # fmt: skip

@@ -39,16 +39,15 @@ class InferenceBackend:
     OPTIONS: dict[str, str] = {}
     """engine options a user may pass (``inference_model_config`` keys beside ``path``), with what each does"""
     IN_FLIGHT_UPDATES = False
-    LORA = False
-    """whether the engine applies LoRA pushes (``receive_adapter``)"""
     """whether ``receive_weights`` may run while ``generate`` runs (another thread): generation pauses between
     engine steps, keeping its requests and KV cache, the weights load, generation resumes; the batch it returns
     records the version that sampled each token (``token_versions``)"""
+    LORA = False
+    """whether the engine applies LoRA pushes (``receive_adapter``)"""
 
     def __init__(self, model_path: str, generation: GenerationConfig, lora_rank: int = 0, **options):
+        # lora_rank (set by engine_options when pushes carry adapters) is for the engines that size for it (vLLM)
         self.check_options(options)
-        self.lora_rank = lora_rank
-        """the rank of the LoRA adapters pushes carry (0: pushes carry whole weights)"""
         self.model_path = model_path
         self.generation = generation
         self.options = options
@@ -82,8 +81,8 @@ class InferenceBackend:
             raise ValueError(f"lora_rank={lora_rank}, but the {cls.__name__} engine cannot apply LoRA pushes yet; use "
                              "the transformers or vllm backend, or lora_rank 0")  # fmt: skip
         if lora_rank and in_flight:
-            raise ValueError("in_flight_weight_updates with LoRA is not supported yet: an adapter loads between batches; "
-                             "turn one of them off")  # fmt: skip
+            raise ValueError("in_flight_weight_updates with LoRA is not supported yet: an adapter loads between "
+                             "batches; turn one of them off")  # fmt: skip
         options = cls.launch_options(options, processes, sleep)
         if lora_rank:
             options["lora_rank"] = lora_rank

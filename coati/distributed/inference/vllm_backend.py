@@ -66,9 +66,9 @@ class VLLMBackend(InferenceBackend):
         "dtype": "weights dtype, e.g. bfloat16 (default: the checkpoint's, as the trainer loads it; vLLM's own 'auto' "
         "would run a float32 checkpoint in bfloat16)",
         "seed": "sampling seed (set per producer by the launcher)",
-        "lora_merge": "with LoRA, merge each pushed adapter into the engine's weights (from a kept base copy) instead of "
-        "serving it as a vLLM LoRA adapter (default True on CPU, where vLLM's LoRA kernels made generation ~8x "
-        "slower; False on GPU)",
+        "lora_merge": "with LoRA, merge each pushed adapter into the engine's weights (from a kept base copy) "
+        "instead of serving it as a vLLM LoRA adapter (default True on CPU, where vLLM's LoRA kernels made "
+        "generation ~8x slower; False on GPU)",
     }
 
     IN_FLIGHT_UPDATES = True
@@ -251,8 +251,9 @@ class VLLMBackend(InferenceBackend):
         """Every worker receives the adapter and reloads the weights of the layers it targets with it merged into
         their base values (read from the checkpoint once); cached prefixes are cleared as after a full push."""
         with self._engine_lock:
-            version, nbytes = self.llm.collective_rpc(
-                "receive_adapter_merged", args=(group_name, self.model_path, lora["alpha"] / lora["rank"]))[0]  # fmt: skip
+            scale = lora["alpha"] / lora["rank"]
+            version, nbytes = self.llm.collective_rpc("receive_adapter_merged",
+                                                      args=(group_name, self.model_path, scale))[0]  # fmt: skip
             self.engine.set_weight_version(str(version))
             self._clear_prefix_cache = not self.llm.reset_prefix_cache()
         return {"version": version, "nbytes": nbytes}

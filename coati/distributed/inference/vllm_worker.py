@@ -51,7 +51,8 @@ class WeightSyncExtension:
     def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
         """Receive one LoRA push; returns (its version, the adapter's tensors on the CPU) for the producer, which
         hands them to vLLM as a PEFT folder."""
-        got = ray_broadcast_tensor_dict(None, 0, self._coati_groups[group_name].device, group=self._coati_groups[group_name])
+        group = self._coati_groups[group_name]
+        got = ray_broadcast_tensor_dict(None, 0, group.device, group=group)
         return got.version, {k: v.to("cpu").clone() for k, v in got.items() if isinstance(v, torch.Tensor)}
 
     def receive_adapter_merged(self, group_name: str, model_path: str, scale: float) -> tuple[int, int]:
