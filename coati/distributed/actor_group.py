@@ -97,7 +97,8 @@ class ActorGroups:
         # following the work, a consumer is lent cores on a second thread while the first one trains.
         threads = {"max_concurrency": 2} if self.in_flight else {}
         lend = {"max_concurrency": 2} if self.follow_work else {}
-        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
+        servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
+        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
         self.reward_servers = self._start_reward_servers(env)
         for i, slot in enumerate(p.producer_slots):
             options = actor_options(slot, self.shared_gpus)
@@ -140,6 +141,7 @@ class ActorGroups:
         start."""
         import ray
 
+        from coati.distributed.placement import actor_options
         from coati.distributed.reward.judge import JudgeServer
         from coati.distributed.reward.model_actors import RewardModelServer
 
@@ -155,10 +157,12 @@ class ActorGroups:
                                     max_prompt_tokens=r.judge_max_prompt_tokens))  # fmt: skip
         servers: dict[str, list] = {}
         for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
-            remote = ray.remote(cls)
+            remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
             names = [f"{self.run_name}-{component}-{i}" for i in range(count)]
-            options = {"num_cpus": cpus, "num_gpus": gpus, **env}
-            servers[component] = [(name, remote.options(name=name, **options).remote(**kwargs)) for name in names]
+            slots = self.plan.server_slots[component]
+            servers[component] = [(name, remote.options(name=name, **actor_options(slot, self.shared_gpus, cpus, gpus),
+                                                        **env).remote(**kwargs))
+                                  for name, slot in zip(names, slots, strict=True)]  # fmt: skip
             for name, a in servers[component]:
                 ACTOR_NAMES[a._actor_id.hex()] = name
         get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")

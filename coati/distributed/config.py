@@ -251,6 +251,10 @@ class RewardConfig:
     """CPUs reserved for each reward-model actor"""
     rm_gpus: float = 0.0
     """GPUs (or a share of one) for each reward-model actor"""
+    rm_placement: str = "any"
+    """where the reward-model actors run: any (Ray places them by rm_cpus/rm_gpus), node:K (the K-th alive node,
+    in the order producers fill from), or producer (server i beside producer i mod num_producers; with rm_gpus > 0
+    it takes that share of the producer's GPU, which then needs one GPU per producer)"""
     rm_batch_size: int = 8
     """pairs per reward-model forward"""
     rm_normalize: str = "none"
@@ -278,6 +282,8 @@ class RewardConfig:
     """CPUs reserved for each judge actor"""
     judge_gpus: float = 0.0
     """GPUs (or a share of one) for each judge actor"""
+    judge_placement: str = "any"
+    """where the judge actors run: any, node:K or producer, as rm_placement"""
     judge_timeout_s: float = 300.0
     """a judge call that takes longer stops the run, naming the server"""
 
@@ -326,6 +332,10 @@ class RewardConfig:
                  f"{self.judge_max_score}")  # fmt: skip
         _require(self.rm_normalize in NORMALIZATIONS,
                  f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
+        from coati.distributed.placement import check_server_placement
+
+        check_server_placement(self.rm_placement, "rm_placement")
+        check_server_placement(self.judge_placement, "judge_placement")
         _positive(self, "rm_servers")
         _positive(self, "rm_batch_size")
         _require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")

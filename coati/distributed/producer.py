@@ -49,9 +49,9 @@ class Producer:
         reward_servers: dict[str, list] | None = None,
     ):
         self.lora = lora
+        """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.reward_servers = dict(reward_servers or {})
         """{component: [(name, actor)]} of the reward's model components (rm, judge), shared by all producers"""
-        """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
@@ -204,7 +204,9 @@ class Producer:
             owners = [rows[i // self.n] for i in range(len(out))]  # rows are prompt-major, n per prompt
             prompts = [row.get("messages", row.get("prompt")) for row in owners]
         if "rm" in self.scorers:
-            scores = np.asarray(self.scorers["rm"].score(prompts, texts), dtype=np.float32)
+            scored = self.scorers["rm"].score(prompts, texts)
+            scores = np.array([score for score, _ in scored], dtype=np.float32)
+            out.extras["rm_truncated"] = np.array([bool(note) for _, note in scored])  # scored on the text's end
             if not np.isfinite(scores).all():
                 raise ValueError(f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
                                  f"scores of {len(scores)}; check the model (its head, its dtype)")  # fmt: skip

@@ -43,24 +43,17 @@ def fit_reply(path: str, reply: str, steps: int = 200) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory):
-    scripted = str(build_tiny_model(tmp_path_factory.mktemp("judge")))
-    return fit_reply(scripted, "Score: 7"), str(build_tiny_model(tmp_path_factory.mktemp("random_judge"), seed=3))
-
-
-def test_a_scripted_judge_scores_and_a_random_one_is_read_as_zero_with_the_reason(paths):
-    scripted, random_judge = paths
-    judge = JudgeServer(scripted, template=TEMPLATE, max_new_tokens=12)
+def test_a_scripted_judge_scores_and_a_random_one_is_read_as_zero_with_the_reason(score7_judge, tmp_path):
+    random_judge = str(build_tiny_model(tmp_path / "random_judge", seed=3))
+    judge = JudgeServer(score7_judge, template=TEMPLATE, max_new_tokens=12)
     assert judge.score(["2+2?", "3+3?"], ["4", "5"]) == [(pytest.approx(0.7), ""), (pytest.approx(0.7), "")]
     results = JudgeServer(random_judge, template=TEMPLATE, max_new_tokens=12).score(["2+2?"], ["4"])
     assert results[0][0] == 0.0 and "no 'Score: N'" in results[0][1]
 
 
-def test_a_judge_on_the_vllm_engine_reads_the_same_grade(tmp_path):
-    """The judge reuses the inference backends: on vLLM's engine (CPU build; head size 32, which its CPU kernels
-    take) the fitted judge's greedy grade is read as on transformers."""
-    path = fit_reply(str(build_tiny_model(tmp_path / "judge32", num_heads=2)), "Score: 7")
-    judge = JudgeServer(path, backend="vllm", template=TEMPLATE, max_new_tokens=12, max_prompt_tokens=256)
+def test_a_judge_on_the_vllm_engine_reads_the_same_grade(score7_judge):
+    """The judge reuses the inference backends: on vLLM's engine (CPU build) the fitted judge's greedy grade is read
+    as on transformers."""
+    judge = JudgeServer(score7_judge, backend="vllm", template=TEMPLATE, max_new_tokens=12, max_prompt_tokens=256)
     results = judge.score(["2+2?", "x"], ["4", "y"])
     assert results == [(pytest.approx(0.7), ""), (pytest.approx(0.7), "")]

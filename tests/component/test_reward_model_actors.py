@@ -27,8 +27,9 @@ def test_servers_score_like_one_model_and_failures_are_named(ray_cluster, rm_pat
     servers = [server.remote(rm_path, batch_size=2) for _ in range(2)]
     client = RewardModelClient(servers, ["rm-0", "rm-1"], timeout_s=30)
     prompts, completions = [f"{i}+1=" for i in range(5)], [str(i + 1) for i in range(5)]
-    assert client.score(prompts, completions) == pytest.approx(RewardModel(rm_path).score(prompts, completions),
-                                                               abs=1e-5)  # fmt: skip
+    scored = client.score(prompts, completions)
+    assert [s for s, _ in scored] == pytest.approx(RewardModel(rm_path).score(prompts, completions), abs=1e-5)
+    assert [note for _, note in scored] == [""] * 5  # nothing cut
     ray.kill(servers[1])
     with pytest.raises(RuntimeError, match="reward model server rm-1 died"):
         client.score(prompts, completions)

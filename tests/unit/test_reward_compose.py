@@ -2,6 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
+
+from coati.distributed.checkpoint import load_driver_state, save_driver_state
 
 from coati.distributed.reward.compose import RunningNorm, combine, normalize, normalize_per_group
 
@@ -19,14 +22,24 @@ def test_group_normalisation_by_hand():
     assert out.tolist() == pytest.approx([-1.0, 1.0, 0.0, 0.0], abs=1e-5)  # a group of equal scores: zeros
 
 
-def test_running_normalisation_sees_every_score_and_resumes():
+def test_running_normalisation_sees_every_score_and_resumes(tmp_path):
     norm = RunningNorm()
     first = norm(np.array([1.0, 3.0]))  # mean 2, std 1
     assert first.tolist() == pytest.approx([-1.0, 1.0], abs=1e-5)
     second = norm(np.array([5.0]))  # over 1, 3, 5: mean 3, std sqrt(8/3)
     assert second.tolist() == pytest.approx([2 / np.sqrt(8 / 3)], abs=1e-5)
+    # Through a checkpoint's driver state (as a producer saves it), the statistics continue where they were.
+    save_driver_state(tmp_path, [], [{"torch_rng": torch.get_rng_state(), "rm_norm": norm.state()}])
     again = RunningNorm()
-    again.restore(norm.state())
-    assert again(np.array([0.0])).tolist() == pytest.approx(norm(np.array([0.0])).tolist())
+    again.restore(load_driver_state(tmp_path)["producers"][0]["rm_norm"])
+    assert (again.count, again.mean, again.m2) == (norm.count, norm.mean, norm.m2)
+    assert again(np.array([0.0, 7.0])).tolist() == norm(np.array([0.0, 7.0])).tolist()
+    batched, one_by_one = RunningNorm(), RunningNorm()
+    scores = np.random.default_rng(0).normal(3.0, 2.0, 50)
+    batched.update(scores[:20]), batched.update(scores[20:])
+    for x in scores:
+        one_by_one.update(np.array([x]))
+    assert (batched.mean, batched.std) == pytest.approx((scores.mean(), scores.std()), rel=1e-12)
+    assert (one_by_one.mean, one_by_one.std) == pytest.approx((scores.mean(), scores.std()), rel=1e-12)
     with pytest.raises(ValueError, match="one of \\('none', 'group', 'running'\\), got 'zscore'"):
         normalize("zscore", np.zeros(2), np.zeros(2))

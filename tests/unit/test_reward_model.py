@@ -24,6 +24,19 @@ def test_scores_are_per_pair_and_independent_of_the_batch(rm_path):
     assert rm.render("2+2?", "4") == "user: 2+2?\nassistant: 4<eos>\n"
 
 
+def test_a_pair_over_the_limit_keeps_its_end_and_is_flagged(rm_path):
+    import torch
+
+    rm = RewardModel(rm_path, max_tokens=40)
+    long = "a long answer " * 10
+    scores = rm.score(["2+2?", "2+2?"], ["4", long])
+    assert rm.truncated == [False, True]
+    ids = rm.tokenizer(rm.render("2+2?", long), add_special_tokens=False, return_tensors="pt")["input_ids"][:, -40:]
+    with torch.no_grad():
+        assert scores[1] == pytest.approx(float(rm.model(input_ids=ids).logits[0, 0]), abs=1e-5)
+    assert RewardModel(rm_path, max_tokens=10**6).max_tokens == rm.model.config.max_position_embeddings
+
+
 def test_a_classifier_with_several_outputs_is_refused(rm_path, tmp_path):
     import json
     import shutil

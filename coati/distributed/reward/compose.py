@@ -38,7 +38,8 @@ def normalize_per_group(scores: np.ndarray, group_ids: np.ndarray, eps: float = 
 
 @dataclass
 class RunningNorm:
-    """Mean and variance of every score seen (Welford), for ``running`` normalisation."""
+    """Mean and variance of every score seen, for ``running`` normalisation; each producer keeps its own, saved in
+    checkpoints with the producer's state."""
 
     count: int = 0
     mean: float = 0.0
@@ -46,11 +47,15 @@ class RunningNorm:
     eps: float = 1e-6
 
     def update(self, scores: np.ndarray) -> None:
-        for x in np.asarray(scores, dtype=np.float64).ravel():
-            self.count += 1
-            delta = x - self.mean
-            self.mean += delta / self.count
-            self.m2 += delta * (x - self.mean)
+        """Merge a batch's count, mean and squared deviations into the totals (Chan et al.'s pairwise update)."""
+        x = np.asarray(scores, dtype=np.float64).ravel()
+        if x.size == 0:
+            return
+        n, mean = self.count + x.size, float(x.mean())
+        delta = mean - self.mean
+        self.m2 += float(((x - mean) ** 2).sum()) + delta * delta * self.count * x.size / n
+        self.mean += delta * x.size / n
+        self.count = n
 
     @property
     def std(self) -> float:

@@ -13,15 +13,18 @@ import torch
 class RewardModelServer:
     """Hosts one reward model; run as a Ray actor (``ray.remote(RewardModelServer)``)."""
 
-    def __init__(self, path: str, batch_size: int = 8, max_tokens: int = 1024, threads: int = 1):
+    def __init__(self, path: str, batch_size: int = 8, max_tokens: int | None = None, threads: int = 1):
         from coati.distributed.reward.reward_model import RewardModel
 
         torch.set_num_threads(threads)
         self.model = RewardModel(path, batch_size=batch_size, max_tokens=max_tokens,
                                  device="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
 
-    def score(self, prompts: list, completions: list[str]) -> list[float]:
-        return self.model.score(prompts, completions)
+    def score(self, prompts: list, completions: list[str]) -> list[tuple[float, str]]:
+        """(score, note) per pair; the note says when the pair was cut to the model's limit (else "")."""
+        scores = self.model.score(prompts, completions)
+        cut = f"truncated to the reward model's last {self.model.max_tokens} tokens"
+        return [(s, cut if t else "") for s, t in zip(scores, self.model.truncated, strict=True)]
 
     def ping(self) -> bool:
         return True
@@ -36,7 +39,7 @@ class RewardModelClient:
         self.servers, self.names, self.timeout_s = list(servers), list(names), timeout_s
 
     def score(self, prompts: list, completions: list[str], references: list | None = None) -> list:
-        """The servers' results, in order (a reward model's floats; a judge's (score, reason) pairs)."""
+        """The servers' (score, note) pairs, in order (a note: a judge reply left unread, a reward-model input cut)."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 

@@ -14,7 +14,7 @@ import torch
 class RewardModel:
     """Scores (prompt, completion) pairs with a sequence-classification model."""
 
-    def __init__(self, path: str, batch_size: int = 8, max_tokens: int = 1024, device: str = "cpu",
+    def __init__(self, path: str, batch_size: int = 8, max_tokens: int | None = None, device: str = "cpu",
                  dtype: torch.dtype = torch.float32):  # fmt: skip
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -28,7 +28,12 @@ class RewardModel:
             if self.tokenizer.pad_token_id is None:
                 raise ValueError(f"reward model {path} has no pad token: batched scoring needs one")
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.batch_size, self.max_tokens, self.device = batch_size, max_tokens, device
+        context = getattr(self.model.config, "max_position_embeddings", None) or 1024
+        self.max_tokens = min(max_tokens or context, context)
+        """the longest conversation scored whole (at most the model's context); longer ones keep their end"""
+        self.batch_size, self.device = batch_size, device
+        self.truncated: list[bool] = []
+        """per pair of the last ``score`` call: its conversation was over max_tokens and lost its beginning"""
 
     def render(self, prompt, completion: str) -> str:
         """The conversation the model scores: ``prompt`` (text or messages) and the completion as the answer."""
@@ -38,8 +43,11 @@ class RewardModel:
 
     @torch.no_grad()
     def score(self, prompts: list, completions: list[str]) -> list[float]:
-        """One float per pair; texts over ``max_tokens`` keep their last tokens (the completion's end)."""
+        """One float per pair; texts over ``max_tokens`` keep their last tokens (the completion's end) and are
+        flagged in ``truncated``."""
         texts = [self.render(p, c) for p, c in zip(prompts, completions, strict=True)]
+        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        self.truncated = [n > self.max_tokens for n in lengths]
         out: list[float] = []
         side = self.tokenizer.truncation_side
         self.tokenizer.truncation_side = "left"
