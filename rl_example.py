@@ -31,6 +31,8 @@ def print_summary(summary: dict, run_dir: str) -> None:
         for key in ("eval/strict", "eval/lenient"):
             if key in first:
                 print(f"{key}: {first[key]:.3f} -> {last[key]:.3f} (held-out, greedy, {first['eval/count']} items)")
+    for i, why in enumerate(summary.get("restarts", []), 1):
+        print(f"restart {i}: {why.splitlines()[0]}")
     print(f"final model: {summary['final_model']}")
 
 

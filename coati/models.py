@@ -82,3 +82,49 @@ def build_tiny_model(
     model.save_pretrained(str(path))
     (path / "coati_tiny.json").write_text(json.dumps({"arch": arch, "seed": seed}))
     return path
+
+
+def build_tiny_reward_model(path: str | Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+    """Write a random tiny Llama reward model (sequence classification, one output) and its tokenizer to ``path``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    path = Path(path)
+    tokenizer = char_tokenizer(path)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=1024, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)  # fmt: skip
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def train_tiny_reward_model(path: str | Path, prompts: list, chosen: list[str], rejected: list[str], steps: int = 40,
+                            lr: float = 3e-3, seed: int = 0) -> Path:  # fmt: skip
+    """Fit the reward model at ``path`` in place to score ``chosen[i]`` above ``rejected[i]`` for ``prompts[i]``
+    (Bradley-Terry: minimise -log sigmoid(r_chosen - r_rejected), full batch, Adam); returns ``path``."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
+
+    def render(prompt, answer):
+        return tok.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+                                       tokenize=False)  # fmt: skip
+
+    good = tok([render(p, c) for p, c in zip(prompts, chosen, strict=True)], return_tensors="pt", padding=True,
+               add_special_tokens=False)  # fmt: skip
+    bad = tok([render(p, r) for p, r in zip(prompts, rejected, strict=True)], return_tensors="pt", padding=True,
+              add_special_tokens=False)  # fmt: skip
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        margin = model(**good).logits[:, 0] - model(**bad).logits[:, 0]
+        loss = -torch.nn.functional.logsigmoid(margin).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(str(path))
+    return Path(path)

@@ -44,3 +44,13 @@ def ray_cluster():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def score7_judge(tmp_path_factory):
+    """A tiny causal LM fitted to answer any judge prompt with 'Score: 7' (head size 32, which vLLM's CPU kernels
+    take), shared by the judge's component and end-to-end tests."""
+    from coati.models import build_tiny_model
+    from tests.component.test_judge import fit_reply
+
+    return fit_reply(str(build_tiny_model(tmp_path_factory.mktemp("judge"), num_heads=2)), "Score: 7")

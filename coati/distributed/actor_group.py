@@ -97,7 +97,9 @@ class ActorGroups:
         # following the work, a consumer is lent cores on a second thread while the first one trains.
         threads = {"max_concurrency": 2} if self.in_flight else {}
         lend = {"max_concurrency": 2} if self.follow_work else {}
-        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots)
+        servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
+        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
+        self.reward_servers = self._start_reward_servers(env)
         for i, slot in enumerate(p.producer_slots):
             options = actor_options(slot, self.shared_gpus)
             actor = ray.remote(Producer).options(**options, **env, **threads, name=f"{self.run_name}-producer-{i}")
@@ -107,6 +109,7 @@ class ActorGroups:
                 prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
                 trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
+                reward_servers=self.reward_servers,
                 lora={"rank": c.consumer.lora_rank, "alpha": c.consumer.lora_alpha,
                       "target_modules": c.consumer.lora_target_modules} if c.consumer.lora_rank else None,
             ))  # fmt: skip
@@ -131,6 +134,39 @@ class ActorGroups:
         self.cores = {}
         for info in infos:  # the CPUs each node lets its actors run on
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
+
+    def _start_reward_servers(self, env: dict) -> dict[str, list]:
+        """The reward-model and judge actors of the reward's model components ({component: [(name, actor)]}), each
+        with its own resources; ready on return, so a model that fails to load stops the run before the producers
+        start."""
+        import ray
+
+        from coati.distributed.placement import actor_options
+        from coati.distributed.reward.judge import JudgeServer
+        from coati.distributed.reward.model_actors import RewardModelServer
+
+        r = self.cfg.reward
+        wanted = {}
+        if r.rm_path is not None:
+            wanted["rm"] = (RewardModelServer, r.rm_servers, r.rm_cpus, r.rm_gpus,
+                            dict(path=r.rm_path, batch_size=r.rm_batch_size))  # fmt: skip
+        if r.judge_path is not None:
+            wanted["judge"] = (JudgeServer, r.judge_servers, r.judge_cpus, r.judge_gpus,
+                               dict(path=r.judge_path, backend=r.judge_backend, template=r.judge_template,
+                                    max_score=r.judge_max_score, max_new_tokens=r.judge_max_new_tokens,
+                                    max_prompt_tokens=r.judge_max_prompt_tokens))  # fmt: skip
+        servers: dict[str, list] = {}
+        for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
+            remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
+            names = [f"{self.run_name}-{component}-{i}" for i in range(count)]
+            slots = self.plan.server_slots[component]
+            servers[component] = [(name, remote.options(name=name, **actor_options(slot, self.shared_gpus, cpus, gpus),
+                                                        **env).remote(**kwargs))
+                                  for name, slot in zip(names, slots, strict=True)]  # fmt: skip
+            for name, a in servers[component]:
+                ACTOR_NAMES[a._actor_id.hex()] = name
+        get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")
+        return servers
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
         """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers
@@ -226,7 +262,8 @@ class ActorGroups:
                 ray.get(a.close.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        for a in self.producers + self.consumers:
+        servers = [a for group in getattr(self, "reward_servers", {}).values() for _, a in group]
+        for a in self.producers + self.consumers + servers:
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)

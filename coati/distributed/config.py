@@ -13,6 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 from coati.distributed.schedule import SCHEDULES
 
 
@@ -238,6 +239,53 @@ class RewardConfig:
     generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
     env_step_timeout_s: float = 30.0
     """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
+    components: dict = field(default_factory=dict)
+    """weights of the reward's named components, summed: the reward function by its name (``fn``) and ``rm`` (the
+    reward model at rm_path), e.g. {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
+    rm_path: str | None = None
+    """a reward model: an AutoModelForSequenceClassification folder with one output, scoring prompt + completion
+    under its chat template (the ``rm`` component)"""
+    rm_servers: int = 1
+    """Ray actors hosting the reward model, shared by all producers"""
+    rm_cpus: float = 1.0
+    """CPUs reserved for each reward-model actor"""
+    rm_gpus: float = 0.0
+    """GPUs (or a share of one) for each reward-model actor"""
+    rm_placement: str = "any"
+    """where the reward-model actors run: any (Ray places them by rm_cpus/rm_gpus), node:K (the K-th alive node,
+    in the order producers fill from), or producer (server i beside producer i mod num_producers; with rm_gpus > 0
+    it takes that share of the producer's GPU, which then needs one GPU per producer)"""
+    rm_batch_size: int = 8
+    """pairs per reward-model forward"""
+    rm_normalize: str = "none"
+    """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
+    mean and std of every score so far (running)"""
+    rm_timeout_s: float = 120.0
+    """a reward-model call that takes longer stops the run, naming the server"""
+    judge_path: str | None = None
+    """an LLM judge: a generative model folder that grades each completion through judge_template (the ``judge``
+    component, in [0, 1]; a reply without a readable score counts 0, with the reason)"""
+    judge_backend: str = "transformers"
+    """the judge's inference backend (transformers, vllm)"""
+    judge_template: str = JUDGE_TEMPLATE
+    """the judge's user turn, with {question}, {completion} and {reference} (the row's gt_answer, or '(none)')"""
+    judge_max_score: float = 10.0
+    """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
+    judge_max_new_tokens: int = 32
+    """tokens the judge may write per grade"""
+    judge_max_prompt_tokens: int = 1024
+    """the longest judge prompt (template, question, completion, reference); with judge_max_new_tokens at most the
+    judge model's context"""
+    judge_servers: int = 1
+    """Ray actors hosting the judge, shared by all producers"""
+    judge_cpus: float = 1.0
+    """CPUs reserved for each judge actor"""
+    judge_gpus: float = 0.0
+    """GPUs (or a share of one) for each judge actor"""
+    judge_placement: str = "any"
+    """where the judge actors run: any, node:K or producer, as rm_placement"""
+    judge_timeout_s: float = 300.0
+    """a judge call that takes longer stops the run, naming the server"""
 
     def __post_init__(self):
         _require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
@@ -246,6 +294,7 @@ class RewardConfig:
         _require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
         _require(self.env_max_turns is None or self.env_max_turns >= 1,
                  f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
+        self._check_components()
         _require(self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
                  f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
                  f"{self.env_step_timeout_s}")  # fmt: skip
@@ -259,6 +308,42 @@ class RewardConfig:
             0 <= self.max_error_fraction <= 1,
             f"reward max_error_fraction must be in [0, 1], got {self.max_error_fraction}",
         )
+
+
+    def _check_components(self) -> None:
+        from coati.distributed.reward.compose import NORMALIZATIONS
+
+        known = {self.fn, "rm", "judge"}
+        _require(isinstance(self.components, dict) and set(self.components) <= known
+                 and all(isinstance(w, (int, float)) for w in self.components.values()),
+                 f"reward components must map names in {sorted(known)} to numbers, got "
+                 f"{self.components!r}")  # fmt: skip
+        _require(("rm" in self.components) == (self.rm_path is not None),
+                 f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
+                 f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
+        _require(("judge" in self.components) == (self.judge_path is not None),
+                 f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
+                 f"{self.judge_path!r}")  # fmt: skip
+        _require(all(f"{{{k}}}" in self.judge_template for k in ("question", "completion")),
+                 f"judge_template must contain {{question}} and {{completion}}, got {self.judge_template!r}")
+        _positive(self, "judge_servers")
+        _require(self.judge_timeout_s > 0 and self.judge_max_score > 0,
+                 f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "
+                 f"{self.judge_max_score}")  # fmt: skip
+        _require(self.rm_normalize in NORMALIZATIONS,
+                 f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
+        from coati.distributed.placement import check_server_placement
+
+        check_server_placement(self.rm_placement, "rm_placement")
+        check_server_placement(self.judge_placement, "judge_placement")
+        _positive(self, "rm_servers")
+        _positive(self, "rm_batch_size")
+        _require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The components' weights (the reward function alone, weight 1, when none are set)."""
+        return dict(self.components) or {self.fn: 1.0}
 
 
 @dataclass(frozen=True)

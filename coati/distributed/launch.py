@@ -41,21 +41,31 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer
               "reward_timeout_s": "reward.item_timeout_s",
               "reward_stop_on_first_step_error": "reward.stop_on_first_step_error", "env": "reward.env",
               "env_kwargs": "reward.env_kwargs", "env_max_turns": "reward.env_max_turns",
-              "env_max_tokens": "reward.env_max_tokens", "env_step_timeout_s": "reward.env_step_timeout_s"}  # fmt: skip
+              "env_max_tokens": "reward.env_max_tokens", "env_step_timeout_s": "reward.env_step_timeout_s",
+              "reward_components": "reward.components", "rm_path": "reward.rm_path", "rm_servers": "reward.rm_servers",
+              "rm_cpus": "reward.rm_cpus", "rm_gpus": "reward.rm_gpus", "rm_batch_size": "reward.rm_batch_size",
+              "rm_normalize": "reward.rm_normalize", "rm_placement": "reward.rm_placement",
+              "rm_timeout_s": "reward.rm_timeout_s",
+              **{f"judge_{k}": f"reward.judge_{k}" for k in ("path", "backend", "template", "max_score",
+                                                           "max_new_tokens", "max_prompt_tokens", "servers", "cpus", "gpus",
+                                                           "placement", "timeout_s")}}  # fmt: skip
 """ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
 
 def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dict:
     """Run ``config``; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None,
-    "total_steps"}. Ray must be initialised by the caller (``ray.init(address=...)`` joins a cluster); nothing else
-    changes between one box and a cluster. After a failure (``RunError``: an actor died, failed or stopped answering)
-    the run restarts from its last checkpoint, up to ``run.max_restarts`` times."""
+    "total_steps", "restarts": the error that ended each failed attempt}. Ray must be initialised by the caller
+    (``ray.init(address=...)`` joins a cluster); nothing else changes between one box and a cluster. After a failure
+    (``RunError``: an actor died, failed or stopped answering) the run restarts from its last checkpoint, up to
+    ``run.max_restarts`` times."""
+    restarts: list[str] = []
     for attempt in range(config.run.max_restarts + 1):
         try:
-            return _launch_once(config, on_step)
+            return {**_launch_once(config, on_step), "restarts": restarts}
         except RunError as e:
             if attempt == config.run.max_restarts:
                 raise
+            restarts.append(str(e))
             log.warning("run failed (%s); restarting from the last checkpoint (%d/%d)", e, attempt + 1,
                         config.run.max_restarts)  # fmt: skip
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="latest", overwrite=False))

@@ -4,7 +4,9 @@
 Node order is deterministic: alive nodes sorted by (index in ``ray.nodes()``), dead nodes excluded. With GPUs, each
 producer takes ``gpus_per_producer`` GPUs and each consumer one GPU; with ``colocate``, producer i and consumer i share
 the i-th GPU (half each), for machines with fewer GPUs than actors. Without GPUs, actors take ``cpus_per_actor`` CPUs.
-A plan that does not fit raises before any actor starts.
+Reward-model and judge servers go where their ``placement`` says: anywhere with their resources (``any``), on the
+K-th node (``node:K``), or beside the producers (``producer``), taking a share of a producer's GPU when they ask
+for GPUs. A plan that does not fit raises before any actor starts.
 """
 
 from __future__ import annotations
@@ -102,9 +104,12 @@ def whereabouts() -> dict:
 
 
 def weight_backend(producers: list[Slot], consumers: list[Slot]) -> str:
-    """The weight groups' torch backend: NCCL when every actor holds whole GPUs of its own, else gloo through host
-    memory (CPU actors, or actors sharing a GPU, which NCCL refuses as duplicate devices)."""
-    return "nccl" if all(s.num_gpus >= 1 for s in producers + consumers) else "gloo"
+    """The weight groups' torch backend: NCCL when every producer and consumer has a GPU no other of them shares
+    (a reward server may share one: it is not in the groups), else gloo through host memory (CPU actors, or a
+    producer and a consumer on one GPU, which NCCL refuses as duplicate devices)."""
+    shares = [s.share for s in producers + consumers if s.share is not None]
+    own = all(s.num_gpus > 0 for s in producers + consumers) and len(shares) == len(set(shares))
+    return "nccl" if own else "gloo"
 
 
 def _plan_cpu(nodes, num_producers, num_consumers, cpus_per_actor):
@@ -132,17 +137,81 @@ def _plan_cpu(nodes, num_producers, num_consumers, cpus_per_actor):
     return producers, consumers
 
 
+PLACEMENTS = ("any", "producer", "node:K")
+"""where reward-model and judge servers may run"""
+
+
+def check_server_placement(placement: str, what: str) -> None:
+    """A placement string is one of PLACEMENTS (K a node index >= 0)."""
+    ok = placement in ("any", "producer") or (
+        placement.startswith("node:") and placement[5:].isdigit()
+    )
+    if not ok:
+        raise ValueError(f"{what} must be any, producer or node:K (K the index of an alive node, from 0), "
+                         f"got {placement!r}")  # fmt: skip
+
+
+def plan_servers(placement: str, count: int, cpus: float, gpus: float, nodes: list[dict], producers: list[Slot],
+                 what: str) -> tuple[list[Slot | None], list[Slot]]:  # fmt: skip
+    """(server slots, producer slots) for ``count`` servers of ``cpus`` CPUs and ``gpus`` GPUs each. ``any``: no slot
+    (None, Ray places them by resources); ``node:K``: the K-th alive node; ``producer``: server i beside producer
+    i mod len(producers), and with ``gpus`` > 0 inside that producer's GPU (the producer's share shrinks by the
+    servers' and both join one placement group, as colocated actors do)."""
+    check_server_placement(placement, what)
+    if placement == "any":
+        return [None] * count, producers
+    if placement.startswith("node:"):
+        k = int(placement[5:])
+        if k >= len(nodes):
+            raise ValueError(f"{what}={placement!r}, but the cluster has {len(nodes)} alive nodes (0 to "
+                             f"{len(nodes) - 1}); pick one of those or use 'any'")  # fmt: skip
+        res = nodes[k]["Resources"]
+        if count * cpus > res.get("CPU", 0) + 1e-9 or count * gpus > res.get("GPU", 0) + 1e-9:
+            raise ValueError(f"{what}={placement!r}: {count} servers x ({cpus} CPUs, {gpus} GPUs) do not fit on that "
+                             f"node ({res.get('CPU', 0)} CPUs, {res.get('GPU', 0)} GPUs)")  # fmt: skip
+        return [Slot(nodes[k]["NodeID"], nodes[k]["NodeManagerAddress"], gpus, cpus)] * count, producers
+    producers = list(producers)
+    owners = [i % len(producers) for i in range(count)]
+    if gpus > 0:
+        if any(s.num_gpus == 0 for s in producers):
+            raise ValueError(f"{what}='producer' with {gpus} GPUs per server, but the producers run on CPU; "
+                             "set the server's GPUs to 0 or place it elsewhere")  # fmt: skip
+        if any(s.num_gpus > 1 for s in producers):
+            raise ValueError(f"{what}='producer' with GPUs shares one producer's GPU, but each producer has "
+                             f"{producers[0].num_gpus:g} GPUs; set num_proc_per_producer=1 or place the server "
+                             "elsewhere")  # fmt: skip
+        shares = [s.share for s in producers if s.share is not None]
+        fresh = max(shares, default=-1) + 1
+        for j in sorted(set(owners)):
+            left = producers[j].num_gpus - owners.count(j) * gpus
+            if left <= 0:
+                raise ValueError(f"{what}='producer': {owners.count(j)} servers x {gpus} GPUs leave producer {j} "
+                                 f"nothing of its {producers[j].num_gpus:g} GPU; lower the servers' GPUs")  # fmt: skip
+            share = producers[j].share
+            if share is None:
+                share, fresh = fresh, fresh + 1
+            producers[j] = Slot(producers[j].node_id, producers[j].address, left, producers[j].num_cpus, share)
+    servers = [Slot(producers[j].node_id, producers[j].address, gpus, cpus, producers[j].share if gpus > 0 else None)
+               for j in owners]  # fmt: skip
+    return servers, producers
+
+
 def reserve_shared_gpus(slots: list[Slot], timeout_s: float = 120.0) -> dict[int, object]:
-    """One placement group per shared GPU (a whole GPU on the slot's node), so both partners get the same device;
-    Ray's fractional GPUs alone could pack two producers onto one GPU and two consumers onto another."""
+    """One placement group per shared GPU (a whole GPU on the slot's node, and the CPUs of the actors sharing it), so
+    partners get the same device; Ray's fractional GPUs alone could pack two producers onto one GPU and two consumers
+    onto another."""
     import ray
     from ray.util.placement_group import placement_group
 
+    cpus: dict[int, float] = {}
+    for s in slots:
+        if s.share is not None:
+            cpus[s.share] = cpus.get(s.share, 0.0) + s.num_cpus
     groups = {}
     for s in slots:
         if s.share is not None and s.share not in groups:
             # The node-id label pins the bundle to the planned node (addresses can repeat across nodes).
-            bundle, on_node = {"GPU": 1, "CPU": 0.2}, {"ray.io/node-id": s.node_id}
+            bundle, on_node = {"GPU": 1, "CPU": cpus[s.share]}, {"ray.io/node-id": s.node_id}
             groups[s.share] = placement_group([bundle], bundle_label_selector=[on_node])
     ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
     if len(ready) < len(groups):
@@ -152,11 +221,14 @@ def reserve_shared_gpus(slots: list[Slot], timeout_s: float = 120.0) -> dict[int
     return groups
 
 
-def actor_options(slot: Slot, shared: dict[int, object] | None = None) -> dict:
+def actor_options(slot: Slot | None, shared: dict[int, object] | None = None, cpus: float = 0.0,
+                  gpus: float = 0.0) -> dict:  # fmt: skip
     """``.options(...)`` pinning an actor to its slot's node (hard affinity: no silent fallback), or into its
-    shared GPU's placement group."""
+    shared GPU's placement group; without a slot, just ``cpus`` and ``gpus`` (Ray picks the node)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+    if slot is None:
+        return {"num_cpus": cpus, "num_gpus": gpus}
     if slot.share is not None:
         group = PlacementGroupSchedulingStrategy(shared[slot.share], placement_group_bundle_index=0)
         return {"num_gpus": slot.num_gpus, "num_cpus": slot.num_cpus, "scheduling_strategy": group}

@@ -30,6 +30,9 @@ class Plan:
     """a hash of the training rows: a checkpoint records it, so a resume on other data is refused"""
     overlong: dict
     """{"train": n, "eval": n}: rows dropped for prompts over max_prompt_tokens (filter_overlong_prompts)"""
+    server_slots: dict
+    """{component: [Slot or None per server]}: where the reward's model servers (rm, judge) run (None: anywhere
+    with their resources)"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -109,6 +112,11 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
                 raise ValueError(f"every {what} row's prompt is over max_prompt_tokens="
                                  f"{cfg.generation.max_prompt_tokens}; raise it")  # fmt: skip
         overlong[what] = len(over)
+    if cfg.reward.rm_path is not None:
+        check_reward_model(cfg.reward.rm_path)
+    if cfg.reward.judge_path is not None and not os.path.isfile(os.path.join(cfg.reward.judge_path, "config.json")):
+        raise FileNotFoundError(f"judge {cfg.reward.judge_path} is not a model folder (no config.json); judge_path "
+                                "takes a local generative model folder")  # fmt: skip
     check_inputs = check_reward_inputs
     if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
         check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)
@@ -126,6 +134,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
         cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
     )  # fmt: skip
+    server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
     inference_options = backend_class(cfg.producer.backend).engine_options(
         inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
         gpu=producers[0].num_gpus > 0, in_flight=in_flight_weight_updates, lora_rank=cfg.consumer.lora_rank,
@@ -134,7 +143,20 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
-                rows_digest(rows), overlong)  # fmt: skip
+                rows_digest(rows), overlong, server_slots)  # fmt: skip
+
+
+def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, list]:
+    """({component: server slots}, producer slots) for the reward's model components (rm, judge)."""
+    from coati.distributed.placement import plan_servers
+
+    slots = {}
+    for c, path in (("rm", r.rm_path), ("judge", r.judge_path)):
+        if path is not None:
+            slots[c], producers = plan_servers(getattr(r, f"{c}_placement"), getattr(r, f"{c}_servers"),
+                                               getattr(r, f"{c}_cpus"), getattr(r, f"{c}_gpus"), nodes, producers,
+                                               f"{c}_placement")  # fmt: skip
+    return slots, producers
 
 
 def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: str, drop: bool) -> list[int]:
@@ -149,6 +171,19 @@ def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: 
         if n > limit:
             over.append(i)
     return over
+
+
+def check_reward_model(path: str) -> None:
+    """``path`` is a sequence-classification folder with one output (the reward model loads in its own actors)."""
+    from transformers import AutoConfig
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"reward model {path} is not a model folder (no config.json); rm_path takes a local "
+                                "AutoModelForSequenceClassification folder")  # fmt: skip
+    config = AutoConfig.from_pretrained(path)
+    if config.num_labels != 1 or not any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
+        raise ValueError(f"reward model {path} is {config.architectures} with {config.num_labels} outputs; a reward "
+                         "model is a ...ForSequenceClassification with one (num_labels=1)")  # fmt: skip
 
 
 def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:

@@ -46,9 +46,12 @@ class Producer:
         backend_options: dict | None = None,
         trainer_precision: tuple[str, str, int] | None = None,
         lora: dict | None = None,
+        reward_servers: dict[str, list] | None = None,
     ):
         self.lora = lora
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
+        self.reward_servers = dict(reward_servers or {})
+        """{component: [(name, actor)]} of the reward's model components (rm, judge), shared by all producers"""
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
@@ -87,6 +90,13 @@ class Producer:
         r = self.reward
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
         self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
+        from coati.distributed.reward.compose import RunningNorm
+        from coati.distributed.reward.model_actors import RewardModelClient
+
+        timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
+        self.scorers = {c: RewardModelClient([a for _, a in servers], [n for n, _ in servers], timeouts[c])
+                        for c, servers in self.reward_servers.items()}  # fmt: skip
+        self.rm_norm = RunningNorm()  # the reward model's statistics for running normalisation
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:
             from coati.distributed.envs import resolve_environment
@@ -145,7 +155,7 @@ class Producer:
                 f"reward function {self.reward.fn} returned {rewards[i]} for row {picks[i // self.n][1]} of the "
                 f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
             )
-        rewards = rewards.astype(np.float32)
+        rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks])
         out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
         no_signal = degenerate_groups(torch.from_numpy(rewards), torch.arange(len(rewards)) // self.n)
         for g, (_, row) in enumerate(picks):
@@ -180,6 +190,36 @@ class Producer:
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
+
+    def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict]) -> np.ndarray:
+        """The reward: the components' weighted sum (the reward function's values alone when it is the only one), each
+        component's values kept in ``extras["component/<name>"]``."""
+        from coati.distributed.reward.compose import combine, normalize
+
+        r = self.reward
+        values = {r.fn: fn_rewards}
+        if self.scorers:
+            texts = [self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(),
+                                           skip_special_tokens=True) for i in range(len(out))]  # fmt: skip
+            owners = [rows[i // self.n] for i in range(len(out))]  # rows are prompt-major, n per prompt
+            prompts = [row.get("messages", row.get("prompt")) for row in owners]
+        if "rm" in self.scorers:
+            scored = self.scorers["rm"].score(prompts, texts)
+            scores = np.array([score for score, _ in scored], dtype=np.float32)
+            out.extras["rm_truncated"] = np.array([bool(note) for _, note in scored])  # scored on the text's end
+            if not np.isfinite(scores).all():
+                raise ValueError(f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
+                                 f"scores of {len(scores)}; check the model (its head, its dtype)")  # fmt: skip
+            values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
+        if "judge" in self.scorers:
+            graded = self.scorers["judge"].score(prompts, texts, [row.get("gt_answer") for row in owners])
+            values["judge"] = np.array([score for score, _ in graded], dtype=np.float32)
+            out.extras["judge_unread"] = np.array([bool(why) for _, why in graded])  # read as 0: the reason kept
+            out.extras["judge_unread_msg"] = np.array([why[:300] for _, why in graded], dtype="<U300")
+        if r.components:
+            for name, v in values.items():
+                out.extras[f"component/{name}"] = v
+        return combine(values, r.weights)
 
     def _calls(self) -> int:
         self._num_calls = getattr(self, "_num_calls", 0) + 1
@@ -292,14 +332,19 @@ class Producer:
     def state(self) -> dict:
         """Dataset position, call counter and RNG: what a checkpoint needs to continue with the same data order and
         the same samples."""
-        return {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
-                "torch_rng": torch.get_rng_state()}  # fmt: skip
+        state = {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
+                 "torch_rng": torch.get_rng_state()}  # fmt: skip
+        if "rm" in self.scorers:
+            state["rm_norm"] = self.rm_norm.state()
+        return state
 
     def restore(self, state: dict) -> None:
         self.cursor.restore(state["cursor"])
         self._num_calls = state["calls"]
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
+        if "rm" in self.scorers and "rm_norm" in state:
+            self.rm_norm.restore(state["rm_norm"])
 
     def close(self) -> None:
         self.pool.close()

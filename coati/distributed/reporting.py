@@ -95,7 +95,8 @@ class Reporter:
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,
-                   "evals": result.get("evals", []), "final_model": result.get("final_model"), "plots": plots}  # fmt: skip
+                   "evals": result.get("evals", []), "final_model": result.get("final_model"), "plots": plots,
+                   "restarts": result.get("restarts", [])}  # fmt: skip
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         for logger in self.loggers:
             logger.close()

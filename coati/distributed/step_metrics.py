@@ -99,6 +99,11 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
         **reward_failures(ex),
         **episode_metrics(ex),
+        "reward/judge_unread": int(ex["judge_unread"].sum()) if "judge_unread" in ex else 0,
+        "reward/rm_truncated": int(ex["rm_truncated"].sum()) if "rm_truncated" in ex else 0,
+        # each reward component's mean over the drawn rows (when the reward has components)
+        **{f"reward/component/{k[len('component/'):]}": float(np.mean(v)) for k, v in ex.items()
+           if k.startswith("component/")},
     }
     for key in ("time/generate", "time/reward_wait", "time/producer_total"):
         if key in ex:

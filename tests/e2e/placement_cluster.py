@@ -5,7 +5,8 @@ import json
 import ray
 from ray.cluster_utils import Cluster
 
-from coati.distributed.placement import actor_options, alive_nodes, plan_placement, reserve_shared_gpus
+from coati.distributed.placement import (actor_options, alive_nodes, plan_placement, plan_servers, reserve_shared_gpus,
+                                        weight_backend)
 
 
 @ray.remote
@@ -33,12 +34,28 @@ if __name__ == "__main__":
     shared = reserve_shared_gpus(producers + consumers)
     pairs = [[Probe.options(**actor_options(s, shared)).remote() for s in pc] for pc in zip(producers, consumers)]
     colocated = [ray.get([a.where.remote() for a in pair]) for pair in pairs]
+    planned = [s.node_id for s in producers]
+    colocated_backend = weight_backend(producers, consumers)
+    for a in [a for pair in pairs for a in pair]:
+        ray.kill(a)
+    for g in shared.values():
+        ray.util.remove_placement_group(g)
+    # Reward servers: two beside the producers, each inside its producer's GPU; a judge on the last node, CPU only.
+    producers, consumers = plan_placement(alive_nodes(), 2, 1, 2)
+    rm, producers = plan_servers("producer", 2, 0.5, 0.25, alive_nodes(), producers, "rm_placement")
+    judge, _ = plan_servers(f"node:{len(alive_nodes()) - 1}", 1, 0.5, 0.0, alive_nodes(), producers, "judge")
+    shared = reserve_shared_gpus(producers + consumers + rm)
+    actors = [Probe.options(**actor_options(s, shared)).remote() for s in producers + rm + judge]
+    beside = {"producers": ray.get([a.where.remote() for a in actors[:2]]),
+              "rm": ray.get([a.where.remote() for a in actors[2:4]]), "judge": ray.get(actors[4].where.remote()),
+              "last_node": alive_nodes()[-1]["NodeID"], "backend": weight_backend(producers, consumers),
+              "colocated_backend": colocated_backend}  # fmt: skip
     try:
         plan_placement(alive_nodes(), num_producers=4, gpus_per_producer=2, num_consumers=1)
         short = "no error"
     except ValueError as e:
         short = str(e)
     print(json.dumps({"gpu_nodes": order, "producers": where[:2], "consumers": where[2:], "short": short,
-                      "colocated": colocated, "planned": [s.node_id for s in producers]}))
+                      "colocated": colocated, "planned": planned, "beside": beside}))
     ray.shutdown()
     cluster.shutdown()

@@ -26,6 +26,10 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
             "--eval-size", "2", "--train-size", "16"]  # fmt: skip
     if name == "code_humaneval.py":
         args = ["--problems", "8"] + args
+    if name == "reward_model.py":  # a tiny reward model of the policy's tokenizer
+        from coati.models import build_tiny_reward_model
+
+        args = ["--rm-path", str(build_tiny_reward_model(tmp_path / "rm"))] + args
     monkeypatch.setattr(sys, "argv", [name] + args)
     monkeypatch.chdir(root)
     runpy.run_path(str(root / "examples" / name), run_name="__main__")

@@ -18,6 +18,7 @@ PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" /
                                             ROOT / "coati" / "distributed" / "rollout_buffer.py",
                                             ROOT / "coati" / "distributed" / "step_metrics.py",
                                             ROOT / "coati" / "distributed" / "reward" / "code_runner.py",
+                                            ROOT / "coati" / "distributed" / "reward" / "compose.py",
                                             *sorted((ROOT / "coati" / "distributed" / "envs").glob("*.py"))]
 
 

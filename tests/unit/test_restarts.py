@@ -31,8 +31,10 @@ def no_ray(monkeypatch):
 def test_restarts_resume_from_latest(monkeypatch, tmp_path, no_ray):
     fake, calls = fake_launcher(fail_times=2)
     monkeypatch.setattr(launch, "_launch_once", fake)
-    rl_example.main(["-m", str(tmp_path), "-sd", str(tmp_path), "--no-progress", "--max-restarts", "2"])
+    summary = rl_example.main(["-m", str(tmp_path), "-sd", str(tmp_path), "--no-progress", "--max-restarts", "2"])
     assert calls == [None, "latest", "latest"]
+    # Each failure that caused a restart is kept in the summary (and summary.json), not only in the log.
+    assert [why.splitlines()[0] for why in summary["restarts"]] == ["step 3: actor x-consumer-0 died"] * 2
 
 
 def test_gives_up_after_max_restarts(monkeypatch, tmp_path, no_ray):

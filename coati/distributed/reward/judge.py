@@ -1,0 +1,70 @@
+"""An LLM judge: a generative model reads the question, the completion and (when the data has one) the reference
+answer through a prompt template, and its greedy reply is parsed into a score in [0, 1]. A reply the parser cannot
+read scores 0, with the reason kept; it never stops the run.
+
+The template is a string with ``{question}``, ``{completion}`` and ``{reference}`` fields, sent as the judge model's
+user turn under its chat template. The parser takes the last ``Score: x`` (or ``x/N``) in the reply and divides by
+``max_score``.
+"""
+
+from __future__ import annotations
+
+import re
+
+TEMPLATE = (
+    "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"
+    "Answer to grade: {completion}\n\nReply with one line, 'Score: N', N from 0 (wrong) to 10 (right)."
+)
+SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.I)
+
+
+def parse_score(reply: str, max_score: float = 10.0) -> tuple[float, str]:
+    """(score in [0, 1], "") from the reply's last 'Score: x' (or 'Score: x/N'), or (0.0, the reason) when there is
+    none or it is out of range."""
+    found = SCORE.findall(reply)
+    if not found:
+        return 0.0, f"judge reply has no 'Score: N': {reply[-120:]!r}"
+    value, out_of = found[-1]
+    top = float(out_of) if out_of else max_score
+    score = float(value)
+    if top <= 0 or not 0 <= score <= top:
+        return 0.0, f"judge score {value} is outside [0, {top:g}]"
+    return score / top, ""
+
+
+def render(template: str, question, completion: str, reference) -> str:
+    """The judge's user turn (a question given as messages is shown as its last user message)."""
+    if not isinstance(question, str):
+        question = next((m["content"] for m in reversed(list(question)) if m.get("role") == "user"), "")
+    reference = "(none)" if reference is None else reference
+    return template.format(question=question, completion=completion, reference=reference)
+
+
+class JudgeServer:
+    """Hosts a judge model on an inference backend; run as a Ray actor (``ray.remote(JudgeServer)``)."""
+
+    def __init__(self, path: str, backend: str = "transformers", template: str = TEMPLATE, max_score: float = 10.0,
+                 max_new_tokens: int = 32, max_prompt_tokens: int = 1024, threads: int = 1):  # fmt: skip
+        import torch
+
+        from coati.distributed.config import GenerationConfig
+        from coati.distributed.inference import backend_class
+
+        torch.set_num_threads(threads)
+        generation = GenerationConfig(max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens)
+        self.backend = backend_class(backend)(path, generation)
+        self.template, self.max_score = template, max_score
+
+    def score(self, prompts: list, completions: list[str], references: list | None = None) -> list[tuple[float, str]]:
+        tok = self.backend.tokenizer
+        references = references or [None] * len(prompts)
+        turns = [render(self.template, q, c, r) for q, c, r in zip(prompts, completions, references, strict=True)]
+        ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                       return_dict=False) for t in turns]  # fmt: skip
+        batch = self.backend.generate(ids, 1, greedy=True)
+        replies = [tok.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True)
+                   for i in range(len(batch))]  # fmt: skip
+        return [parse_score(reply, self.max_score) for reply in replies]
+
+    def ping(self) -> bool:
+        return True

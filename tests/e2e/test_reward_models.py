@@ -1,0 +1,75 @@
+"""Model-based reward components end to end: a tiny reward model fitted to prefer digits over letters drives its
+own score up in a tiny policy trained on it (RLOO), a tiny judge fitted to reply 'Score: 7' adds its weighted grade,
+each component is reported per step, and a killed reward-model server is named and replaced (--max-restarts)."""
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+from tests.e2e.test_launch import REWARD, launch_distributed, run_kwargs, tiny  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def digit_rm(tmp_path_factory):
+    from coati.models import build_tiny_reward_model, train_tiny_reward_model
+
+    rng = random.Random(0)
+    path = build_tiny_reward_model(tmp_path_factory.mktemp("digit_rm"))
+    prompts = [f"q{i}" for i in range(32)]
+    digits = ["".join(rng.choice("0123456789") for _ in range(rng.randint(2, 12))) for _ in prompts]
+    letters = ["".join(rng.choice("abcdefghij .,") for _ in range(rng.randint(2, 12))) for _ in prompts]
+    return str(train_tiny_reward_model(path, prompts, digits, letters, steps=40))
+
+
+def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(ray_cluster, tiny, digit_rm,
+                                                                           score7_judge, tmp_path):  # noqa: F811
+    """Reward = 0 x rule + 1 x rm + 0.5 x judge over 12 RLOO steps; the reward-model server (beside the producer) is
+    killed after step 6: the run's error names it (a RunError: without restarts the run stops with it), the run
+    restarts from its last checkpoint with new servers and trains to the end, leaving no actor behind."""
+    import ray
+
+    from tests.component.test_judge import TEMPLATE
+
+    steps, killed = {}, []
+
+    def record_and_kill_once(metrics):
+        steps[metrics["step"]] = metrics  # a step trained again after the restart replaces its first record
+        if metrics["step"] == 6 and not killed:
+            name = next(n for n in ray.util.list_named_actors() if n.endswith("-rm-0"))
+            ray.kill(ray.get_actor(name))
+            killed.append(name)
+
+    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "rm_path": digit_rm,
+            "reward_components": {REWARD: 0.0, "rm": 1.0, "judge": 0.5}, "rm_normalize": "none",
+            "rm_placement": "producer", "rm_timeout_s": 20, "judge_path": score7_judge, "judge_template": TEMPLATE,
+            "judge_max_new_tokens": 12, "judge_placement": "node:0"}  # fmt: skip
+    out = launch_distributed(**run_kwargs(tiny, core_algo="RLOO", max_steps=12, grpo_config=grpo, max_restarts=1,
+                                          on_step=record_and_kill_once, save_dir=str(tmp_path),
+                                          save_interval=1))  # fmt: skip
+    history = [steps[k] for k in sorted(steps)]
+    assert [m["step"] for m in history] == list(range(1, 13)) and out["history"][-1]["step"] == 12
+    rm = [m["reward/component/rm"] for m in history]
+    assert np.mean(rm[-3:]) > np.mean(rm[:3]) + 0.1, rm
+    for m in history:
+        assert m["reward/component/judge"] == pytest.approx(0.7, abs=1e-5) and m["reward/judge_unread"] == 0
+        assert m["reward/mean"] == pytest.approx(m["reward/component/rm"] + 0.35, abs=1e-5)
+        assert f"reward/component/{REWARD}" in m and m["reward/rm_truncated"] == 0  # weight 0, still reported
+    assert len(out["restarts"]) == 1 and re.search(rf"reward model server {killed[0]} died", out["restarts"][0])
+    assert not [n for n in ray.util.list_named_actors() if n.startswith(killed[0].rsplit("-", 2)[0])]
+
+
+def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, tiny, tmp_path):  # noqa: F811
+    import ray
+
+    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "reward_components": {"rm": 1.0}}
+    before = set(ray.util.list_named_actors())
+    with pytest.raises(FileNotFoundError, match="is not a model folder"):
+        launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": str(tmp_path)}))
+    with pytest.raises(ValueError, match=r"a reward model is a \.\.\.ForSequenceClassification with one"):
+        launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": tiny}))  # a causal LM
+    with pytest.raises(ValueError, match="the rm component and rm_path go together"):
+        launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "reward_components": {REWARD: 1.0},
+                                                           "rm_path": tiny}))  # fmt: skip
+    assert set(ray.util.list_named_actors()) == before

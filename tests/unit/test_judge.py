@@ -1,0 +1,28 @@
+"""The judge's reply parser and template, by hand: scores read from 'Score: N' or 'N/M', malformed replies 0 with
+the reason."""
+
+import pytest
+
+from coati.distributed.reward.judge import TEMPLATE, parse_score, render
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("Score: 7", 0.7), ("The answer is right.\nscore = 10", 1.0), ("Score: 3/5", 0.6), ("Score: 2 ... Score: 4", 0.4),
+    ("SCORE:0", 0.0),
+])  # fmt: skip
+def test_scores_are_read_from_the_reply(reply, expected):
+    assert parse_score(reply) == (pytest.approx(expected), "")
+
+
+@pytest.mark.parametrize("reply, reason", [
+    ("It is correct!", "no 'Score: N'"), ("Score: 11", "outside [0, 10]"), ("Score: -1", "outside [0, 10]"),
+    ("Score: 3/0", "outside [0, 0]"),
+])  # fmt: skip
+def test_malformed_replies_score_zero_with_the_reason(reply, reason):
+    score, why = parse_score(reply)
+    assert score == 0.0 and reason in why
+
+
+def test_the_template_shows_question_completion_and_reference():
+    text = render(TEMPLATE, [{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}], "4", None)
+    assert "Question: 2+2?" in text and "Answer to grade: 4" in text and "Reference answer: (none)" in text
