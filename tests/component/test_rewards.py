@@ -189,3 +189,26 @@ def test_fallback_without_bwrap_warns_and_still_blocks_network(monkeypatch, list
     assert run_tests("print('ok')", {"inputs": [""], "outputs": ["ok"]}, sandbox=sandbox)["passed"] == 1
     fork = run_tests("import os\nwhile True:\n    os.fork()", {"inputs": [""], "outputs": ["x"]}, sandbox=sandbox)
     assert fork["passed"] == 0
+
+
+def test_a_fork_bomb_leaves_nothing_under_the_sandbox_uid():
+    """RLIMIT_NPROC counts every live process and unreaped zombie of a uid: a fork bomb's processes outlive the kill
+    of its group by a moment, and a program started then under the same uid could not fork (it scored 0 as
+    'sandbox exited (1)'). A run returns only once nothing of it is left under the uid."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coati.distributed.reward.sandbox import processes_of, sandbox_uids
+
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox switches to uids of its own only as root (else it runs as this user)")
+    sandbox = Sandbox(timeout_s=1.0)
+    for _ in range(3):
+        sandbox.run("import os\nwhile True:\n    os.fork()")
+        assert [p for uid in sandbox_uids().block for p in processes_of(uid)] == []
+        assert sandbox.run("import os\nos.fork()\nprint('ok')").stdout.startswith("ok")
+    # Runs at once (an environment's threads share one sandbox) each get a uid: a bomb beside them starves none.
+    programs = ["import os\nwhile True:\n    os.fork()"] + ["import os, time\nos.fork()\ntime.sleep(0.3)\nprint('ok')"] * 3
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(sandbox.run, programs))
+    assert [o.stdout.strip()[:2] for o in outs[1:]] == ["ok"] * 3, outs
+    assert len(sandbox_uids().free) == len(sandbox_uids().block)  # every uid back, cleared

@@ -79,11 +79,7 @@ def run_python(code: str, timeout_s: float, max_chars: int) -> str:
 
 @lru_cache(maxsize=1)
 def _sandbox():
-    """One sandbox per process (it stages its interpreter once), under a uid of its own: the code reward's sandbox in
-    the same process uses 61000 + pid % 4000, and a program it ran may leave that uid's process budget spent for a
-    while (a contained fork bomb does), which must not starve the tool's runs."""
-    import os
-
+    """One sandbox per process (it stages its interpreter once); each run gets a uid of its own."""
     from coati.distributed.reward.sandbox import Sandbox
 
-    return Sandbox(uid=61000 + (os.getpid() + 2000) % 4000)
+    return Sandbox()

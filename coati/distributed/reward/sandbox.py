@@ -3,7 +3,8 @@
 Layers, outermost first: bubblewrap (new user, pid, network, ipc, uts namespaces; ``--die-with-parent``) over a
 filesystem holding only what the interpreter needs: the interpreter, its standard library and the shared libraries
 they load, read-only, the solution's folder read-only at /code, and size-capped tmpfs at /tmp and /dev/shm; nothing
-else of the host is visible. Inside it: an unprivileged uid (so RLIMIT_NPROC holds; root ignores it), rlimits (CPU
+else of the host is visible. Inside it: an unprivileged uid of the run's own (so RLIMIT_NPROC holds, root ignores it, and one run's fork
+bomb cannot spend another's process budget; whatever a run leaves under it is killed before it is used again), rlimits (CPU
 seconds, address space, file size, open files, processes), and a wall-clock timeout that kills the whole sandbox.
 Where bwrap cannot run (no user namespaces) the fallback is rlimits plus a private network namespace, with a loud
 warning; without root, rlimits alone.
@@ -157,7 +158,6 @@ class Sandbox:
         max_output_bytes: int = 1 << 20,
         max_processes: int = 32,
         max_open_files: int = 64,
-        uid: int | None = None,
         python: str | None = None,
     ):
         self.timeout_s = timeout_s
@@ -166,8 +166,6 @@ class Sandbox:
         self.max_processes = max_processes
         self.max_open_files = max_open_files
         self.is_root = os.geteuid() == 0
-        # A uid of its own per worker, so one sandbox's fork bomb does not use up another's process budget.
-        self.uid = uid if uid is not None else 61000 + os.getpid() % 4000
         self.python = python or sandbox_python()
         _become_subreaper()
         self.mode = self._detect_mode()
@@ -201,7 +199,7 @@ class Sandbox:
             argv += ["--ro-bind", code_dir, "/code"]
         return argv
 
-    def _preexec(self):
+    def _preexec(self, uid: int):
         limits = {
             resource.RLIMIT_CPU: int(self.timeout_s) + 1,
             resource.RLIMIT_AS: self.memory_mb << 20,
@@ -209,8 +207,6 @@ class Sandbox:
             resource.RLIMIT_NOFILE: self.max_open_files,
             resource.RLIMIT_CORE: 0,
         }
-        uid = self.uid
-
         def apply():
             os.setsid()
             for which, value in limits.items():
@@ -224,12 +220,12 @@ class Sandbox:
 
         return apply
 
-    def _argv(self, code_dir: str, script: str, *args: str) -> list[str]:
+    def _argv(self, uid: int, code_dir: str, script: str, *args: str) -> list[str]:
         if self.mode == "bwrap":
             return self._bwrap_argv(code_dir) + [self.python, "-I", f"/code/{script}", *(f"/code/{a}" for a in args)]
         paths = [os.path.join(code_dir, name) for name in (script, *args)]
         if self.mode == "netns":
-            return ["unshare", "--net", f"--setuid={self.uid}", f"--setgid={self.uid}", "--", self.python, "-I", *paths]
+            return ["unshare", "--net", f"--setuid={uid}", f"--setgid={uid}", "--", self.python, "-I", *paths]
         return [self.python, "-I", *paths]
 
     def _stage(self, files: dict[str, str]) -> str:
@@ -244,37 +240,46 @@ class Sandbox:
 
     def run(self, program: str, stdin: str = "", timeout_s: float | None = None) -> ExecResult:
         """Run ``program`` once with ``stdin``; returns its outputs, never raises on bad code."""
-        code_dir = self._stage({"main.py": program})
+        uid, code_dir = sandbox_uids().acquire(), self._stage({"main.py": program})
         try:
-            return self._run_argv(self._argv(code_dir, "main.py"), stdin, timeout_s or self.timeout_s, self._preexec())
+            argv = self._argv(uid, code_dir, "main.py")
+            return self._run_argv(argv, stdin, timeout_s or self.timeout_s, self._preexec(uid))
         finally:
+            self._release(uid)
             shutil.rmtree(code_dir, ignore_errors=True)
 
     def start(self, files: dict[str, str], script: str, *args: str, env: dict | None = None,
               timeout_s: float | None = None, max_reply_bytes: int = 1 << 20) -> "SandboxSession":  # fmt: skip
         """Start ``script`` (one of ``files``, staged read-only at /code) with ``args`` (other staged files) and
         keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``."""
-        code_dir = self._stage(files)
+        uid, code_dir = sandbox_uids().acquire(), self._stage(files)
         workdir = None  # bwrap: its private /tmp
         if self.mode != "bwrap":
             workdir = os.path.join(code_dir, "work")
             os.mkdir(workdir, 0o700)
             if self.is_root:
-                os.chown(workdir, self.uid, self.uid)
+                os.chown(workdir, uid, uid)
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(
-                self._argv(code_dir, script, *args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                preexec_fn=self._preexec(), pass_fds=(req_r, rep_w), cwd=workdir,
+                self._argv(uid, code_dir, script, *args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                preexec_fn=self._preexec(uid), pass_fds=(req_r, rep_w), cwd=workdir,
                 env={**_BASE_ENV, **(env or {}), "COATI_REQ_FD": str(req_r), "COATI_REP_FD": str(rep_w)},
             )  # fmt: skip
         finally:
             os.close(req_r)
             os.close(rep_w)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        return SandboxSession(proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes)
+        return SandboxSession(proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes,
+                              lambda: self._release(uid))  # fmt: skip
+
+    def _release(self, uid: int) -> None:
+        """Give a run's uid back once nothing is left under it (as root, where runs switch to it); a uid whose
+        leftovers will not die is never used again."""
+        left = clear_uid(uid) if self.is_root else 0
+        sandbox_uids().release(uid, clean=left == 0)
 
     def _run_argv(self, argv, stdin: str, timeout_s: float, preexec) -> ExecResult:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -317,8 +322,9 @@ class SandboxSession:
     over the size cap or not JSON, the process gone) ends the session: ``request`` then returns None, and so does
     every later one. ``close`` kills the sandbox and returns what it wrote to stderr."""
 
-    def __init__(self, proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes):
+    def __init__(self, proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes, release):
         self.proc, self.req_w, self.rep_r, self.out, self.err = proc, req_w, rep_r, out, err
+        self.release = release  # clears and gives back the session's uid once it is killed
         self.code_dir, self.deadline, self.max_reply_bytes = code_dir, deadline, max_reply_bytes
         self.failure = ""
         self._buf = b""
@@ -361,6 +367,9 @@ class SandboxSession:
         """Kill the sandbox; returns the tail of its stderr."""
         _kill_group(self.proc)
         _reap_orphans()
+        if self.release is not None:
+            self.release()
+            self.release = None
         for fd in (self.req_w, self.rep_r):
             try:
                 os.close(fd)
@@ -411,6 +420,86 @@ def _reap_orphans() -> None:
                 os.waitpid(int(entry), os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+UIDS_PER_PROCESS = 16
+"""sandboxed runs one process may have at once (reward workers and environment threads), each under its own uid"""
+
+
+class SandboxUids:
+    """The uids of one process's sandboxed runs, one per run at a time, so that RLIMIT_NPROC (counted per uid) keeps
+    one run's fork bomb from starving any other run, and a uid is used again only once its last run left nothing
+    behind. Each process has its own block: 100000 + (pid mod 20000) x UIDS_PER_PROCESS."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        base = 100000 + (pid % 20000) * UIDS_PER_PROCESS
+        self.block = range(base, base + UIDS_PER_PROCESS)
+        self.free = list(self.block)
+        self.ready = threading.Condition()
+
+    def acquire(self, timeout_s: float = 60.0) -> int:
+        with self.ready:
+            if not self.ready.wait_for(lambda: self.free, timeout=timeout_s):
+                raise RuntimeError(f"no sandbox uid free within {timeout_s:g} s: {UIDS_PER_PROCESS} runs at once "
+                                   "in this process, or uids whose programs would not die")  # fmt: skip
+            return self.free.pop()
+
+    def release(self, uid: int, clean: bool) -> None:
+        with self.ready:
+            if clean:
+                self.free.append(uid)
+                self.ready.notify()
+
+
+_UIDS: SandboxUids | None = None
+_UIDS_LOCK = threading.Lock()
+
+
+def sandbox_uids() -> SandboxUids:
+    """This process's uid block (a forked child gets a block of its own)."""
+    global _UIDS
+    with _UIDS_LOCK:
+        if _UIDS is None or _UIDS.pid != os.getpid():
+            _UIDS = SandboxUids(os.getpid())
+        return _UIDS
+
+
+def processes_of(uid: int) -> list[tuple[int, int, str]]:
+    """(pid, parent pid, state letter) of every process whose real uid is ``uid``, zombies included."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        except (OSError, ValueError):
+            continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            found.append((int(entry), int(fields["PPid"]), fields["State"].split()[0]))
+    return found
+
+
+def clear_uid(uid: int, timeout_s: float = 2.0) -> int:
+    """Kill every process left under ``uid`` and reap the zombies re-parented here, until none is left or
+    ``timeout_s`` passes; returns how many remain. RLIMIT_NPROC counts a uid's live processes and its unreaped
+    zombies, and a fork bomb's processes outlive the kill of its group by a moment: a program started then under the
+    same uid could not fork."""
+    me, deadline = os.getpid(), time.monotonic() + timeout_s
+    while True:
+        left = processes_of(uid)
+        for pid, parent, state in left:
+            try:
+                if state != "Z":
+                    os.kill(pid, signal.SIGKILL)
+                elif parent == me:
+                    os.waitpid(pid, os.WNOHANG)
+            except (ProcessLookupError, PermissionError, ChildProcessError):
+                pass
+        if not left or time.monotonic() > deadline:
+            return len(left)
+        time.sleep(0.002)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
