@@ -268,7 +268,8 @@ class RewardConfig:
     judge_backend: str = "transformers"
     """the judge's inference backend (transformers, vllm)"""
     judge_template: str = JUDGE_TEMPLATE
-    """the judge's user turn, with {question}, {completion} and {reference} (the row's gt_answer, or '(none)')"""
+    """the judge's user turn, with {question}, {completion}, and optionally {reference} (the row's gt_answer, or
+    '(none)') and {rubric} (the row's rubric column, which every row must then have)"""
     judge_max_score: float = 10.0
     """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
     judge_max_new_tokens: int = 32
@@ -324,8 +325,15 @@ class RewardConfig:
         _require(("judge" in self.components) == (self.judge_path is not None),
                  f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
                  f"{self.judge_path!r}")  # fmt: skip
-        _require(all(f"{{{k}}}" in self.judge_template for k in ("question", "completion")),
-                 f"judge_template must contain {{question}} and {{completion}}, got {self.judge_template!r}")
+        from coati.distributed.reward.judge import FIELDS, template_fields
+
+        try:
+            fields = template_fields(self.judge_template)
+        except ValueError as e:
+            raise ValueError(f"judge_template is not a format string ({e}): {self.judge_template!r}") from None
+        _require({"question", "completion"} <= fields <= set(FIELDS),
+                 f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
+                 f"fields {sorted(fields)} in {self.judge_template!r}")  # fmt: skip
         _positive(self, "judge_servers")
         _require(self.judge_timeout_s > 0 and self.judge_max_score > 0,
                  f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "

@@ -114,9 +114,8 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         overlong[what] = len(over)
     if cfg.reward.rm_path is not None:
         check_reward_model(cfg.reward.rm_path)
-    if cfg.reward.judge_path is not None and not os.path.isfile(os.path.join(cfg.reward.judge_path, "config.json")):
-        raise FileNotFoundError(f"judge {cfg.reward.judge_path} is not a model folder (no config.json); judge_path "
-                                "takes a local generative model folder")  # fmt: skip
+    if cfg.reward.judge_path is not None:
+        check_judge(cfg.reward.judge_path, cfg.reward.judge_template, {"training set": rows, "eval set": eval_rows})
     check_inputs = check_reward_inputs
     if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
         check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)
@@ -184,6 +183,22 @@ def check_reward_model(path: str) -> None:
     if config.num_labels != 1 or not any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
         raise ValueError(f"reward model {path} is {config.architectures} with {config.num_labels} outputs; a reward "
                          "model is a ...ForSequenceClassification with one (num_labels=1)")  # fmt: skip
+
+
+def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> None:
+    """``path`` is a model folder, and a template that shows each row's rubric finds one in every row."""
+    from coati.distributed.reward.judge import template_fields
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"judge {path} is not a model folder (no config.json); judge_path takes a local "
+                                "generative model folder")  # fmt: skip
+    if "rubric" in template_fields(template):
+        for what, rows in row_sets.items():
+            missing = [i for i, row in enumerate(rows) if row.get("rubric") in (None, "")]
+            if missing:
+                raise ValueError(f"judge_template shows {{rubric}}, but {what} row {missing[0]} ({len(missing)} rows "
+                                 "in all) has no 'rubric' column value; add one to every row or drop {rubric} from "
+                                 "the template")  # fmt: skip
 
 
 def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:

@@ -212,7 +212,8 @@ class Producer:
                                  f"scores of {len(scores)}; check the model (its head, its dtype)")  # fmt: skip
             values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
         if "judge" in self.scorers:
-            graded = self.scorers["judge"].score(prompts, texts, [row.get("gt_answer") for row in owners])
+            graded = self.scorers["judge"].score(prompts, texts, [row.get("gt_answer") for row in owners],
+                                                 [row.get("rubric") for row in owners])  # fmt: skip
             values["judge"] = np.array([score for score, _ in graded], dtype=np.float32)
             out.extras["judge_unread"] = np.array([bool(why) for _, why in graded])  # read as 0: the reason kept
             out.extras["judge_unread_msg"] = np.array([why[:300] for _, why in graded], dtype="<U300")

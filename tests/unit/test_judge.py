@@ -26,3 +26,23 @@ def test_malformed_replies_score_zero_with_the_reason(reply, reason):
 def test_the_template_shows_question_completion_and_reference():
     text = render(TEMPLATE, [{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}], "4", None)
     assert "Question: 2+2?" in text and "Answer to grade: 4" in text and "Reference answer: (none)" in text
+
+
+def test_a_rubric_column_reaches_the_template_and_a_row_without_one_is_refused(tmp_path):
+    from coati.distributed.config import RewardConfig
+    from coati.distributed.preflight import check_judge
+    from coati.distributed.reward.judge import template_fields
+
+    template = "Q: {question}\nA: {completion}\nRubric: {rubric}\nScore: 0-10"
+    assert template_fields(template) == {"question", "completion", "rubric"}
+    assert "Rubric: cite the source" in render(template, "q", "a", None, "cite the source")
+    (tmp_path / "config.json").write_text("{}")
+    check_judge(str(tmp_path), template, {"training set": [{"prompt": "q", "rubric": "r"}]})
+    with pytest.raises(ValueError, match=r"training set row 1 \(1 rows in all\) has no 'rubric' column value"):
+        check_judge(str(tmp_path), template, {"training set": [{"prompt": "q", "rubric": "r"}, {"prompt": "p"}]})
+    check_judge(str(tmp_path), TEMPLATE, {"training set": [{"prompt": "p"}]})  # no {rubric}: none needed
+    with pytest.raises(ValueError, match=r"no field but \['question', 'completion', 'reference', 'rubric'\], got "
+                                         r"fields \['completion', 'question', 'score'\]"):
+        RewardConfig(judge_template="{question} {completion} {score}")
+    with pytest.raises(ValueError, match="judge_template is not a format string"):
+        RewardConfig(judge_template="{question} {completion} {")

@@ -2,8 +2,9 @@
 answer through a prompt template, and its greedy reply is parsed into a score in [0, 1]. A reply the parser cannot
 read scores 0, with the reason kept; it never stops the run.
 
-The template is a string with ``{question}``, ``{completion}`` and ``{reference}`` fields, sent as the judge model's
-user turn under its chat template. The parser takes the last ``Score: x`` (or ``x/N``) in the reply and divides by
+The template is a string with ``{question}``, ``{completion}`` and optionally ``{reference}`` (the row's
+``gt_answer``) and ``{rubric}`` (the row's ``rubric`` column) fields, sent as the judge model's user turn under its
+chat template. The parser takes the last ``Score: x`` (or ``x/N``) in the reply and divides by
 ``max_score``.
 """
 
@@ -15,6 +16,8 @@ TEMPLATE = (
     "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"
     "Answer to grade: {completion}\n\nReply with one line, 'Score: N', N from 0 (wrong) to 10 (right)."
 )
+FIELDS = ("question", "completion", "reference", "rubric")
+"""the fields a judge template may use"""
 SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.I)
 
 
@@ -32,12 +35,21 @@ def parse_score(reply: str, max_score: float = 10.0) -> tuple[float, str]:
     return score / top, ""
 
 
-def render(template: str, question, completion: str, reference) -> str:
-    """The judge's user turn (a question given as messages is shown as its last user message)."""
+def template_fields(template: str) -> set[str]:
+    """The ``{field}`` names ``template`` uses."""
+    import string
+
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def render(template: str, question, completion: str, reference, rubric=None) -> str:
+    """The judge's user turn (a question given as messages is shown as its last user message; a missing reference
+    or rubric as '(none)')."""
     if not isinstance(question, str):
         question = next((m["content"] for m in reversed(list(question)) if m.get("role") == "user"), "")
     reference = "(none)" if reference is None else reference
-    return template.format(question=question, completion=completion, reference=reference)
+    rubric = "(none)" if rubric is None else rubric
+    return template.format(question=question, completion=completion, reference=reference, rubric=rubric)
 
 
 class JudgeServer:
@@ -55,10 +67,12 @@ class JudgeServer:
         self.backend = backend_class(backend)(path, generation)
         self.template, self.max_score = template, max_score
 
-    def score(self, prompts: list, completions: list[str], references: list | None = None) -> list[tuple[float, str]]:
+    def score(self, prompts: list, completions: list[str], references: list | None = None,
+              rubrics: list | None = None) -> list[tuple[float, str]]:  # fmt: skip
         tok = self.backend.tokenizer
-        references = references or [None] * len(prompts)
-        turns = [render(self.template, q, c, r) for q, c, r in zip(prompts, completions, references, strict=True)]
+        references, rubrics = references or [None] * len(prompts), rubrics or [None] * len(prompts)
+        turns = [render(self.template, q, c, r, g)
+                 for q, c, r, g in zip(prompts, completions, references, rubrics, strict=True)]  # fmt: skip
         ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
                                        return_dict=False) for t in turns]  # fmt: skip
         batch = self.backend.generate(ids, 1, greedy=True)

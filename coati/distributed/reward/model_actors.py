@@ -38,7 +38,7 @@ class RewardModelClient:
         assert servers and len(servers) == len(names), (len(servers), names)
         self.servers, self.names, self.timeout_s = list(servers), list(names), timeout_s
 
-    def score(self, prompts: list, completions: list[str], references: list | None = None) -> list:
+    def score(self, prompts: list, completions: list[str], *columns: list) -> list:
         """The servers' (score, note) pairs, in order (a note: a judge reply left unread, a reward-model input cut)."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
@@ -46,7 +46,7 @@ class RewardModelClient:
         k = len(self.servers)
         bounds = [len(prompts) * i // k for i in range(k + 1)]
         parts = [(i, bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
-        extra = [] if references is None else [references]
+        extra = list(columns)  # per-pair columns after the completions (a judge's references and rubrics)
         refs = [self.servers[i].score.remote(prompts[lo:hi], completions[lo:hi], *[x[lo:hi] for x in extra])
                 for i, lo, hi in parts]  # fmt: skip
         deadline, out = time.monotonic() + self.timeout_s, []
