@@ -212,3 +212,24 @@ def test_a_fork_bomb_leaves_nothing_under_the_sandbox_uid():
         outs = list(pool.map(sandbox.run, programs))
     assert [o.stdout.strip()[:2] for o in outs[1:]] == ["ok"] * 3, outs
     assert len(sandbox_uids().free) == len(sandbox_uids().block)  # every uid back, cleared
+
+
+def test_a_preload_set_in_this_process_does_not_reach_the_sandbox(monkeypatch):
+    """vLLM sets LD_PRELOAD to torch's libgomp in the process that starts an engine; the sandbox's library list was
+    then taken with it, bound from a folder its uid cannot read, and bwrap refused every later run."""
+    import torch
+
+    from coati.distributed.reward.sandbox import runtime_binds
+
+    libgomp = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    if not libgomp.exists():
+        pytest.skip("this torch build ships no libgomp to preload")
+    monkeypatch.setenv("LD_PRELOAD", str(libgomp))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(libgomp.parent))
+    runtime_binds.cache_clear()
+    try:
+        out = Sandbox().run("print('ok')")
+        assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-500:]
+        assert str(libgomp) not in runtime_binds(Sandbox().python)
+    finally:
+        runtime_binds.cache_clear()

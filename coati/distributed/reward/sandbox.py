@@ -83,7 +83,11 @@ _RUNTIME_QUERY = (
 def runtime_binds(python: str) -> tuple[str, ...]:
     """bwrap arguments that show the sandbox the interpreter, its standard library and the shared libraries they
     load (found with ldd), each read-only at its own path, and nothing else of the host."""
-    out = subprocess.run([python, "-I", "-c", _RUNTIME_QUERY], capture_output=True, text=True, timeout=60, check=True)
+    # The sandboxed interpreter runs with a bare environment: ask it (and ldd) under the same one, or a preload set
+    # in this process (vLLM sets LD_PRELOAD to torch's libgomp) would be counted in and bound from a folder the
+    # sandbox's uid cannot read, and bwrap would refuse every run.
+    out = subprocess.run([python, "-I", "-c", _RUNTIME_QUERY], capture_output=True, text=True, timeout=60, check=True,
+                         env=_BASE_ENV)  # fmt: skip
     dirs = sorted({os.path.realpath(d) for d in json.loads(out.stdout) if os.path.isdir(d)})
     binaries = [python] + [str(f) for d in dirs for f in Path(d).glob("*.so")]
     argv: list[str] = []
@@ -104,11 +108,13 @@ def runtime_binds(python: str) -> tuple[str, ...]:
 
 
 def _shared_libraries(binaries: list[str]) -> set[str]:
-    if shutil.which("ldd") is None:
+    ldd = shutil.which("ldd", path=_BASE_ENV["PATH"]) or shutil.which("ldd")
+    if ldd is None:
         raise RuntimeError("the sandbox needs ldd to find the interpreter's shared libraries (apt-get install libc-bin)")
     found = set()
     for i in range(0, len(binaries), 64):
-        out = subprocess.run(["ldd", *binaries[i : i + 64]], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run([ldd, *binaries[i : i + 64]], capture_output=True, text=True, timeout=60,
+                             env=_BASE_ENV).stdout  # fmt: skip
         for line in out.splitlines():
             parts = line.split()
             path = parts[2] if "=>" in parts and len(parts) > 2 else (parts[0] if parts else "")
