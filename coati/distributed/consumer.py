@@ -373,7 +373,7 @@ class GRPOConsumer:
         ``criterion``; the schedule divides it by the number of micro-batches, which we undo so the loss keeps its
         global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)
         ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused)."""
-        from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
+        from coati.distributed.algo.logprobs import logprobs_and_entropy
         from coati.distributed.forward import model_inputs, response_logits
 
         t = self._tensors(batch, rows, trim=False)  # the schedule splits one padded minibatch into micro-batches
@@ -388,7 +388,7 @@ class GRPOConsumer:
             seen["i"] += 1
             sl = slice(i * size, (i + 1) * size)
             logits = response_logits(outputs.logits, r, self.vocab_size)
-            logprobs = token_logprobs(logits, t["response_ids"][sl], self.generation.temperature)
+            logprobs, entropy = logprobs_and_entropy(logits, t["response_ids"][sl], self.generation.temperature, True)
             mask = loss_mask[rows[sl]].to(self.device)
             inp = LossInput(logprobs=logprobs, old_logprobs=old_lp[sl] if old_lp is not None else logprobs.detach(),
                             advantages=adv[rows[sl]].to(self.device), mask=mask,
@@ -400,7 +400,6 @@ class GRPOConsumer:
             for k, v in m_metrics.items():
                 if k != "loss/policy":
                     metrics.add(k, v, weight)
-            entropy = entropy_from_logits(logits.detach(), self.generation.temperature)
             metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
             seen["loss"] += loss.item() / self.dp_size
             return loss * n_micro
@@ -413,7 +412,7 @@ class GRPOConsumer:
     def _pipeline_logprobs(self, batch: RolloutBatch, rows, chunk: int) -> torch.Tensor | None:
         """Current-policy log-probs of ``rows`` [len(rows), R] through the pipeline, forward only (the schedule
         skips backward under no_grad), ``chunk`` rows per pass; on the last stage, None on the others."""
-        from coati.distributed.algo.logprobs import token_logprobs
+        from coati.distributed.algo.logprobs import logprobs_and_entropy
         from coati.distributed.forward import model_inputs, response_logits
 
         out = []
@@ -425,7 +424,7 @@ class GRPOConsumer:
             def criterion(outputs, _batch, micro=micro):
                 ids = next(micro)
                 logits = response_logits(outputs.logits, ids.shape[1], self.vocab_size)
-                out.append(token_logprobs(logits, ids, self.generation.temperature))
+                out.append(logprobs_and_entropy(logits, ids, self.generation.temperature)[0])
                 return logits.new_zeros(())
 
             with self._compute():

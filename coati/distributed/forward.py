@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
+from coati.distributed.algo.logprobs import logprobs_and_entropy
 
 
 def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[str, torch.Tensor]:
@@ -69,10 +69,7 @@ def sequence_logprobs(
     # Logits at position j predict token j + 1: response token t is predicted at position P - 1 + t, so only the last
     # R + 1 positions need the output layer (a large share of a small model's FLOPs on long prompts).
     logits = model(**inputs, use_cache=False, logits_to_keep=r + 1).logits
-    resp_logits = response_logits(logits, r, vocab_size)
-    logprobs = token_logprobs(resp_logits, response_ids, temperature)
-    entropy = entropy_from_logits(resp_logits.detach(), temperature) if with_entropy else None
-    return logprobs, entropy
+    return logprobs_and_entropy(response_logits(logits, r, vocab_size), response_ids, temperature, with_entropy)
 
 
 def shared_prompt_logprobs(
@@ -98,10 +95,7 @@ def shared_prompt_logprobs(
                  use_cache=True).logits  # fmt: skip
     # The prompt's last position predicts response token 0; response position t predicts token t + 1.
     logits = torch.cat([out.logits[:, -1:].repeat_interleave(group_size, 0), tail], dim=1)
-    logits = response_logits(logits, r, vocab_size)
-    logprobs = token_logprobs(logits, response_ids, temperature)
-    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
-    return logprobs, entropy
+    return logprobs_and_entropy(response_logits(logits, r, vocab_size), response_ids, temperature, with_entropy)
 
 
 def native_bf16(device: torch.device) -> bool:
