@@ -197,7 +197,7 @@ def test_a_fork_bomb_leaves_nothing_under_the_sandbox_uid():
     'sandbox exited (1)'). A run returns only once nothing of it is left under the uid."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from coati.distributed.reward.sandbox import processes_of, sandbox_uids
+    from coati.distributed.reward.processes import processes_of, sandbox_uids
 
     if os.geteuid() != 0:
         pytest.skip("the sandbox switches to uids of its own only as root (else it runs as this user)")
