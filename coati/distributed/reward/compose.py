@@ -1,12 +1,13 @@
 """Rewards made of named components: reward = sum_k w_k * r_k, each component's values kept for the step's metrics
-(``reward/<name>``). A component is a rule function, a reward model or a judge; this module only combines their
+(``reward/component/<name>``). A component is a rule function, a reward model or a judge; this module only combines their
 values and normalises a model's scores. Pure numpy, no Ray.
 
 Normalisation of a model's raw scores (``none``, ``group`` or ``running``):
 - ``group``: (s - mean_g) / (std_g + eps) within each prompt's group of completions (the scale of a group-relative
   advantage; a group of equal scores becomes zeros);
 - ``running``: (s - mean) / (std + eps) with the mean and std of every score seen so far, this batch included
-  (Welford's update; the state is checkpointed so a resumed run normalises as the uninterrupted one).
+  (merged batch by batch with Chan et al.'s pairwise update; the state is checkpointed so a resumed run normalises
+  as the uninterrupted one).
 """
 
 from __future__ import annotations
