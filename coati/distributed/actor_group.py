@@ -74,8 +74,9 @@ class ActorGroups:
         self.cfg, self.plan, self.seed, self.run_name = cfg, plan, seed, run_name
         self.master_addr, self.master_port, self.in_flight = master_addr, master_port, in_flight
         self.follow_work = follow_work
-        self.train_calls = 0
-        """training steps started, numbering each so that a lend of cores reaches the step it was meant for"""
+        self.train_calls = self.generate_calls = 0
+        """training steps and rollout rounds started, numbering each so that a lend of cores reaches the call it was
+        meant for"""
         self.producers, self.consumers, self.senders = [], [], []
         self.shared_gpus: dict[int, object] = {}
         self.producer_info: list[dict] = []
@@ -94,8 +95,9 @@ class ActorGroups:
                                             "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}  # fmt: skip
         c, p = self.cfg, self.plan
         # With in-flight updates a push is received on a second thread while the first one generates; with threads
-        # following the work, a consumer is lent cores on a second thread while the first one trains.
-        threads = {"max_concurrency": 2} if self.in_flight else {}
+        # following the work, an actor is lent cores on another thread while the first one trains or generates.
+        concurrency = 1 + self.in_flight + self.follow_work
+        threads = {"max_concurrency": concurrency} if concurrency > 1 else {}
         lend = {"max_concurrency": 2} if self.follow_work else {}
         servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
@@ -185,6 +187,13 @@ class ActorGroups:
             for c, n in zip(self.consumers, self.threads(False, True)[1], strict=True):
                 c.set_threads.remote(n, self.train_calls)
 
+    def lend_to_producers(self) -> None:
+        """The training step has ended while a rollout round still runs: the round takes the consumers' cores from its
+        next decode step on (each producer gives them back when its call ends). Only while no training step runs."""
+        if self.follow_work:
+            for p, n in zip(self.producers, self.threads(True, False)[0], strict=True):
+                p.set_threads.remote(n, self.generate_calls)
+
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
         from coati.distributed.inference import backend_class
@@ -219,7 +228,9 @@ class ActorGroups:
         """Start a rollout round: producer i draws ``sizes[i]`` prompts (none when 0), alongside a training step
         (``training``) or alone; returns the refs."""
         threads = self.threads(True, training)[0]
-        return [p.generate.remote(k, t) for p, k, t in zip(self.producers, sizes, threads, strict=True) if k > 0]
+        self.generate_calls += 1
+        return [p.generate.remote(k, t, self.generate_calls)
+                for p, k, t in zip(self.producers, sizes, threads, strict=True) if k > 0]  # fmt: skip
 
     def train(self, batch_ref, generating: bool, total_steps: int | None = None) -> list:
         """Start a training step of a run of ``total_steps``, alongside rollouts (``generating``) or alone; returns

@@ -430,9 +430,11 @@ class ConsumerConfig:
     AVX512-BF16 or AMX), else fp32, and fp32 when the plugin's precision already makes the weights bf16/fp16 or with
     tensor parallelism (whose layers' backward ignores autocast)"""
     share_prompt_forward: bool = True
-    """compute each group's prompt once per micro-batch (its KV cache shared by the group's responses, gradients
-    through it) instead of once per response; used when micro-batches hold whole groups (train_microbatch_size a
-    multiple of num_generations) and pp_size is 1, otherwise the full forward of every row (said at start-up)"""
+    """compute each group's prompt once per micro-batch instead of once per response: through a KV cache shared by
+    the group's responses, or with the group packed in one row under a tree-shaped attention mask (no padding; SDPA
+    attention), whichever has the fewer estimated FLOPs for the pass (gradient checkpointing: packing only); used
+    when micro-batches hold whole groups (train_microbatch_size a multiple of num_generations) and pp_size is 1,
+    otherwise the full forward of every row (said at start-up)"""
     lora_rank: int = 0
     """train a LoRA adapter of this rank instead of the whole model (0: full fine-tuning): the base weights stay
     frozen, only the adapter is optimised and pushed, and producers merge it into a kept copy of the base"""

@@ -20,9 +20,12 @@ from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, co
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
 from coati.distributed.forward import (
+    LAYOUTS,
+    causal_lm,
+    check_output_layer,
+    choose_layout,
+    pair_cost,
     resolve_compute_dtype,
-    sequence_logprobs,
-    shared_prompt_logprobs,
     token_budget_chunks,
     trim_padding,
 )
@@ -131,7 +134,12 @@ class GRPOConsumer:
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.step_count, self.lr = 0, self.cfg.learning_rate
         self._warned_unavailable = False
+        if p.pp_size == 1:  # pipeline stages compute the loss from the model's own logits
+            check_output_layer(self.model)
+        # Packing a group into one row needs a boolean 4D attention mask, which the SDPA attention takes.
+        self.sdpa = getattr(causal_lm(self.model).config, "_attn_implementation", None) == "sdpa"
         self.share_prompts = self._can_share_prompts()
+        self.layouts, self.pair_flops = self._allowed_layouts(), pair_cost(self.model)
         self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision, p.tp_size)
         if self.rank == 0:
             log.warning("trainer computes in %s (compute_dtype=%s, weights %s)", self.compute_dtype,
@@ -141,7 +149,7 @@ class GRPOConsumer:
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
                 "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
                 "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
-                "shares_prompts": self.share_prompts}  # fmt: skip
+                "shares_prompts": self.share_prompts, "layouts": self.layouts}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -202,12 +210,20 @@ class GRPOConsumer:
             return False
         size = self.cfg.train_microbatch_size or self.n
         reason = ("pipeline stages pass hidden states, not caches" if self.cfg.plugin.pp_size > 1 else
-                  "gradient checkpointing recomputes layers without their KV cache" if self.cfg.gradient_checkpointing
+                  "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
+                  if self.cfg.gradient_checkpointing and not self.sdpa
                   else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}" if size % self.n
                   else "")  # fmt: skip
         if reason and self.rank == 0:
             log.warning("share_prompt_forward: every row's prompt is computed in full (%s)", reason)
         return not reason
+
+    def _allowed_layouts(self) -> tuple[str, ...]:
+        """The forward layouts a micro-batch may take (``forward.LAYOUTS``; ``choose_layout`` picks among them)."""
+        if not self.share_prompts:
+            return ("rows",)
+        cache = () if self.cfg.gradient_checkpointing else ("prompt_cache",)  # the recompute keeps no KV cache
+        return ("rows", *cache, *(("packed",) if self.sdpa else ()))
 
     def _chunks(self, batch: RolloutBatch, rows) -> list[slice]:
         """``rows`` (in their order) split into forward/backward passes: ``train_microbatch_size`` rows each, or as
@@ -230,14 +246,18 @@ class GRPOConsumer:
         groups = local.reshape(-1, self.n)
         return groups[np.argsort(tokens.reshape(-1, self.n).max(-1), kind="stable")].reshape(-1)
 
-    def _logprobs(self, model, t: dict, with_entropy: bool = False):
-        """Per-token log-probs (and entropy) of a micro-batch's inputs, under the configured precision."""
+    def _layout(self, t: dict) -> str:
+        return choose_layout(t["prompt_mask"].sum(-1).numpy(force=True), t["response_mask"].sum(-1).numpy(force=True),
+                             self.n, self.pair_flops, self.layouts)  # fmt: skip
+
+    def _logprobs(self, model, t: dict, with_entropy: bool = False, layout: str | None = None):
+        """Per-token log-probs (and entropy) of a micro-batch's inputs, under the configured precision, in ``layout``
+        (None: the one ``_layout`` picks)."""
+        layout = layout or self._layout(t)
+        group = {} if layout == "rows" else {"group_size": self.n}
         with self._compute():
-            if self.share_prompts:
-                return shared_prompt_logprobs(model, **t, group_size=self.n, temperature=self.generation.temperature,
-                                              with_entropy=with_entropy, vocab_size=self.vocab_size)  # fmt: skip
-            return sequence_logprobs(model, **t, temperature=self.generation.temperature, with_entropy=with_entropy,
-                                     vocab_size=self.vocab_size)  # fmt: skip
+            return LAYOUTS[layout](model, **t, **group, temperature=self.generation.temperature,
+                                   with_entropy=with_entropy, vocab_size=self.vocab_size)  # fmt: skip
 
     def set_threads(self, n: int, call: int) -> None:
         """Train call ``call`` uses ``n`` threads from its next micro-batch on (called on a second thread: the driver
@@ -341,7 +361,9 @@ class GRPOConsumer:
         own longest prompt and response; returns its loss."""
         t = self._tensors(batch, rows)
         r = t["response_ids"].shape[1]
-        logprobs, entropy = self._logprobs(self.model, t, with_entropy=True)
+        layout = self._layout(t)
+        logprobs, entropy = self._logprobs(self.model, t, with_entropy=True, layout=layout)
+        metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
         mask = loss_mask[rows, :r].to(self.device)
         inp = LossInput(
             logprobs=logprobs,

@@ -217,7 +217,9 @@ class Run:
             wait_any(self.round.refs, train_refs)
             if ready(self.round.refs):
                 self._collect()
-        if not self.in_flight:
+        if not self.in_flight:  # the push waits for the round in flight: it may take the idle consumers' cores
+            if self.round is not None:
+                self.actors.lend_to_producers()
             self._settle()
 
     # ---- loop ------------------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ class Producer:
         dtype"""
         self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
         torch.set_num_threads(self.base_threads)
+        self.call, self.lent, self.threads_used = None, (-1, self.base_threads), 0
+        """the rollout call in progress (its number), the (call, threads) lent for it by ``set_threads``, and the most
+        threads it has run with"""
         self.idx, self.num_producers = producer_idx, num_producers
         self.model_path, self.backend_name = model_path, backend
         self.generation, self.algorithm = generation, algorithm
@@ -81,6 +84,7 @@ class Producer:
             if dtype is not None:
                 options["dtype"] = dtype
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
+        self.backend.between_steps = self._use_threads
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)
         a = self.algorithm
@@ -111,23 +115,38 @@ class Producer:
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 
-    def generate(self, num_prompts: int, threads: int | None = None) -> RolloutBatch:
+    def generate(self, num_prompts: int, threads: int | None = None, call: int | None = None) -> RolloutBatch:
         """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped, with
-        ``threads`` CPU threads (None: this actor's own)."""
+        ``threads`` CPU threads (None: this actor's own); a ``set_threads`` for the same ``call`` may raise them
+        between two decode steps."""
+        self.call = call
         with self._threads(threads):
-            return self._generate(num_prompts, torch.get_num_threads())  # what the engine gets, not what was asked
+            return self._generate(num_prompts)
+
+    def set_threads(self, n: int, call: int) -> None:
+        """Rollout call ``call`` uses ``n`` threads from its next decode step on (called on a second thread: the
+        driver lends the consumers' cores once their training step has ended)."""
+        self.lent = (call, n)
+
+    def _use_threads(self) -> None:
+        """Between two decode steps, in the generating thread (whose OpenMP setting the engine uses)."""
+        if self.call is not None and self.lent[0] == self.call and torch.get_num_threads() != self.lent[1]:
+            SET_NUM_THREADS(self.lent[1])
+        self.threads_used = max(self.threads_used, torch.get_num_threads())  # what the engine got, not what was asked
 
     @contextlib.contextmanager
     def _threads(self, n: int | None):
         """Run the engine with ``n`` threads (it steps in this thread, whose OpenMP setting it uses), then give them
         back."""
         SET_NUM_THREADS(n or self.base_threads)
+        self.threads_used = torch.get_num_threads()
         try:
             yield
         finally:
             SET_NUM_THREADS(self.base_threads)
+            self.call = None
 
-    def _generate(self, num_prompts: int, threads: int) -> RolloutBatch:
+    def _generate(self, num_prompts: int) -> RolloutBatch:
         t_start, start_version = time.perf_counter(), self.version
         skipped_before = self.cursor.skipped
         picks = self.cursor.take(num_prompts)
@@ -186,7 +205,7 @@ class Producer:
             out.token_versions = np.where(out.response_mask, start[:, None], 0)
         out.policy_version = oldest_versions(out.token_versions, out.trained_mask(), start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
-        out.extras["threads"] = np.full(len(out), threads, dtype=np.int64)
+        out.extras["threads"] = np.full(len(out), self.threads_used, dtype=np.int64)
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()

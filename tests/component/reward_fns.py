@@ -49,13 +49,10 @@ def raises_on_q1(completions, label, **fields):
     return [0.25 * (i % 4) for i in range(len(completions))]
 
 
-def trl_style(prompts, completions, **kwargs):
-    """Written for TRL: prompts first, completions by name; 1.0 when the prompt is 'q3'."""
-    return [1.0 if p == "q3" else 0.0 for p in prompts]
-
-
-def typed_options(completions, scale: float = 1.0, shout: bool = False, **fields):
-    return [scale * (2.0 if shout else 1.0) for _ in completions]
+def trl_style(prompts, completions, scale: float = 1.0, shout: bool = False, **kwargs):
+    """Written for TRL (prompts first, completions by name) with typed options: scale x (2 if shout) when the prompt
+    is 'q3', else 0."""
+    return [scale * (2.0 if shout else 1.0) if p == "q3" else 0.0 for p in prompts]
 
 
 def gt_as_reward(completions, gt_answer, **fields):

@@ -1,7 +1,9 @@
 """The trainer's forward on a real tiny model (no Ray): dropping the columns that are padding in every row of a
-micro-batch changes neither the log-probs of real tokens nor the gradients."""
+micro-batch changes neither the log-probs of real tokens nor the gradients, and every forward layout gives the model's
+own log-probs and gradients."""
 
 import numpy as np
+import pytest
 import torch
 
 from coati.distributed.forward import sequence_logprobs, trim_padding
@@ -37,10 +39,26 @@ def test_trimmed_micro_batch_gives_the_padded_one_s_logprobs_and_gradients(tmp_p
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
 
 
-def test_each_prompt_computed_once_per_group_gives_the_full_forward_s_logprobs_and_gradients(tmp_path):
+def reference_logprobs(model, inputs, temperature):
+    """The definition: softmax of the model's own logits over prompt + response, at the temperature."""
+    from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
+    from coati.distributed.forward import model_inputs, response_logits
+
+    logits = response_logits(model(**model_inputs(**inputs)).logits, inputs["response_ids"].shape[1])
+    return (token_logprobs(logits, inputs["response_ids"], temperature),
+            entropy_from_logits(logits.detach(), temperature))  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["rows", "prompt_cache", "packed", "packed+checkpointing"])
+def test_every_layout_gives_the_model_s_own_logprobs_entropy_and_gradients(tmp_path, layout):
+    """Each forward layout (every row in full; each group's prompt once through a shared KV cache; each group packed in
+    one row under a tree mask, the output layer on real tokens only) against the model's own logits: log-probs,
+    entropy and every parameter's gradient of a masked loss, in fp32. Groups of 2 with prompts of 4, 2 and 3 tokens
+    and responses of 1 to 5 (one group's responses shorter than another's prompt). Packing needs no KV cache, so it
+    also runs under gradient checkpointing (layers recomputed in the backward)."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.forward import shared_prompt_logprobs
+    from coati.distributed.forward import LAYOUTS
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", vocab_multiple=8), dtype=torch.float32)
@@ -48,19 +66,55 @@ def test_each_prompt_computed_once_per_group_gives_the_full_forward_s_logprobs_a
     batch = batch_from_responses([[5, 6, 7, 8], [9, 10], [11, 12, 13]], 2, responses, None, [True] * 6, pad_id=0)
     inputs = {k: torch.from_numpy(getattr(batch, k)) for k in ("prompt_ids", "prompt_mask", "response_ids",
                                                                 "response_mask")}  # fmt: skip
-    results = []
-    for shared in (False, True):
-        model.zero_grad()
-        if shared:
-            lp, entropy = shared_prompt_logprobs(model, **inputs, group_size=2, temperature=0.7, with_entropy=True)
-        else:
-            lp, entropy = sequence_logprobs(model, **inputs, temperature=0.7, with_entropy=True)
-        mask = inputs["response_mask"].float()
-        (-(lp * mask).sum() / mask.sum()).backward()
-        results.append((lp, entropy, [p.grad.clone() for p in model.parameters()]))
-    (lp_full, h_full, g_full), (lp_shared, h_shared, g_shared) = results
     m = inputs["response_mask"]
-    torch.testing.assert_close(lp_shared[m], lp_full[m], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(h_shared[m], h_full[m], atol=1e-5, rtol=1e-5)
-    for a, b in zip(g_full, g_shared, strict=True):
+    layout, checkpointing = layout.partition("+")[::2]
+    results = []
+    for name in ("reference", layout):
+        model.zero_grad()
+        if name == "reference":
+            lp, entropy = reference_logprobs(model, inputs, 0.7)
+        else:
+            if checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                model.train()
+                assert model.model.gradient_checkpointing
+            group = {} if name == "rows" else {"group_size": 2}
+            lp, entropy = LAYOUTS[name](model, **inputs, **group, temperature=0.7, with_entropy=True)
+            assert (lp[~m] == 0).all() and (entropy[~m] == 0).all()  # padding: 0, never the vocabulary's work
+        (-(lp * m).sum() / m.sum()).backward()
+        results.append((lp, entropy, [p.grad.clone() for p in model.parameters()]))
+    (lp_ref, h_ref, g_ref), (lp, h, g) = results
+    torch.testing.assert_close(lp[m], lp_ref[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h[m], h_ref[m], atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_ref, g, strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_pair_cost_is_attention_flops_per_pair_over_linear_flops_per_token(tmp_path):
+    """4 x query width per layer per query-key pair, against 2 x the parameters outside the embedding and output layer
+    per token: counted here from the layers' own parameters."""
+    from transformers import AutoModelForCausalLM
+
+    from coati.distributed.forward import pair_cost
+
+    for tied in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / f"m{tied}", tie_word_embeddings=tied))
+        layers = model.model.layers
+        dense = sum(p.numel() for p in layers.parameters()) + sum(p.numel() for p in model.model.norm.parameters())
+        query_width = layers[0].self_attn.q_proj.out_features
+        assert pair_cost(model) == pytest.approx(4 * query_width * len(layers) / (2 * dense))
+
+
+def test_a_model_whose_logits_are_not_its_output_layer_s_is_refused(tmp_path):
+    """Gemma 2 soft-caps its logits after the output layer: log-probs from the layer alone would be other numbers, so
+    the consumer refuses it at setup; a Llama-style model passes."""
+    from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
+
+    from coati.distributed.forward import check_output_layer
+
+    check_output_layer(AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "llama")))
+    capped = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                            final_logit_softcapping=1.0))  # fmt: skip
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM's logits are not its output layer"):
+        check_output_layer(capped)

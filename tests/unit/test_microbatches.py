@@ -30,3 +30,23 @@ def test_each_pass_fits_the_budget_counting_shared_prompts_once():
 def test_a_group_larger_than_the_budget_still_gets_a_pass_of_its_own():
     assert token_budget_chunks([100] * 4, [100] * 4, 4, 10, shared=False) == [slice(0, 4)]
     assert token_budget_chunks([1, 1, 3], [1, 1, 1], 1, 4, shared=False) == [slice(0, 2), slice(2, 3)]
+
+
+def test_the_layout_of_fewest_estimated_flops_is_chosen_among_the_allowed():
+    from coati.distributed.forward import choose_layout
+
+    every = ("rows", "prompt_cache", "packed")
+    # 2 groups of 4, prompts of 60, responses of 10 but one of 48 (padding): tokens + 0.001 x attention pairs.
+    p, r = [60] * 8, [10, 10, 10, 48, 10, 10, 10, 10]
+    # rows: 8 x 108 + 0.001 x 8 x 108^2 = 957.3; prompt_cache: 2 x 60 + 8 x 48 + 0.001 x (2 x 3600 + 8 x 48 x 108)
+    # = 504 + 48.7 = 552.7; packed: longest group 60 + 78 = 138: 2 x 138 + 0.001 x 2 x 138^2 = 314.1.
+    assert choose_layout(p, r, 4, 0.001, every) == "packed"
+    assert choose_layout(p, r, 4, 0.001, ("rows", "prompt_cache")) == "prompt_cache"
+    assert choose_layout(p, r, 4, 0.001, ("rows",)) == "rows"
+    assert choose_layout(p[:3], r[:3], 4, 0.001, ("rows",)) == "rows"  # passes of single rows, not whole groups
+    # 16 responses of 500 after a prompt of 100: packing one group in a row of 8100 tokens makes its dense attention
+    # (0.001 x 8100^2 = 65,610) cost more than the shared cache (0.001 x (100^2 + 16 x 500 x 600) = 4,810 plus 8,100
+    # tokens).
+    assert choose_layout([100] * 16, [500] * 16, 16, 0.001, every) == "prompt_cache"
+    # Groups of one: nothing to share, and rows cost what the others cost; the first allowed wins a tie.
+    assert choose_layout([5, 7], [3, 3], 1, 0.0, every) == "rows"

@@ -14,7 +14,7 @@ accelerator memory while consumers train.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -51,6 +51,9 @@ class InferenceBackend:
         self.model_path = model_path
         self.generation = generation
         self.options = options
+        self.between_steps: Callable[[], None] = lambda: None
+        """called by the generating thread between decode steps (engines stepped in this process): the producer
+        applies cores lent to it mid-round there"""
 
     @classmethod
     def check_options(cls, options: Mapping) -> None:

@@ -88,11 +88,14 @@ class TransformersBackend(InferenceBackend):
         ids, mask = left_pad(rows, self.pad_id)
         input_ids = torch.from_numpy(ids).to(self.device)
         attention = torch.from_numpy(mask).to(self.device, torch.long)
+        from transformers import LogitsProcessorList
+
         kwargs = {"tokenizer": self.tokenizer} if self.generation.stop_strings else {}
         if n > 1 and ids.shape[1] > 1:
             kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=attention, generation_config=self._generation_config(greedy), **kwargs
+            input_ids=input_ids, attention_mask=attention, generation_config=self._generation_config(greedy),
+            logits_processor=LogitsProcessorList([_EachStep(self.between_steps)]), **kwargs,
         )
         new = out.sequences[:, ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1)
@@ -178,3 +181,14 @@ class TransformersBackend(InferenceBackend):
         if self.device.type == "cuda":
             self.model.to(self.device)
             flatten_parameters(self.model)  # ``to`` gave every parameter storage of its own
+
+
+class _EachStep:
+    """A logits processor that changes no score: it runs ``fn`` once per decode step, in the generating thread."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, input_ids, scores):
+        self.fn()
+        return scores

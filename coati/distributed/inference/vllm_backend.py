@@ -197,6 +197,7 @@ class VLLMBackend(InferenceBackend):
         done = []
         while True:
             self._no_push.wait()
+            self.between_steps()
             with self._engine_lock:
                 if not self.engine.has_unfinished_requests():
                     if self._clear_prefix_cache:
