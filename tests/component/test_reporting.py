@@ -45,8 +45,9 @@ def test_every_logger_gets_the_steps_the_completions_and_the_evaluation_before_t
     # The wandb run file holds the config, every logged value and the completions table (uncompressed protobuf).
     (run,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     data = run.read_bytes()
+    service_log = "".join(p.read_text() for p in run.parent.glob("logs/debug*.log"))
     for needle in [b"DAPO-test", b"reward/mean", b"eval/lenient", b"0.125", b"0.375", b"completions"]:
-        assert needle in data, needle
+        assert needle in data, (needle, len(data), service_log[-3000:])
     (table,) = {p.name for p in run.parent.glob("files/media/table/completions_2_*.table.json")} or {None}
     assert table is not None
 

@@ -26,3 +26,6 @@ class WandbLogger(Logger):
 
     def close(self):
         self.run.finish()
+        # wandb's service process owns the run file; teardown waits for it to exit, so the file is whole when the job
+        # returns (a later init starts a new service).
+        self.wandb.teardown()
