@@ -1,14 +1,20 @@
-"""The default job's accuracy against TRL's GRPOTrainer on the same workload, judged by one evaluation.
+"""The default job's accuracy against TRL's GRPOTrainer on the same workload, judged by one evaluation, at equal
+training wall-clock.
 
-At equal training wall-clock: TRL trains SmolLM2-135M-Instruct on the default job's training prompts (reasoning-gym
-chain_sum, 2-3 terms, 1-2 digits, the same rows and chat template), 4 prompts x 4 completions per step, 48 new tokens,
-temperature 1.0, the default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the
-last-number reward (benchmarks/bench_reward.py: the default job's lenient check), for as many steps as fit in the
-coati run's training-loop time (evaluations excluded on both sides). Then the base model and TRL's trained model are
-scored by coati's own held-out evaluation (the default job's 96 rows, greedy, 48 new tokens), the one that produced
-the default job's before/after numbers. coati's run is the default job itself (`make run`), read from its folder.
+TRL trains SmolLM2-135M-Instruct on the default job's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2
+digits, the same rows and chat template), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
+default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the last-number reward
+(benchmarks/bench_reward.py: the default job's lenient check). coati's run is the default job itself, read from its
+folder: each of its held-out evaluations after training began is a mark, at the training-loop seconds that led to it
+(evaluations excluded); TRL's model is saved after its first step past each mark (saving excluded) and stops at the
+last. Then the base model and every saved TRL model are scored by coati's own held-out evaluation (the default job's
+96 rows, greedy, 48 new tokens), the one that produced coati's numbers, and the gains are printed side by side: the
+held-out gain of each side against training time. ``make run`` evaluates before and after training only (one mark);
+``-ei N`` adds a mark every N steps.
 
-    make run && python benchmarks/bench_main_job_vs_trl.py [--run runs/coati] [--seconds S] [--trl-bf16]
+    make run && python benchmarks/bench_main_job_vs_trl.py [--run runs/coati] [--trl-bf16]
+    python rl_example.py --algo DAPO -ei 10 -p coati-ei10 && \
+        python benchmarks/bench_main_job_vs_trl.py --run runs/coati-ei10 --trl-bf16
 """
 
 from __future__ import annotations
@@ -50,23 +56,22 @@ def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_token
     return {"strict": strict / len(rows), "lenient": lenient / len(rows)}
 
 
-def coati_run(folder: str) -> dict:
-    """The default job's run folder: its loop time (training steps, evaluations excluded), steps and held-out
-    accuracy before and after."""
+def coati_run(folder: str) -> list[dict]:
+    """The default job's held-out evaluations from its run folder, each with the training steps before it and their
+    loop seconds (evaluations excluded); the first is the evaluation before training."""
     import json
 
     lines = [json.loads(line) for line in open(Path(folder, "metrics.jsonl"))]
-    steps = [m for m in lines if m["step"] > 0]  # step 0: the evaluation before training
+    seconds = {0: 0.0}
+    for m in (m for m in lines if m["step"] > 0):  # step 0: the evaluation before training
+        seconds[m["step"]] = seconds[m["step"] - 1] + m["time/step"]
     evals = json.loads(Path(folder, "evals.json").read_text())
-    return {"seconds": sum(m["time/step"] for m in steps), "steps": len(steps),
-            "before": evals[0]["eval/lenient"], "after": evals[-1]["eval/lenient"]}  # fmt: skip
+    return [{"steps": e["step"], "seconds": seconds[e["step"]], "lenient": e["eval/lenient"]} for e in evals]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", default="runs/coati", help="the default job's run folder (make run)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="TRL's training wall-clock budget (default: the coati run's loop time)")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with bf16=True (CPU autocast)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -78,30 +83,33 @@ def main():
     from coati.distributed.preflight import dataset_kwargs
 
     coati = coati_run(args.run)
-    budget = args.seconds or coati["seconds"]
+    if len(coati) < 2 or coati[0]["steps"] != 0:
+        raise SystemExit(f"{args.run} has no evaluation before and after training steps (evals.json: {coati})")
+    marks = [e["seconds"] for e in coati[1:]]
     job = parse_config([])  # the default job's config tree
     model = default_model_path()
     train_spec, held_out_spec = job.data.datasets(job.run.seed)
     train, held_out = load_rows(**dataset_kwargs(train_spec)), load_rows(**dataset_kwargs(held_out_spec))
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
     print(f"workload: {job.data.train}, {len(train)} training rows, {len(held_out)} held-out rows, {max_new_tokens} new "
-          f"tokens, lr {lr}; TRL's budget {budget:.0f} s of training", flush=True)  # fmt: skip
+          f"tokens, lr {lr}; TRL saved at {', '.join(f'{m:.0f}' for m in marks)} s of training", flush=True)  # fmt: skip
     python = trl_python()
     with tempfile.TemporaryDirectory() as d:
-        trained = str(Path(d) / "trl-model")
         trl = run_trl(python, model, train, 10**4, max_new_tokens, lr, threads=2, bf16=args.trl_bf16,
-                      save_to=trained, max_seconds=budget)  # fmt: skip
-        before = evaluate(model, model, held_out, max_new_tokens)
-        after = evaluate(trained, model, held_out, max_new_tokens)
-    gains = {"coati": coati["after"] - coati["before"], "TRL": after["lenient"] - before["lenient"]}
-    print(f"held-out greedy accuracy, lenient ({len(held_out)} rows, coati's evaluation), equal training wall-clock:")
-    print(f"  {'':<16}{'steps':>6}{'seconds':>9}{'before':>8}{'after':>7}{'gain':>7}")
-    print(f"  {'coati (make run)':<16}{coati['steps']:>6}{coati['seconds']:>9.0f}{coati['before']:>8.3f}"
-          f"{coati['after']:>7.3f}{gains['coati']:>+7.3f}")  # fmt: skip
-    print(f"  {'TRL GRPOTrainer':<16}{trl['steps']:>6}{trl['wall']:>9.0f}{before['lenient']:>8.3f}"
-          f"{after['lenient']:>7.3f}{gains['TRL']:>+7.3f}")  # fmt: skip
-    if gains["TRL"] > 0:
-        print(f"  coati's gain / TRL's: {gains['coati'] / gains['TRL']:.2f}x (target >= 2x)")
+                      max_seconds=marks[-1], save_at=marks, save_dir=d)  # fmt: skip
+        before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
+        trl_after = [evaluate(save["path"], model, held_out, max_new_tokens)["lenient"] for save in trl["saves"]]
+    print(f"held-out greedy accuracy, lenient ({len(held_out)} rows, coati's evaluation), against training wall-clock "
+          f"(TRL{' bf16' if args.trl_bf16 else ' fp32'}); before training: coati {coati[0]['lenient']:.3f}, TRL "
+          f"{before:.3f}")  # fmt: skip
+    print(f"  {'coati s':>8}{'steps':>6}{'after':>7}{'gain':>7}   {'TRL s':>6}{'steps':>6}{'after':>7}{'gain':>7}"
+          f"   {'gain ratio':>10}")  # fmt: skip
+    for c, save, after in zip(coati[1:], trl["saves"], trl_after, strict=True):
+        gains = c["lenient"] - coati[0]["lenient"], after - before
+        ratio = f"{gains[0] / gains[1]:.2f}x" if gains[1] > 0 else "n/a"
+        print(f"  {c['seconds']:>8.0f}{c['steps']:>6}{c['lenient']:>7.3f}{gains[0]:>+7.3f}   {save['seconds']:>6.0f}"
+              f"{save['steps']:>6}{after:>7.3f}{gains[1]:>+7.3f}   {ratio:>10}")  # fmt: skip
+    print("target: coati's gain >= 2x TRL's at equal training time")
 
 
 if __name__ == "__main__":

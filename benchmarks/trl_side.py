@@ -1,7 +1,8 @@
 """TRL's side of bench_vs_trl.py; runs in a subprocess of its own (same environment). Reads a JSON workload from
-argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2] (and the trained model to the
-spec's ``save_to`` when given). The learning rate is constant, as coati's; with ``max_seconds`` training stops after
-the first step that ends past that wall-clock budget (``steps`` is then only an upper bound)."""
+argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2]. The learning rate is constant, as
+coati's; with ``max_seconds`` training stops after the first step that ends past that wall-clock budget (``steps`` is
+then only an upper bound). With ``save_at`` (seconds of training, ascending, and ``save_dir``), the model is saved
+after the first step past each mark, the time spent saving left out of the training wall-clock."""
 
 import json
 import sys
@@ -32,19 +33,25 @@ if __name__ == "__main__":
         gradient_accumulation_steps=1, bf16=spec.get("bf16", False), fp16=False, dataloader_num_workers=0,
     )  # fmt: skip
 
+    marks, saves, saving = list(spec.get("save_at") or []), [], [0.0]  # saving[0]: seconds spent saving
+
     class Budget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if spec.get("max_seconds") and time.perf_counter() - start > spec["max_seconds"]:
+            trained = time.perf_counter() - start - saving[0]
+            if marks and trained >= marks[0]:
+                begun, path = time.perf_counter(), f"{spec['save_dir']}/at-{len(saves)}"
+                trainer.save_model(path)
+                saves.append({"mark": marks.pop(0), "seconds": trained, "steps": state.global_step, "path": path})
+                saving[0] += time.perf_counter() - begun
+            if spec.get("max_seconds") and trained > spec["max_seconds"]:
                 control.should_training_stop = True
 
     trainer = GRPOTrainer(model=model, reward_funcs=[last_number_reward], args=config, callbacks=[Budget()],
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer)  # fmt: skip
     start = time.perf_counter()
     trainer.train()
-    wall = time.perf_counter() - start
-    if spec.get("save_to"):  # the trained weights, for an evaluation outside this virtualenv
-        trainer.save_model(spec["save_to"])
+    wall = time.perf_counter() - start - saving[0]
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
-    json.dump({"wall": wall, "rewards": rewards, "step_times": step_times, "steps": trainer.state.global_step},
-              open(sys.argv[2], "w"))  # fmt: skip
+    json.dump({"wall": wall, "rewards": rewards, "step_times": step_times, "steps": trainer.state.global_step,
+               "saves": saves}, open(sys.argv[2], "w"))  # fmt: skip

@@ -30,6 +30,7 @@ from coati.distributed.forward import (
     trim_padding,
 )
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
+from coati.distributed.pipeline_step import PipelineSteps
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.schedule import lr_factor
 from coati.distributed.step_metrics import StepMetrics
@@ -38,7 +39,7 @@ from coati.distributed.wire_layout import flatten_parameters, separate_storages
 log = logging.getLogger(__name__)
 
 
-class GRPOConsumer:
+class GRPOConsumer(PipelineSteps):
     def __init__(
         self,
         rank: int,
@@ -389,69 +390,6 @@ class GRPOConsumer:
         on_device = tensor.to(self.device)
         torch.distributed.all_reduce(on_device, op=ops[op], group=self.plugin.dp_group)
         tensor.copy_(on_device.cpu())
-
-    def _pipeline_minibatch(self, batch, rows, loss_mask, adv, norm, metrics, old_lp, ref_lp) -> float:
-        """One minibatch through ColossalAI's pipeline schedule. The last stage computes the loss per micro-batch in
-        ``criterion``; the schedule divides it by the number of micro-batches, which we undo so the loss keeps its
-        global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)
-        ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused)."""
-        from coati.distributed.algo.logprobs import logprobs_and_entropy
-        from coati.distributed.forward import model_inputs, response_logits
-
-        t = self._tensors(batch, rows, trim=False)  # the schedule splits one padded minibatch into micro-batches
-        inputs = model_inputs(**t)
-        r = t["response_ids"].shape[1]
-        n_micro = self.cfg.plugin.pp_num_microbatches
-        size = len(rows) // n_micro
-        seen = {"i": 0, "loss": 0.0}
-
-        def criterion(outputs, _micro):
-            i = seen["i"]
-            seen["i"] += 1
-            sl = slice(i * size, (i + 1) * size)
-            logits = response_logits(outputs.logits, r, self.vocab_size)
-            logprobs, entropy = logprobs_and_entropy(logits, t["response_ids"][sl], self.generation.temperature, True)
-            mask = loss_mask[rows[sl]].to(self.device)
-            inp = LossInput(logprobs=logprobs, old_logprobs=old_lp[sl] if old_lp is not None else logprobs.detach(),
-                            advantages=adv[rows[sl]].to(self.device), mask=mask,
-                            ref_logprobs=ref_lp[sl] if ref_lp is not None else None,
-                            rollout_logprobs=self._rollout_logprobs(batch, rows[sl]))  # fmt: skip
-            loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
-            self._behaviour_metrics(metrics, batch, rows[sl], inp.old_logprobs, inp.rollout_logprobs, mask)
-            weight = float(mask.sum())
-            for k, v in m_metrics.items():
-                if k != "loss/policy":
-                    metrics.add(k, v, weight)
-            metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
-            seen["loss"] += loss.item() / self.dp_size
-            return loss * n_micro
-
-        with self._compute():
-            self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
-        return seen["loss"] / (self.cfg.train_batch_size // self.cfg.train_minibatch_size)
-
-    @torch.no_grad()
-    def _pipeline_logprobs(self, batch: RolloutBatch, rows, chunk: int) -> torch.Tensor | None:
-        """Current-policy log-probs of ``rows`` [len(rows), R] through the pipeline, forward only (the schedule
-        skips backward under no_grad), ``chunk`` rows per pass; on the last stage, None on the others."""
-        from coati.distributed.algo.logprobs import logprobs_and_entropy
-        from coati.distributed.forward import model_inputs, response_logits
-
-        out = []
-        size = chunk // self.cfg.plugin.pp_num_microbatches
-        for lo in range(0, len(rows), chunk):
-            t = self._tensors(batch, rows[lo : lo + chunk], trim=False)
-            micro = iter(t["response_ids"].split(size))  # the schedule calls criterion once per micro-batch, in order
-
-            def criterion(outputs, _batch, micro=micro):
-                ids = next(micro)
-                logits = response_logits(outputs.logits, ids.shape[1], self.vocab_size)
-                out.append(logprobs_and_entropy(logits, ids, self.generation.temperature)[0])
-                return logits.new_zeros(())
-
-            with self._compute():
-                self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)
-        return torch.cat(out) if out else None
 
     def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
         """The engine-trainer log-prob gap over tokens sampled by the very weights this step starts from (so any gap

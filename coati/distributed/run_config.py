@@ -20,9 +20,8 @@ from coati.distributed.config import (
     LaunchConfig,
     ProducerConfig,
     RewardConfig,
-    _positive,
-    _require,
 )
+from coati.distributed.config_checks import positive, require
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
 DEFAULT_TRAIN_ROWS = 512
@@ -43,7 +42,7 @@ class ModelConfig:
     """engine options of the inference backend (JSON object), e.g. {"dtype": "bfloat16"}; see the README"""
 
     def __post_init__(self):
-        _require(isinstance(self.inference_options, dict),
+        require(isinstance(self.inference_options, dict),
                  f"inference_options must be a JSON object (dict), got {self.inference_options!r}")  # fmt: skip
 
 
@@ -89,11 +88,11 @@ class DataConfig:
     """system prompt added to every prompt"""
 
     def __post_init__(self):
-        _require(isinstance(self.train, (str, list)) and len(self.train) > 0,
+        require(isinstance(self.train, (str, list)) and len(self.train) > 0,
                  f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}")  # fmt: skip
         for name in ("train_size", "eval_size"):
             if getattr(self, name) is not None:
-                _positive(self, name)
+                positive(self, name)
         self.prompt_format()  # raw_prompt with a system prompt is refused now
 
     def prompt_format(self):
@@ -189,25 +188,25 @@ class RunConfig:
         from coati.distributed.loggers import LOGGERS
 
         unknown = [name for name in self.report_to if name not in LOGGERS]
-        _require(not unknown and len(set(self.report_to)) == len(self.report_to),
+        require(not unknown and len(set(self.report_to)) == len(self.report_to),
                  f"report_to={list(self.report_to)}: each of {sorted(LOGGERS)} at most once"
                  + (f" ({unknown} unknown)" if unknown else ""))  # fmt: skip
         if self.max_steps is not None:
-            _positive(self, "max_steps")
-        _positive(self, "num_episodes", "keep_checkpoints")
+            positive(self, "max_steps")
+        positive(self, "num_episodes", "keep_checkpoints")
         for name in ("max_staleness", "eval_interval", "save_interval", "max_restarts"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                      f"{name} must be a non-negative integer, got {value!r}")  # fmt: skip
-        _require(not (self.sleep_while_training and self.max_staleness),
+        require(not (self.sleep_while_training and self.max_staleness),
                  f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
                  f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
                  "sleep_while_training off")  # fmt: skip
-        _require(not (self.in_flight_weight_updates and not self.max_staleness),
+        require(not (self.in_flight_weight_updates and not self.max_staleness),
                  "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
                  "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
-        _require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
-        _require(not (self.resume and self.folder is None),
+        require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
+        require(not (self.resume and self.folder is None),
                  "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip
 
     @property

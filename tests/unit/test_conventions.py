@@ -13,6 +13,8 @@ from coati.distributed.algo import (ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATOR
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIR = ROOT / "coati" / "distributed" / "algo"
 PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" / "config.py", ROOT / "coati" / "registry.py",
+                                            ROOT / "coati" / "distributed" / "config_checks.py",
+                                            ROOT / "coati" / "distributed" / "reward_config.py",
                                             ROOT / "coati" / "distributed" / "wire_layout.py",
                                             ROOT / "coati" / "distributed" / "guards.py",
                                             ROOT / "coati" / "distributed" / "rollout_buffer.py",

@@ -1,0 +1,56 @@
+"""What every config module shares: the field docstrings that become ``--help``, and the checks that turn bad input
+into a ValueError naming the value and the fix."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from functools import lru_cache
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal under each annotated field of dataclass ``cls`` (and its bases)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        docs.update(_class_field_docs(klass))
+    return docs
+
+
+@lru_cache(maxsize=None)
+def _class_field_docs(klass) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    body = tree.body[0].body
+    out = {}
+    for node, nxt in zip(body, body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                out[node.target.id] = " ".join(nxt.value.value.split())
+    return out
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def positive(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        require(
+            isinstance(value, int) and value > 0,
+            f"{type(obj).__name__}.{name} must be a positive integer, got {value!r}",
+        )
+
+
+def divides(small_name: str, small: int, big_name: str, big: int) -> None:
+    if big % small:
+        lower = max(d for d in range(1, min(small, big) + 1) if big % d == 0)
+        upper = next((m for m in range(small, big + 1) if big % m == 0), None)
+        choices = f"{lower} or {upper}" if upper is not None else f"{lower} (at most {big_name})"
+        raise ValueError(
+            f"{big_name}={big} is not divisible by {small_name}={small}; use {small_name}={choices}, or change {big_name}"
+        )

@@ -1,0 +1,152 @@
+"""The reward's config: how completions are scored (a function, a reward model, a judge, an environment) and how
+many scoring failures a run tolerates. Typed and frozen like every component's config (``config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coati.distributed.config_checks import positive, require
+from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How completions are scored, and how many scoring failures a run tolerates."""
+
+    fn: str = "math"
+    """reward function: a name in REWARD_FNS (math, code) or package.module:function"""
+    kwargs: dict = field(default_factory=dict)
+    """options passed to the reward function by name; each must be one of its parameters, of its default's type"""
+    workers: int = 1
+    """reward worker processes per producer"""
+    item_timeout_s: float = 30.0
+    """wall-clock limit for scoring one completion; the worker is killed and the item counted as a timeout"""
+    max_error_fraction: float = 0.1
+    """the run stops when more than this fraction of a step's completions fail to score (error or timeout)"""
+    stop_on_first_step_error: bool = True
+    """the run stops when any completion of its first step fails to score (a broken reward shows at once)"""
+    env: str | None = None
+    """multi-turn environment (tool_math, retry or package.module:Class): each rollout is an episode of model turns
+    and environment replies, scored by the environment (``fn`` is then unused); None: one completion per prompt"""
+    env_kwargs: dict = field(default_factory=dict)
+    """options passed to the environment by name"""
+    env_max_turns: int | None = None
+    """model turns per episode (None: the environment's own limit)"""
+    env_max_tokens: int = 256
+    """tokens per episode, its first prompt included; a longer conversation is cut there and flagged (at most
+    generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
+    env_step_timeout_s: float = 30.0
+    """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
+    components: dict = field(default_factory=dict)
+    """weights of the reward's named components, summed: the reward function by its name (``fn``) and ``rm`` (the
+    reward model at rm_path), e.g. {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
+    rm_path: str | None = None
+    """a reward model: an AutoModelForSequenceClassification folder with one output, scoring prompt + completion
+    under its chat template (the ``rm`` component)"""
+    rm_servers: int = 1
+    """Ray actors hosting the reward model, shared by all producers"""
+    rm_cpus: float = 1.0
+    """CPUs reserved for each reward-model actor"""
+    rm_gpus: float = 0.0
+    """GPUs (or a share of one) for each reward-model actor"""
+    rm_placement: str = "any"
+    """where the reward-model actors run: any (Ray places them by rm_cpus/rm_gpus), node:K (the K-th alive node,
+    in the order producers fill from), or producer (server i beside producer i mod num_producers; with rm_gpus > 0
+    it takes that share of the producer's GPU, which then needs one GPU per producer)"""
+    rm_batch_size: int = 8
+    """pairs per reward-model forward"""
+    rm_normalize: str = "none"
+    """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
+    mean and std of every score so far (running)"""
+    rm_timeout_s: float = 120.0
+    """a reward-model call that takes longer stops the run, naming the server"""
+    judge_path: str | None = None
+    """an LLM judge: a generative model folder that grades each completion through judge_template (the ``judge``
+    component, in [0, 1]; a reply without a readable score counts 0, with the reason)"""
+    judge_backend: str = "transformers"
+    """the judge's inference backend (transformers, vllm)"""
+    judge_template: str = JUDGE_TEMPLATE
+    """the judge's user turn, with {question}, {completion}, and optionally {reference} (the row's gt_answer, or
+    '(none)') and {rubric} (the row's rubric column, which every row must then have)"""
+    judge_max_score: float = 10.0
+    """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
+    judge_max_new_tokens: int = 32
+    """tokens the judge may write per grade"""
+    judge_max_prompt_tokens: int = 1024
+    """the longest judge prompt (template, question, completion, reference); with judge_max_new_tokens at most the
+    judge model's context"""
+    judge_servers: int = 1
+    """Ray actors hosting the judge, shared by all producers"""
+    judge_cpus: float = 1.0
+    """CPUs reserved for each judge actor"""
+    judge_gpus: float = 0.0
+    """GPUs (or a share of one) for each judge actor"""
+    judge_placement: str = "any"
+    """where the judge actors run: any, node:K or producer, as rm_placement"""
+    judge_timeout_s: float = 300.0
+    """a judge call that takes longer stops the run, naming the server"""
+
+    def __post_init__(self):
+        require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
+        require(self.env is None or (isinstance(self.env, str) and self.env),
+                 f"env must be an environment name or package.module:Class, got {self.env!r}")  # fmt: skip
+        require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
+        require(self.env_max_turns is None or self.env_max_turns >= 1,
+                 f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
+        self._check_components()
+        require(self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
+                 f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
+                 f"{self.env_step_timeout_s}")  # fmt: skip
+        require(
+            isinstance(self.kwargs, dict),
+            f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
+        )
+        positive(self, "workers")
+        require(self.item_timeout_s > 0, f"reward item_timeout_s must be > 0, got {self.item_timeout_s}")
+        require(
+            0 <= self.max_error_fraction <= 1,
+            f"reward max_error_fraction must be in [0, 1], got {self.max_error_fraction}",
+        )
+
+
+    def _check_components(self) -> None:
+        from coati.distributed.reward.compose import NORMALIZATIONS
+
+        known = {self.fn, "rm", "judge"}
+        require(isinstance(self.components, dict) and set(self.components) <= known
+                 and all(isinstance(w, (int, float)) for w in self.components.values()),
+                 f"reward components must map names in {sorted(known)} to numbers, got "
+                 f"{self.components!r}")  # fmt: skip
+        require(("rm" in self.components) == (self.rm_path is not None),
+                 f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
+                 f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
+        require(("judge" in self.components) == (self.judge_path is not None),
+                 f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
+                 f"{self.judge_path!r}")  # fmt: skip
+        from coati.distributed.reward.judge import FIELDS, template_fields
+
+        try:
+            fields = template_fields(self.judge_template)
+        except ValueError as e:
+            raise ValueError(f"judge_template is not a format string ({e}): {self.judge_template!r}") from None
+        require({"question", "completion"} <= fields <= set(FIELDS),
+                 f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
+                 f"fields {sorted(fields)} in {self.judge_template!r}")  # fmt: skip
+        positive(self, "judge_servers")
+        require(self.judge_timeout_s > 0 and self.judge_max_score > 0,
+                 f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "
+                 f"{self.judge_max_score}")  # fmt: skip
+        require(self.rm_normalize in NORMALIZATIONS,
+                 f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
+        from coati.distributed.placement import check_server_placement
+
+        check_server_placement(self.rm_placement, "rm_placement")
+        check_server_placement(self.judge_placement, "judge_placement")
+        positive(self, "rm_servers")
+        positive(self, "rm_batch_size")
+        require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The components' weights (the reward function alone, weight 1, when none are set)."""
+        return dict(self.components) or {self.fn: 1.0}
