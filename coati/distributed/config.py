@@ -110,27 +110,27 @@ class AlgorithmConfig:
         from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 
         require(self.off_policy_correction in OFF_POLICY_CORRECTIONS,
-                 f"unknown off-policy correction {self.off_policy_correction!r}; known: "
-                 f"{', '.join(OFF_POLICY_CORRECTIONS.names())}")  # fmt: skip
+                f"unknown off-policy correction {self.off_policy_correction!r}; known: "
+                f"{', '.join(OFF_POLICY_CORRECTIONS.names())}")  # fmt: skip
         require(isinstance(self.tis_cap, (int, float)) and self.tis_cap >= 1,
-                 f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}")  # fmt: skip
+                f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}")  # fmt: skip
         require(0 < self.is_mask_low < 1 < self.is_mask_high,
-                 f"need 0 < is_mask_low < 1 < is_mask_high, got {self.is_mask_low} and {self.is_mask_high}")  # fmt: skip
+                f"need 0 < is_mask_low < 1 < is_mask_high, got {self.is_mask_low} and {self.is_mask_high}")  # fmt: skip
         require(
             0 <= self.overlong_buffer_ratio < 1,
             f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
         )
         require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
         require(isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
-                 f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}")  # fmt: skip
+                f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}")  # fmt: skip
         require(not self.skip_no_signal_after or self.dynamic_sampling,
-                 f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
-                 "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0")  # fmt: skip
+                f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
+                "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0")  # fmt: skip
         require(0 < self.skip_recheck <= 1, f"skip_recheck must be in (0, 1], got {self.skip_recheck}")
         from coati.distributed.rollout_buffer import SIGNALS
 
         require(self.dynamic_sampling_signal in SIGNALS,
-                 f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}")
+                f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}")
 
     def overlong_buffer_len(self, max_new_tokens: int) -> int:
         return int(round(self.overlong_buffer_ratio * max_new_tokens))
@@ -162,7 +162,7 @@ class ProducerConfig:
             f"num_generations must be >= 2 (group baselines need at least two samples), got {self.num_generations}",
         )
         divides("inference_microbatch_size", self.inference_microbatch_size,
-                 "inference_batch_size", self.inference_batch_size)  # fmt: skip
+                "inference_batch_size", self.inference_batch_size)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -271,10 +271,10 @@ class ConsumerConfig:
         require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
         require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
         require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
-                 f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")  # fmt: skip
+                f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")  # fmt: skip
         require(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         require(self.compute_dtype in ("auto", "fp32", "bf16"),
-                 f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}")  # fmt: skip
+                f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}")  # fmt: skip
         require(
             self.compute_dtype != "bf16" or self.plugin.precision == "fp32",
             f"compute_dtype={self.compute_dtype} autocasts over fp32 weights, but plugin precision="
@@ -291,16 +291,16 @@ class ConsumerConfig:
         )
         object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         require(isinstance(self.lora_rank, int) and self.lora_rank >= 0,
-                 f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}")  # fmt: skip
+                f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}")  # fmt: skip
         if self.lora_rank:
             p = self.plugin
             require(p.tp_size == 1 and p.pp_size == 1,
-                     f"LoRA trains with data parallelism, ZeRO included (tp_size=1, pp_size=1); got "
-                     f"tp_size={p.tp_size}, pp_size={p.pp_size}: use more consumers for data parallelism, or "
-                     "lora_rank 0")  # fmt: skip
+                    f"LoRA trains with data parallelism, ZeRO included (tp_size=1, pp_size=1); got "
+                    f"tp_size={p.tp_size}, pp_size={p.pp_size}: use more consumers for data parallelism, or "
+                    "lora_rank 0")  # fmt: skip
             require(self.lora_alpha > 0 and 0 <= self.lora_dropout < 1 and self.lora_target_modules,
-                     f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "
-                     f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}")  # fmt: skip
+                    f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "
+                    f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}")  # fmt: skip
         model_parallel = self.plugin.tp_size * self.plugin.pp_size
         divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
         divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)
@@ -341,7 +341,7 @@ class LaunchConfig:
         samples = c.train_minibatch_size * p.num_generations
         if c.train_microbatch_size is not None:
             divides("train_microbatch_size", c.train_microbatch_size,
-                     "train_minibatch_size * num_generations", samples)  # fmt: skip
+                    "train_minibatch_size * num_generations", samples)  # fmt: skip
         produced = p.inference_batch_size * p.num_producers
         consumed = c.train_batch_size * c.dp_size
         require(
@@ -352,7 +352,7 @@ class LaunchConfig:
         )
         if c.plugin.pp_size > 1:
             divides("pp_num_microbatches", c.plugin.pp_num_microbatches,
-                     "train_minibatch_size * num_generations", samples)  # fmt: skip
+                    "train_minibatch_size * num_generations", samples)  # fmt: skip
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
         require(
             buffer < self.generation.max_new_tokens,
@@ -361,12 +361,12 @@ class LaunchConfig:
         g, r = self.generation, self.reward
         if r.env is not None:
             require(r.env_max_tokens <= g.max_prompt_tokens,
-                     f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
-                     f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
-                     "env_max_tokens")  # fmt: skip
+                    f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
+                    f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
+                    "env_max_tokens")  # fmt: skip
             require(not g.stop_strings,
-                     f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
-                     "token the chat template closes it with; drop the stop strings")  # fmt: skip
+                    f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
+                    "token the chat template closes it with; drop the stop strings")  # fmt: skip
 
     @property
     def global_train_batch_size(self) -> int:

@@ -89,14 +89,14 @@ class RewardConfig:
     def __post_init__(self):
         require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
         require(self.env is None or (isinstance(self.env, str) and self.env),
-                 f"env must be an environment name or package.module:Class, got {self.env!r}")  # fmt: skip
+                f"env must be an environment name or package.module:Class, got {self.env!r}")  # fmt: skip
         require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
         require(self.env_max_turns is None or self.env_max_turns >= 1,
-                 f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
+                f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
         self._check_components()
         require(self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
-                 f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
-                 f"{self.env_step_timeout_s}")  # fmt: skip
+                f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
+                f"{self.env_step_timeout_s}")  # fmt: skip
         require(
             isinstance(self.kwargs, dict),
             f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
@@ -114,15 +114,15 @@ class RewardConfig:
 
         known = {self.fn, "rm", "judge"}
         require(isinstance(self.components, dict) and set(self.components) <= known
-                 and all(isinstance(w, (int, float)) for w in self.components.values()),
-                 f"reward components must map names in {sorted(known)} to numbers, got "
-                 f"{self.components!r}")  # fmt: skip
+                and all(isinstance(w, (int, float)) for w in self.components.values()),
+                f"reward components must map names in {sorted(known)} to numbers, got "
+                f"{self.components!r}")  # fmt: skip
         require(("rm" in self.components) == (self.rm_path is not None),
-                 f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
-                 f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
+                f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
+                f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
         require(("judge" in self.components) == (self.judge_path is not None),
-                 f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
-                 f"{self.judge_path!r}")  # fmt: skip
+                f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
+                f"{self.judge_path!r}")  # fmt: skip
         from coati.distributed.reward.judge import FIELDS, template_fields
 
         try:
@@ -130,14 +130,14 @@ class RewardConfig:
         except ValueError as e:
             raise ValueError(f"judge_template is not a format string ({e}): {self.judge_template!r}") from None
         require({"question", "completion"} <= fields <= set(FIELDS),
-                 f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
-                 f"fields {sorted(fields)} in {self.judge_template!r}")  # fmt: skip
+                f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
+                f"fields {sorted(fields)} in {self.judge_template!r}")  # fmt: skip
         positive(self, "judge_servers")
         require(self.judge_timeout_s > 0 and self.judge_max_score > 0,
-                 f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "
-                 f"{self.judge_max_score}")  # fmt: skip
+                f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "
+                f"{self.judge_max_score}")  # fmt: skip
         require(self.rm_normalize in NORMALIZATIONS,
-                 f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
+                f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
         from coati.distributed.placement import check_server_placement
 
         check_server_placement(self.rm_placement, "rm_placement")

@@ -43,7 +43,7 @@ class ModelConfig:
 
     def __post_init__(self):
         require(isinstance(self.inference_options, dict),
-                 f"inference_options must be a JSON object (dict), got {self.inference_options!r}")  # fmt: skip
+                f"inference_options must be a JSON object (dict), got {self.inference_options!r}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class DataConfig:
 
     def __post_init__(self):
         require(isinstance(self.train, (str, list)) and len(self.train) > 0,
-                 f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}")  # fmt: skip
+                f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}")  # fmt: skip
         for name in ("train_size", "eval_size"):
             if getattr(self, name) is not None:
                 positive(self, name)
@@ -189,25 +189,25 @@ class RunConfig:
 
         unknown = [name for name in self.report_to if name not in LOGGERS]
         require(not unknown and len(set(self.report_to)) == len(self.report_to),
-                 f"report_to={list(self.report_to)}: each of {sorted(LOGGERS)} at most once"
-                 + (f" ({unknown} unknown)" if unknown else ""))  # fmt: skip
+                f"report_to={list(self.report_to)}: each of {sorted(LOGGERS)} at most once"
+                + (f" ({unknown} unknown)" if unknown else ""))  # fmt: skip
         if self.max_steps is not None:
             positive(self, "max_steps")
         positive(self, "num_episodes", "keep_checkpoints")
         for name in ("max_staleness", "eval_interval", "save_interval", "max_restarts"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                     f"{name} must be a non-negative integer, got {value!r}")  # fmt: skip
+                    f"{name} must be a non-negative integer, got {value!r}")  # fmt: skip
         require(not (self.sleep_while_training and self.max_staleness),
-                 f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
-                 f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
-                 "sleep_while_training off")  # fmt: skip
+                f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
+                f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
+                "sleep_while_training off")  # fmt: skip
         require(not (self.in_flight_weight_updates and not self.max_staleness),
-                 "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
-                 "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
+                "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
+                "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
         require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
         require(not (self.resume and self.folder is None),
-                 "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip
+                "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip
 
     @property
     def folder(self) -> str | None:
