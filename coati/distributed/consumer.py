@@ -365,24 +365,27 @@ class GRPOConsumer(PipelineSteps):
         layout = self._layout(t)
         logprobs, entropy = self._logprobs(self.model, t, with_entropy=True, layout=layout)
         metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
-        mask = loss_mask[rows, :r].to(self.device)
-        inp = LossInput(
-            logprobs=logprobs,
-            old_logprobs=old_lp[idx, :r] if old_lp is not None else logprobs.detach(),
-            advantages=adv[rows, :r].to(self.device),
-            mask=mask,
-            ref_logprobs=ref_lp[idx, :r] if ref_lp is not None else None,
-            rollout_logprobs=self._rollout_logprobs(batch, rows, r),
-        )
-        loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
-        self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, inp.rollout_logprobs, mask)
+        loss = self._loss(batch, rows, logprobs, entropy, loss_mask[rows, :r].to(self.device),
+                          adv[rows, :r].to(self.device), old_lp[idx, :r] if old_lp is not None else None,
+                          ref_lp[idx, :r] if ref_lp is not None else None, self._rollout_logprobs(batch, rows, r), norm,
+                          metrics)  # fmt: skip
         self.booster.backward(loss, self.optimizer)
+        return loss.item()
+
+    def _loss(self, batch, rows, logprobs, entropy, mask, adv, old, ref, rollout, norm, metrics: StepMetrics):
+        """The policy loss of a micro-batch's log-probs (``old`` None: they are their own old policy, detached),
+        recording its metrics weighted by its loss tokens, the entropy and the engine-trainer gap; both the plain and
+        the pipelined step call it."""
+        inp = LossInput(logprobs=logprobs, old_logprobs=old if old is not None else logprobs.detach(), advantages=adv,
+                        mask=mask, ref_logprobs=ref, rollout_logprobs=rollout)  # fmt: skip
+        loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+        self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, rollout, mask)
         weight = float(mask.sum())
         for k, v in m_metrics.items():
             if k != "loss/policy":
                 metrics.add(k, v, weight)
         metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
-        return loss.item()
+        return loss
 
     def _dp_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from coati.distributed.algo import LossInput, compute_policy_loss
 from coati.distributed.algo.logprobs import logprobs_and_entropy
 from coati.distributed.forward import model_inputs, response_logits
 from coati.distributed.rollout import RolloutBatch
@@ -31,18 +30,10 @@ class PipelineSteps:
             sl = slice(i * size, (i + 1) * size)
             logits = response_logits(outputs.logits, r, self.vocab_size)
             logprobs, entropy = logprobs_and_entropy(logits, t["response_ids"][sl], self.generation.temperature, True)
-            mask = loss_mask[rows[sl]].to(self.device)
-            inp = LossInput(logprobs=logprobs, old_logprobs=old_lp[sl] if old_lp is not None else logprobs.detach(),
-                            advantages=adv[rows[sl]].to(self.device), mask=mask,
-                            ref_logprobs=ref_lp[sl] if ref_lp is not None else None,
-                            rollout_logprobs=self._rollout_logprobs(batch, rows[sl]))  # fmt: skip
-            loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
-            self._behaviour_metrics(metrics, batch, rows[sl], inp.old_logprobs, inp.rollout_logprobs, mask)
-            weight = float(mask.sum())
-            for k, v in m_metrics.items():
-                if k != "loss/policy":
-                    metrics.add(k, v, weight)
-            metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
+            loss = self._loss(batch, rows[sl], logprobs, entropy, loss_mask[rows[sl]].to(self.device),
+                              adv[rows[sl]].to(self.device), old_lp[sl] if old_lp is not None else None,
+                              ref_lp[sl] if ref_lp is not None else None, self._rollout_logprobs(batch, rows[sl]), norm,
+                              metrics)  # fmt: skip
             seen["loss"] += loss.item() / self.dp_size
             return loss * n_micro
 
