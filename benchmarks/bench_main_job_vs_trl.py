@@ -1,36 +1,38 @@
-"""The default job's accuracy against TRL's GRPOTrainer on the same workload, judged by one evaluation, at equal
-training wall-clock.
+"""The default job's held-out gain against TRL's GRPOTrainer on the same workload, at equal training wall-clock, over
+several seeds and a held-out set large enough to tell the two apart.
 
-TRL trains SmolLM2-135M-Instruct on the default job's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2
-digits, the same rows and chat template), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
+For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S``, its folder ``runs/bench-main-job-S``)
+and TRL trains SmolLM2-135M-Instruct on that run's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2 digits;
+the rows and chat template the seed draws), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
 default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the last-number reward
-(benchmarks/bench_reward.py: the default job's lenient check). coati's run is the default job itself, read from its
-folder: each of its held-out evaluations after training began is a mark, at the training-loop seconds that led to it
-(evaluations excluded); TRL's model is saved after its first step past each mark (saving excluded) and stops at the
-last. Then the base model and every saved TRL model are scored by coati's own held-out evaluation (the default job's
-96 rows, greedy, 48 new tokens), the one that produced coati's numbers, and the gains are printed side by side: the
-held-out gain of each side against training time. ``make run`` evaluates before and after training only (one mark);
-``-ei N`` adds a mark every N steps.
+(benchmarks/bench_reward.py: the default job's lenient check), with the same seed, for the coati run's training-loop
+seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that mark, saving
+excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one evaluation:
+greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws its 96 (the
+same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with standard
+errors over seeds, and the ratio of the mean gains.
 
-    make run && python benchmarks/bench_main_job_vs_trl.py [--run runs/coati] [--trl-bf16]
-    python rl_example.py --algo DAPO -ei 10 -p coati-ei10 && \
-        python benchmarks/bench_main_job_vs_trl.py --run runs/coati-ei10 --trl-bf16
+    python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 
-def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_tokens: int, microbatch: int = 4) -> dict:
-    """Greedy strict and lenient accuracy, as a producer's ``evaluate`` computes it."""
+def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_tokens: int, microbatch: int = 32) -> dict:
+    """Greedy strict and lenient accuracy, as a producer's ``evaluate`` computes it (fp32, both cores)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -56,60 +58,88 @@ def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_token
     return {"strict": strict / len(rows), "lenient": lenient / len(rows)}
 
 
-def coati_run(folder: str) -> list[dict]:
-    """The default job's held-out evaluations from its run folder, each with the training steps before it and their
-    loop seconds (evaluations excluded); the first is the evaluation before training."""
-    import json
+def loop_seconds(folder: Path) -> tuple[float, int]:
+    """The run's training-loop seconds (evaluations excluded) and its training steps, from its metrics."""
+    steps = [json.loads(line) for line in open(folder / "metrics.jsonl")]
+    steps = [m for m in steps if m["step"] > 0]  # step 0: the evaluation before training
+    return sum(m["time/step"] for m in steps), len(steps)
 
-    lines = [json.loads(line) for line in open(Path(folder, "metrics.jsonl"))]
-    seconds = {0: 0.0}
-    for m in (m for m in lines if m["step"] > 0):  # step 0: the evaluation before training
-        seconds[m["step"]] = seconds[m["step"] - 1] + m["time/step"]
-    evals = json.loads(Path(folder, "evals.json").read_text())
-    return [{"steps": e["step"], "seconds": seconds[e["step"]], "lenient": e["eval/lenient"]} for e in evals]
+
+def coati_run(seed: int, reuse: bool) -> Path:
+    """The default job with this seed, run in a process of its own; its folder."""
+    project = f"bench-main-job-{seed}"
+    folder = ROOT / "runs" / project
+    if reuse and (folder / "final").is_dir():
+        return folder
+    cmd = [sys.executable, "rl_example.py", "--algo", "DAPO", "--seed", str(seed), "-p", project]
+    print(f"  seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"coati run for seed {seed} failed:\n{out.stderr[-3000:]}")
+    return folder
+
+
+def mean_se(xs: list[float]) -> str:
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
+    return f"{statistics.mean(xs):+.3f} (SE {se:.3f})"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", default="runs/coati", help="the default job's run folder (make run)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one coati and one TRL run each")
+    parser.add_argument("--eval-rows", type=int, default=480, help="held-out rows every model is scored on")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with bf16=True (CPU autocast)")
+    parser.add_argument("--reuse", action="store_true", help="keep a seed's coati run folder that has a final model")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(ROOT))
     from bench_vs_trl import run_trl, trl_python
     from coati.default_model import default_model_path
     from coati.distributed.cli import parse_config
     from coati.distributed.data import load_rows
     from coati.distributed.preflight import dataset_kwargs
 
-    coati = coati_run(args.run)
-    if len(coati) < 2 or coati[0]["steps"] != 0:
-        raise SystemExit(f"{args.run} has no evaluation before and after training steps (evals.json: {coati})")
-    marks = [e["seconds"] for e in coati[1:]]
     job = parse_config([])  # the default job's config tree
-    model = default_model_path()
-    train_spec, held_out_spec = job.data.datasets(job.run.seed)
-    train, held_out = load_rows(**dataset_kwargs(train_spec)), load_rows(**dataset_kwargs(held_out_spec))
+    model, python = default_model_path(), trl_python()
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
-    print(f"workload: {job.data.train}, {len(train)} training rows, {len(held_out)} held-out rows, {max_new_tokens} new "
-          f"tokens, lr {lr}; TRL saved at {', '.join(f'{m:.0f}' for m in marks)} s of training", flush=True)  # fmt: skip
-    python = trl_python()
-    with tempfile.TemporaryDirectory() as d:
-        trl = run_trl(python, model, train, 10**4, max_new_tokens, lr, threads=2, bf16=args.trl_bf16,
-                      max_seconds=marks[-1], save_at=marks, save_dir=d)  # fmt: skip
-        before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
-        trl_after = [evaluate(save["path"], model, held_out, max_new_tokens)["lenient"] for save in trl["saves"]]
-    print(f"held-out greedy accuracy, lenient ({len(held_out)} rows, coati's evaluation), against training wall-clock "
-          f"(TRL{' bf16' if args.trl_bf16 else ' fp32'}); before training: coati {coati[0]['lenient']:.3f}, TRL "
-          f"{before:.3f}")  # fmt: skip
-    print(f"  {'coati s':>8}{'steps':>6}{'after':>7}{'gain':>7}   {'TRL s':>6}{'steps':>6}{'after':>7}{'gain':>7}"
-          f"   {'gain ratio':>10}")  # fmt: skip
-    for c, save, after in zip(coati[1:], trl["saves"], trl_after, strict=True):
-        gains = c["lenient"] - coati[0]["lenient"], after - before
-        ratio = f"{gains[0] / gains[1]:.2f}x" if gains[1] > 0 else "n/a"
-        print(f"  {c['seconds']:>8.0f}{c['steps']:>6}{c['lenient']:>7.3f}{gains[0]:>+7.3f}   {save['seconds']:>6.0f}"
-              f"{save['steps']:>6}{after:>7.3f}{gains[1]:>+7.3f}   {ratio:>10}")  # fmt: skip
-    print("target: coati's gain >= 2x TRL's at equal training time")
+    _, held_out_spec = job.data.datasets(job.run.seed)
+    held_out = load_rows(**dataset_kwargs(dict(held_out_spec, size=args.eval_rows)))
+    print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
+          f"{'bf16' if args.trl_bf16 else 'fp32'}; seeds {args.seeds}", flush=True)  # fmt: skip
+    before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
+    rows = []
+    for seed in args.seeds:
+        folder = coati_run(seed, args.reuse)
+        seconds, steps = loop_seconds(folder)
+        train_spec, _ = job.data.datasets(seed)
+        train = load_rows(**dataset_kwargs(train_spec))
+        with tempfile.TemporaryDirectory() as d:
+            print(f"  seed {seed}: TRL for {seconds:.0f} s of training", flush=True)
+            trl = run_trl(python, model, train, 10**4, max_new_tokens, lr, threads=2, bf16=args.trl_bf16,
+                          max_seconds=seconds, save_at=[seconds], save_dir=d, seed=seed)  # fmt: skip
+            (save,) = trl["saves"]
+            trl_after = evaluate(save["path"], model, held_out, max_new_tokens)["lenient"]
+        coati_after = evaluate(str(folder / "final"), str(folder / "final"), held_out, max_new_tokens)["lenient"]
+        rows.append({"seed": seed, "coati": (seconds, steps, coati_after), "trl": (save["seconds"], save["steps"],
+                                                                                    trl_after)})  # fmt: skip
+    after = statistics.mean(r[side][2] for r in rows for side in ("coati", "trl"))
+    se_item = math.sqrt(after * (1 - after) / len(held_out))
+    print(f"held-out greedy accuracy, lenient, {len(held_out)} rows (an accuracy near {after:.2f} has a standard error of {se_item:.3f}); "
+          f"before training {before:.3f}")  # fmt: skip
+    print(f"  {'seed':>4}  {'coati s':>8}{'steps':>6}{'after':>7}{'gain':>7}   {'TRL s':>6}{'steps':>6}{'after':>7}"
+          f"{'gain':>7}   {'gain ratio':>10}")  # fmt: skip
+    gains = {"coati": [], "trl": []}
+    for r in rows:
+        line = f"  {r['seed']:>4}"
+        for side in ("coati", "trl"):
+            seconds, steps, after = r[side]
+            gains[side].append(after - before)
+            line += f"  {seconds:>8.0f}{steps:>6}{after:>7.3f}{after - before:>+7.3f} "
+        ratio = gains["coati"][-1] / gains["trl"][-1] if gains["trl"][-1] > 0 else float("nan")
+        print(f"{line}  {ratio:>9.2f}x")
+    ratio = statistics.mean(gains["coati"]) / statistics.mean(gains["trl"])
+    print(f"mean gain over {len(rows)} seeds: coati {mean_se(gains['coati'])}, TRL {mean_se(gains['trl'])}; "
+          f"ratio of mean gains {ratio:.2f}x (target: >= 2x at equal training time)")  # fmt: skip
 
 
 if __name__ == "__main__":
