@@ -34,6 +34,7 @@ from coati.distributed.pipeline_step import PipelineSteps
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.schedule import lr_factor
 from coati.distributed.step_metrics import StepMetrics
+from coati.distributed.threads import ThreadLease
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,8 @@ class GRPOConsumer(PipelineSteps):
         num_generations: int,
         seed: int = 0,
     ):
-        self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
-        torch.set_num_threads(self.base_threads)
-        self.threads, self.call = self.base_threads, None
-        """threads the training call in progress was started with, and its number"""
-        self.lent = (-1, self.base_threads)
-        """(train call, threads) lent for it by ``set_threads``"""
+        self.threads = ThreadLease(int(os.environ.get("COATI_THREADS", "1")))
+        """the cores of the training step in progress, raised by ``set_threads``"""
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.model_path = model_path
@@ -119,6 +116,7 @@ class GRPOConsumer(PipelineSteps):
         trainable = [param for param in model.parameters() if param.requires_grad]
         optimizer = HybridAdam(trainable, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
+        self.threads.follow_layers(self.model)
         self._guard_optimizer_step()
         if p.zero_stage == 0 and not self.cfg.lora_rank:  # an adapter's push is small: no flat layout needed
             flatten_parameters(self.model.unwrap())
@@ -261,17 +259,9 @@ class GRPOConsumer(PipelineSteps):
                                    with_entropy=with_entropy, vocab_size=self.vocab_size)  # fmt: skip
 
     def set_threads(self, n: int, call: int) -> None:
-        """Train call ``call`` uses ``n`` threads from its next micro-batch on (called on a second thread: the driver
-        lends the cores of producers that have stopped; a lend that arrives before its call has started still holds
-        for it). OpenMP's thread count belongs to the calling thread, so the training thread applies it itself
-        (``_use_threads``)."""
-        self.lent = (call, n)
-
-    def _use_threads(self) -> None:
-        n = self.lent[1] if self.lent[0] == self.call else self.threads
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
-        self.threads_used = max(self.threads_used, n)
+        """Train call ``call`` uses ``n`` threads from its next decoder layer (forward or backward) or pass on
+        (called on a second thread: the driver lends the cores of producers that have stopped; ``ThreadLease``)."""
+        self.threads.lend(n, call)
 
     def train_step(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None,
                    total_steps: int | None = None) -> dict:  # fmt: skip
@@ -280,16 +270,11 @@ class GRPOConsumer(PipelineSteps):
         learning-rate schedule's horizon); returns its metrics reduced over every DP rank."""
         assert total_steps is not None or self.cfg.lr_schedule == "constant", "a decaying schedule needs its horizon"
         self.total_steps = total_steps or self.step_count + 1
-        self.call, self.threads, self.threads_used = call, threads or self.base_threads, 0
-        try:
+        with self.threads.running(call, threads):  # cores go back to the producers with the step's end
             return self._train_step(batch)
-        finally:
-            torch.set_num_threads(self.base_threads)  # cores go back to the producers with the step's end
-            self.threads = self.base_threads
 
     def _train_step(self, batch: RolloutBatch) -> dict:
         start = time.perf_counter()
-        self._use_threads()
         metrics = StepMetrics()
         n_rows = len(batch)
         assert n_rows % (self.dp_size * self.n) == 0, (n_rows, self.dp_size, self.n)
@@ -332,7 +317,7 @@ class GRPOConsumer(PipelineSteps):
             order = self._by_length(batch, shard_rows, local)
             for chunk in self._chunks(batch, shard_rows[order]):
                 idx = order[chunk]
-                self._use_threads()
+                self.threads.apply()
                 loss = self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics)
                 losses.append(loss)
                 step_loss += loss / self.dp_size / num_minibatches
@@ -343,7 +328,7 @@ class GRPOConsumer(PipelineSteps):
             torch.distributed.all_reduce(step_loss, group=self.plugin.dp_group)
         out["loss/policy"] = float(step_loss)
         out["time/train_step"] = time.perf_counter() - start
-        out["actor/threads"] = self.threads_used
+        out["actor/threads"] = self.threads.used
         out["actor/lr"] = self.lr  # the step's last optimizer step's
         finite = [n for n, skipped in self._step_log if not skipped]
         out["actor/grad_norm"] = float(np.mean(finite)) if finite else float("nan")

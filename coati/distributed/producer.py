@@ -7,7 +7,6 @@ scoring overlaps the next micro-batch's generation.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
@@ -20,6 +19,7 @@ from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardCo
 from coati.distributed.data import DataCursor, PromptFormat, load_rows, reward_fields
 from coati.distributed.forward import generation_dtype
 from coati.distributed.rollout import RolloutBatch, oldest_versions
+from coati.distributed.threads import ThreadLease
 
 SET_NUM_THREADS = torch.set_num_threads
 """torch's own setter, kept before any engine loads: vLLM's CPU worker replaces ``torch.set_num_threads`` with a
@@ -55,11 +55,8 @@ class Producer:
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
-        self.base_threads = int(os.environ.get("COATI_THREADS", "1"))
-        torch.set_num_threads(self.base_threads)
-        self.call, self.lent, self.threads_used = None, (-1, self.base_threads), 0
-        """the rollout call in progress (its number), the (call, threads) lent for it by ``set_threads``, and the most
-        threads it has run with"""
+        self.threads = ThreadLease(int(os.environ.get("COATI_THREADS", "1")), SET_NUM_THREADS)
+        """the cores of the rollout call in progress, raised by ``set_threads``"""
         self.idx, self.num_producers = producer_idx, num_producers
         self.model_path, self.backend_name = model_path, backend
         self.generation, self.algorithm = generation, algorithm
@@ -84,7 +81,7 @@ class Producer:
             if dtype is not None:
                 options["dtype"] = dtype
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
-        self.backend.between_steps = self._use_threads
+        self.backend.between_steps = self.threads.apply  # in the generating thread, whose OpenMP setting it uses
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)
         a = self.algorithm
@@ -119,32 +116,13 @@ class Producer:
         """Roll out the next ``num_prompts`` prompts of this shard, n completions each, scored and shaped, with
         ``threads`` CPU threads (None: this actor's own); a ``set_threads`` for the same ``call`` may raise them
         between two decode steps."""
-        self.call = call
-        with self._threads(threads):
+        with self.threads.running(call, threads):
             return self._generate(num_prompts)
 
     def set_threads(self, n: int, call: int) -> None:
         """Rollout call ``call`` uses ``n`` threads from its next decode step on (called on a second thread: the
         driver lends the consumers' cores once their training step has ended)."""
-        self.lent = (call, n)
-
-    def _use_threads(self) -> None:
-        """Between two decode steps, in the generating thread (whose OpenMP setting the engine uses)."""
-        if self.call is not None and self.lent[0] == self.call and torch.get_num_threads() != self.lent[1]:
-            SET_NUM_THREADS(self.lent[1])
-        self.threads_used = max(self.threads_used, torch.get_num_threads())  # what the engine got, not what was asked
-
-    @contextlib.contextmanager
-    def _threads(self, n: int | None):
-        """Run the engine with ``n`` threads (it steps in this thread, whose OpenMP setting it uses), then give them
-        back."""
-        SET_NUM_THREADS(n or self.base_threads)
-        self.threads_used = torch.get_num_threads()
-        try:
-            yield
-        finally:
-            SET_NUM_THREADS(self.base_threads)
-            self.call = None
+        self.threads.lend(n, call)
 
     def _generate(self, num_prompts: int) -> RolloutBatch:
         t_start, start_version = time.perf_counter(), self.version
@@ -205,7 +183,7 @@ class Producer:
             out.token_versions = np.where(out.response_mask, start[:, None], 0)
         out.policy_version = oldest_versions(out.token_versions, out.trained_mask(), start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
-        out.extras["threads"] = np.full(len(out), self.threads_used, dtype=np.int64)
+        out.extras["threads"] = np.full(len(out), self.threads.used, dtype=np.int64)
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
@@ -282,7 +260,7 @@ class Producer:
     def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU
         threads (None: this actor's own)."""
-        with self._threads(threads):
+        with self.threads.running(None, threads):
             return self._evaluate(max_items)
 
     def _evaluate(self, max_items: int | None) -> dict:

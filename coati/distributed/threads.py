@@ -1,0 +1,70 @@
+"""Cores lent to a call in progress, for producers (a rollout round) and consumers (a training step) alike.
+
+The driver shares a node's cores among the actors working on it: a call starts with its share, and when the other
+side stops working the driver lends its cores to the call still running (``lend``, arriving on another thread). The
+working thread takes them up at the next point where it applies the lease (``apply``): a decode step for the engine,
+a pass, or a decoder layer of the trained model in its forward and its backward (``follow_layers``). OpenMP's thread
+count belongs to the calling thread, so only the working thread may change it; the lent cores go back when the call
+ends. A lend names its call, so one that arrives late never reaches a later call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+
+class ThreadLease:
+    def __init__(self, base: int, setter: Callable[[int], None] = torch.set_num_threads):
+        self.base, self.setter = base, setter
+        """this actor's own threads between calls, and the function that sets the calling thread's (vLLM's CPU
+        worker replaces ``torch.set_num_threads`` with a no-op, so a producer passes torch's own, kept before)"""
+        self.call, self.lent, self.used = None, (-1, base), 0
+        """the call in progress (its number, None between calls), the (call, threads) lent for it, and the most
+        threads the call has run with (read back from torch, so what the work got, not what was asked)"""
+        setter(base)
+
+    @contextlib.contextmanager
+    def running(self, call: int | None, threads: int | None):
+        """Run call ``call`` with ``threads`` (None: ``base``), raised by a lend for it, then give the cores back."""
+        self.call = call
+        self.setter(threads or self.base)
+        self.used = 0
+        self.apply()  # a lend that arrived before its call started still holds
+        try:
+            yield
+        finally:
+            self.setter(self.base)
+            self.call = None
+
+    def lend(self, n: int, call: int) -> None:
+        """Call ``call`` may use ``n`` threads from the working thread's next ``apply`` on."""
+        self.lent = (call, n)
+
+    def apply(self) -> None:
+        """In the working thread, between two pieces of work: take up a lend for the call in progress."""
+        if self.call is not None and self.lent[0] == self.call and torch.get_num_threads() != self.lent[1]:
+            self.setter(self.lent[1])
+        self.used = max(self.used, torch.get_num_threads())
+
+    def follow_layers(self, model: torch.nn.Module) -> int:
+        """Apply the lease before each decoder layer's forward and after its backward, so that a step of a single
+        pass takes up cores lent mid-pass. The layers are the modules of the classes a transformers model names in
+        ``_no_split_modules``; returns how many were hooked (0: the lease is applied between passes only)."""
+        names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or ())}
+        layers = [m for m in model.modules() if type(m).__name__ in names]
+
+        def before(module, args, kwargs):
+            self.apply()
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(self._after_backward)  # its gradient is complete once the layer's backward is
+
+        for layer in layers:
+            layer.register_forward_pre_hook(before, with_kwargs=True)
+        return len(layers)
+
+    def _after_backward(self, grad: torch.Tensor) -> None:
+        self.apply()
