@@ -133,6 +133,14 @@ def sequence_logprobs(
     return head_logprobs(d.lm_head, hidden, response_ids, response_mask, temperature, with_entropy, vocab_size)
 
 
+def group_prompts(prompt_ids, prompt_mask, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's prompt ids and mask, ``[G, P]``, for rows in groups of ``group_size`` consecutive rows sharing
+    one prompt (asserted)."""
+    ids, mask = prompt_ids[::group_size], prompt_mask[::group_size]
+    assert torch.equal(prompt_ids, ids.repeat_interleave(group_size, 0)), "rows do not form groups of one prompt"
+    return ids, mask
+
+
 def shared_prompt_logprobs(
     model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int, temperature: float = 1.0,
     with_entropy: bool = False, vocab_size: int | None = None,
@@ -141,8 +149,7 @@ def shared_prompt_logprobs(
     prompt once: a forward of the groups' prompts fills a KV cache, repeated ``group_size`` times, which the
     responses attend to; gradients flow back through it into the prompt forward. Equal to the full forward up to
     float rounding (tested, loss and gradients)."""
-    groups = prompt_ids[::group_size], prompt_mask[::group_size]
-    assert torch.equal(prompt_ids, groups[0].repeat_interleave(group_size, 0)), "rows do not form groups of one prompt"
+    groups = group_prompts(prompt_ids, prompt_mask, group_size)
     keep = NO_POSITIONS.to(prompt_ids.device)
     positions = (groups[1].long().cumsum(-1) - 1).clamp(min=0)
     r = response_ids.shape[1]
@@ -172,8 +179,8 @@ def packed_group_logprobs(
     the SDPA attention (a boolean 4D mask). Equal to the full forward up to float rounding (tested)."""
     n, (num_rows, p_cols), r_cols = group_size, prompt_ids.shape, response_ids.shape[1]
     g, dev = num_rows // n, prompt_ids.device
-    assert torch.equal(prompt_ids, prompt_ids[::n].repeat_interleave(n, 0)), "rows do not form groups of one prompt"
-    plen = prompt_mask[::n].long().sum(-1)  # [G]
+    group_ids, group_mask = group_prompts(prompt_ids, prompt_mask, n)
+    plen = group_mask.long().sum(-1)  # [G]
     rlen = response_mask.long().sum(-1)  # [N]
     row_group = torch.arange(num_rows, device=dev) // n
     ends = plen[row_group] + rlen.view(g, n).cumsum(-1).view(-1)  # each response's end in its group's row
@@ -181,10 +188,10 @@ def packed_group_logprobs(
     ids = prompt_ids.new_zeros(g, width)
     pos = torch.zeros(g, width, dtype=torch.long, device=dev)
     seg = torch.full((g, width), -2, dtype=torch.long, device=dev)  # -1 prompt, j response j, -2 padding
-    pm = prompt_mask[::n].bool()
+    pm = group_mask.bool()
     col = torch.arange(p_cols, device=dev) - (p_cols - plen)[:, None]  # prompts left-aligned
     at = (torch.arange(g, device=dev)[:, None].expand_as(col)[pm], col[pm])
-    ids[at], pos[at], seg[at] = prompt_ids[::n][pm], col[pm], -1
+    ids[at], pos[at], seg[at] = group_ids[pm], col[pm], -1
     rm, t = response_mask.bool(), torch.arange(r_cols, device=dev)
     at = (row_group[:, None].expand(-1, r_cols)[rm], (starts[:, None] + t)[rm])
     ids[at], pos[at] = response_ids[rm], (plen[row_group][:, None] + t).expand(-1, r_cols)[rm]
