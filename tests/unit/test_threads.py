@@ -1,10 +1,19 @@
 """ThreadLease: a call's cores raised by a lend for that call only, taken up by the working thread between decoder
 layers in the forward and the backward (so a step of one pass uses cores lent mid-pass), and given back at the end."""
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from coati.distributed.threads import ThreadLease
+
+
+@pytest.fixture(autouse=True)
+def _keep_this_process_threads():
+    """A lease sets the calling thread's OpenMP count: the tests after these keep the count they had."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
 class Record(torch.autograd.Function):
