@@ -73,6 +73,10 @@ class AlgorithmConfig:
     """icepop/seq_mask: ... or above this"""
     dynamic_sampling: bool = False
     """drop groups whose completions all got the same signal and draw more prompts to refill the batch"""
+    dynamic_sampling_max_draws: int = 8
+    """dynamic sampling: a step draws at most this many times the rounds its batch needs when nothing is dropped,
+    then fills what is still missing with the zero-signal groups it drew (they train as zero-advantage rows);
+    DAPO's cap on generation batches"""
     dynamic_sampling_signal: str = "task_reward"
     """what dynamic sampling compares within a group: task_reward (the reward function's score before length
     shaping: for a verifier, the accuracy) or reward (the shaped reward the advantages see)"""
@@ -126,6 +130,8 @@ class AlgorithmConfig:
         require(not self.skip_no_signal_after or self.dynamic_sampling,
                 f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
                 "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0")  # fmt: skip
+        require(isinstance(self.dynamic_sampling_max_draws, int) and self.dynamic_sampling_max_draws >= 1,
+                f"dynamic_sampling_max_draws must be an integer >= 1, got {self.dynamic_sampling_max_draws!r}")  # fmt: skip
         require(0 < self.skip_recheck <= 1, f"skip_recheck must be in (0, 1], got {self.skip_recheck}")
         from coati.distributed.rollout_buffer import SIGNALS
 

@@ -29,8 +29,6 @@ from coati.distributed.rollout_buffer import RolloutBuffer
 from coati.distributed.step_metrics import rollout_metrics
 
 log = logging.getLogger(__name__)
-MAX_DRAWS_PER_STEP = 8
-"""draw rounds a step may make, per round its batch needs when nothing is dropped, before zero-signal groups fill it"""
 
 
 @dataclass
@@ -58,7 +56,7 @@ class Run:
         self.last_checkpoint: str | None = None
         a = cfg.algorithm
         self.buffer = RolloutBuffer(cfg.global_train_batch_size, cfg.producer.num_generations, max_staleness,
-                                    a.dynamic_sampling, a.dynamic_sampling_signal, MAX_DRAWS_PER_STEP)  # fmt: skip
+                                    a.dynamic_sampling, a.dynamic_sampling_signal, a.dynamic_sampling_max_draws)  # fmt: skip
         self.round: Round | None = None
         self.reported_step = 0
         self.record: dict = {}

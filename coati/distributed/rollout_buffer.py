@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from coati.distributed.config import AlgorithmConfig
 from coati.distributed.rollout import RolloutBatch
 
 SIGNALS = ("task_reward", "reward")
@@ -56,7 +57,7 @@ class DrawLog:
 
 class RolloutBuffer:
     def __init__(self, groups_per_step: int, group_size: int, max_staleness: int, dynamic_sampling: bool,
-                 signal: str = "task_reward", max_draws: int = 8):  # fmt: skip
+                 signal: str = "task_reward", max_draws: int = AlgorithmConfig.dynamic_sampling_max_draws):  # fmt: skip
         if signal not in SIGNALS:
             raise ValueError(f"dynamic sampling signal {signal!r} is not one of {SIGNALS}")
         if max_staleness < 0:

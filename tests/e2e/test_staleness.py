@@ -37,3 +37,17 @@ def test_any_accepted_batch_size_runs_and_metrics_describe_the_steps_own_draws(r
     assert first["rollout/drawn_groups"] == 9 and first["rollout/draws"] == 9 and first["rollout/policy_lag_max"] == 0
     assert second["rollout/drawn_groups"] == 9 and second["rollout/policy_lag_max"] <= 1
     assert first["rollout/stale_dropped_groups"] == second["rollout/stale_dropped_groups"] == 0
+
+
+def test_dynamic_sampling_draws_up_to_its_cap_then_fills_the_batch(ray_cluster, tiny):
+    """Every group without signal (each row's reward is its reference answer, 0): with dynamic_sampling_max_draws=2
+    a step of 4 groups, drawn 4 prompts at a time, makes 2 draws (not the default's 8) and trains the zero-signal
+    groups it drew."""
+    out = launch_distributed(**run_kwargs(
+        tiny, core_algo="DAPO", train_dataset_config={"rows": [{"prompt": f"q{i}", "gt_answer": "0"} for i in range(64)]},
+        grpo_config={"lr": 3e-3, "reward_fn_type": "tests.component.reward_fns:gt_as_reward", "train_microbatch_size": 8,
+                     "dynamic_sampling_max_draws": 2},
+    ))  # fmt: skip
+    for m in out["history"]:
+        assert m["rollout/draws"] == 2 and m["rollout/drawn_groups"] == 8, m
+        assert m["rollout/dropped_zero_signal_groups"] == 8 and m["rollout/filled_zero_signal_groups"] == 4, m

@@ -102,6 +102,7 @@ def test_config_file_then_flags(tmp_path, suffix):
          r"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers \(tp_size=2\) .* use compute_dtype"),
         ({"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},
          r"skip_no_signal_after=2 skips prompts .* dynamic_sampling is off; turn it on"),
+        ({"algorithm": {"dynamic_sampling_max_draws": 0}}, r"dynamic_sampling_max_draws must be an integer >= 1, got 0"),
         ({"run": {"in_flight_weight_updates": True, "max_staleness": 0}},
          r"in_flight_weight_updates=True .* max_staleness=0 has them idle at every push; set max_staleness >= 1"),
     ],
