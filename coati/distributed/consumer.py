@@ -116,7 +116,7 @@ class GRPOConsumer(PipelineSteps):
         trainable = [param for param in model.parameters() if param.requires_grad]
         optimizer = HybridAdam(trainable, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
-        self.threads.follow_layers(self.model)
+        self.lease_layers = self.threads.follow_layers(self.model)
         self._guard_optimizer_step()
         if p.zero_stage == 0 and not self.cfg.lora_rank:  # an adapter's push is small: no flat layout needed
             flatten_parameters(self.model.unwrap())
@@ -131,6 +131,7 @@ class GRPOConsumer(PipelineSteps):
         if self.algo.beta > 0 and self.is_last_stage:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)
+            self.lease_layers += self.threads.follow_layers(self.ref_model)  # its forward takes up lends too
         self.step_count, self.lr = 0, self.cfg.learning_rate
         self._warned_unavailable = False
         if p.pp_size == 1:  # pipeline stages compute the loss from the model's own logits
@@ -148,7 +149,8 @@ class GRPOConsumer(PipelineSteps):
         return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
                 "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
                 "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
-                "shares_prompts": self.share_prompts, "layouts": self.layouts}  # fmt: skip
+                "shares_prompts": self.share_prompts, "layouts": self.layouts,
+                "lease_layers": self.lease_layers}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 

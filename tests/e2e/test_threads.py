@@ -6,6 +6,7 @@ import os
 
 import pytest
 import ray
+from transformers import AutoConfig
 
 from coati.models import build_tiny_model
 from tests.e2e.test_launch import REWARD, start_run
@@ -23,6 +24,9 @@ def test_a_training_step_takes_the_cores_the_producers_stop_using(ray_cluster, t
     run = start_run(tiny, core_algo="GRPO", max_staleness=1,
                     grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1})  # fmt: skip
     try:
+        # GRPO's reference model (beta > 0) takes up a lend at its decoder layers as the trained model does.
+        layers = AutoConfig.from_pretrained(tiny).num_hidden_layers
+        assert run.actors.consumer_info[0]["lease_layers"] == 2 * layers
         batch = ray.put(ray.get(run.producers[0].generate.remote(4)))
         beside = ray.get(run.actors.train(batch, generating=True))[0]
         assert beside["actor/threads"] == 1  # producers rolling out: one core each
