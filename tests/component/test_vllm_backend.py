@@ -31,6 +31,14 @@ class Engine:
     def generate(self, prompts, n=1, greedy=False):
         return self.backend.generate(prompts, n, greedy)
 
+    def cached_prompt_tokens(self, prompts, n):
+        """vLLM's count, per prompt, of prompt tokens its prefix cache served in one round of n samples each."""
+        from vllm import TokensPrompt
+
+        b = self.backend
+        b.llm.enqueue([TokensPrompt(prompt_token_ids=p) for p in prompts], b._params(n, False), use_tqdm=False)
+        return [out.num_cached_tokens for out in b._run()]
+
     def join(self, world_size, rank, group):
         self.backend.join_weight_group(world_size, rank, group, "gloo", 60.0)
         return True
@@ -136,6 +144,19 @@ def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(ray_cluster, ti
     np.testing.assert_allclose(batch.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
     full = trainer_logprobs(tiny, batch, 1.3)
     assert np.abs(full[mask] - expected[mask]).max() > 1e-2
+
+
+def test_a_groups_samples_share_their_prompts_cached_blocks(ray_cluster, tiny):
+    """Prompts of 40-45 tokens, 4 samples each: the samples after the first are served the prompt's full KV blocks
+    from the prefix cache. On CPU this needs blocks shorter than the CPU build's default of 128 tokens, with which no
+    block of these prompts was ever full, so every sample computed its prompt again."""
+    engine = start("vllm", tiny, max_prompt_tokens=64)
+    prompts = [list(range(20, 60)) + [i] * (i - 4) for i in (5, 6, 9)]
+    try:
+        cached = ray.get(engine.cached_prompt_tokens.remote(prompts, 4))
+    finally:
+        ray.kill(engine)
+    assert sum(cached) >= 16, cached
 
 
 def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray_cluster, tmp_path):

@@ -116,6 +116,12 @@ def test_engine_options_are_decided_before_any_actor_starts():
         vllm.engine_options({}, processes=2, sleep=False, gpu=False)
     with pytest.raises(ValueError, match="kv_cache_gib must be a positive number of GiB, got -1"):
         vllm.engine_options({"kv_cache_gib": -1}, processes=1, sleep=False, gpu=False)
+    for bad in (0, 40, "32", True):
+        with pytest.raises(ValueError, match=f"block_size must be a positive multiple of 16 tokens, got {bad!r}"):
+            vllm.engine_options({"block_size": bad}, processes=1, sleep=False, gpu=True)
+    with pytest.raises(ValueError, match="block_size=48: vLLM's CPU attention takes multiples of 32 tokens; use 64"):
+        vllm.engine_options({"block_size": 48}, processes=1, sleep=False, gpu=False)
+    assert vllm.engine_options({"block_size": 48}, processes=1, sleep=False, gpu=True)["block_size"] == 48
     with pytest.raises(ValueError, match="not known to VLLMBackend"):
         vllm.engine_options({"enable_sleep_mode": True}, processes=1, sleep=False, gpu=False)  # decided by the launch
     assert hf.engine_options({"dtype": "bfloat16"}, processes=1, sleep=True, gpu=False) == {"dtype": "bfloat16"}

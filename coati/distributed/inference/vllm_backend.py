@@ -22,7 +22,7 @@ scheduling, so a step never straddles a push.
 On CPU the engine settings follow the actor, not the user: one engine process per producer running inside the
 producer's process (no extra process), as many threads as the producer has (1, or the cores the driver gives it),
 threads left unbound (vLLM would otherwise pin every engine on a node to the same core), a fixed KV-cache size
-(``kv_cache_gib``, default 1), and no compilation. vLLM's CPU worker cannot sleep, so ``sleep_while_training`` is
+(``kv_cache_gib``, default 1), KV blocks of 32 tokens (``block_size``), and no compilation. vLLM's CPU worker cannot sleep, so ``sleep_while_training`` is
 refused there at launch.
 """
 
@@ -45,6 +45,10 @@ from coati.distributed.rollout import RolloutBatch
 
 EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
 CPU_KV_CACHE_GIB = 1.0
+CPU_BLOCK_SIZE = 32
+"""tokens per KV-cache block on CPU, the unit its prefix cache shares: the smallest the CPU attention takes. The CPU
+build's own default (128) is longer than short prompts, so a group's samples shared none of their prompt; with 32 a
+default-job round took 1.5x less time for the same tokens"""
 CPU_ENV = {
     # The engine core runs in this process: collective_rpc reaches the worker directly and no process is spawned.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -65,6 +69,8 @@ class VLLMBackend(InferenceBackend):
         "enforce_eager": "no CUDA graphs or compilation (default False on GPU; always True on CPU)",
         "dtype": "weights dtype, e.g. bfloat16 (default: the checkpoint's, as the trainer loads it; vLLM's own 'auto' "
         "would run a float32 checkpoint in bfloat16)",
+        "block_size": f"tokens per KV-cache block, the unit the prefix cache shares among a group's samples (default "
+        f"on CPU {CPU_BLOCK_SIZE}, the smallest its attention takes, and it needs a multiple of that; on GPU vLLM's)",
         "seed": "sampling seed (set per producer by the launcher)",
         "lora_merge": "with LoRA, merge each pushed adapter into the engine's weights (from a kept base copy) "
         "instead of serving it as a vLLM LoRA adapter (default True on CPU, where vLLM's LoRA kernels made "
@@ -84,6 +90,9 @@ class VLLMBackend(InferenceBackend):
         kv = options.get("kv_cache_gib")
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, (int, float)) or kv <= 0):
             raise ValueError(f"inference option kv_cache_gib must be a positive number of GiB, got {kv!r}")
+        block = options.get("block_size")
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 16):
+            raise ValueError(f"inference option block_size must be a positive multiple of 16 tokens, got {block!r}")
         fraction = options.get("gpu_memory_utilization")
         if fraction is not None and not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
             raise ValueError(f"inference option gpu_memory_utilization must be in (0, 1], got {fraction!r}")
@@ -95,6 +104,15 @@ class VLLMBackend(InferenceBackend):
                 f"num_proc_per_producer={processes}: on CPU each producer runs one single-threaded vLLM engine; use "
                 f"num_proc_per_producer=1 and more producers instead"
             )
+
+    @classmethod
+    def engine_options(cls, options: Mapping, *, gpu: bool, **launch) -> dict:
+        options = super().engine_options(options, gpu=gpu, **launch)
+        block = options.get("block_size")
+        if not gpu and block is not None and block % CPU_BLOCK_SIZE:
+            raise ValueError(f"inference option block_size={block}: vLLM's CPU attention takes multiples of "
+                             f"{CPU_BLOCK_SIZE} tokens; use {CPU_BLOCK_SIZE * max(1, round(block / CPU_BLOCK_SIZE))}")
+        return options
 
     @classmethod
     def launch_options(cls, options: Mapping, processes: int, sleep: bool) -> dict:
@@ -147,6 +165,9 @@ class VLLMBackend(InferenceBackend):
         kv = options.get("kv_cache_gib", None if cuda else CPU_KV_CACHE_GIB)
         if kv is not None:
             engine["kv_cache_memory_bytes"] = int(kv * 2**30)
+        block = options.get("block_size", None if cuda else CPU_BLOCK_SIZE)
+        if block is not None:
+            engine["block_size"] = block
         from vllm import LLM
 
         self.llm = LLM(
