@@ -1,9 +1,12 @@
 """Rollout speed of the transformers and vLLM backends side by side, on the default model (SmolLM2-135M-Instruct,
 converted from the GGUF) and the default task's prompts: same prompts, same samples per prompt, same token budget,
 same sampling settings, 1 thread, each backend in a fresh process of its own (as in a producer actor). Reports
-generated tokens/s (the best of ``--reps`` timed calls after a warm-up call) and the ratio vLLM / transformers.
+generated tokens/s (the best of ``--reps`` timed calls after a warm-up call) and the ratio vLLM / transformers. vLLM
+runs once per KV-cache block size in ``--vllm-block-sizes`` (the first is coati's default on CPU; the samples of a
+prompt share its full blocks through the prefix cache), the same seed each time, so each draws the same tokens.
 
     python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
+        [--vllm-block-sizes 32,128]
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 import time
 
 
-def run_backend(name: str, dtype: str, args: dict, queue) -> None:
+def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None:
     """In a spawned process: load the backend, warm up, time ``reps`` calls; put (load s, best tokens/s, tokens)."""
     import torch
 
@@ -27,7 +30,7 @@ def run_backend(name: str, dtype: str, args: dict, queue) -> None:
     path = default_model_path()
     gen = GenerationConfig(max_new_tokens=args["new_tokens"], temperature=1.0, max_prompt_tokens=256)
     start = time.perf_counter()
-    backend = backend_class(name)(path, gen, dtype=dtype, seed=0)
+    backend = backend_class(name)(path, gen, dtype=dtype, seed=0, **options)
     load_s = time.perf_counter() - start
     rows = load_rows(args["task"], size=args["prompts"], seed=1)
     prompts = [encode_prompt(backend.tokenizer, r) for r in rows]
@@ -50,6 +53,7 @@ def main():
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--task", default="reasoning_gym:chain_sum")
+    parser.add_argument("--vllm-block-sizes", default="32,128", help="KV-cache block sizes vLLM runs with")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -57,19 +61,25 @@ def main():
     print(f"SmolLM2-135M-Instruct, {args.task}: {args.prompts} prompts x {args.n} samples x up to {args.new_tokens} "
           f"new tokens, temperature 1.0, 1 thread, best of {args.reps}")  # fmt: skip
     ctx = mp.get_context("spawn")
+    blocks = [int(b) for b in args.vllm_block_sizes.split(",")]
+    runs = [("transformers", {})] + [("vllm", {"block_size": b}) for b in blocks]
     for dtype in args.dtypes.split(","):
         rates = {}
-        for name in ("transformers", "vllm"):
+        for name, options in runs:
             queue = ctx.Queue()
-            proc = ctx.Process(target=run_backend, args=(name, dtype, settings, queue))
+            proc = ctx.Process(target=run_backend, args=(name, dtype, options, settings, queue))
             proc.start()
             proc.join()
             if proc.exitcode != 0:
                 raise SystemExit(f"the {name} run failed (exit code {proc.exitcode}); its error is above")
             load_s, rate, tokens = queue.get()
-            rates[name] = rate
-            print(f"{name:<13}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
-        print(f"{'':<13}{dtype:<10} vLLM / transformers: {rates['vllm'] / rates['transformers']:.2f}x", flush=True)
+            label = name if not options else f"{name} {options['block_size']}"
+            rates[label] = rate
+            print(f"{label:<13}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
+        first = f"vllm {blocks[0]}"
+        print(f"{'':<13}{dtype:<10} vLLM (block {blocks[0]}) / transformers: {rates[first] / rates['transformers']:.2f}x"
+              + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:]),
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -142,9 +142,9 @@ def generation(model_dir: str, threads: int, peak: float) -> None:
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         engine.generate(prompts, n=4)
 
-    def onednn_flops(e) -> float:  # onednn_mm(out [M, N], x [M, K], ...)
+    def onednn_flops(e) -> float:  # onednn_mm(out [M, N], x [M, K], ...), e.count calls of these shapes
         (m, n), (_, k) = e.input_shapes[0], e.input_shapes[1]
-        return 2.0 * m * n * k
+        return 2.0 * m * n * k * e.count
 
     events = prof.key_averages(group_by_input_shape=True)
     seconds, mm_flops = split(events, onednn_flops)
