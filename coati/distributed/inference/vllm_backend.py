@@ -47,8 +47,8 @@ EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
 CPU_KV_CACHE_GIB = 1.0
 CPU_BLOCK_SIZE = 32
 """tokens per KV-cache block on CPU, the unit its prefix cache shares: the smallest the CPU attention takes. The CPU
-build's own default (128) is longer than short prompts, so a group's samples shared none of their prompt; with 32 a
-default-job round took 1.5x less time for the same tokens"""
+build's own default (128) is longer than short prompts, so a group's samples shared none of their prompt
+(benchmarks/bench_rollout.py: 32 is 1.34x faster on the default job's prompts, the same tokens drawn)"""
 CPU_ENV = {
     # The engine core runs in this process: collective_rpc reaches the worker directly and no process is spawned.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
