@@ -74,9 +74,9 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     """drop groups whose completions all got the same signal and draw more prompts to refill the batch"""
     dynamic_sampling_max_draws: int = 8
-    """dynamic sampling: a step draws at most this many times the rounds its batch needs when nothing is dropped,
-    then fills what is still missing with the zero-signal groups it drew (they train as zero-advantage rows);
-    DAPO's cap on generation batches"""
+    """dynamic sampling: a step waits for at most this many times the rounds its batch needs when nothing is dropped
+    (rounds drawn for it while the previous step trains count, and may pass the cap), then fills what is still
+    missing with the zero-signal groups it drew (they train as zero-advantage rows); DAPO's cap on generation batches"""
     dynamic_sampling_signal: str = "task_reward"
     """what dynamic sampling compares within a group: task_reward (the reward function's score before length
     shaping: for a verifier, the accuracy) or reward (the shaped reward the advantages see)"""

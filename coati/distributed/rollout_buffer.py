@@ -57,7 +57,8 @@ class DrawLog:
 
 class RolloutBuffer:
     def __init__(self, groups_per_step: int, group_size: int, max_staleness: int, dynamic_sampling: bool,
-                 signal: str = "task_reward", max_draws: int = AlgorithmConfig.dynamic_sampling_max_draws):  # fmt: skip
+                 signal: str = AlgorithmConfig.dynamic_sampling_signal,
+                 max_draws: int = AlgorithmConfig.dynamic_sampling_max_draws):  # fmt: skip
         if signal not in SIGNALS:
             raise ValueError(f"dynamic sampling signal {signal!r} is not one of {SIGNALS}")
         if max_staleness < 0:

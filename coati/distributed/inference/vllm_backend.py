@@ -22,8 +22,8 @@ scheduling, so a step never straddles a push.
 On CPU the engine settings follow the actor, not the user: one engine process per producer running inside the
 producer's process (no extra process), as many threads as the producer has (1, or the cores the driver gives it),
 threads left unbound (vLLM would otherwise pin every engine on a node to the same core), a fixed KV-cache size
-(``kv_cache_gib``, default 1), KV blocks of 32 tokens (``block_size``), and no compilation. vLLM's CPU worker cannot sleep, so ``sleep_while_training`` is
-refused there at launch.
+(``kv_cache_gib``, default 1), KV blocks of 32 tokens (``block_size``), and no compilation. vLLM's CPU worker cannot
+sleep, so ``sleep_while_training`` is refused there at launch.
 """
 
 from __future__ import annotations
