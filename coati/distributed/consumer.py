@@ -54,7 +54,7 @@ class GRPOConsumer(PipelineSteps):
         num_generations: int,
         seed: int = 0,
     ):
-        self.threads = ThreadLease(int(os.environ.get("COATI_THREADS", "1")))
+        self.threads = ThreadLease()
         """the cores of the training step in progress, raised by ``set_threads``"""
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port

@@ -7,7 +7,6 @@ scoring overlaps the next micro-batch's generation.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -55,7 +54,7 @@ class Producer:
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
-        self.threads = ThreadLease(int(os.environ.get("COATI_THREADS", "1")), SET_NUM_THREADS)
+        self.threads = ThreadLease(setter=SET_NUM_THREADS)
         """the cores of the rollout call in progress, raised by ``set_threads``"""
         self.idx, self.num_producers = producer_idx, num_producers
         self.model_path, self.backend_name = model_path, backend

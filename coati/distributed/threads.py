@@ -11,20 +11,23 @@ ends. A lend names its call, so one that arrives late never reaches a later call
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import torch
 
 
 class ThreadLease:
-    def __init__(self, base: int, setter: Callable[[int], None] = torch.set_num_threads):
-        self.base, self.setter = base, setter
-        """this actor's own threads between calls, and the function that sets the calling thread's (vLLM's CPU
-        worker replaces ``torch.set_num_threads`` with a no-op, so a producer passes torch's own, kept before)"""
-        self.call, self.lent, self.used = None, (-1, base), 0
+    def __init__(self, base: int | None = None, setter: Callable[[int], None] = torch.set_num_threads):
+        self.base = int(os.environ.get("COATI_THREADS", "1")) if base is None else base
+        self.setter = setter
+        """this actor's own threads between calls (None: ``COATI_THREADS``, default 1), and the function that sets the
+        calling thread's (vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op, so a producer passes
+        torch's own, kept before)"""
+        self.call, self.lent, self.used = None, (-1, self.base), 0
         """the call in progress (its number, None between calls), the (call, threads) lent for it, and the most
         threads the call has run with (read back from torch, so what the work got, not what was asked)"""
-        setter(base)
+        setter(self.base)
 
     @contextlib.contextmanager
     def running(self, call: int | None, threads: int | None):
