@@ -78,6 +78,7 @@ class ActorGroups:
         """training steps and rollout rounds started, numbering each so that a lend of cores reaches the call it was
         meant for"""
         self.producers, self.consumers, self.senders = [], [], []
+        self.weight_groups: list[str] = []
         self.shared_gpus: dict[int, object] = {}
         self.producer_info: list[dict] = []
         self.consumer_info: list[dict] = []
@@ -196,6 +197,7 @@ class ActorGroups:
 
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
+        from coati.distributed.comm import forget_group_address
         from coati.distributed.inference import backend_class
         from coati.distributed.placement import weight_backend
 
@@ -206,7 +208,9 @@ class ActorGroups:
                  if info["pp_rank"] == s and info["dp_rank"] == 0 and info["tp_rank"] == 0)
             for s in stages
         ]  # fmt: skip
-        groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
+        self.weight_groups = groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
+        for g in groups:  # members look rank 0 up by name: none may find one an earlier run of this name left
+            forget_group_address(g)
         # Engines with worker processes (vLLM) put each of them in the group; the others one process per producer.
         per = backend_class(self.cfg.producer.backend).weight_ranks(self.plan.inference_options)
         world = 1 + len(self.producers) * per
@@ -268,6 +272,8 @@ class ActorGroups:
     def shutdown(self) -> None:
         import ray
 
+        from coati.distributed.comm import forget_group_address
+
         for a in self.producers:
             try:
                 ray.get(a.close.remote(), timeout=10)
@@ -278,6 +284,8 @@ class ActorGroups:
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)
+        for name in self.weight_groups:  # killed rank 0s leave their addresses behind
+            forget_group_address(name)
 
 
 def _free_port() -> int:

@@ -1,6 +1,9 @@
 """End to end on CPU with real Ray actors, real ColossalAI and a tiny model built from a config."""
 
 import os
+import socket
+import time
+import uuid
 
 import numpy as np
 import pytest
@@ -51,8 +54,9 @@ def test_reward_rises_while_producers_sleep_and_threads_stay_single(ray_cluster,
         assert m["actor/threads"] == m["rollout/threads"] == 1
 
 
-def start_run(tiny, colocate=False, sleep_while_training=False, inference_options=FP32, backend="transformers",
-              max_staleness=0, in_flight=False, follow_work=True, **over):  # fmt: skip
+def new_run(tiny, colocate=False, sleep_while_training=False, inference_options=FP32, backend="transformers",
+            max_staleness=0, in_flight=False, follow_work=True, run_name=None, **over):  # fmt: skip
+    """A Run with its actors started, not yet joined to the weight group."""
     config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
     cfg = config.launch_config()
     train, _ = config.data.datasets(0)
@@ -60,9 +64,15 @@ def start_run(tiny, colocate=False, sleep_while_training=False, inference_option
                      train_dataset=train, eval_dataset=None, cpus_per_actor=0.5, colocate=colocate,
                      inference_options=inference_options, in_flight_weight_updates=in_flight)  # fmt: skip
     run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=max_staleness,
-              master_addr=None, master_port=None, run_name="t-" + str(id(cfg)),
+              master_addr=None, master_port=None, run_name=run_name or f"t-{uuid.uuid4().hex[:8]}",
               sleep_while_training=sleep_while_training, in_flight=in_flight, follow_work=follow_work)  # fmt: skip
     run.start_actors()
+    return run
+
+
+def start_run(tiny, **over):
+    """A Run joined to its weight group, with the consumer's weights pushed once."""
+    run = new_run(tiny, **over)
     run.connect_weight_group()
     run.push_weights()
     return run
@@ -129,6 +139,30 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
             assert last["weights/in_place_fraction"] < 0.5 and last["weights/direct_fraction"] < 0.5, last
     finally:
         run.shutdown()
+
+
+def test_a_run_joins_past_an_address_an_earlier_run_of_its_name_left(ray_cluster, tiny):
+    """Members find the weight group's rank 0 by name. A rank 0 killed without leaving its group (a crashed run)
+    leaves its address behind; a later run of the same name, whose producers look before its consumer publishes,
+    must not be sent there."""
+    from ray.experimental import internal_kv
+
+    from coati.distributed.comm.group import _kv_key
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    with socket.socket() as s:  # a port nobody serves
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    internal_kv._internal_kv_put(_kv_key(f"{name}-weights-stage0"), dead)
+    run = new_run(tiny, run_name=name, follow_work=False)  # one call at a time on the consumer
+    try:
+        run.consumers[0].__ray_call__.remote(lambda consumer: time.sleep(2))  # its join waits behind this
+        run.connect_weight_group()
+        run.push_weights()
+        assert_same(ray.get(run.producers[0].weights.remote()), run.full_weights())
+    finally:
+        run.shutdown()
+    assert internal_kv._internal_kv_get(_kv_key(f"{name}-weights-stage0")) is None  # none left for the next one
 
 
 def assert_same(producer: dict, consumer: dict) -> None:

@@ -6,6 +6,7 @@ from coati.distributed.comm.group import (
     CollectiveError,
     TorchGroup,
     destroy_group,
+    forget_group_address,
     group_address,
     init_group,
     register_backends,
@@ -13,6 +14,6 @@ from coati.distributed.comm.group import (
 from coati.distributed.comm.push import VersionedDict, ray_broadcast_object, ray_broadcast_tensor_dict
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "CollectiveError", "TorchGroup", "VersionedDict", "destroy_group", "group_address",
-    "init_group", "ray_broadcast_object", "ray_broadcast_tensor_dict", "register_backends",
+    "DEFAULT_TIMEOUT_S", "CollectiveError", "TorchGroup", "VersionedDict", "destroy_group", "forget_group_address",
+    "group_address", "init_group", "ray_broadcast_object", "ray_broadcast_tensor_dict", "register_backends",
 ]  # fmt: skip

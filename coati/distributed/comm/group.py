@@ -254,6 +254,13 @@ def group_address(group_name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     raise CollectiveError(f"group {group_name!r}: no address published within {timeout_s:.0f} s")
 
 
+def forget_group_address(group_name: str) -> None:
+    """Drop the address published under ``group_name``. Rank 0 publishes it and members look it up by name, so one
+    left by an earlier group of the same name (a rank 0 killed before ``destroy``) would send members to a dead store;
+    whoever names the group calls this before any member joins."""
+    internal_kv._internal_kv_del(_kv_key(group_name))
+
+
 def destroy_group(group_name: str) -> None:
     if cc.is_group_initialized(group_name):
         cc.destroy_collective_group(group_name)
