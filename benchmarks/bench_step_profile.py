@@ -12,7 +12,11 @@ would reach if everything but its matmuls took no time.
 Generation (with vLLM installed): one round of the default job, 8 prompts x 4 completions of up to 48 tokens, bf16
 engine weights, split the same way (vLLM's CPU matmuls are ``onednn_mm``; their FLOPs from the shapes recorded).
 
-    python benchmarks/bench_step_profile.py [--threads 1] [--precisions bf16 fp32] [--no-generation]
+Each trainer step runs with transformers' SDPA attention and with coati's (``coati/distributed/attention.py``: bf16
+matmuls instead of torch's fused CPU kernel; what the consumer uses on a CPU), side by side.
+
+    python benchmarks/bench_step_profile.py [--threads 1] [--precisions bf16 fp32] [--attention sdpa coati_sdpa]
+                                            [--no-generation]
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def batch(seed: int = 0):
     return (pid, pm, rid, rm), unique, int(rlen.sum())
 
 
-def trainer(model_dir: str, precision: str, threads: int, weights: tuple[int, int], peak: float) -> None:
+def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tuple[int, int], peak: float) -> None:
     import contextlib
 
     import torch
@@ -85,12 +89,15 @@ def trainer(model_dir: str, precision: str, threads: int, weights: tuple[int, in
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
+    from coati.distributed import attention
     from coati.distributed.colossal_cpu import apply_cpu_shims
     from coati.distributed.forward import packed_group_logprobs
 
     torch.set_num_threads(threads)
     apply_cpu_shims()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    if attn == attention.NAME:
+        attention.use(model, torch.device("cpu"))
     model.train()
     optimizer = HybridAdam(model.parameters(), lr=2e-5)
     (pid, pm, rid, rm), unique, response = batch()
@@ -116,7 +123,8 @@ def trainer(model_dir: str, precision: str, threads: int, weights: tuple[int, in
     seconds, mm_flops = split(prof.key_averages(), lambda e: e.flops)
     body, head = weights
     model_flops = 6 * (body * unique + head * response)
-    report(f"trainer step, {precision}, {threads} thread(s), median of 3", total, seconds, mm_flops, peak)
+    report(f"trainer step, {precision}, {attn} attention, {threads} thread(s), median of 3", total, seconds, mm_flops,
+           peak)  # fmt: skip
     mm = seconds.get("matmul", 0.0)
     print(f"  step: {model_flops / total / 1e9:.0f} GFLOP/s = {100 * model_flops / total / 1e9 / peak:.0f}% of the "
           f"{precision} peak ({peak:.0f}); if only its matmuls took time: {100 * model_flops / mm / 1e9 / peak:.0f}%")
@@ -157,6 +165,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precisions", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    parser.add_argument("--attention", nargs="+", default=["sdpa", "coati_sdpa"], choices=["sdpa", "coati_sdpa"],
+                        help="the trainer's attention: transformers' SDPA, or coati's (what the consumer uses on CPU)")
     parser.add_argument("--no-generation", action="store_true", help="profile the trainer only")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -170,7 +180,8 @@ def main():
     print("matmul peak, GFLOP/s, " + f"{args.threads} thread(s): " + ", ".join(f"{d} {v:.0f}" for d, v in peaks.items()))
     weights = matmul_weights(model)
     for precision in args.precisions:
-        trainer(model, precision, args.threads, weights, peaks[precision])
+        for attn in args.attention:
+            trainer(model, precision, attn, args.threads, weights, peaks[precision])
     if not args.no_generation:
         import importlib.util
 

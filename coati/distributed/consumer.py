@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from coati.distributed import attention
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
@@ -97,6 +98,7 @@ class GRPOConsumer(PipelineSteps):
         torch.manual_seed(self.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.config.use_cache = False
+        attention.use(model, self.device)
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         c = self.cfg
@@ -130,14 +132,16 @@ class GRPOConsumer(PipelineSteps):
         self.ref_model = None
         if self.algo.beta > 0 and self.is_last_stage:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            attention.use(self.ref_model, self.device)
             self.ref_model.to(self.device).eval().requires_grad_(False)
             self.lease_layers += self.threads.follow_layers(self.ref_model)  # its forward takes up lends too
         self.step_count, self.lr = 0, self.cfg.learning_rate
         self._warned_unavailable = False
         if p.pp_size == 1:  # pipeline stages compute the loss from the model's own logits
             check_output_layer(self.model)
-        # Packing a group into one row needs a boolean 4D attention mask, which the SDPA attention takes.
-        self.sdpa = getattr(causal_lm(self.model).config, "_attn_implementation", None) == "sdpa"
+        # Packing a group into one row needs a boolean 4D attention mask, which the SDPA attentions take.
+        self.attention = getattr(causal_lm(self.model).config, "_attn_implementation", None)
+        self.sdpa = self.attention in ("sdpa", attention.NAME)
         self.share_prompts = self._can_share_prompts()
         self.layouts, self.pair_flops = self._allowed_layouts(), pair_cost(self.model)
         self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision, p.tp_size)
@@ -150,7 +154,7 @@ class GRPOConsumer(PipelineSteps):
                 "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
                 "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
                 "shares_prompts": self.share_prompts, "layouts": self.layouts,
-                "lease_layers": self.lease_layers}  # fmt: skip
+                "lease_layers": self.lease_layers, "attention": self.attention}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 

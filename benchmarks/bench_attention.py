@@ -1,0 +1,88 @@
+"""The trainer's attention on this CPU, side by side: transformers' SDPA attention (torch's fused CPU kernel) against
+coati's (``coati/distributed/attention.py``: bf16 matmuls into an additive mask), forward and backward of one layer
+under bf16 autocast, on packed micro-batches as the trainer builds them: 4 groups, each a prompt of 50-53 tokens then
+responses of the group's 4 samples one after the other, under the tree mask (a response token sees the prompt and
+its own response), rows of 142 tokens (the default job late in a run) to 1,200 (past ``MAX_SCORES``, where coati's
+falls back to SDPA); SmolLM2-135M's heads (9 query heads
+of 64, 3 key/value heads). Prints each one's milliseconds, the ratio, the largest difference between their
+outputs and the path coati's took.
+
+    python benchmarks/bench_attention.py [--threads 1] [--widths 142 300 600 1200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import types
+
+
+def packed_mask(groups: int, width: int, seed: int = 0):
+    """A boolean [groups, 1, width, width] tree mask: prompt, then responses of random lengths, padding at the end."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    seg = torch.full((groups, width), -2)
+    for i in range(groups):
+        prompt = 50 + i
+        seg[i, :prompt] = -1
+        at, j = prompt, 0
+        while at < width - 5 * (i + 1):
+            r = min(int(torch.randint(4, max(5, width // 6), (), generator=g)), width - at)
+            seg[i, at : at + r], at, j = j % 4, at + r, j + 1
+    ar = torch.arange(width)
+    q, k = seg[:, :, None], seg[:, None, :]
+    mask = (ar[:, None] >= ar[None, :]) & ((k == -1) | (q == k)) & (k != -2)
+    return (mask | torch.eye(width, dtype=torch.bool))[:, None]
+
+
+def timed(fn, q, k, v, mask, repeats: int) -> tuple[float, object]:
+    import torch
+
+    def once():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = fn(types.SimpleNamespace(num_key_value_groups=3, is_causal=True), q, k, v, mask)
+        out.float().sum().backward()
+        return out
+
+    for _ in range(2):
+        out = once()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        once()
+    return (time.perf_counter() - start) / repeats, out.detach().float()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--widths", type=int, nargs="+", default=[142, 300, 600, 1200])
+    args = parser.parse_args()
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from coati.distributed import attention
+
+    torch.set_num_threads(args.threads)
+    groups, heads, kv_heads, dim = 4, 9, 3, 64
+    print(f"one layer's attention, forward + backward, bf16 autocast, {groups} packed groups, {heads} heads "
+          f"({kv_heads} key/value) of {dim}, {args.threads} thread(s)")  # fmt: skip
+    print(f"{'row tokens':>10} {'SDPA ms':>9} {'coati ms':>9} {'speed-up':>9} {'max |diff|':>11}  coati's path")
+    for width in args.widths:
+        g = torch.Generator().manual_seed(width)
+        # Queries and keys in fp32, values in bf16: what the rotary embedding leaves under autocast.
+        q = torch.randn(groups, heads, width, dim, generator=g).requires_grad_()
+        k = torch.randn(groups, kv_heads, width, dim, generator=g).requires_grad_()
+        v = torch.randn(groups, kv_heads, width, dim, generator=g).bfloat16().requires_grad_()
+        mask = packed_mask(groups, width)
+        repeats = max(2, int(4e5 // width**2))
+        sdpa, want = timed(sdpa_attention_forward, q, k, v, mask, repeats)
+        ours, got = timed(attention.attention, q, k, v, mask, repeats)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            path = "bf16 matmuls" if attention.takes_bf16_path(q, k, mask, 0.0, False) else "SDPA (too many scores)"
+        print(f"{width:>10} {1e3 * sdpa:>9.2f} {1e3 * ours:>9.2f} {sdpa / ours:>8.2f}x {(got - want).abs().max():>11.4f}  "
+              f"{path}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
