@@ -3,10 +3,12 @@ converted from the GGUF) and the default task's prompts: same prompts, same samp
 same sampling settings, 1 thread, each backend in a fresh process of its own (as in a producer actor). Reports
 generated tokens/s (the best of ``--reps`` timed calls after a warm-up call) and the ratio vLLM / transformers. vLLM
 runs once per KV-cache block size in ``--vllm-block-sizes`` (the first is coati's default on CPU; the samples of a
-prompt share its full blocks through the prefix cache), the same seed each time, so each draws the same tokens.
+prompt share its full blocks through the prefix cache), the same seed each time, so each draws the same tokens. The
+transformers backend runs once per attention in ``--transformers-attentions``: coati's CPU attention (its default on a
+CPU; bf16 matmuls instead of torch's fused kernel in bf16) and transformers' SDPA.
 
     python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
-        [--vllm-block-sizes 32,128]
+        [--vllm-block-sizes 32,128] [--transformers-attentions coati_sdpa,sdpa]
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
     path = default_model_path()
     gen = GenerationConfig(max_new_tokens=args["new_tokens"], temperature=1.0, max_prompt_tokens=256)
     start = time.perf_counter()
+    attn = options.pop("attention", None)
     backend = backend_class(name)(path, gen, dtype=dtype, seed=0, **options)
+    if attn:  # the transformers backend switches to coati's CPU attention itself; "sdpa" switches it back
+        backend.model.set_attn_implementation(attn)
     load_s = time.perf_counter() - start
     rows = load_rows(args["task"], size=args["prompts"], seed=1)
     prompts = [encode_prompt(backend.tokenizer, r) for r in rows]
     backend.generate(prompts[:2], n=2)  # warm-up
+    torch.manual_seed(0)  # the transformers backend samples from torch's RNG: each of its runs draws alike
     best, tokens = 0.0, 0
     for _ in range(args["reps"]):
         t0 = time.perf_counter()
@@ -54,6 +60,9 @@ def main():
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--task", default="reasoning_gym:chain_sum")
     parser.add_argument("--vllm-block-sizes", default="32,128", help="KV-cache block sizes vLLM runs with")
+    parser.add_argument("--transformers-attentions", default="coati_sdpa,sdpa",
+                        help="attentions the transformers backend runs with (coati's CPU attention, the backend's "
+                             "default on CPU; transformers' SDPA)")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -62,7 +71,8 @@ def main():
           f"new tokens, temperature 1.0, 1 thread, best of {args.reps}")  # fmt: skip
     ctx = mp.get_context("spawn")
     blocks = [int(b) for b in args.vllm_block_sizes.split(",")]
-    runs = [("transformers", {})] + [("vllm", {"block_size": b}) for b in blocks]
+    attentions = args.transformers_attentions.split(",")
+    runs = [("transformers", {"attention": a}) for a in attentions] + [("vllm", {"block_size": b}) for b in blocks]
     for dtype in args.dtypes.split(","):
         rates = {}
         for name, options in runs:
@@ -73,11 +83,13 @@ def main():
             if proc.exitcode != 0:
                 raise SystemExit(f"the {name} run failed (exit code {proc.exitcode}); its error is above")
             load_s, rate, tokens = queue.get()
-            label = name if not options else f"{name} {options['block_size']}"
+            label = f"{name} {options.get('block_size') or options['attention']}"
             rates[label] = rate
-            print(f"{label:<13}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
-        first = f"vllm {blocks[0]}"
-        print(f"{'':<13}{dtype:<10} vLLM (block {blocks[0]}) / transformers: {rates[first] / rates['transformers']:.2f}x"
+            print(f"{label:<25}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
+        first, hf = f"vllm {blocks[0]}", f"transformers {attentions[0]}"
+        print(f"{'':<25}{dtype:<10} vLLM (block {blocks[0]}) / transformers ({attentions[0]}): "
+              f"{rates[first] / rates[hf]:.2f}x"
+              + "".join(f"; {attentions[0]} / {a}: {rates[hf] / rates[f'transformers {a}']:.2f}x" for a in attentions[1:])
               + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:]),
               flush=True)  # fmt: skip
 
