@@ -6,8 +6,8 @@ a default-job packed micro-batch late in a run (4 groups, rows of 142 tokens, Sm
 key/value heads, one thread of this machine's CPU): 3.9 ms against 14.8 ms; rows of 600 tokens: 1.7x
 (``benchmarks/bench_attention.py``). A decode step's (one query per row against its cache, 16 rows of 100 keys):
 0.11 ms against 1.1 ms. The scores (and their softmax, kept for the backward) are held whole, so calls with more than
-``MAX_SCORES`` of them (about where the fused kernel catches up), fp32, CUDA, dropout and additive float masks all
-take the SDPA path.
+``MAX_SCORES`` of them (about where the fused kernel catches up), fp32, CUDA, dropout, additive float masks and masks
+per head all take the SDPA path.
 
 Registered with transformers as ``NAME`` (its masks are SDPA's: boolean, True where a query attends to a key); the
 consumer and the transformers backend set it on CPU models whose attention is SDPA.
@@ -55,7 +55,7 @@ def takes_bf16_path(query, key, attention_mask, dropout: float, causal: bool) ->
     b, h, q_len, _ = query.shape
     return (query.device.type == "cpu" and compute_dtype(query) == torch.bfloat16 and dropout == 0.0
             and b * h * q_len * key.shape[2] <= MAX_SCORES and h % key.shape[1] == 0
-            and (attention_mask.dtype == torch.bool if attention_mask is not None
+            and (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1 if attention_mask is not None
                  else not causal or q_len == key.shape[2]))  # fmt: skip
 
 

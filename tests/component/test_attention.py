@@ -68,7 +68,7 @@ def test_bf16_path_matches_the_definition_to_bf16_rounding(mask_name, q_len):
         assert (a.double() - e).abs().max() <= 2e-2 * scale, name
 
 
-@pytest.mark.parametrize("case", ["fp32", "too many scores", "dropout", "float mask"])
+@pytest.mark.parametrize("case", ["fp32", "too many scores", "dropout", "float mask", "mask per head"])
 def test_everything_else_goes_to_sdpa_unchanged(case, monkeypatch):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -80,6 +80,8 @@ def test_everything_else_goes_to_sdpa_unchanged(case, monkeypatch):
         monkeypatch.setattr(attention, "MAX_SCORES", b * HEADS * n * n - 1)
     if case == "float mask":
         mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -1e4)
+    if case == "mask per head":
+        mask = mask.expand(b, HEADS, n, n)
     if case == "dropout":
         kw["dropout"] = 0.5
     torch.manual_seed(0)
