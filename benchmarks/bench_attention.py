@@ -1,11 +1,12 @@
-"""The trainer's attention on this CPU, side by side: transformers' SDPA attention (torch's fused CPU kernel) against
-coati's (``coati/distributed/attention.py``: bf16 matmuls into an additive mask), forward and backward of one layer
-under bf16 autocast, on packed micro-batches as the trainer builds them: 4 groups, each a prompt of 50-53 tokens then
-responses of the group's 4 samples one after the other, under the tree mask (a response token sees the prompt and
-its own response), rows of 142 tokens (the default job late in a run) to 1,200 (past ``MAX_SCORES``, where coati's
-falls back to SDPA); SmolLM2-135M's heads (9 query heads
-of 64, 3 key/value heads). Prints each one's milliseconds, the ratio, the largest difference between their
-outputs and the path coati's took.
+"""Attention on this CPU, side by side: transformers' SDPA attention (torch's fused CPU kernel) against coati's
+(``coati/distributed/attention.py``: bf16 matmuls into an additive mask). First as the trainer runs it: forward and
+backward of one layer under bf16 autocast on packed micro-batches as the trainer builds them (4 groups, each a prompt
+of 50-53 tokens then its 4 samples' responses one after the other, under the tree mask: a response token sees the
+prompt and its own response), rows of 142 tokens (the default job late in a run) to 1,200 (past ``MAX_SCORES``,
+where coati's falls back to SDPA), SmolLM2-135M's heads (9 query heads of 64, 3 key/value heads): each one's
+milliseconds, the ratio, the largest difference between their outputs and the path coati's took. Then as the
+transformers backend generates: one decode step's attention (one query per row against a cache of 60-100 keys, left
+padding masked, bf16, no gradient).
 
     python benchmarks/bench_attention.py [--threads 1] [--widths 142 300 600 1200]
 """
@@ -82,6 +83,36 @@ def main():
             path = "bf16 matmuls" if attention.takes_bf16_path(q, k, mask, 0.0, False) else "SDPA (too many scores)"
         print(f"{width:>10} {1e3 * sdpa:>9.2f} {1e3 * ours:>9.2f} {sdpa / ours:>8.2f}x {(got - want).abs().max():>11.4f}  "
               f"{path}")  # fmt: skip
+    decode_steps(heads, kv_heads, dim)
+
+
+def decode_steps(heads: int, kv_heads: int, dim: int) -> None:
+    """One decode step's attention as the transformers backend runs it with bf16 weights: one query per row against
+    the row's cache, left padding masked, no gradient."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from coati.distributed import attention
+
+    print("one layer's attention in a decode step, bf16, no gradient, microseconds per call")
+    print(f"{'rows':>10} {'keys':>9} {'SDPA us':>9} {'coati us':>9} {'speed-up':>9}")
+    layer = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    for rows, keys in ((16, 60), (16, 100), (32, 100)):
+        g = torch.Generator().manual_seed(rows * keys)
+        q = torch.randn(rows, heads, 1, dim, generator=g).bfloat16()
+        k, v = (torch.randn(rows, kv_heads, keys, dim, generator=g).bfloat16() for _ in range(2))
+        mask = torch.ones(rows, 1, 1, keys, dtype=torch.bool)
+        mask[:, :, :, :5] = False
+        micros = []
+        with torch.no_grad():
+            for fn in (sdpa_attention_forward, attention.attention):
+                for _ in range(5):
+                    fn(layer, q, k, v, mask)
+                start = time.perf_counter()
+                for _ in range(200):
+                    fn(layer, q, k, v, mask)
+                micros.append((time.perf_counter() - start) / 200 * 1e6)
+        print(f"{rows:>10} {keys:>9} {micros[0]:>9.0f} {micros[1]:>9.0f} {micros[0] / micros[1]:>8.2f}x")
 
 
 if __name__ == "__main__":

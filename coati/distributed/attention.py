@@ -3,9 +3,9 @@ CPU at the sizes of a training micro-batch or a decode step, where torch's fused
 scores are one batched matmul into an additive mask (``baddbmm``), a softmax and a second matmul, all in bf16 with
 the matmuls accumulating in fp32, as transformers' eager attention rounds them. Forward and backward of one layer on
 a default-job packed micro-batch late in a run (4 groups, rows of 142 tokens, SmolLM2-135M's 9 query and 3
-key/value heads, one thread of this machine's CPU): 4.0 ms against 15.8 ms; rows of 600 tokens: 1.8x
+key/value heads, one thread of this machine's CPU): 4.6 ms against 17.3 ms; rows of 600 tokens: 1.6x
 (``benchmarks/bench_attention.py``). A decode step's (one query per row against its cache, 16 rows of 100 keys):
-0.11 ms against 1.1 ms. The scores (and their softmax, kept for the backward) are held whole, so calls with more than
+0.11 ms against 1.13 ms. The scores (and their softmax, kept for the backward) are held whole, so calls with more than
 ``MAX_SCORES`` of them (about where the fused kernel catches up), fp32, CUDA, dropout, additive float masks and masks
 per head all take the SDPA path.
 
