@@ -13,21 +13,27 @@ Generation (with vLLM installed): one round of the default job, 8 prompts x 4 co
 engine weights, split the same way (vLLM's CPU matmuls are ``onednn_mm``; their FLOPs from the shapes recorded).
 
 Each trainer step runs with transformers' SDPA attention and with coati's (``coati/distributed/attention.py``: bf16
-matmuls instead of torch's fused CPU kernel; what the consumer uses on a CPU), side by side.
+matmuls instead of torch's fused CPU kernel; what the consumer uses on a CPU), and under glibc's default malloc and
+the settings a CPU consumer runs with (``actor_group.KEEP_FREED_MEMORY``: freed memory stays mapped), each malloc
+setting in a process of its own, side by side. A step's time is the mean over 6 steps on 6 batches of different
+lengths (as a run's steps differ), after 2 warm-up steps; the profile is of one more step.
 
     python benchmarks/bench_step_profile.py [--threads 1] [--precisions bf16 fp32] [--attention sdpa coati_sdpa]
-                                            [--no-generation]
+                                            [--malloc default kept] [--no-generation]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+STEPS = 6
+"""timed trainer steps, each on a batch of its own"""
 CLASSES = {  # class -> parts of op names; an op goes to the first class with a part of its name
     "matmul": ("aten::mm", "aten::addmm", "_C::onednn_mm", "aten::linear"),
     "sampling": ("gumbel", "log_softmax", "sampl"),
@@ -81,7 +87,8 @@ def batch(seed: int = 0):
     return (pid, pm, rid, rm), unique, int(rlen.sum())
 
 
-def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tuple[int, int], peak: float) -> None:
+def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tuple[int, int], peak: float,
+            malloc: str) -> None:  # fmt: skip
     import contextlib
 
     import torch
@@ -100,9 +107,10 @@ def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tu
         attention.use(model, torch.device("cpu"))
     model.train()
     optimizer = HybridAdam(model.parameters(), lr=2e-5)
-    (pid, pm, rid, rm), unique, response = batch()
+    batches = [batch(seed) for seed in range(STEPS)]
 
-    def step():
+    def step(tensors):
+        pid, pm, rid, rm = tensors
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         with autocast:
             lp, _ = packed_group_logprobs(model, pid, pm, rid, rm, group_size=4, with_entropy=True)
@@ -110,22 +118,20 @@ def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tu
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(2):  # warm-up
-        step()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    total = sorted(times)[1]
+    for tensors, _, _ in batches[-2:]:  # warm-up
+        step(tensors)
+    start = time.perf_counter()
+    for tensors, _, _ in batches:
+        step(tensors)
+    total = (time.perf_counter() - start) / STEPS
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-        step()
+        step(batches[0][0])
     seconds, mm_flops = split(prof.key_averages(), lambda e: e.flops)
     body, head = weights
-    model_flops = 6 * (body * unique + head * response)
-    report(f"trainer step, {precision}, {attn} attention, {threads} thread(s), median of 3", total, seconds, mm_flops,
-           peak)  # fmt: skip
-    mm = seconds.get("matmul", 0.0)
+    model_flops = sum(6 * (body * unique + head * response) for _, unique, response in batches) / STEPS
+    report(f"trainer step, {precision}, {attn} attention, {malloc} malloc, {threads} thread(s), mean of {STEPS}", total,
+           seconds, mm_flops, peak)  # fmt: skip
+    mm = seconds.get("matmul", 0.0) * model_flops / sum(6 * (body * u + head * r) for _, u, r in batches[:1])
     print(f"  step: {model_flops / total / 1e9:.0f} GFLOP/s = {100 * model_flops / total / 1e9 / peak:.0f}% of the "
           f"{precision} peak ({peak:.0f}); if only its matmuls took time: {100 * model_flops / mm / 1e9 / peak:.0f}%")
 
@@ -161,13 +167,30 @@ def generation(model_dir: str, threads: int, peak: float) -> None:
            mm_flops, peak)  # fmt: skip
 
 
+def trainer_child(args, peaks: dict, malloc: str) -> None:
+    """The trainer steps of every precision and attention, in a process started under ``malloc``'s settings (glibc
+    reads them once, at start-up)."""
+    from coati.distributed.actor_group import KEEP_FREED_MEMORY
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if malloc == "kept":
+        env["GLIBC_TUNABLES"] = KEEP_FREED_MEMORY
+    cmd = [sys.executable, __file__, "--threads", str(args.threads), "--precisions", *args.precisions,
+           "--attention", *args.attention, "--peaks", str(peaks["bf16"]), str(peaks["fp32"]), "--child", malloc]
+    subprocess.run(cmd, env=env, check=True)  # fmt: skip
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precisions", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
     parser.add_argument("--attention", nargs="+", default=["sdpa", "coati_sdpa"], choices=["sdpa", "coati_sdpa"],
                         help="the trainer's attention: transformers' SDPA, or coati's (what the consumer uses on CPU)")
+    parser.add_argument("--malloc", nargs="+", default=["default", "kept"], choices=["default", "kept"],
+                        help="glibc's default malloc, or the settings of a CPU consumer (freed memory kept mapped)")
     parser.add_argument("--no-generation", action="store_true", help="profile the trainer only")
+    parser.add_argument("--peaks", nargs=2, type=float, help=argparse.SUPPRESS)  # bf16, fp32: a child's, from its parent
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the malloc setting a child process runs under
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(HERE))
@@ -176,12 +199,18 @@ def main():
     from coati.default_model import default_model_path
 
     model = default_model_path()
+    if args.child:
+        peaks = dict(zip(("bf16", "fp32"), args.peaks, strict=True))
+        weights = matmul_weights(model)
+        for precision in args.precisions:
+            for attn in args.attention:
+                trainer(model, precision, attn, args.threads, weights, peaks[precision], args.child)
+        return
     peaks = {d: matmul_peak(d, args.threads) for d in ("bf16", "fp32")}
     print("matmul peak, GFLOP/s, " + f"{args.threads} thread(s): " + ", ".join(f"{d} {v:.0f}" for d, v in peaks.items()))
-    weights = matmul_weights(model)
-    for precision in args.precisions:
-        for attn in args.attention:
-            trainer(model, precision, attn, args.threads, weights, peaks[precision])
+    sys.stdout.flush()
+    for malloc in args.malloc:
+        trainer_child(args, peaks, malloc)
     if not args.no_generation:
         import importlib.util
 

@@ -154,7 +154,8 @@ class GRPOConsumer(PipelineSteps):
                 "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
                 "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
                 "shares_prompts": self.share_prompts, "layouts": self.layouts,
-                "lease_layers": self.lease_layers, "attention": self.attention}  # fmt: skip
+                "lease_layers": self.lease_layers, "attention": self.attention,
+                "malloc": os.environ.get("GLIBC_TUNABLES", "")}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
