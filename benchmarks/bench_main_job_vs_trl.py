@@ -135,8 +135,8 @@ def main():
             seconds, steps, after = r[side]
             gains[side].append(after - before)
             line += f"  {seconds:>8.0f}{steps:>6}{after:>7.3f}{after - before:>+7.3f} "
-        ratio = gains["coati"][-1] / gains["trl"][-1] if gains["trl"][-1] > 0 else float("nan")
-        print(f"{line}  {ratio:>9.2f}x")
+        trl = gains["trl"][-1]  # no ratio to a gain that is not above zero
+        print(f"{line}  {gains['coati'][-1] / trl:>9.2f}x" if trl > 0 else f"{line}  {'n/a':>10}")
     ratio = statistics.mean(gains["coati"]) / statistics.mean(gains["trl"])
     print(f"mean gain over {len(rows)} seeds: coati {mean_se(gains['coati'])}, TRL {mean_se(gains['trl'])}; "
           f"ratio of mean gains {ratio:.2f}x (target: >= 2x at equal training time)")  # fmt: skip
