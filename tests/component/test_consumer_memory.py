@@ -11,14 +11,15 @@ BASE = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
 
 @ray.remote(num_cpus=0)
 def faults_reallocating() -> int:
-    """Page faults taken while a tensor the size of one just freed is allocated and written."""
+    """Page faults taken while a tensor 1 MiB smaller than one just freed is allocated and written (smaller, so that
+    it fits the freed block whatever malloc's alignment padding and whatever was allocated after it)."""
     import resource
 
     import torch
 
     torch.ones(PAGES * 1024)  # allocated, written, freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    again = torch.ones(PAGES * 1024)
+    again = torch.ones((PAGES - 256) * 1024)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     del again
     return faults
