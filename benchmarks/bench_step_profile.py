@@ -128,10 +128,11 @@ def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tu
         step(batches[0][0])
     seconds, mm_flops = split(prof.key_averages(), lambda e: e.flops)
     body, head = weights
-    model_flops = sum(6 * (body * unique + head * response) for _, unique, response in batches) / STEPS
+    flops = [6 * (body * unique + head * response) for _, unique, response in batches]
+    model_flops = sum(flops) / STEPS
     report(f"trainer step, {precision}, {attn} attention, {malloc} malloc, {threads} thread(s), mean of {STEPS}", total,
            seconds, mm_flops, peak)  # fmt: skip
-    mm = seconds.get("matmul", 0.0) * model_flops / sum(6 * (body * u + head * r) for _, u, r in batches[:1])
+    mm = seconds.get("matmul", 0.0) * model_flops / flops[0]  # the profiled step's matmul time, scaled to the mean step
     print(f"  step: {model_flops / total / 1e9:.0f} GFLOP/s = {100 * model_flops / total / 1e9 / peak:.0f}% of the "
           f"{precision} peak ({peak:.0f}); if only its matmuls took time: {100 * model_flops / mm / 1e9 / peak:.0f}%")
 
