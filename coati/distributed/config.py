@@ -215,6 +215,11 @@ class ConsumerConfig:
     train_minibatch_size: int | None = None
     """prompts per DP rank per optimizer step; train_batch_size / train_minibatch_size optimizer steps per step
     (None: train_batch_size, one optimizer step)"""
+    num_iterations: int = 1
+    """passes over each step's batch (GRPO's mu, PPO's epochs): each pass makes the step's train_batch_size /
+    train_minibatch_size optimizer steps again on the same rollouts, every ratio taken against the trainer's
+    log-probs from before the step's first update; more passes put a trainer that waits on generation to work, at
+    the cost of updates further from the policy that sampled (the clip range bounds them)"""
     train_microbatch_size: int | None = None
     """completions per forward/backward pass; divides train_minibatch_size * num_generations (None: passes of whole
     groups filled up to train_microbatch_tokens; with pipeline parallelism, num_generations)"""
@@ -269,7 +274,7 @@ class ConsumerConfig:
     def __post_init__(self):
         if self.train_minibatch_size is None:
             object.__setattr__(self, "train_minibatch_size", self.train_batch_size)
-        positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size")
+        positive(self, "num_consumer_procs", "train_batch_size", "train_minibatch_size", "num_iterations")
         if self.train_microbatch_size is not None:
             positive(self, "train_microbatch_size")
         positive(self, "train_microbatch_tokens")

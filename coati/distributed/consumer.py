@@ -295,40 +295,20 @@ class GRPOConsumer(PipelineSteps):
         # DP shard: contiguous whole groups (rows are prompt-major).
         shard = n_rows // self.dp_size
         num_minibatches = self.cfg.train_batch_size // self.cfg.train_minibatch_size
-        mb_rows = shard // num_minibatches
+        per_step = num_minibatches * self.cfg.num_iterations  # optimizer steps this training step makes
         shard_rows = np.arange(self.dp_rank * shard, (self.dp_rank + 1) * shard)
-        pipelined = self.cfg.plugin.pp_size > 1
         old_lp = None
-        if num_minibatches > 1:  # the policy before this step's first update, over the whole shard
-            old_lp = (self._pipeline_logprobs(batch, shard_rows, mb_rows) if pipelined
-                      else self._logprobs_no_grad(self.model, batch, shard_rows))  # fmt: skip
+        if per_step > 1:  # the policy before this step's first update, over the whole shard
+            old_lp = (self._pipeline_logprobs(batch, shard_rows, shard // num_minibatches)
+                      if self.cfg.plugin.pp_size > 1 else self._logprobs_no_grad(self.model, batch, shard_rows))  # fmt: skip
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
         self._step_log = []
-        for m in range(num_minibatches):
-            losses: list[float] = []
-            # The loss is normalised over the global minibatch m: rows of minibatch m on every DP rank.
-            global_rows = np.concatenate(
-                [np.arange(r * shard + m * mb_rows, r * shard + (m + 1) * mb_rows) for r in range(self.dp_size)]
-            )
-            norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
-            local = np.arange(m * mb_rows, (m + 1) * mb_rows)
-            if pipelined:
-                losses.append(self._pipeline_minibatch(
-                    batch, shard_rows[local], loss_mask, adv, norm, metrics,
-                    old_lp[local] if old_lp is not None else None, ref_lp[local] if ref_lp is not None else None,
-                ))  # fmt: skip
-                step_loss += losses[-1]
-                self._optimizer_step(losses, m, num_minibatches)
-                continue
-            order = self._by_length(batch, shard_rows, local)
-            for chunk in self._chunks(batch, shard_rows[order]):
-                idx = order[chunk]
-                self.threads.apply()
-                loss = self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics)
-                losses.append(loss)
-                step_loss += loss / self.dp_size / num_minibatches
-            self._optimizer_step(losses, m, num_minibatches)
+        for k in range(per_step):  # pass k // num_minibatches over the batch, its minibatch k % num_minibatches
+            losses = self._minibatch(batch, k % num_minibatches, num_minibatches, shard_rows, loss_mask, adv, old_lp,
+                                     ref_lp, metrics)  # fmt: skip
+            step_loss += sum(losses) / self.dp_size / per_step
+            self._optimizer_step(losses, k, per_step)
         self.step_count += 1
         out = metrics.reduce(self._dp_all_reduce if self.dp_size > 1 else None)
         if self.dp_size > 1:
@@ -348,6 +328,29 @@ class GRPOConsumer(PipelineSteps):
                 f"{self._step_log[-1][0]}. Lower the learning rate or check the rewards and data"
             )
         return out
+
+    def _minibatch(self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics) -> list[float]:
+        """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss."""
+        shard = len(shard_rows)
+        mb_rows = shard // num_minibatches
+        # The loss is normalised over the global minibatch m: rows of minibatch m on every DP rank.
+        global_rows = np.concatenate(
+            [np.arange(r * shard + m * mb_rows, r * shard + (m + 1) * mb_rows) for r in range(self.dp_size)]
+        )
+        norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
+        local = np.arange(m * mb_rows, (m + 1) * mb_rows)
+        if self.cfg.plugin.pp_size > 1:
+            return [self._pipeline_minibatch(
+                batch, shard_rows[local], loss_mask, adv, norm, metrics,
+                old_lp[local] if old_lp is not None else None, ref_lp[local] if ref_lp is not None else None,
+            )]  # fmt: skip
+        order = self._by_length(batch, shard_rows, local)
+        losses = []
+        for chunk in self._chunks(batch, shard_rows[order]):
+            idx = order[chunk]
+            self.threads.apply()
+            losses.append(self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics))
+        return losses
 
     def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics) -> float:
         """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its

@@ -26,7 +26,8 @@ _ALGO_FIELDS = set(AlgorithmConfig.__dataclass_fields__)
 _DEFAULTS = Config()
 
 
-_GRPO_KEYS = {"lr": "consumer.learning_rate", "train_microbatch_size": "consumer.train_microbatch_size",
+_GRPO_KEYS = {"lr": "consumer.learning_rate", "num_iterations": "consumer.num_iterations",
+              "train_microbatch_size": "consumer.train_microbatch_size",
               "train_microbatch_tokens": "consumer.train_microbatch_tokens",
               "weight_decay": "consumer.weight_decay", "max_grad_norm": "consumer.max_grad_norm",
               "max_skipped_steps": "consumer.max_skipped_steps", "compute_dtype": "consumer.compute_dtype",

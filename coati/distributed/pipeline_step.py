@@ -16,7 +16,8 @@ class PipelineSteps:
         """One minibatch through ColossalAI's pipeline schedule. The last stage computes the loss per micro-batch in
         ``criterion``; the schedule divides it by the number of micro-batches, which we undo so the loss keeps its
         global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)
-        ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused)."""
+        ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused).
+        Returns this rank's loss of the minibatch (the sum over its micro-batches)."""
         t = self._tensors(batch, rows, trim=False)  # the schedule splits one padded minibatch into micro-batches
         inputs = model_inputs(**t)
         r = t["response_ids"].shape[1]
@@ -34,12 +35,12 @@ class PipelineSteps:
                               adv[rows[sl]].to(self.device), old_lp[sl] if old_lp is not None else None,
                               ref_lp[sl] if ref_lp is not None else None, self._rollout_logprobs(batch, rows[sl]), norm,
                               metrics)  # fmt: skip
-            seen["loss"] += loss.item() / self.dp_size
+            seen["loss"] += loss.item()
             return loss * n_micro
 
         with self._compute():
             self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
-        return seen["loss"] / (self.cfg.train_batch_size // self.cfg.train_minibatch_size)
+        return seen["loss"]
 
     @torch.no_grad()
     def _pipeline_logprobs(self, batch: RolloutBatch, rows, chunk: int) -> torch.Tensor | None:

@@ -1,10 +1,19 @@
 """Consumer training options with real Ray and ColossalAI: gradient checkpointing trains the same step as keeping the
-activations, and the learning-rate schedule's warmup reaches the optimizer (the schedule over several steps is
-checked in test_datasets' run)."""
+activations, the learning-rate schedule's warmup reaches the optimizer (the schedule over several steps is checked in
+test_datasets' run), and passes over a batch train as minibatches of its copies."""
 
+import dataclasses
+
+import numpy as np
 import pytest
+import ray
 import torch
 
+from coati.distributed.actor_group import _free_port
+from coati.distributed.algo.presets import resolve_algorithm
+from coati.distributed.config import ConsumerConfig, GenerationConfig
+from coati.distributed.consumer import GRPOConsumer
+from coati.distributed.rollout import RolloutBatch
 from coati.distributed.schedule import lr_factor
 from tests.e2e.test_launch import REWARD, start_run, tiny  # noqa: F401 - the module's tiny-model fixture
 
@@ -43,3 +52,55 @@ def test_gradient_checkpointing_trains_the_same_step(ray_cluster, tiny):  # noqa
     half = LR * lr_factor(0, 1, "linear", warmup=2)
     assert half == LR / 2 and kept["actor/lr"] == pytest.approx(half)
     assert max(float(d.abs().max()) for d in d_kept.values()) == pytest.approx(half, rel=0.02)
+
+
+def consumer_after_one_step(tiny, batch, **consumer):  # noqa: F811
+    """A real consumer actor's metrics and weights after one training step on ``batch`` (two completions per prompt,
+    GRPO)."""
+    cfg = ConsumerConfig(learning_rate=LR, lr_schedule="linear", warmup_steps=2, compute_dtype="fp32", **consumer)
+    actor = ray.remote(GRPOConsumer).options(num_cpus=0.5).remote(
+        0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
+    try:
+        ray.get(actor.setup.remote())
+        metrics = ray.get(actor.train_step.remote(batch, total_steps=4))
+        return metrics, ray.get(actor.weights.remote())
+    finally:
+        ray.kill(actor)
+
+
+def rollouts(groups: int, seed: int = 0):
+    """``groups`` prompts of two completions each, of uneven lengths, with rewards that differ within every group."""
+    rng = np.random.default_rng(seed)
+    n, p, r = 2 * groups, 5, 6
+    lengths = rng.integers(2, r + 1, n)
+    response_mask = np.arange(r)[None] < lengths[:, None]
+    return RolloutBatch(
+        prompt_ids=np.repeat(rng.integers(4, 60, (groups, p)), 2, axis=0), prompt_mask=np.ones((n, p), bool),
+        response_ids=rng.integers(4, 60, (n, r)) * response_mask, response_mask=response_mask,
+        rollout_logprobs=np.where(response_mask, -3.0, 0.0).astype(np.float32), response_lengths=lengths,
+        truncated=np.zeros(n, bool), group_ids=np.repeat(np.arange(groups), 2), policy_version=np.zeros(n, np.int64),
+        token_versions=np.zeros((n, r), np.int64), rewards=rng.permuted(np.tile([0.0, 1.0], groups)).astype(np.float32),
+    ).validate()  # fmt: skip
+
+
+def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tiny):  # noqa: F811
+    """num_iterations=2 over a batch makes the same two optimizer steps as one pass over the batch written out twice,
+    in two minibatches: each pass's ratios against the trainer's log-probs from before the step's first update, the
+    learning-rate schedule counting both optimizer steps."""
+    once = rollouts(2)
+    twice = dataclasses.replace(once, **{f.name: np.concatenate([getattr(once, f.name)] * 2)
+                                         for f in dataclasses.fields(once) if f.name not in ("extras", "loss_mask",
+                                                                                              "turn_index")})  # fmt: skip
+    twice.group_ids[4:] += 2
+    passes, w_passes = consumer_after_one_step(tiny, once, train_batch_size=2, num_iterations=2)
+    copies, w_copies = consumer_after_one_step(tiny, twice.validate(), train_batch_size=4, train_minibatch_size=2)
+    one, w_one = consumer_after_one_step(tiny, once, train_batch_size=2)
+    for key in ("loss/policy", "loss/clipfrac", "loss/ratio_mean", "actor/entropy", "actor/grad_norm", "actor/lr"):
+        assert passes[key] == pytest.approx(copies[key], rel=1e-6, abs=1e-9), key
+    for name, w in w_copies.items():
+        assert torch.allclose(w_passes[name], w, rtol=0, atol=1e-7), name
+    # The second pass trained on ratios away from 1. The warmup's 2 training steps are 4 optimizer steps with two
+    # passes: the step's second optimizer step ran at 2/4 of the rate (as the copies' did), not at the full rate.
+    assert passes["loss/ratio_mean"] != 1.0 and one["loss/ratio_mean"] == 1.0
+    assert passes["actor/lr"] == pytest.approx(LR / 2) == one["actor/lr"]
+    assert max(float((w_passes[k] - w).abs().max()) for k, w in w_one.items()) > LR / 4
