@@ -150,7 +150,7 @@ class ProducerConfig:
     """number of producer actors"""
     num_proc_per_producer: int = 1
     """accelerators per producer (tensor parallelism of the inference engine); ignored on CPU"""
-    inference_batch_size: int = 8
+    inference_batch_size: int = 16
     """prompts each producer rolls out per draw (a synchronous run draws no more than its step lacks)"""
     inference_microbatch_size: int | None = None
     """prompts per generate call; divides inference_batch_size (None: inference_batch_size)"""

@@ -42,8 +42,8 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
     cli = parse_config([])
     assert cli == Config()
     launch = config_from_launch_kwargs(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=8,
-        inference_microbatch_size=8, train_batch_size=4, train_minibatch_size=4, train_dataset_config={"path": "x.jsonl"},
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=16,
+        inference_microbatch_size=16, train_batch_size=4, train_minibatch_size=4, train_dataset_config={"path": "x.jsonl"},
         inference_model_config={"path": "m"}, generate_config={}, train_model_config={"path": "m"}, grpo_config={},
         plugin_config={},
     )  # fmt: skip
@@ -53,7 +53,7 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
         assert getattr(launch.run, name) == getattr(cli.run, name), name
     lc = cli.launch_config()
     assert (lc.producer.backend, lc.producer.num_generations, lc.producer.inference_batch_size, lc.consumer.train_microbatch_size,
-            lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 8, None, 2e-5, 48, 1)
+            lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 16, None, 2e-5, 48, 1)
 
 
 def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset():
