@@ -2,8 +2,9 @@
 
 Each training step receives the global RolloutBatch of the step (every DP rank gets the same object-store reference),
 computes advantages over all of it, keeps its DP shard, and runs ``train_batch_size / train_minibatch_size``
-optimizer steps of micro-batched forward/backward passes (``num_iterations`` times over the shard). What the algorithm is comes only from the AlgorithmConfig
-fields: estimator, loss, aggregation, KL, masking. Rank 0 pushes the new weights to the producers.
+optimizer steps of micro-batched forward/backward passes (``num_iterations`` times over the shard). What the
+algorithm is comes only from the AlgorithmConfig fields: estimator, loss, aggregation, KL, masking. Rank 0 pushes the
+new weights to the producers.
 """
 
 from __future__ import annotations

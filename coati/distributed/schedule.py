@@ -2,8 +2,8 @@
 
 Positions count optimizer steps (a training step makes ``num_iterations * train_batch_size / train_minibatch_size``
 of them). A linear warmup rises over the first ``warmup`` of them to the full rate, reaching it at the warmup's last
-step (never 0, so no step is wasted); then the rate stays (``constant``), or decays to ``min_ratio`` of it over the rest of ``total``
-steps, in a straight line (``linear``) or half a cosine (``cosine``).
+step (never 0, so no step is wasted); then the rate stays (``constant``), or decays to ``min_ratio`` of it over the
+rest of ``total`` steps, in a straight line (``linear``) or half a cosine (``cosine``).
 """
 
 from __future__ import annotations
