@@ -26,8 +26,7 @@ def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
     project = f"staleness-k{k}" + ("-in-flight" if in_flight else "")
     cmd = [sys.executable, str(ROOT / "rl_example.py"), "--algo", "DAPO", "-nb", str(k), "--max-steps",
            str(args.max_steps), "--save-dir", args.out, "-p", project, "--overwrite", "--no-progress", *extra]  # fmt: skip
-    if in_flight:
-        cmd.append("--in-flight-weight-updates")
+    cmd.append("--in-flight-weight-updates" if in_flight else "--no-in-flight-weight-updates")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     return summarize(Path(args.out) / project, k, in_flight)

