@@ -85,7 +85,8 @@ def _launch_once(config: Config, on_step) -> dict:
                      tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
                      cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
                      sleep_while_training=r.sleep_while_training, in_flight_weight_updates=r.in_flight_weight_updates,
-                     max_staleness=r.max_staleness, raw_prompt=config.data.raw_prompt, filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
+                     max_staleness=r.max_staleness, raw_prompt=config.data.raw_prompt,
+                     filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
     for what, n in plan.overlong.items():
         if n:
             log.warning("dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens "

@@ -203,6 +203,8 @@ class RunConfig:
                 f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
                 f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
                 "sleep_while_training off")  # fmt: skip
+        require(self.in_flight_weight_updates is None or isinstance(self.in_flight_weight_updates, bool),
+                f"in_flight_weight_updates must be true, false or null (auto), got {self.in_flight_weight_updates!r}")
         require(not (self.in_flight_weight_updates is True and not self.max_staleness),
                 "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
                 "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
