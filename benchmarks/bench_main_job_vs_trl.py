@@ -12,7 +12,14 @@ greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn
 same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with standard
 errors over seeds, and the ratio of the mean gains.
 
+With ``--at-steps 10 20`` both sides are also scored part-way, as gain against time: the coati run checkpoints at those
+steps (``--save-interval``; its folder ``runs/bench-main-job-curve-S``), its time at step N is the loop seconds of its
+first N steps, and TRL saves its model after its first step past each of those times. A checkpoint first waits for the
+rollout round in flight, outside any step's time, so coati's later marks gain up to one round's generation per
+checkpoint (a few seconds; the waits are printed).
+
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
+        [--at-steps 10 20]
 """
 
 from __future__ import annotations
@@ -58,20 +65,44 @@ def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_token
     return {"strict": strict / len(rows), "lenient": lenient / len(rows)}
 
 
-def loop_seconds(folder: Path) -> tuple[float, int]:
-    """The run's training-loop seconds (evaluations excluded) and its training steps, from its metrics."""
+def loop_seconds(folder: Path, upto: int | None = None) -> tuple[float, int]:
+    """The run's training-loop seconds (evaluations excluded) and its training steps, from its metrics; with
+    ``upto``, of its first ``upto`` steps."""
     steps = [json.loads(line) for line in open(folder / "metrics.jsonl")]
-    steps = [m for m in steps if m["step"] > 0]  # step 0: the evaluation before training
+    steps = [m for m in steps if 0 < m["step"] <= (upto or m["step"])]  # step 0: the evaluation before training
     return sum(m["time/step"] for m in steps), len(steps)
 
 
-def coati_run(seed: int, reuse: bool) -> Path:
-    """The default job with this seed, run in a process of its own; its folder."""
-    project = f"bench-main-job-{seed}"
+def checkpoint_waits(folder: Path) -> list[float]:
+    """Seconds between consecutive steps' metrics that no step's time covers (checkpoints, evaluations)."""
+    steps = [json.loads(line) for line in open(folder / "metrics.jsonl")]
+    steps = [m for m in steps if m["step"] > 0]
+    return [b["time/elapsed"] - a["time/elapsed"] - b["time/step"] for a, b in zip(steps, steps[1:])]
+
+
+def checkpoint_model(folder: Path, step: int, into: str) -> str:
+    """A loadable model folder for the run's checkpoint at ``step``: its weights beside the final model's config and
+    tokenizer (a checkpoint holds the weights only)."""
+    weights, final = folder / "checkpoints" / f"step-{step}" / "model", folder / "final"
+    os.makedirs(into)
+    for f in final.iterdir():
+        if f.suffix not in (".safetensors", ".bin") and not f.name.endswith(".index.json"):
+            os.symlink(f.resolve(), Path(into, f.name))
+    for f in weights.iterdir():
+        os.symlink(f.resolve(), Path(into, f.name))
+    return into
+
+
+def coati_run(seed: int, reuse: bool, at_steps: list[int]) -> Path:
+    """The default job with this seed (checkpointing at ``at_steps``), run in a process of its own; its folder."""
+    project = f"bench-main-job-curve-{seed}" if at_steps else f"bench-main-job-{seed}"
     folder = ROOT / "runs" / project
     if reuse and (folder / "final").is_dir():
         return folder
     cmd = [sys.executable, "rl_example.py", "--algo", "DAPO", "--seed", str(seed), "-p", project]
+    if at_steps:
+        interval = math.gcd(*at_steps)
+        cmd += ["--save-interval", str(interval), "--keep-checkpoints", str(10**6)]
     print(f"  seed {seed}: {' '.join(cmd[1:])}", flush=True)
     out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True)
     if out.returncode != 0:
@@ -90,6 +121,8 @@ def main():
     parser.add_argument("--eval-rows", type=int, default=480, help="held-out rows every model is scored on")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with bf16=True (CPU autocast)")
     parser.add_argument("--reuse", action="store_true", help="keep a seed's coati run folder that has a final model")
+    parser.add_argument("--at-steps", type=int, nargs="+", default=[],
+                        help="also score both sides at coati's loop time of these steps (gain against time)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
@@ -107,21 +140,31 @@ def main():
     print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
           f"{'bf16' if args.trl_bf16 else 'fp32'}; seeds {args.seeds}", flush=True)  # fmt: skip
     before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
-    rows = []
+    bad = [n for n in args.at_steps if not 0 < n < job.run.max_steps]
+    if bad:
+        parser.error(f"--at-steps {bad}: each must lie between 1 and the job's {job.run.max_steps - 1}th step")
+    rows, marks = [], []
     for seed in args.seeds:
-        folder = coati_run(seed, args.reuse)
+        folder = coati_run(seed, args.reuse, sorted(args.at_steps))
         seconds, steps = loop_seconds(folder)
+        times = [loop_seconds(folder, n)[0] for n in sorted(args.at_steps)]
         train_spec, _ = job.data.datasets(seed)
         train = load_rows(**dataset_kwargs(train_spec))
         with tempfile.TemporaryDirectory() as d:
             print(f"  seed {seed}: TRL for {seconds:.0f} s of training", flush=True)
             trl = run_trl(python, model, train, 10**4, max_new_tokens, lr, threads=2, bf16=args.trl_bf16,
-                          max_seconds=seconds, save_at=[seconds], save_dir=d, seed=seed)  # fmt: skip
-            (save,) = trl["saves"]
+                          max_seconds=seconds, save_at=[*times, seconds], save_dir=d, seed=seed)  # fmt: skip
+            *part, save = trl["saves"]
+            trl_at = [evaluate(p["path"], model, held_out, max_new_tokens)["lenient"] for p in part]
             trl_after = evaluate(save["path"], model, held_out, max_new_tokens)["lenient"]
+            coati_at = [evaluate(checkpoint_model(folder, n, f"{d}/coati-{n}"), model, held_out,
+                                 max_new_tokens)["lenient"] for n in sorted(args.at_steps)]  # fmt: skip
         coati_after = evaluate(str(folder / "final"), str(folder / "final"), held_out, max_new_tokens)["lenient"]
         rows.append({"seed": seed, "coati": (seconds, steps, coati_after), "trl": (save["seconds"], save["steps"],
                                                                                     trl_after)})  # fmt: skip
+        waits = checkpoint_waits(folder)
+        marks.append([{"step": n, "coati": (t, n, c, waits[n - 1]), "trl": (p["seconds"], p["steps"], a)}
+                      for n, t, c, p, a in zip(sorted(args.at_steps), times, coati_at, part, trl_at, strict=True)])
     after = statistics.mean(r[side][2] for r in rows for side in ("coati", "trl"))
     se_item = math.sqrt(after * (1 - after) / len(held_out))
     print(f"held-out greedy accuracy, lenient, {len(held_out)} rows (an accuracy near {after:.2f} has a standard error of {se_item:.3f}); "
@@ -140,6 +183,28 @@ def main():
     ratio = statistics.mean(gains["coati"]) / statistics.mean(gains["trl"])
     print(f"mean gain over {len(rows)} seeds: coati {mean_se(gains['coati'])}, TRL {mean_se(gains['trl'])}; "
           f"ratio of mean gains {ratio:.2f}x (target: >= 2x at equal training time)")  # fmt: skip
+    if marks:
+        print_curve(marks, rows, gains, before)
+
+
+def print_curve(marks: list[list[dict]], rows: list[dict], gains: dict, before: float) -> None:
+    """Both sides' mean gain at each mark (coati's loop time at that step; TRL's first step past it), then at the end."""
+    print("gain against time (means over seeds; coati's checkpoint wait: seconds outside any step after that step)")
+    print(f"  {'coati step':>10}{'coati s':>9}{'wait s':>8}{'gain':>8}   {'TRL s':>7}{'steps':>7}{'gain':>8}   "
+          f"{'gain ratio':>10}")  # fmt: skip
+    for i in range(len(marks[0])):
+        at = [seed[i] for seed in marks]
+        c, t = [m["coati"][2] - before for m in at], [m["trl"][2] - before for m in at]
+        mean = statistics.mean
+        ratio = f"{mean(c) / mean(t):>9.2f}x" if mean(t) > 0 else f"{'n/a':>10}"
+        print(f"  {at[0]['step']:>10}{mean([m['coati'][0] for m in at]):>9.0f}{mean([m['coati'][3] for m in at]):>8.1f}"
+              f"{mean(c):>+8.3f}   {mean([m['trl'][0] for m in at]):>7.0f}{mean([m['trl'][1] for m in at]):>7.1f}"
+              f"{mean(t):>+8.3f}   {ratio}")  # fmt: skip
+    seconds = statistics.mean(r["coati"][0] for r in rows)
+    trl_s, trl_steps = (statistics.mean(r["trl"][i] for r in rows) for i in (0, 1))
+    print(f"  {rows[0]['coati'][1]:>10}{seconds:>9.0f}{'':>8}{statistics.mean(gains['coati']):>+8.3f}   {trl_s:>7.0f}"
+          f"{trl_steps:>7.1f}{statistics.mean(gains['trl']):>+8.3f}   "
+          f"{statistics.mean(gains['coati']) / statistics.mean(gains['trl']):>9.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
