@@ -16,7 +16,7 @@ With ``--at-steps 10 20`` both sides are also scored part-way, as gain against t
 steps (``--save-interval``; its folder ``runs/bench-main-job-curve-S``), its time at step N is the loop seconds of its
 first N steps, and TRL saves its model after its first step past each of those times. A checkpoint first waits for the
 rollout round in flight, outside any step's time, so coati's later marks gain up to one round's generation per
-checkpoint (a few seconds; the waits are printed).
+checkpoint: the printed waits (the round's end and the checkpoint's writing) bound that gain.
 
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
         [--at-steps 10 20]
@@ -139,10 +139,10 @@ def main():
     held_out = load_rows(**dataset_kwargs(dict(held_out_spec, size=args.eval_rows)))
     print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
           f"{'bf16' if args.trl_bf16 else 'fp32'}; seeds {args.seeds}", flush=True)  # fmt: skip
-    before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
     bad = [n for n in args.at_steps if not 0 < n < job.run.max_steps]
     if bad:
         parser.error(f"--at-steps {bad}: each must lie between 1 and the job's {job.run.max_steps - 1}th step")
+    before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
     rows, marks = [], []
     for seed in args.seeds:
         folder = coati_run(seed, args.reuse, sorted(args.at_steps))
