@@ -93,8 +93,9 @@ def checkpoint_model(folder: Path, step: int, into: str) -> str:
     return into
 
 
-def coati_run(seed: int, reuse: bool, at_steps: list[int]) -> Path:
-    """The default job with this seed (checkpointing at ``at_steps``), run in a process of its own; its folder."""
+def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int) -> Path:
+    """The default job with this seed (checkpointing at ``at_steps`` of its ``max_steps``, every checkpoint kept), run
+    in a process of its own; its folder."""
     project = f"bench-main-job-curve-{seed}" if at_steps else f"bench-main-job-{seed}"
     folder = ROOT / "runs" / project
     if reuse and (folder / "final").is_dir():
@@ -102,7 +103,7 @@ def coati_run(seed: int, reuse: bool, at_steps: list[int]) -> Path:
     cmd = [sys.executable, "rl_example.py", "--algo", "DAPO", "--seed", str(seed), "-p", project]
     if at_steps:
         interval = math.gcd(*at_steps)
-        cmd += ["--save-interval", str(interval), "--keep-checkpoints", str(10**6)]
+        cmd += ["--save-interval", str(interval), "--keep-checkpoints", str(-(-max_steps // interval))]
     print(f"  seed {seed}: {' '.join(cmd[1:])}", flush=True)
     out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True)
     if out.returncode != 0:
@@ -145,7 +146,7 @@ def main():
     before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
     rows, marks = [], []
     for seed in args.seeds:
-        folder = coati_run(seed, args.reuse, sorted(args.at_steps))
+        folder = coati_run(seed, args.reuse, sorted(args.at_steps), job.run.max_steps)
         seconds, steps = loop_seconds(folder)
         times = [loop_seconds(folder, n)[0] for n in sorted(args.at_steps)]
         train_spec, _ = job.data.datasets(seed)
