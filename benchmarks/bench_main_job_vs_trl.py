@@ -65,18 +65,21 @@ def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_token
     return {"strict": strict / len(rows), "lenient": lenient / len(rows)}
 
 
+def step_metrics(folder: Path) -> list[dict]:
+    """The run's training steps' metrics (step 0, the evaluation before training, left out)."""
+    return [m for m in map(json.loads, open(folder / "metrics.jsonl")) if m["step"] > 0]
+
+
 def loop_seconds(folder: Path, upto: int | None = None) -> tuple[float, int]:
     """The run's training-loop seconds (evaluations excluded) and its training steps, from its metrics; with
     ``upto``, of its first ``upto`` steps."""
-    steps = [json.loads(line) for line in open(folder / "metrics.jsonl")]
-    steps = [m for m in steps if 0 < m["step"] <= (upto or m["step"])]  # step 0: the evaluation before training
+    steps = [m for m in step_metrics(folder) if m["step"] <= (upto or m["step"])]
     return sum(m["time/step"] for m in steps), len(steps)
 
 
 def checkpoint_waits(folder: Path) -> list[float]:
     """Seconds between consecutive steps' metrics that no step's time covers (checkpoints, evaluations)."""
-    steps = [json.loads(line) for line in open(folder / "metrics.jsonl")]
-    steps = [m for m in steps if m["step"] > 0]
+    steps = step_metrics(folder)
     return [b["time/elapsed"] - a["time/elapsed"] - b["time/step"] for a, b in zip(steps, steps[1:])]
 
 

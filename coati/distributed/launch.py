@@ -76,17 +76,9 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dic
 def _launch_once(config: Config, on_step) -> dict:
     """validate -> place -> connect -> push -> loop."""
     from coati.distributed.loop import Run
-    from coati.distributed.preflight import preflight
 
-    cfg, r, m = config.launch_config(), config.run, config.model
-    model = m.path or _default_model()
-    train_dataset, eval_dataset = config.data.datasets(r.seed)
-    plan = preflight(cfg, train_model_path=model, inference_model_path=m.inference_path or model,
-                     tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                     cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
-                     sleep_while_training=r.sleep_while_training, in_flight_weight_updates=r.in_flight_weight_updates,
-                     max_staleness=r.max_staleness, raw_prompt=config.data.raw_prompt,
-                     filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
+    cfg, r = config.launch_config(), config.run
+    plan = plan_run(config)
     for what, n in plan.overlong.items():
         if n:
             log.warning("dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens "
@@ -124,6 +116,21 @@ def _launch_once(config: Config, on_step) -> dict:
         run.shutdown()
         if folder is not None:
             folder.release()
+
+
+def plan_run(config: Config):
+    """``preflight.preflight`` of ``config``: every check that needs no actor, and the plan the run follows."""
+    from coati.distributed.preflight import preflight
+
+    r, m = config.run, config.model
+    model = m.path or _default_model()
+    train_dataset, eval_dataset = config.data.datasets(r.seed)
+    return preflight(config.launch_config(), train_model_path=model, inference_model_path=m.inference_path or model,
+                     tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                     cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
+                     sleep_while_training=r.sleep_while_training, in_flight_weight_updates=r.in_flight_weight_updates,
+                     max_staleness=r.max_staleness, raw_prompt=config.data.raw_prompt,
+                     filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
 
 
 def _default_model() -> str:

@@ -155,7 +155,7 @@ def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_
     pushes (a LoRA adapter loads only between batches). An explicit True the run cannot honour is refused later by
     ``engine_options`` with the reason."""
     if requested is not None:
-        return bool(requested)
+        return requested
     return backend.IN_FLIGHT_UPDATES and max_staleness >= 1 and not lora_rank
 
 

