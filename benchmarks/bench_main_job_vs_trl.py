@@ -5,12 +5,14 @@ For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S`
 and TRL trains SmolLM2-135M-Instruct on that run's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2 digits;
 the rows and chat template the seed draws), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
 default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the last-number reward
-(benchmarks/bench_reward.py: the default job's lenient check), with the same seed, for the coati run's training-loop
-seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that mark, saving
-excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one evaluation:
-greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws its 96 (the
-same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with standard
-errors over seeds, and the ratio of the mean gains.
+(benchmarks/bench_reward.py: the default job's lenient check) plus DAPO's soft overlong punishment as the job shapes
+its reward (TRL's own ``get_soft_overlong_punishment`` over the same last tokens of the budget, weighted by the same
+factor; ``--trl-without-overlong`` leaves it out, as this benchmark did before), with the same seed, for the coati
+run's training-loop seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that
+mark, saving excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one
+evaluation: greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws
+its 96 (the same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with
+standard errors over seeds, and the ratio of the mean gains.
 
 With ``--at-steps 10 20`` both sides are also scored part-way, as gain against time: the coati run checkpoints at those
 steps (``--save-interval``; its folder ``runs/bench-main-job-curve-S``), its time at step N is the loop seconds of its
@@ -19,7 +21,7 @@ rollout round in flight, outside any step's time, so coati's later marks gain up
 checkpoint: the printed waits (the round's end and the checkpoint's writing) bound that gain.
 
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
-        [--at-steps 10 20]
+        [--at-steps 10 20] [--trl-without-overlong]
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one coati and one TRL run each")
     parser.add_argument("--eval-rows", type=int, default=480, help="held-out rows every model is scored on")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with bf16=True (CPU autocast)")
+    parser.add_argument("--trl-without-overlong", action="store_true",
+                        help="TRL's reward without the job's soft overlong punishment (the last-number check alone)")
     parser.add_argument("--reuse", action="store_true", help="keep a seed's coati run folder that has a final model")
     parser.add_argument("--at-steps", type=int, nargs="+", default=[],
                         help="also score both sides at coati's loop time of these steps (gain against time)")
@@ -132,6 +136,7 @@ def main():
     sys.path.insert(0, str(ROOT))
     from bench_vs_trl import run_trl, trl_python
     from coati.default_model import default_model_path
+    from coati.distributed.algo.presets import resolve_algorithm
     from coati.distributed.cli import parse_config
     from coati.distributed.data import load_rows
     from coati.distributed.preflight import dataset_kwargs
@@ -139,10 +144,14 @@ def main():
     job = parse_config([])  # the default job's config tree
     model, python = default_model_path(), trl_python()
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
+    algorithm = resolve_algorithm(job.algo, **job.algorithm)
+    buffer = algorithm.overlong_buffer_len(max_new_tokens)
+    overlong = None if args.trl_without_overlong or not buffer else (buffer, algorithm.overlong_penalty_factor)
     _, held_out_spec = job.data.datasets(job.run.seed)
     held_out = load_rows(**dataset_kwargs(dict(held_out_spec, size=args.eval_rows)))
+    shaping = f"soft overlong punishment over the last {overlong[0]} tokens, x{overlong[1]}" if overlong else "none"
     print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
-          f"{'bf16' if args.trl_bf16 else 'fp32'}; seeds {args.seeds}", flush=True)  # fmt: skip
+          f"{'bf16' if args.trl_bf16 else 'fp32'}, length shaping {shaping}; seeds {args.seeds}", flush=True)  # fmt: skip
     bad = [n for n in args.at_steps if not 0 < n < job.run.max_steps]
     if bad:
         parser.error(f"--at-steps {bad}: each must lie between 1 and the job's {job.run.max_steps - 1}th step")
@@ -157,7 +166,7 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             print(f"  seed {seed}: TRL for {seconds:.0f} s of training", flush=True)
             trl = run_trl(python, model, train, 10**4, max_new_tokens, lr, threads=2, bf16=args.trl_bf16,
-                          max_seconds=seconds, save_at=[*times, seconds], save_dir=d, seed=seed)  # fmt: skip
+                          max_seconds=seconds, save_at=[*times, seconds], save_dir=d, seed=seed, overlong=overlong)  # fmt: skip
             *part, save = trl["saves"]
             trl_at = [evaluate(p["path"], model, held_out, max_new_tokens)["lenient"] for p in part]
             trl_after = evaluate(save["path"], model, held_out, max_new_tokens)["lenient"]

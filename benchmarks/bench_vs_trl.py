@@ -101,14 +101,15 @@ def trainer_gflops(history: list[dict], weights: tuple[int, int]) -> float:
 
 def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: float, threads: int, bf16: bool,
             max_seconds: float | None = None, save_at: list[float] | None = None, save_dir: str | None = None,
-            seed: int = 0) -> dict:  # fmt: skip
+            seed: int = 0, overlong: tuple[int, float] | None = None) -> dict:  # fmt: skip
     """TRL's run (``trl_side.py``, in a subprocess): its wall time, per-step rewards and, with ``save_at``, the models
-    saved under ``save_dir`` at those seconds of training."""
+    saved under ``save_dir`` at those seconds of training; with ``overlong`` (buffer tokens, factor), DAPO's soft
+    overlong punishment added to its reward."""
     with tempfile.TemporaryDirectory() as d:
         spec = {"model": model, "rows": rows, "steps": steps, "max_new_tokens": max_new_tokens, "lr": lr,
                 "prompts": PROMPTS, "generations": GENERATIONS, "threads": threads, "seed": seed, "out_dir": d,
                 "bench_dir": str(HERE), "bf16": bf16, "max_seconds": max_seconds,
-                "save_at": save_at, "save_dir": save_dir}  # fmt: skip
+                "save_at": save_at, "save_dir": save_dir, "overlong": overlong}  # fmt: skip
         Path(d, "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads), PYTHONPATH="")
         out = subprocess.run([python, str(HERE / "trl_side.py"), f"{d}/spec.json", f"{d}/out.json"], env=env,

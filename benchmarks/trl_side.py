@@ -2,7 +2,9 @@
 argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2]. The learning rate is constant, as
 coati's; with ``max_seconds`` training stops after the first step that ends past that wall-clock budget (``steps`` is
 then only an upper bound). With ``save_at`` (seconds of training, ascending, and ``save_dir``), the model is saved
-after the first step past each mark, the time spent saving left out of the training wall-clock."""
+after the first step past each mark, the time spent saving left out of the training wall-clock. With ``overlong``
+(``[buffer tokens, factor]``), TRL's own soft overlong punishment (DAPO's length shaping, as coati's presets apply it)
+is added to the reward with that weight."""
 
 import json
 import sys
@@ -17,6 +19,7 @@ if __name__ == "__main__":
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl.rewards import get_soft_overlong_punishment
 
     sys.path.insert(0, spec["bench_dir"])
     from bench_reward import last_number_reward
@@ -25,12 +28,18 @@ if __name__ == "__main__":
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    rewards, weights = [last_number_reward], [1.0]
+    if spec.get("overlong"):
+        buffer, factor = spec["overlong"]
+        rewards.append(get_soft_overlong_punishment(spec["max_new_tokens"], buffer))
+        weights.append(factor)
     config = GRPOConfig(
         output_dir=spec["out_dir"], per_device_train_batch_size=spec["prompts"] * spec["generations"],
         num_generations=spec["generations"], max_completion_length=spec["max_new_tokens"],
         learning_rate=spec["lr"], loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, temperature=1.0,
         max_steps=spec["steps"], lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=spec["seed"],
         gradient_accumulation_steps=1, bf16=spec.get("bf16", False), fp16=False, dataloader_num_workers=0,
+        reward_weights=weights,
     )  # fmt: skip
 
     marks, saves, saving = list(spec.get("save_at") or []), [], [0.0]  # saving[0]: seconds spent saving
@@ -46,7 +55,7 @@ if __name__ == "__main__":
             if spec.get("max_seconds") and trained > spec["max_seconds"]:
                 control.should_training_stop = True
 
-    trainer = GRPOTrainer(model=model, reward_funcs=[last_number_reward], args=config, callbacks=[Budget()],
+    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=config, callbacks=[Budget()],
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer)  # fmt: skip
     start = time.perf_counter()
     trainer.train()
