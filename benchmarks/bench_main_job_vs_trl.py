@@ -5,10 +5,10 @@ For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S`
 and TRL trains SmolLM2-135M-Instruct on that run's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2 digits;
 the rows and chat template the seed draws), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
 default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the last-number reward
-(benchmarks/bench_reward.py: the default job's lenient check) plus DAPO's soft overlong punishment as the job shapes
-its reward (TRL's own ``get_soft_overlong_punishment`` over the same last tokens of the budget, weighted by the same
-factor; ``--trl-without-overlong`` leaves it out, as this benchmark did before), with the same seed, for the coati
-run's training-loop seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that
+(benchmarks/bench_reward.py: the default job's lenient check; ``--trl-overlong`` adds DAPO's soft overlong
+punishment as the job shapes its reward, with TRL's own ``get_soft_overlong_punishment`` over the same last tokens of
+the budget and the same factor, which lowered TRL's gain here), with the same seed, for the coati run's training-loop
+seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that
 mark, saving excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one
 evaluation: greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws
 its 96 (the same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with
@@ -21,7 +21,7 @@ rollout round in flight, outside any step's time, so coati's later marks gain up
 checkpoint: the printed waits (the round's end and the checkpoint's writing) bound that gain.
 
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
-        [--at-steps 10 20] [--trl-without-overlong]
+        [--at-steps 10 20] [--trl-overlong]
 """
 
 from __future__ import annotations
@@ -116,6 +116,11 @@ def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int) -> Pa
     return folder
 
 
+def ratio(coati: float, trl: float) -> str:
+    """coati's gain over TRL's, or n/a where TRL's is not above zero (no ratio to a loss or to nothing)."""
+    return f"{coati / trl:.2f}x" if trl > 0 else "n/a"
+
+
 def mean_se(xs: list[float]) -> str:
     se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
     return f"{statistics.mean(xs):+.3f} (SE {se:.3f})"
@@ -126,8 +131,8 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one coati and one TRL run each")
     parser.add_argument("--eval-rows", type=int, default=480, help="held-out rows every model is scored on")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with bf16=True (CPU autocast)")
-    parser.add_argument("--trl-without-overlong", action="store_true",
-                        help="TRL's reward without the job's soft overlong punishment (the last-number check alone)")
+    parser.add_argument("--trl-overlong", action="store_true",
+                        help="TRL's reward plus the job's soft overlong punishment (its shaped reward exactly)")
     parser.add_argument("--reuse", action="store_true", help="keep a seed's coati run folder that has a final model")
     parser.add_argument("--at-steps", type=int, nargs="+", default=[],
                         help="also score both sides at coati's loop time of these steps (gain against time)")
@@ -146,7 +151,7 @@ def main():
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
     algorithm = resolve_algorithm(job.algo, **job.algorithm)
     buffer = algorithm.overlong_buffer_len(max_new_tokens)
-    overlong = None if args.trl_without_overlong or not buffer else (buffer, algorithm.overlong_penalty_factor)
+    overlong = None if not (args.trl_overlong and buffer) else (buffer, algorithm.overlong_penalty_factor)
     _, held_out_spec = job.data.datasets(job.run.seed)
     held_out = load_rows(**dataset_kwargs(dict(held_out_spec, size=args.eval_rows)))
     shaping = f"soft overlong punishment over the last {overlong[0]} tokens, x{overlong[1]}" if overlong else "none"
@@ -191,12 +196,11 @@ def main():
             seconds, steps, after = r[side]
             gains[side].append(after - before)
             line += f"  {seconds:>8.0f}{steps:>6}{after:>7.3f}{after - before:>+7.3f} "
-        trl = gains["trl"][-1]  # no ratio to a gain that is not above zero
-        print(f"{line}  {gains['coati'][-1] / trl:>9.2f}x" if trl > 0 else f"{line}  {'n/a':>10}")
-    ratio = statistics.mean(gains["coati"]) / statistics.mean(gains["trl"])
+        print(f"{line}  {ratio(gains['coati'][-1], gains['trl'][-1]):>10}")
+    ratio_of_means = ratio(statistics.mean(gains["coati"]), statistics.mean(gains["trl"]))
     print(f"mean gain over {len(rows)} seeds: coati {mean_se(gains['coati'])}, TRL {mean_se(gains['trl'])}; "
-          f"ratio of mean gains {ratio:.2f}x (target: >= 2x at equal training time)")  # fmt: skip
-    if marks:
+          f"ratio of mean gains {ratio_of_means} (target: >= 2x at equal training time)")  # fmt: skip
+    if args.at_steps:
         print_curve(marks, rows, gains, before)
 
 
@@ -209,15 +213,14 @@ def print_curve(marks: list[list[dict]], rows: list[dict], gains: dict, before: 
         at = [seed[i] for seed in marks]
         c, t = [m["coati"][2] - before for m in at], [m["trl"][2] - before for m in at]
         mean = statistics.mean
-        ratio = f"{mean(c) / mean(t):>9.2f}x" if mean(t) > 0 else f"{'n/a':>10}"
         print(f"  {at[0]['step']:>10}{mean([m['coati'][0] for m in at]):>9.0f}{mean([m['coati'][3] for m in at]):>8.1f}"
               f"{mean(c):>+8.3f}   {mean([m['trl'][0] for m in at]):>7.0f}{mean([m['trl'][1] for m in at]):>7.1f}"
-              f"{mean(t):>+8.3f}   {ratio}")  # fmt: skip
+              f"{mean(t):>+8.3f}   {ratio(mean(c), mean(t)):>10}")  # fmt: skip
     seconds = statistics.mean(r["coati"][0] for r in rows)
     trl_s, trl_steps = (statistics.mean(r["trl"][i] for r in rows) for i in (0, 1))
     print(f"  {rows[0]['coati'][1]:>10}{seconds:>9.0f}{'':>8}{statistics.mean(gains['coati']):>+8.3f}   {trl_s:>7.0f}"
           f"{trl_steps:>7.1f}{statistics.mean(gains['trl']):>+8.3f}   "
-          f"{statistics.mean(gains['coati']) / statistics.mean(gains['trl']):>9.2f}x")  # fmt: skip
+          f"{ratio(statistics.mean(gains['coati']), statistics.mean(gains['trl'])):>10}")  # fmt: skip
 
 
 if __name__ == "__main__":
