@@ -8,10 +8,10 @@ default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no
 (benchmarks/bench_reward.py: the default job's lenient check; ``--trl-overlong`` adds DAPO's soft overlong
 punishment as the job shapes its reward, with TRL's own ``get_soft_overlong_punishment`` over the same last tokens of
 the budget and the same factor, which lowered TRL's gain here), with the same seed, for the coati run's training-loop
-seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that
-mark, saving excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one
-evaluation: greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws
-its 96 (the same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with
+seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that mark, saving
+excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one evaluation:
+greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws its 96 (the
+same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with
 standard errors over seeds, and the ratio of the mean gains.
 
 With ``--at-steps 10 20`` both sides are also scored part-way, as gain against time: the coati run checkpoints at those
@@ -116,6 +116,15 @@ def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int) -> Pa
     return folder
 
 
+def held_out_rows(job, size: int) -> list[dict]:
+    """``size`` rows of the default job's held-out task, drawn as it draws its own."""
+    from coati.distributed.data import load_rows
+    from coati.distributed.preflight import dataset_kwargs
+
+    _, spec = job.data.datasets(job.run.seed)
+    return load_rows(**dataset_kwargs(dict(spec, size=size)))
+
+
 def ratio(coati: float, trl: float) -> str:
     """coati's gain over TRL's, or n/a where TRL's is not above zero (no ratio to a loss or to nothing)."""
     return f"{coati / trl:.2f}x" if trl > 0 else "n/a"
@@ -151,9 +160,10 @@ def main():
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
     algorithm = resolve_algorithm(job.algo, **job.algorithm)
     buffer = algorithm.overlong_buffer_len(max_new_tokens)
-    overlong = None if not (args.trl_overlong and buffer) else (buffer, algorithm.overlong_penalty_factor)
-    _, held_out_spec = job.data.datasets(job.run.seed)
-    held_out = load_rows(**dataset_kwargs(dict(held_out_spec, size=args.eval_rows)))
+    if args.trl_overlong and not buffer:
+        parser.error(f"--trl-overlong: the {job.algo} job shapes no length (overlong_buffer_ratio 0)")
+    overlong = (buffer, algorithm.overlong_penalty_factor) if args.trl_overlong else None
+    held_out = held_out_rows(job, args.eval_rows)
     shaping = f"soft overlong punishment over the last {overlong[0]} tokens, x{overlong[1]}" if overlong else "none"
     print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
           f"{'bf16' if args.trl_bf16 else 'fp32'}, length shaping {shaping}; seeds {args.seeds}", flush=True)  # fmt: skip

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_main_job_vs_trl import ROOT, checkpoint_model, evaluate, loop_seconds
+from bench_main_job_vs_trl import ROOT, checkpoint_model, evaluate, held_out_rows, loop_seconds
 
 
 def main():
@@ -29,12 +29,9 @@ def main():
     sys.path.insert(0, str(ROOT))
     from coati.default_model import default_model_path
     from coati.distributed.cli import parse_config
-    from coati.distributed.data import load_rows
-    from coati.distributed.preflight import dataset_kwargs
 
     job = parse_config([])
-    _, held_out_spec = job.data.datasets(job.run.seed)
-    held_out = load_rows(**dataset_kwargs(dict(held_out_spec, size=args.eval_rows)))
+    held_out = held_out_rows(job, args.eval_rows)
     max_new_tokens, base = job.generation.max_new_tokens, default_model_path()
     before = evaluate(base, base, held_out, max_new_tokens)["lenient"]
     print(f"held-out greedy accuracy, lenient, {len(held_out)} rows; before training {before:.3f}")
