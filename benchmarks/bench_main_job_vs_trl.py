@@ -150,7 +150,6 @@ def main():
     sys.path.insert(0, str(ROOT))
     from bench_vs_trl import run_trl, trl_python
     from coati.default_model import default_model_path
-    from coati.distributed.algo.presets import resolve_algorithm
     from coati.distributed.cli import parse_config
     from coati.distributed.data import load_rows
     from coati.distributed.preflight import dataset_kwargs
@@ -158,7 +157,7 @@ def main():
     job = parse_config([])  # the default job's config tree
     model, python = default_model_path(), trl_python()
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
-    algorithm = resolve_algorithm(job.algo, **job.algorithm)
+    algorithm = job.launch_config().algorithm  # the preset with the job's overrides
     buffer = algorithm.overlong_buffer_len(max_new_tokens)
     if args.trl_overlong and not buffer:
         parser.error(f"--trl-overlong: the {job.algo} job shapes no length (overlong_buffer_ratio 0)")
