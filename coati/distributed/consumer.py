@@ -298,16 +298,17 @@ class GRPOConsumer(PipelineSteps):
         num_minibatches = self.cfg.train_batch_size // self.cfg.train_minibatch_size
         per_step = num_minibatches * self.cfg.num_iterations  # optimizer steps this training step makes
         shard_rows = np.arange(self.dp_rank * shard, (self.dp_rank + 1) * shard)
-        old_lp = None
+        old_lp, t_old = None, time.perf_counter()
         if per_step > 1:  # the policy before this step's first update, over the whole shard
             old_lp = (self._pipeline_logprobs(batch, shard_rows, shard // num_minibatches)
-                      if self.cfg.plugin.pp_size > 1 else self._logprobs_no_grad(self.model, batch, shard_rows))  # fmt: skip
+                      if self.cfg.plugin.pp_size > 1 else self._old_logprobs(batch, shard_rows, shard // num_minibatches))  # fmt: skip
+        t_old = time.perf_counter() - t_old
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
         self._step_log = []
         for k in range(per_step):  # pass k // num_minibatches over the batch, its minibatch k % num_minibatches
             losses = self._minibatch(batch, k % num_minibatches, num_minibatches, shard_rows, loss_mask, adv, old_lp,
-                                     ref_lp, metrics)  # fmt: skip
+                                     ref_lp, metrics, first=k == 0)  # fmt: skip
             step_loss += sum(losses) / self.dp_size / per_step
             self._optimizer_step(losses, k, per_step)
         self.step_count += 1
@@ -316,6 +317,7 @@ class GRPOConsumer(PipelineSteps):
             torch.distributed.all_reduce(step_loss, group=self.plugin.dp_group)
         out["loss/policy"] = float(step_loss)
         out["time/train_step"] = time.perf_counter() - start
+        out["time/old_logprobs"] = t_old
         out["actor/threads"] = self.threads.used
         out["actor/lr"] = self.lr  # the step's last optimizer step's
         finite = [n for n, skipped in self._step_log if not skipped]
@@ -330,8 +332,10 @@ class GRPOConsumer(PipelineSteps):
             )
         return out
 
-    def _minibatch(self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics) -> list[float]:
-        """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss."""
+    def _minibatch(self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics,
+                   first: bool = False) -> list[float]:  # fmt: skip
+        """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss. The
+        step's ``first`` minibatch runs before any update: its forward writes its rows' old log-probs."""
         shard = len(shard_rows)
         mb_rows = shard // num_minibatches
         # The loss is normalised over the global minibatch m: rows of minibatch m on every DP rank.
@@ -350,17 +354,22 @@ class GRPOConsumer(PipelineSteps):
         for chunk in self._chunks(batch, shard_rows[order]):
             idx = order[chunk]
             self.threads.apply()
-            losses.append(self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics))
+            losses.append(self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics,
+                                           first))  # fmt: skip
         return losses
 
-    def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics) -> float:
+    def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics,
+                    first: bool = False) -> float:  # fmt: skip
         """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its
-        own longest prompt and response; returns its loss."""
+        own longest prompt and response; returns its loss. ``first``: no update yet this step, so its log-probs are
+        the old ones (kept in ``old_lp`` for the later passes)."""
         t = self._tensors(batch, rows)
         r = t["response_ids"].shape[1]
         layout = self._layout(t)
         logprobs, entropy = self._logprobs(self.model, t, with_entropy=True, layout=layout)
         metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
+        if first and old_lp is not None:
+            old_lp[idx, :r] = logprobs.detach()
         loss = self._loss(batch, rows, logprobs, entropy, loss_mask[rows, :r].to(self.device),
                           adv[rows, :r].to(self.device), old_lp[idx, :r] if old_lp is not None else None,
                           ref_lp[idx, :r] if ref_lp is not None else None, self._rollout_logprobs(batch, rows, r), norm,
@@ -412,6 +421,15 @@ class GRPOConsumer(PipelineSteps):
         if valid is not None and not np.all(valid[rows]):
             return None
         return torch.from_numpy(batch.rollout_logprobs[rows][:, :width]).to(self.device)
+
+    def _old_logprobs(self, batch: RolloutBatch, shard_rows, mb_rows: int) -> torch.Tensor:
+        """The shard's log-probs before this step's first update, as the first pass's ratios need them. Only the rows
+        after the first minibatch take a forward of their own here: the first minibatch's forward with gradients
+        runs before any update and writes its rows (``_microbatch`` with ``first``)."""
+        old = torch.zeros(len(shard_rows), batch.response_ids.shape[1], device=self.device)
+        if len(shard_rows) > mb_rows:
+            old[mb_rows:] = self._logprobs_no_grad(self.model, batch, shard_rows[mb_rows:])
+        return old
 
     @torch.no_grad()
     def _logprobs_no_grad(self, model, batch: RolloutBatch, rows) -> torch.Tensor:

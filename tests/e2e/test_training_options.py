@@ -1,6 +1,7 @@
 """Consumer training options with real Ray and ColossalAI: gradient checkpointing trains the same step as keeping the
 activations, the learning-rate schedule's warmup reaches the optimizer (the schedule over several steps is checked in
-test_datasets' run), and passes over a batch train as minibatches of its copies."""
+test_datasets' run), and passes over a batch train as minibatches of its copies, the first pass's forward giving
+the old log-probs."""
 
 import dataclasses
 
@@ -54,16 +55,30 @@ def test_gradient_checkpointing_trains_the_same_step(ray_cluster, tiny):  # noqa
     assert max(float(d.abs().max()) for d in d_kept.values()) == pytest.approx(half, rel=0.02)
 
 
+class CountingConsumer(GRPOConsumer):
+    """A consumer that counts the rows its policy's forwards cover (with gradients or without)."""
+
+    forwarded_rows = 0
+
+    def _logprobs(self, model, t, **kw):
+        if model is self.model:
+            self.forwarded_rows += len(t["response_ids"])
+        return super()._logprobs(model, t, **kw)
+
+    def rows_forwarded(self) -> int:
+        return self.forwarded_rows
+
+
 def consumer_after_one_step(tiny, batch, **consumer):  # noqa: F811
-    """A real consumer actor's metrics and weights after one training step on ``batch`` (two completions per prompt,
-    GRPO)."""
+    """A real consumer actor's metrics (with ``forwarded_rows``: rows its policy's forwards covered) and weights
+    after one training step on ``batch`` (two completions per prompt, GRPO)."""
     cfg = ConsumerConfig(learning_rate=LR, lr_schedule="linear", warmup_steps=2, compute_dtype="fp32", **consumer)
-    actor = ray.remote(GRPOConsumer).options(num_cpus=0.5).remote(
+    actor = ray.remote(CountingConsumer).options(num_cpus=0.5).remote(
         0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
     try:
         ray.get(actor.setup.remote())
         metrics = ray.get(actor.train_step.remote(batch, total_steps=4))
-        return metrics, ray.get(actor.weights.remote())
+        return {**metrics, "forwarded_rows": ray.get(actor.rows_forwarded.remote())}, ray.get(actor.weights.remote())
     finally:
         ray.kill(actor)
 
@@ -104,3 +119,6 @@ def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tin
     assert passes["loss/ratio_mean"] != 1.0 and one["loss/ratio_mean"] == 1.0
     assert passes["actor/lr"] == pytest.approx(LR / 2) == one["actor/lr"]
     assert max(float((w_passes[k] - w).abs().max()) for k, w in w_one.items()) > LR / 4
+    # The old log-probs cost no forward of their own where the first pass computes them before any update: the two
+    # passes forward the batch's 4 rows twice; the copies' first minibatch likewise, the second needs one more.
+    assert (one["forwarded_rows"], passes["forwarded_rows"], copies["forwarded_rows"]) == (4, 8, 12)
