@@ -300,8 +300,9 @@ class GRPOConsumer(PipelineSteps):
         shard_rows = np.arange(self.dp_rank * shard, (self.dp_rank + 1) * shard)
         old_lp, t_old = None, time.perf_counter()
         if per_step > 1:  # the policy before this step's first update, over the whole shard
-            old_lp = (self._pipeline_logprobs(batch, shard_rows, shard // num_minibatches)
-                      if self.cfg.plugin.pp_size > 1 else self._old_logprobs(batch, shard_rows, shard // num_minibatches))  # fmt: skip
+            mb_rows = shard // num_minibatches
+            old_lp = (self._pipeline_logprobs(batch, shard_rows, mb_rows) if self.cfg.plugin.pp_size > 1
+                      else self._old_logprobs(batch, shard_rows, mb_rows))  # fmt: skip
         t_old = time.perf_counter() - t_old
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
