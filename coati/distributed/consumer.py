@@ -334,7 +334,7 @@ class GRPOConsumer(PipelineSteps):
         return out
 
     def _minibatch(self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics,
-                   first: bool = False) -> list[float]:  # fmt: skip
+                   first: bool) -> list[float]:  # fmt: skip
         """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss. The
         step's ``first`` minibatch runs before any update: its forward writes its rows' old log-probs."""
         shard = len(shard_rows)
@@ -360,7 +360,7 @@ class GRPOConsumer(PipelineSteps):
         return losses
 
     def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics,
-                    first: bool = False) -> float:  # fmt: skip
+                    first: bool) -> float:  # fmt: skip
         """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its
         own longest prompt and response; returns its loss. ``first``: no update yet this step, so its log-probs are
         the old ones (kept in ``old_lp`` for the later passes)."""
