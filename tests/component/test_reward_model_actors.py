@@ -16,6 +16,22 @@ def rm_path(tmp_path_factory):
     return str(build_tiny_reward_model(tmp_path_factory.mktemp("rm_actors")))
 
 
+def kill_and_wait(actor, timeout_s: float = 30.0) -> None:
+    """``ray.kill`` returns before the actor is gone, and a call sent meanwhile may still be answered: wait until a
+    call fails."""
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"actor still answering {timeout_s:g} s after ray.kill")
+
+
 class Stuck(RewardModelServer):
     def score(self, prompts, completions):
         time.sleep(30)
@@ -30,7 +46,7 @@ def test_servers_score_like_one_model_and_failures_are_named(ray_cluster, rm_pat
     scored = client.score(prompts, completions)
     assert [s for s, _ in scored] == pytest.approx(RewardModel(rm_path).score(prompts, completions), abs=1e-5)
     assert [note for _, note in scored] == [""] * 5  # nothing cut
-    ray.kill(servers[1])
+    kill_and_wait(servers[1])
     with pytest.raises(RuntimeError, match="reward model server rm-1 died"):
         client.score(prompts, completions)
     stuck = ray.remote(num_cpus=0.5)(Stuck).remote(rm_path)
