@@ -82,7 +82,8 @@ class AlgorithmConfig:
     shaping: for a verifier, the accuracy) or reward (the shaped reward the advantages see)"""
     skip_no_signal_after: int = 0
     """skip a prompt when its turn comes if its last N groups had no signal (every completion the same task
-    reward: always right or always wrong); 0 = off. Needs dynamic_sampling (such groups would be dropped anyway)"""
+    reward: always right or always wrong); 0 = off (DAPO's preset: 1). Needs dynamic_sampling (such groups would be
+    dropped anyway)"""
     skip_recheck: float = 0.1
     """probability that a prompt due to be skipped is drawn anyway, so none is starved forever"""
     overlong_buffer_ratio: float = 0.0

@@ -54,6 +54,9 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
     lc = cli.launch_config()
     assert (lc.producer.backend, lc.producer.num_generations, lc.producer.inference_batch_size, lc.consumer.train_microbatch_size,
             lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 16, None, 2e-5, 48, 1)
+    a = lc.algorithm  # the default job is DAPO with dynamic sampling and signal-less prompts skipped after one group
+    assert (a.dynamic_sampling, a.skip_no_signal_after, a.skip_recheck) == (True, 1, 0.1)
+    assert parse_config(["--skip-no-signal-after", "0"]).launch_config().algorithm.skip_no_signal_after == 0
 
 
 def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset():
@@ -102,6 +105,8 @@ def test_config_file_then_flags(tmp_path, suffix):
          r"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers \(tp_size=2\) .* use compute_dtype"),
         ({"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},
          r"skip_no_signal_after=2 skips prompts .* dynamic_sampling is off; turn it on"),
+        ({"algorithm": {"dynamic_sampling": False}},  # DAPO's preset skips signal-less prompts: the error names it
+         r"skip_no_signal_after=1 skips prompts .* dynamic_sampling is off; .* or set skip_no_signal_after=0"),
         ({"algorithm": {"dynamic_sampling_max_draws": 0}}, r"dynamic_sampling_max_draws must be an integer >= 1, got 0"),
         ({"run": {"in_flight_weight_updates": True, "max_staleness": 0}},
          r"in_flight_weight_updates=True .* max_staleness=0 has them idle at every push; set max_staleness >= 1"),

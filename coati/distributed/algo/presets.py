@@ -35,6 +35,7 @@ ALGO_MAP.register(
         clip_eps_high=0.28,
         beta=0.0,
         dynamic_sampling=True,
+        skip_no_signal_after=1,
         overlong_buffer_ratio=0.25,
         overlong_penalty_factor=1.0,
     ),
