@@ -21,7 +21,10 @@ rollout round in flight, outside any step's time, so coati's later marks gain up
 checkpoint: the printed waits (the round's end and the checkpoint's writing) bound that gain.
 
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
-        [--at-steps 10 20] [--trl-overlong]
+        [--at-steps 10 20] [--trl-overlong] [--coati-flags "--skip-no-signal-after 0"]
+
+``--coati-flags=...`` (with ``=`` when the flags start with a dash) runs the job with those flags of ``rl_example.py`` added (its folders get a suffix naming them), to
+compare a setting against TRL in the same invocation; TRL's side reads the job's lr and budget from them too.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import argparse
 import json
 import math
 import os
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -98,14 +103,15 @@ def checkpoint_model(folder: Path, step: int, into: str) -> str:
     return into
 
 
-def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int) -> Path:
-    """The default job with this seed (checkpointing at ``at_steps`` of its ``max_steps``, every checkpoint kept), run
-    in a process of its own; its folder."""
-    project = f"bench-main-job-curve-{seed}" if at_steps else f"bench-main-job-{seed}"
+def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags: list[str]) -> Path:
+    """The default job with this seed and ``flags`` (checkpointing at ``at_steps`` of its ``max_steps``, every
+    checkpoint kept), run in a process of its own; its folder."""
+    suffix = "".join("-" + re.sub(r"[^A-Za-z0-9.]+", "", f) for f in flags)
+    project = (f"bench-main-job-curve-{seed}" if at_steps else f"bench-main-job-{seed}") + suffix
     folder = ROOT / "runs" / project
     if reuse and (folder / "final").is_dir():
         return folder
-    cmd = [sys.executable, "rl_example.py", "--algo", "DAPO", "--seed", str(seed), "-p", project]
+    cmd = [sys.executable, "rl_example.py", "--algo", "DAPO", "--seed", str(seed), "-p", project, *flags]
     if at_steps:
         interval = math.gcd(*at_steps)
         cmd += ["--save-interval", str(interval), "--keep-checkpoints", str(-(-max_steps // interval))]
@@ -145,6 +151,8 @@ def main():
     parser.add_argument("--reuse", action="store_true", help="keep a seed's coati run folder that has a final model")
     parser.add_argument("--at-steps", type=int, nargs="+", default=[],
                         help="also score both sides at coati's loop time of these steps (gain against time)")
+    parser.add_argument("--coati-flags", default="", help="rl_example.py flags added to the job, e.g. "
+                        "'--skip-no-signal-after 0' (checked before anything runs)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
@@ -154,7 +162,14 @@ def main():
     from coati.distributed.data import load_rows
     from coati.distributed.preflight import dataset_kwargs
 
-    job = parse_config([])  # the default job's config tree
+    flags = shlex.split(args.coati_flags)
+    try:
+        job = parse_config(["--algo", "DAPO", *flags])  # the default job's config tree, with the flags
+        job.launch_config()
+    except SystemExit:  # the job's parser has printed why
+        parser.error(f"--coati-flags {args.coati_flags!r}: refused by rl_example.py's parser (the error above)")
+    except ValueError as e:
+        parser.error(f"--coati-flags {args.coati_flags!r}: {e}")
     model, python = default_model_path(), trl_python()
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
     algorithm = job.launch_config().algorithm  # the preset with the job's overrides
@@ -165,14 +180,15 @@ def main():
     held_out = held_out_rows(job, args.eval_rows)
     shaping = f"soft overlong punishment over the last {overlong[0]} tokens, x{overlong[1]}" if overlong else "none"
     print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
-          f"{'bf16' if args.trl_bf16 else 'fp32'}, length shaping {shaping}; seeds {args.seeds}", flush=True)  # fmt: skip
+          f"{'bf16' if args.trl_bf16 else 'fp32'}, length shaping {shaping}; seeds {args.seeds}"
+          f"{'; coati flags ' + args.coati_flags if flags else ''}", flush=True)  # fmt: skip
     bad = [n for n in args.at_steps if not 0 < n < job.run.max_steps]
     if bad:
         parser.error(f"--at-steps {bad}: each must lie between 1 and the job's {job.run.max_steps - 1}th step")
     before = evaluate(model, model, held_out, max_new_tokens)["lenient"]
     rows, marks = [], []
     for seed in args.seeds:
-        folder = coati_run(seed, args.reuse, sorted(args.at_steps), job.run.max_steps)
+        folder = coati_run(seed, args.reuse, sorted(args.at_steps), job.run.max_steps, flags)
         seconds, steps = loop_seconds(folder)
         times = [loop_seconds(folder, n)[0] for n in sorted(args.at_steps)]
         train_spec, _ = job.data.datasets(seed)
