@@ -23,8 +23,9 @@ checkpoint: the printed waits (the round's end and the checkpoint's writing) bou
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
         [--at-steps 10 20] [--trl-overlong] [--coati-flags "--skip-no-signal-after 0"]
 
-``--coati-flags=...`` (with ``=`` when the flags start with a dash) runs the job with those flags of ``rl_example.py`` added (its folders get a suffix naming them), to
-compare a setting against TRL in the same invocation; TRL's side reads the job's lr and budget from them too.
+``--coati-flags=...`` (with ``=`` when the flags start with a dash) runs the job with those flags of ``rl_example.py``
+added (its folders get a suffix naming them), to compare a setting against TRL in the same invocation; TRL's side
+reads the job's lr and budget from them too.
 """
 
 from __future__ import annotations
@@ -165,14 +166,13 @@ def main():
     flags = shlex.split(args.coati_flags)
     try:
         job = parse_config(["--algo", "DAPO", *flags])  # the default job's config tree, with the flags
-        job.launch_config()
+        algorithm = job.launch_config().algorithm  # the preset with the job's overrides
     except SystemExit:  # the job's parser has printed why
         parser.error(f"--coati-flags {args.coati_flags!r}: refused by rl_example.py's parser (the error above)")
     except ValueError as e:
         parser.error(f"--coati-flags {args.coati_flags!r}: {e}")
     model, python = default_model_path(), trl_python()
     max_new_tokens, lr = job.generation.max_new_tokens, job.consumer.learning_rate
-    algorithm = job.launch_config().algorithm  # the preset with the job's overrides
     buffer = algorithm.overlong_buffer_len(max_new_tokens)
     if args.trl_overlong and not buffer:
         parser.error(f"--trl-overlong: the {job.algo} job shapes no length (overlong_buffer_ratio 0)")
