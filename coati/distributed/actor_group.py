@@ -128,7 +128,7 @@ class ActorGroups:
                 prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
                 backend_options=p.inference_options,
                 trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
-                reward_servers=self.reward_servers,
+                reward_servers=self.reward_servers, stream_prompts=p.stream_prompts,
                 lora={"rank": c.consumer.lora_rank, "alpha": c.consumer.lora_alpha,
                       "target_modules": c.consumer.lora_target_modules} if c.consumer.lora_rank else None,
             ))  # fmt: skip

@@ -271,6 +271,8 @@ class DataCursor:
         self.no_signal: dict[int, int] = {}
         """row -> its consecutive groups without signal, up to now"""
         self.skipped = 0
+        self.returned: list[tuple[int, int]] = []
+        """(episode, row) pairs handed back, taken again before the order goes on"""
 
     def _order_for(self, episode: int) -> list[int]:
         order = list(self.indices)
@@ -279,7 +281,8 @@ class DataCursor:
 
     def take(self, k: int) -> list[tuple[int, int]]:
         """Next ``k`` (episode, row index) pairs, moving to the next episode (reshuffled) when the shard runs out."""
-        out, passed = [], set()
+        out, self.returned = self.returned[:k], self.returned[k:]
+        passed = set()
         while len(out) < k:
             if self.position >= len(self._order):
                 self.episode += 1
@@ -304,12 +307,19 @@ class DataCursor:
         """One group of ``row`` was scored: had it no signal (every completion the same task reward)?"""
         self.no_signal[row] = self.no_signal.get(row, 0) + 1 if no_signal else 0
 
+    def give_back(self, pairs: list[tuple[int, int]]) -> None:
+        """Hand back taken (episode, row) pairs that were never rolled out, in the order they were taken: the next
+        ``take`` returns them first."""
+        self.returned = [(int(e), int(r)) for e, r in pairs] + self.returned
+
     def state(self) -> dict:
         return {"episode": self.episode, "position": self.position, "skipped": self.skipped,
-                "no_signal": {str(r): c for r, c in self.no_signal.items() if c}}  # fmt: skip
+                "no_signal": {str(r): c for r, c in self.no_signal.items() if c},
+                "returned": [list(p) for p in self.returned]}  # fmt: skip
 
     def restore(self, state: dict) -> None:
         self.episode, self.position = int(state["episode"]), int(state["position"])
         self.skipped = int(state.get("skipped", 0))
         self.no_signal = {int(r): int(c) for r, c in state.get("no_signal", {}).items()}
+        self.returned = [(int(e), int(r)) for e, r in state.get("returned", [])]
         self._order = self._order_for(self.episode)

@@ -103,6 +103,8 @@ def _launch_once(config: Config, on_step) -> dict:
               "loading models")  # fmt: skip
         log.info("weight pushes %s (in_flight_weight_updates=%s)", "load while producers generate" if plan.in_flight
                  else "wait for the producers' batch", r.in_flight_weight_updates)  # fmt: skip
+        if plan.stream_prompts:
+            log.info("producers keep %d groups generating across draws", plan.stream_prompts)
         run.start_actors()
         run.connect_weight_group()
         if checkpoint is not None:
@@ -167,6 +169,7 @@ def config_from_launch_kwargs(
     eval_interval: int = _DEFAULTS.run.eval_interval,
     max_staleness: int = _DEFAULTS.run.max_staleness,
     in_flight_weight_updates: bool | None = _DEFAULTS.run.in_flight_weight_updates,
+    stream_prompts: int = _DEFAULTS.producer.stream_prompts,
     threads_follow_work: bool = _DEFAULTS.run.threads_follow_work,
     max_steps: int | None = None,
     seed: int = _DEFAULTS.run.seed,
@@ -206,7 +209,8 @@ def config_from_launch_kwargs(
         "data": {**_merge_datasets(train, held_out), "system_prompt": system_prompt},
         "producer": {"num_producers": num_producers, "num_proc_per_producer": num_proc_per_producer,
                      "inference_batch_size": inference_batch_size, "inference_microbatch_size": inference_microbatch_size,
-                     "num_generations": num_generations, "backend": inference_backend},
+                     "num_generations": num_generations, "backend": inference_backend,
+                     "stream_prompts": stream_prompts},
         "consumer": {"num_consumer_procs": num_consumer_procs, "train_batch_size": train_batch_size,
                      "train_minibatch_size": train_minibatch_size, "plugin": dict(plugin_config or {}),
                      **tree["consumer"]},

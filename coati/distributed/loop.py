@@ -192,6 +192,7 @@ class Run:
                 break
             self._start_round(step, need - buf.groups(), training=False)
             self._collect()
+            buf.drop_stale(step - 1, draws)  # a streaming engine returns groups it began versions ago
         return buf.take(step - 1)
 
     def _fills_while_training(self, step: int, total: int) -> bool:

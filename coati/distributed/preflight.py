@@ -35,6 +35,8 @@ class Plan:
     with their resources)"""
     in_flight: bool
     """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
+    stream_prompts: int = 0
+    """groups each producer keeps generating across draws (``producer.stream_prompts``, checked; 0: rounds)"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -142,11 +144,12 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
         gpu=producers[0].num_gpus > 0, in_flight=in_flight, lora_rank=cfg.consumer.lora_rank,
     )  # fmt: skip
+    stream = resolve_stream(cfg, backend, max_staleness)
     from coati.distributed.checkpoint import rows_digest
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
-                rows_digest(rows), overlong, server_slots, in_flight)  # fmt: skip
+                rows_digest(rows), overlong, server_slots, in_flight, stream)  # fmt: skip
 
 
 def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_rank: int) -> bool:
@@ -284,3 +287,22 @@ def dataset_kwargs(spec: dict) -> dict:
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         raise ValueError(f"dataset size must be a positive integer (or None for every row), got {size!r}")
     return out
+
+
+def resolve_stream(cfg: LaunchConfig, backend, max_staleness: int) -> int:
+    """``producer.stream_prompts``, refused with the reason where the run cannot keep groups in the engine across
+    draws."""
+    requested, lora, env = cfg.producer.stream_prompts, cfg.consumer.lora_rank, cfg.reward.env
+    why = None
+    if not backend.STREAMS:
+        why = f"the {backend.__name__} engine generates rounds only; use the vllm backend"
+    elif max_staleness < 1:
+        why = ("max_staleness=0 trains only rows of the weights being trained, and groups left in the engine "
+               "would be sampled by older ones; set max_staleness >= 1")  # fmt: skip
+    elif lora:
+        why = f"lora_rank={lora}: an adapter loads between rounds; use lora_rank 0"
+    elif env is not None:
+        why = f"the environment {env} runs episodes turn by turn, in rounds"
+    if requested and why:
+        raise ValueError(f"stream_prompts={requested}, but {why}; or use stream_prompts=0 (rounds)")
+    return requested

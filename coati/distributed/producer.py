@@ -46,7 +46,13 @@ class Producer:
         trainer_precision: tuple[str, str, int] | None = None,
         lora: dict | None = None,
         reward_servers: dict[str, list] | None = None,
+        stream_prompts: int = 0,
     ):
+        self.stream_prompts = stream_prompts
+        """groups the engine is kept generating across calls (0: rounds, each call generating its prompts to the
+        end)"""
+        self.in_engine: dict[int, tuple[int, int]] = {}
+        """streaming: submitted key -> (episode, row) of each group the engine holds"""
         self.lora = lora
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.reward_servers = dict(reward_servers or {})
@@ -126,19 +132,13 @@ class Producer:
     def _generate(self, num_prompts: int) -> RolloutBatch:
         t_start, start_version = time.perf_counter(), self.version
         skipped_before = self.cursor.skipped
-        picks = self.cursor.take(num_prompts)
-        batches, futures, gen_s = [], [], 0.0
-        for lo in range(0, len(picks), self.microbatch_size):
-            chunk = picks[lo : lo + self.microbatch_size]
-            rows = [self.rows[i] for _, i in chunk]
-            t0 = time.perf_counter()
-            batch, scored = self._rollouts(rows, self.n, greedy=False)
-            gen_s += time.perf_counter() - t0
-            futures.extend(scored)
+        draw = self._stream if self.stream_prompts else self._round
+        picks, batches, futures, gen_s = draw(num_prompts)
+        for lo, batch in zip(np.cumsum([0] + [len(b) // self.n for b in batches[:-1]]), batches, strict=True):
+            chunk = picks[lo : lo + len(batch) // self.n]
             batch.extras["prompt_index"] = np.repeat(np.array([i for _, i in chunk], dtype=np.int64), self.n)
             batch.extras["episode"] = np.repeat(np.array([e for e, _ in chunk], dtype=np.int64), self.n)
             batch.group_ids = batch.group_ids + lo  # unique within this call
-            batches.append(batch)
         t0 = time.perf_counter()
         results = [f.result() for f in futures]
         wait_s = time.perf_counter() - t0
@@ -186,6 +186,46 @@ class Producer:
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
+
+    def _round(self, num_prompts: int) -> tuple[list, list[RolloutBatch], list, float]:
+        """The next ``num_prompts`` prompts, generated to the end micro-batch by micro-batch, each micro-batch's
+        completions sent to the reward pool as it ends: (picks, batches, reward futures, generation seconds)."""
+        picks = self.cursor.take(num_prompts)
+        batches, futures, gen_s = [], [], 0.0
+        for lo in range(0, len(picks), self.microbatch_size):
+            t0 = time.perf_counter()
+            batch, scored = self._rollouts([self.rows[i] for _, i in picks[lo : lo + self.microbatch_size]], self.n,
+                                           greedy=False)  # fmt: skip
+            gen_s += time.perf_counter() - t0
+            futures.extend(scored)
+            batches.append(batch)
+        return picks, batches, futures, gen_s
+
+    def _stream(self, num_prompts: int) -> tuple[list, list[RolloutBatch], list, float]:
+        """At least ``num_prompts`` groups, in the order they finish, from an engine kept at ``stream_prompts``
+        groups: a prompt is added as each group finishes, and those unfinished when enough have finished stay in
+        the engine for the next call (their tokens record the versions that sampled them)."""
+        picks, batches, futures, gen_s = [], [], [], 0.0
+        while len(picks) < num_prompts:
+            t0 = time.perf_counter()
+            for pick in self.cursor.take(self.stream_prompts - len(self.in_engine)):
+                key = self._submitted = getattr(self, "_submitted", 0) + 1
+                self.in_engine[key] = pick
+                self.backend.submit(key, self.prompt_format.encode(self.tokenizer, self.rows[pick[1]]), self.n)
+            finished = self.backend.collect()
+            gen_s += time.perf_counter() - t0
+            for key, batch in finished:
+                pick = self.in_engine.pop(key)
+                picks.append(pick)
+                batches.append(batch)
+                futures.extend(self._submit_rewards(batch, [self.rows[pick[1]]]))
+        return picks, batches, futures, gen_s
+
+    def _withdraw(self) -> None:
+        """Empty a streaming engine: its unfinished groups' prompts go back to the cursor, to be drawn first."""
+        if self.in_engine:
+            self.cursor.give_back([self.in_engine.pop(key) for key in self.backend.withdraw()])
+        assert not self.in_engine, "every group in the engine was withdrawn"
 
     def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict]) -> np.ndarray:
         """The reward: the components' weighted sum (the reward function's values alone when it is the only one), each
@@ -260,6 +300,7 @@ class Producer:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU
         threads (None: this actor's own)."""
         with self.threads.running(None, threads):
+            self._withdraw()  # greedy rows of the held-out set, alone in the engine
             return self._evaluate(max_items)
 
     def _evaluate(self, max_items: int | None) -> dict:
@@ -328,7 +369,9 @@ class Producer:
 
     def state(self) -> dict:
         """Dataset position, call counter and RNG: what a checkpoint needs to continue with the same data order and
-        the same samples."""
+        the same samples. A streaming engine is emptied first: its prompts are drawn again after a resume, as
+        they are by the run that goes on."""
+        self._withdraw()
         state = {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
                  "torch_rng": torch.get_rng_state()}  # fmt: skip
         if "rm" in self.scorers:

@@ -33,11 +33,8 @@ class Engine:
 
     def cached_prompt_tokens(self, prompts, n):
         """vLLM's count, per prompt, of prompt tokens its prefix cache served in one round of n samples each."""
-        from vllm import TokensPrompt
-
         b = self.backend
-        b.llm.enqueue([TokensPrompt(prompt_token_ids=p) for p in prompts], b._params(n, False), use_tqdm=False)
-        return [out.num_cached_tokens for out in b._run()]
+        return [out.num_cached_tokens for out in b._run(b._enqueue(prompts, b._params(n, False)))]
 
     def join(self, world_size, rank, group):
         self.backend.join_weight_group(world_size, rank, group, "gloo", 60.0)
@@ -51,6 +48,14 @@ class Engine:
 
     def weights(self):
         return self.backend.state_dict()
+
+    def stream(self, calls):
+        """Run ``calls`` [(method, args)] on the backend's streaming interface and ``generate``, in order; their
+        results."""
+        return [getattr(self.backend, name)(*args) for name, args in calls]
+
+    def unfinished(self):
+        return self.backend.engine.has_unfinished_requests()
 
     def count_steps(self):
         """Count the vLLM engine's steps from now on (tests wait for a batch to be under way)."""
@@ -259,6 +264,51 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     expected = trainer_logprobs(updated, after, 1.0)
     m = after.response_mask.astype(bool)
     np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)
+
+
+def test_streamed_groups_run_across_pushes_and_generate_calls_and_withdraw_empties_the_engine(ray_cluster, tmp_path):
+    """Streaming: four groups submitted under the original weights run 5 engine steps, then a push loads while they
+    run; a group submitted after it, on the 40-token prefix the running groups hold cached under the old weights, has
+    exactly the new weights' log-probs (each request's cache salt is its version: the cache cannot be cleared while
+    requests run); ``collect`` returns each group once, n rows, the first four with tokens of both versions. Then a
+    greedy ``generate`` beside three more groups returns its own row only, and ``withdraw`` drops those three
+    (finished meanwhile or not), in submission order, leaving the engine empty."""
+    from safetensors.torch import load_file
+
+    tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
+    engine = start("vllm", tiny, threads=2, options={"in_flight_updates": True}, temperature=1.0,
+                   max_prompt_tokens=48, max_new_tokens=100)  # fmt: skip
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"vllm-stream-{uuid.uuid4().hex[:8]}"
+    shared = list(range(20, 60))
+    prompts = {key: shared + [key + 4] * (1 + key % 3) for key in range(1, 9)}
+    try:
+        ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
+        ray.get(engine.stream.remote([("submit", (k, prompts[k], 3)) for k in (1, 2, 3, 4)] + [("_step", ())] * 5))
+        torch.manual_seed(3)
+        pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in load_file(f"{tiny}/model.safetensors").items()}
+        ray.get([sender.push.remote(group, pushed, 1), engine.receive.remote(group)])
+        collected = ray.get(engine.stream.remote([("submit", (5, prompts[5], 3)), ("collect", ())]))[-1]
+        while len(collected) < 5:
+            collected += ray.get(engine.stream.remote([("collect", ())]))[0]
+        *_, greedy, left = ray.get(engine.stream.remote([("submit", (k, prompts[k], 3)) for k in (6, 7, 8)] +
+                                                        [("generate", (PROMPTS[:1], 1, True)), ("withdraw", ())]))  # fmt: skip
+        unfinished = ray.get(engine.unfinished.remote())
+    finally:
+        for actor in (engine, sender):
+            ray.kill(actor)
+    keys = [key for key, _ in collected]
+    assert sorted(keys) == [1, 2, 3, 4, 5], keys
+    for key, batch in collected:
+        assert len(batch) == 3 and (batch.group_ids == 0).all() and (batch.prompt_ids == np.array(prompts[key])).all()
+    versions = {key: set(np.unique(b.token_versions[b.response_mask.astype(bool)]).tolist()) for key, b in collected}
+    assert versions == {1: {0, 1}, 2: {0, 1}, 3: {0, 1}, 4: {0, 1}, 5: {1}}, versions
+    after = dict(collected)[5]
+    expected = trainer_logprobs(with_weights(tiny, pushed, tmp_path / "updated"), after, 1.0)
+    m = after.response_mask.astype(bool)
+    np.testing.assert_allclose(after.rollout_logprobs[m], expected[m], atol=1e-4, rtol=0)
+    assert len(greedy) == 1 and greedy.response_lengths[0] > 0
+    assert left == [6, 7, 8] and not unfinished
 
 
 def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny):

@@ -110,6 +110,9 @@ def test_config_file_then_flags(tmp_path, suffix):
         ({"algorithm": {"dynamic_sampling_max_draws": 0}}, r"dynamic_sampling_max_draws must be an integer >= 1, got 0"),
         ({"run": {"in_flight_weight_updates": True, "max_staleness": 0}},
          r"in_flight_weight_updates=True .* max_staleness=0 has them idle at every push; set max_staleness >= 1"),
+        ({"producer": {"stream_prompts": 8}},
+         r"stream_prompts=8: a draw keeps all its inference_batch_size=16 prompts in the engine; use 0 \(rounds\) "
+         r"or an integer >= 16"),
         ({"run": {"in_flight_weight_updates": "yes"}},
          r"in_flight_weight_updates must be true, false or null \(auto\), got 'yes'"),
     ],

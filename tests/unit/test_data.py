@@ -68,6 +68,23 @@ def test_cursor_shards_cover_every_row_once_per_episode_and_resume():
     assert d.take(8) == rest
 
 
+def test_rows_given_back_come_first_in_their_order_and_survive_a_resume():
+    """A streaming engine emptied before an evaluation or a checkpoint hands its prompts back: they are drawn again
+    before the order goes on, and a cursor restored from a state taken then draws exactly what the running one
+    does (no prompt lost, none drawn twice)."""
+    c = DataCursor(10, 0, 1, seed=2)
+    taken = c.take(6)
+    c.give_back([taken[4], taken[1]])
+    state = c.state()
+    nxt = c.take(5)
+    assert nxt[:2] == [taken[4], taken[1]] and nxt[2:] == DataCursor(10, 0, 1, seed=2).take(9)[6:]
+    d = DataCursor(10, 0, 1, seed=2)
+    d.restore(state)
+    assert d.take(5) == nxt
+    c.give_back([taken[0]])
+    assert c.take(1) == [taken[0]] and c.returned == []
+
+
 def test_rows_without_signal_are_skipped_rechecked_counted_and_resumed():
     c = DataCursor(20, 0, 1, seed=3, skip_after=2, recheck=0.25)
     episode0 = [i for _, i in c.take(20)]

@@ -135,3 +135,24 @@ def test_engine_options_are_decided_before_any_actor_starts():
             cls.engine_options({}, processes=1, sleep=False, gpu=True, in_flight=True)
     with pytest.raises(ValueError, match="num_proc_per_producer=3, but the TransformersBackend engine runs in"):
         hf.engine_options({}, processes=3, sleep=False, gpu=True)
+
+
+def test_streaming_is_refused_before_any_actor_starts_where_a_run_cannot_stream():
+    """``producer.stream_prompts`` > 0 needs an engine that keeps groups across draws, producers that may run ahead,
+    full-weight pushes and single completions; each missing one is named."""
+    from coati.distributed.preflight import resolve_stream
+    from coati.distributed.run_config import config_from_dict
+
+    def resolved(backend="vllm", staleness=1, **tree):
+        cfg = config_from_dict({"producer": {"backend": backend, **tree.pop("producer", {})}, **tree}).launch_config()
+        return resolve_stream(cfg, backend_class(backend), staleness)
+
+    assert resolved() == 0 and resolved(producer={"stream_prompts": 20}) == 20
+    assert resolved(backend="transformers") == resolved(staleness=0) == resolved(consumer={"lora_rank": 4}) == 0
+    cases = [(dict(backend="transformers"), "the TransformersBackend engine generates rounds only; use the vllm"),
+             (dict(staleness=0), "max_staleness=0 trains only rows of the weights being trained"),
+             (dict(consumer={"lora_rank": 4}), "lora_rank=4: an adapter loads between rounds"),
+             (dict(reward={"env": "tool_math"}), "the environment tool_math runs episodes turn by turn")]  # fmt: skip
+    for over, reason in cases:
+        with pytest.raises(ValueError, match=f"stream_prompts=16, but {reason}.*or use stream_prompts=0"):
+            resolved(producer={"stream_prompts": 16}, **over)

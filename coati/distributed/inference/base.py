@@ -44,6 +44,9 @@ class InferenceBackend:
     records the version that sampled each token (``token_versions``)"""
     LORA = False
     """whether the engine applies LoRA pushes (``receive_adapter``)"""
+    STREAMS = False
+    """whether the engine keeps groups across calls (``submit``, ``collect``, ``withdraw``): a producer then keeps it
+    full, adding a prompt as each group finishes, instead of generating rounds to their end"""
 
     def __init__(self, model_path: str, generation: GenerationConfig, lora_rank: int = 0, **options):
         # lora_rank (set by engine_options when pushes carry adapters) is for the engines that size for it (vLLM)
@@ -117,6 +120,20 @@ class InferenceBackend:
 
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
         raise NotImplementedError
+
+    def submit(self, key: int, prompt: list[int], n: int) -> None:
+        """Streaming: start ``n`` samples of ``prompt`` as one group labelled ``key``; it runs across calls until
+        ``collect`` returns it."""
+        raise NotImplementedError(f"{type(self).__name__} generates rounds only (STREAMS is False)")
+
+    def collect(self) -> list[tuple[int, RolloutBatch]]:
+        """Streaming: run until at least one submitted group has finished; each finished group as (key, its n rows,
+        ``group_ids`` 0)."""
+        raise NotImplementedError(f"{type(self).__name__} generates rounds only (STREAMS is False)")
+
+    def withdraw(self) -> list[int]:
+        """Streaming: drop every submitted group not yet collected; their keys in submission order."""
+        raise NotImplementedError(f"{type(self).__name__} generates rounds only (STREAMS is False)")
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]]) -> None:
         raise NotImplementedError

@@ -17,7 +17,13 @@ arrive while a batch is being generated: the generating thread stops between two
 generation resumes with the running requests and their KV cache kept (tokens after the push attend to keys computed
 before it; the behaviour log-probs are what the engine sampled from, so the off-policy correction stays exact), and
 the prefix cache is cleared once the batch ends. The engine core then runs in this process without asynchronous
-scheduling, so a step never straddles a push.
+scheduling, so a step never straddles a push. Every request carries its weight version as vLLM's ``cache_salt``, so a
+request never reuses cached prompt blocks computed by other weights, even while older requests keep running.
+
+Streaming (``submit``/``collect``/``withdraw``): groups submitted one by one stay in the engine across calls, so a
+producer can keep it full, adding a prompt as each group finishes, instead of generating rounds whose last steps
+decode a handful of long completions. A ``generate`` call meanwhile steps them along with its own requests and
+returns only its own.
 
 On CPU the engine settings follow the actor, not the user: one engine process per producer running inside the
 producer's process (no extra process), as many threads as the producer has (1, or the cores the driver gives it),
@@ -79,6 +85,7 @@ class VLLMBackend(InferenceBackend):
 
     IN_FLIGHT_UPDATES = True
     LORA = True
+    STREAMS = True
 
     @classmethod
     def check_available(cls) -> None:
@@ -189,6 +196,12 @@ class VLLMBackend(InferenceBackend):
         self._no_push = threading.Event()
         self._no_push.set()
         self._clear_prefix_cache = False
+        self._version = 0
+        """the weights' version, each request's cache salt"""
+        self._streamed: dict[str, tuple[int, list[int], int]] = {}
+        """request id -> (key, prompt, n) of each submitted group not yet collected"""
+        self._finished: list = []
+        """finished RequestOutputs of submitted groups, not yet collected"""
 
     def _params(self, n: int, greedy: bool):
         from vllm import SamplingParams
@@ -204,28 +217,77 @@ class VLLMBackend(InferenceBackend):
             logprobs=0,
         )
 
-    def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+    def _enqueue(self, prompts: list[list[int]], params) -> list[str]:
+        """Add one request per prompt under ids of this backend's own (what the engine's outputs and aborts name),
+        salted with the weights' version; their ids."""
         from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        ids = []
         with self._engine_lock:
-            self.llm.enqueue(requests, self._params(n, greedy), lora_request=self._lora, use_tqdm=False)
-        return rollout_from_vllm(self._run(), prompts, n, self.pad_id, logprobs_valid=True)
+            for prompt in prompts:
+                self._requests = getattr(self, "_requests", 0) + 1
+                ids.append(f"coati-{self._requests}")
+                request = TokensPrompt(prompt_token_ids=prompt, cache_salt=f"coati-v{self._version}")
+                self.engine.add_request(ids[-1], request, params, lora_request=self._lora)
+        return ids
 
-    def _run(self) -> list:
-        """Step the engine until its requests finish, stopping between steps while a push loads; the finished
-        outputs in request order."""
-        done = []
-        while True:
-            self._no_push.wait()
-            self.between_steps()
-            with self._engine_lock:
-                if not self.engine.has_unfinished_requests():
-                    if self._clear_prefix_cache:
-                        self._clear_prefix_cache = not self.llm.reset_prefix_cache()
-                    break
-                done.extend(out for out in self.engine.step() if out.finished)
-        return sorted(done, key=lambda out: int(out.request_id))
+    def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+        ids = self._enqueue(prompts, self._params(n, greedy))
+        return rollout_from_vllm(self._run(ids), prompts, n, self.pad_id, logprobs_valid=True)
+
+    def _run(self, ids: list[str]) -> list:
+        """Step the engine until the requests ``ids`` finish (submitted groups run along, and are kept for
+        ``collect`` when they finish); their outputs in request order."""
+        pending, done = set(ids), {}
+        while pending:
+            for out in self._step():
+                if out.request_id in pending:
+                    pending.discard(out.request_id)
+                    done[out.request_id] = out
+                else:
+                    self._finished.append(out)
+        return [done[i] for i in ids]
+
+    def _step(self) -> list:
+        """One engine step, after any push in progress has loaded; the requests it finished."""
+        self._no_push.wait()
+        self.between_steps()
+        with self._engine_lock:
+            if not self.engine.has_unfinished_requests():
+                if self._clear_prefix_cache:
+                    self._clear_prefix_cache = not self.llm.reset_prefix_cache()
+                return []
+            return [out for out in self.engine.step() if out.finished]
+
+    def submit(self, key: int, prompt: list[int], n: int) -> None:
+        """Enqueue one group of ``n`` samples of ``prompt``, labelled ``key``, to run until ``collect`` returns it
+        (across any number of calls and pushes) or ``withdraw`` removes it."""
+        (request_id,) = self._enqueue([prompt], self._params(n, False))
+        self._streamed[request_id] = (key, prompt, n)
+
+    def collect(self) -> list[tuple[int, RolloutBatch]]:
+        """Step the engine until at least one submitted group has finished (none when none is submitted); each
+        finished group as (key, its n rows)."""
+        while self._streamed and not self._finished:
+            self._finished.extend(self._step())
+        out = []
+        for req in self._finished:
+            key, prompt, n = self._streamed.pop(req.request_id)
+            out.append((key, rollout_from_vllm([req], [prompt], n, self.pad_id, logprobs_valid=True)))
+        self._finished = []
+        return out
+
+    def withdraw(self) -> list[int]:
+        """Abort every submitted group not yet collected, finished or not; their keys, in submission order."""
+        with self._engine_lock:
+            running = [rid for rid in self._streamed if rid not in {req.request_id for req in self._finished}]
+            if running:
+                self.engine.abort_request(running)
+            keys = [key for key, _, _ in self._streamed.values()]
+            self._streamed, self._finished = {}, []
+        return keys
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Every vLLM worker joins the consumer's weight group as rank ``rank + its TP rank``."""
@@ -241,6 +303,7 @@ class VLLMBackend(InferenceBackend):
             with self._engine_lock:
                 version = int(self.llm.collective_rpc("receive_weights", args=(group_name,))[0])
                 self.engine.set_weight_version(str(version))
+                self._version = version
                 # Cached prefixes hold keys and values of the old weights; with requests running, clear once they end.
                 running = self.engine.has_unfinished_requests()
                 self._clear_prefix_cache = running or not self.llm.reset_prefix_cache()
@@ -267,6 +330,7 @@ class VLLMBackend(InferenceBackend):
                 self.engine.remove_lora(previous.lora_int_id)
                 shutil.rmtree(previous.lora_path, ignore_errors=True)
             self.engine.set_weight_version(str(version))
+            self._version = version
         return {"version": version, "nbytes": sum(t.numel() * t.element_size() for t in adapter.values())}
 
     def _receive_merged(self, group_name: str, lora: dict) -> dict:
@@ -277,6 +341,7 @@ class VLLMBackend(InferenceBackend):
             version, nbytes = self.llm.collective_rpc("receive_adapter_merged",
                                                       args=(group_name, self.model_path, scale))[0]  # fmt: skip
             self.engine.set_weight_version(str(version))
+            self._version = version
             self._clear_prefix_cache = not self.llm.reset_prefix_cache()
         return {"version": version, "nbytes": nbytes}
 
