@@ -53,6 +53,8 @@ class Producer:
         end)"""
         self.in_engine: dict[int, tuple[int, int]] = {}
         """streaming: submitted key -> (episode, row) of each group the engine holds"""
+        self.submitted = 0
+        """streaming: groups submitted so far (each one's key)"""
         self.lora = lora
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.reward_servers = dict(reward_servers or {})
@@ -134,11 +136,14 @@ class Producer:
         skipped_before = self.cursor.skipped
         draw = self._stream if self.stream_prompts else self._round
         picks, batches, futures, gen_s = draw(num_prompts)
-        for lo, batch in zip(np.cumsum([0] + [len(b) // self.n for b in batches[:-1]]), batches, strict=True):
+        lo = 0
+        for batch in batches:  # picks in the order of the batches' groups
             chunk = picks[lo : lo + len(batch) // self.n]
             batch.extras["prompt_index"] = np.repeat(np.array([i for _, i in chunk], dtype=np.int64), self.n)
             batch.extras["episode"] = np.repeat(np.array([e for e, _ in chunk], dtype=np.int64), self.n)
             batch.group_ids = batch.group_ids + lo  # unique within this call
+            lo += len(chunk)
+        assert lo == len(picks), (lo, len(picks))
         t0 = time.perf_counter()
         results = [f.result() for f in futures]
         wait_s = time.perf_counter() - t0
@@ -209,7 +214,8 @@ class Producer:
         while len(picks) < num_prompts:
             t0 = time.perf_counter()
             for pick in self.cursor.take(self.stream_prompts - len(self.in_engine)):
-                key = self._submitted = getattr(self, "_submitted", 0) + 1
+                self.submitted += 1
+                key = self.submitted
                 self.in_engine[key] = pick
                 self.backend.submit(key, self.prompt_format.encode(self.tokenizer, self.rows[pick[1]]), self.n)
             finished = self.backend.collect()
