@@ -284,7 +284,7 @@ def test_streamed_groups_run_across_pushes_and_generate_calls_and_withdraw_empti
     prompts = {key: shared + [key + 4] * (1 + key % 3) for key in range(1, 9)}
     try:
         ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
-        ray.get(engine.stream.remote([("submit", (k, prompts[k], 3)) for k in (1, 2, 3, 4)] + [("_step", ())] * 5))
+        ray.get(engine.stream.remote([("submit", (k, prompts[k], 3)) for k in (1, 2, 3, 4)] + [("_step", ((),))] * 5))
         torch.manual_seed(3)
         pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in load_file(f"{tiny}/model.safetensors").items()}
         ray.get([sender.push.remote(group, pushed, 1), engine.receive.remote(group)])

@@ -242,7 +242,7 @@ class VLLMBackend(InferenceBackend):
         ``collect`` when they finish); their outputs in request order."""
         pending, done = set(ids), {}
         while pending:
-            for out in self._step():
+            for out in self._step(pending):
                 if out.request_id in pending:
                     pending.discard(out.request_id)
                     done[out.request_id] = out
@@ -250,14 +250,18 @@ class VLLMBackend(InferenceBackend):
                     self._finished.append(out)
         return [done[i] for i in ids]
 
-    def _step(self) -> list:
-        """One engine step, after any push in progress has loaded; the requests it finished."""
+    def _step(self, awaited) -> list:
+        """One engine step, after any push in progress has loaded; the requests it finished. ``awaited``: the ids
+        the caller waits for (the engine going idle without them is an error, not a wait forever)."""
         self._no_push.wait()
         self.between_steps()
         with self._engine_lock:
             if not self.engine.has_unfinished_requests():
                 if self._clear_prefix_cache:
                     self._clear_prefix_cache = not self.llm.reset_prefix_cache()
+                if awaited:
+                    raise RuntimeError(f"the vLLM engine has no unfinished request but never reported "
+                                       f"{len(awaited)} awaited one(s), e.g. {sorted(awaited)[:3]}")  # fmt: skip
                 return []
             return [out for out in self.engine.step() if out.finished]
 
@@ -271,7 +275,7 @@ class VLLMBackend(InferenceBackend):
         """Step the engine until at least one submitted group has finished (none when none is submitted); each
         finished group as (key, its n rows)."""
         while self._streamed and not self._finished:
-            self._finished.extend(self._step())
+            self._finished.extend(self._step(self._streamed.keys()))
         out = []
         for req in self._finished:
             key, prompt, n = self._streamed.pop(req.request_id)
