@@ -216,6 +216,15 @@ def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray
     np.testing.assert_allclose(after.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
 
 
+def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):
+    """A tiny tied model, a vLLM engine on it loading pushes in flight (``threads`` actor threads) at temperature 1,
+    a sender, and a fresh weight group's name (neither joined yet)."""
+    tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
+    engine = start("vllm", tiny, threads=threads, options={"in_flight_updates": True}, temperature=1.0,
+                   max_prompt_tokens=48, max_new_tokens=max_new_tokens)  # fmt: skip
+    return tiny, engine, ray.remote(num_cpus=0.5)(Sender).remote(), f"vllm-in-flight-{uuid.uuid4().hex[:8]}"
+
+
 def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
     """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
     batch keeps going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
@@ -225,11 +234,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
 
     from safetensors.torch import load_file
 
-    tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
-    engine = start("vllm", tiny, threads=3, options={"in_flight_updates": True}, temperature=1.0,
-                   max_prompt_tokens=48, max_new_tokens=400)  # fmt: skip
-    sender = ray.remote(num_cpus=0.5)(Sender).remote()
-    group = f"vllm-inflight-{uuid.uuid4().hex[:8]}"
+    tiny, engine, sender, group = in_flight_engine(tmp_path, threads=3, max_new_tokens=400)
     shared = list(range(20, 60))
     prompts = [shared + [5, 6], shared + [7], shared + [8, 9, 10], shared + [11]]
     try:
@@ -275,11 +280,7 @@ def test_streamed_groups_run_across_pushes_and_generate_calls_and_withdraw_empti
     (finished meanwhile or not), in submission order, leaving the engine empty."""
     from safetensors.torch import load_file
 
-    tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
-    engine = start("vllm", tiny, threads=2, options={"in_flight_updates": True}, temperature=1.0,
-                   max_prompt_tokens=48, max_new_tokens=100)  # fmt: skip
-    sender = ray.remote(num_cpus=0.5)(Sender).remote()
-    group = f"vllm-stream-{uuid.uuid4().hex[:8]}"
+    tiny, engine, sender, group = in_flight_engine(tmp_path, threads=2, max_new_tokens=100)
     shared = list(range(20, 60))
     prompts = {key: shared + [key + 4] * (1 + key % 3) for key in range(1, 9)}
     try:
