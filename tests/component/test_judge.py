@@ -14,7 +14,7 @@ TEMPLATE = "Grade {completion} for {question}"
 """short: what the tiny judges learn to reply to"""
 
 
-def fit_reply(path: str, reply: str, steps: int = 200) -> str:
+def fit_reply(path: str, reply: str, steps: int = 100) -> str:
     """Train the tiny causal LM at ``path`` in place to answer any user turn with ``reply`` (the loss on the reply)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

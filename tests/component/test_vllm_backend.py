@@ -134,15 +134,19 @@ def with_weights(path, weights: dict, folder) -> str:
     return str(folder)
 
 
-def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(ray_cluster, tiny):
+@pytest.fixture(scope="module")
+def top_k_engine(ray_cluster, tiny):
+    """One engine sampling at temperature 1.3 from the top 5 tokens, prompts up to 64 tokens (two tests' worth)."""
+    engine = start("vllm", tiny, temperature=1.3, top_k=5, max_prompt_tokens=64)
+    yield engine
+    ray.kill(engine)
+
+
+def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(top_k_engine, tiny):
     """With top-k sampling the engine's log-probs are those of the distribution renormalised over the k most likely
     tokens (what it draws from), not the full softmax's; fp32 on both sides, tolerance 1e-4 (different kernels sum in
     different orders). Plain temperature is checked in the push test below."""
-    engine = start("vllm", tiny, temperature=1.3, top_k=5)
-    try:
-        batch = ray.get(engine.generate.remote(PROMPTS, 4))
-    finally:
-        ray.kill(engine)
+    batch = ray.get(top_k_engine.generate.remote(PROMPTS, 4))
     assert batch.extras["logprobs_valid"].all() and batch.response_lengths.sum() > 0
     expected = trainer_logprobs(tiny, batch, 1.3, top_k=5)
     mask = batch.response_mask.astype(bool)
@@ -151,16 +155,12 @@ def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(ray_cluster, ti
     assert np.abs(full[mask] - expected[mask]).max() > 1e-2
 
 
-def test_a_groups_samples_share_their_prompts_cached_blocks(ray_cluster, tiny):
+def test_a_groups_samples_share_their_prompts_cached_blocks(top_k_engine):
     """Prompts of 40-45 tokens, 4 samples each: the samples after the first are served the prompt's full KV blocks
     from the prefix cache. On CPU this needs blocks shorter than the CPU build's default of 128 tokens, with which no
     block of these prompts was ever full, so every sample computed its prompt again."""
-    engine = start("vllm", tiny, max_prompt_tokens=64)
     prompts = [list(range(20, 60)) + [i] * (i - 4) for i in (5, 6, 9)]
-    try:
-        cached = ray.get(engine.cached_prompt_tokens.remote(prompts, 4))
-    finally:
-        ray.kill(engine)
+    cached = ray.get(top_k_engine.cached_prompt_tokens.remote(prompts, 4))
     assert sum(cached) >= 16, cached
 
 

@@ -202,6 +202,8 @@ class VLLMBackend(InferenceBackend):
         """request id -> (key, prompt, n) of each submitted group not yet collected"""
         self._finished: list = []
         """finished RequestOutputs of submitted groups, not yet collected"""
+        self._requests = 0
+        """requests added so far: the next request's id is ``coati-{this + 1}``"""
 
     def _params(self, n: int, greedy: bool):
         from vllm import SamplingParams
@@ -227,7 +229,7 @@ class VLLMBackend(InferenceBackend):
         ids = []
         with self._engine_lock:
             for prompt in prompts:
-                self._requests = getattr(self, "_requests", 0) + 1
+                self._requests += 1
                 ids.append(f"coati-{self._requests}")
                 request = TokensPrompt(prompt_token_ids=prompt, cache_salt=f"coati-v{self._version}")
                 self.engine.add_request(ids[-1], request, params, lora_request=self._lora)
@@ -286,7 +288,8 @@ class VLLMBackend(InferenceBackend):
     def withdraw(self) -> list[int]:
         """Abort every submitted group not yet collected, finished or not; their keys, in submission order."""
         with self._engine_lock:
-            running = [rid for rid in self._streamed if rid not in {req.request_id for req in self._finished}]
+            finished = {req.request_id for req in self._finished}
+            running = [rid for rid in self._streamed if rid not in finished]
             if running:
                 self.engine.abort_request(running)
             keys = [key for key, _, _ in self._streamed.values()]
