@@ -5,10 +5,12 @@ generated tokens/s (the best of ``--reps`` timed calls after a warm-up call) and
 runs once per KV-cache block size in ``--vllm-block-sizes`` (the first is coati's default on CPU; the samples of a
 prompt share its full blocks through the prefix cache), the same seed each time, so each draws the same tokens. The
 transformers backend runs once per attention in ``--transformers-attentions``: coati's CPU attention (its default on a
-CPU; bf16 matmuls instead of torch's fused kernel in bf16) and transformers' SDPA.
+CPU; bf16 matmuls instead of torch's fused kernel in bf16) and transformers' SDPA. vLLM at the first block size runs
+once per sampler in ``--vllm-samplers`` as well: coati's inverse-CDF draw (its default on a CPU) and vLLM's own
+Gumbel-max kernel (each draws other tokens, so their token counts differ a little; compare tokens/s).
 
     python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
-        [--vllm-block-sizes 32,128] [--transformers-attentions coati_sdpa,sdpa]
+        [--vllm-block-sizes 32,128] [--vllm-samplers inverse_cdf,vllm] [--transformers-attentions coati_sdpa,sdpa]
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def main():
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--task", default="reasoning_gym:chain_sum")
     parser.add_argument("--vllm-block-sizes", default="32,128", help="KV-cache block sizes vLLM runs with")
+    parser.add_argument("--vllm-samplers", default="inverse_cdf,vllm",
+                        help="samplers vLLM runs with at the first block size (the first also at the others)")
     parser.add_argument("--transformers-attentions", default="coati_sdpa,sdpa",
                         help="attentions the transformers backend runs with (coati's CPU attention, the backend's "
                              "default on CPU; transformers' SDPA)")  # fmt: skip
@@ -72,7 +76,10 @@ def main():
     ctx = mp.get_context("spawn")
     blocks = [int(b) for b in args.vllm_block_sizes.split(",")]
     attentions = args.transformers_attentions.split(",")
-    runs = [("transformers", {"attention": a}) for a in attentions] + [("vllm", {"block_size": b}) for b in blocks]
+    samplers = args.vllm_samplers.split(",")
+    runs = ([("transformers", {"attention": a}) for a in attentions]
+            + [("vllm", {"block_size": b, "sampler": samplers[0]}) for b in blocks]
+            + [("vllm", {"block_size": blocks[0], "sampler": s}) for s in samplers[1:]])  # fmt: skip
     for dtype in args.dtypes.split(","):
         rates = {}
         for name, options in runs:
@@ -83,14 +90,18 @@ def main():
             if proc.exitcode != 0:
                 raise SystemExit(f"the {name} run failed (exit code {proc.exitcode}); its error is above")
             load_s, rate, tokens = queue.get()
-            label = f"{name} {options.get('block_size') or options['attention']}"
+            label = (f"vllm {options['block_size']} {options['sampler']}" if name == "vllm"
+                     else f"{name} {options['attention']}")  # fmt: skip
             rates[label] = rate
             print(f"{label:<25}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
-        first, hf = f"vllm {blocks[0]}", f"transformers {attentions[0]}"
+        first, hf = f"vllm {blocks[0]} {samplers[0]}", f"transformers {attentions[0]}"
         print(f"{'':<25}{dtype:<10} vLLM (block {blocks[0]}) / transformers ({attentions[0]}): "
               f"{rates[first] / rates[hf]:.2f}x"
               + "".join(f"; {attentions[0]} / {a}: {rates[hf] / rates[f'transformers {a}']:.2f}x" for a in attentions[1:])
-              + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:]),
+              + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b} {samplers[0]}']:.2f}x"
+                        for b in blocks[1:])
+              + "".join(f"; {samplers[0]} / {s}: {rates[first] / rates[f'vllm {blocks[0]} {s}']:.2f}x"
+                        for s in samplers[1:]),
               flush=True)  # fmt: skip
 
 

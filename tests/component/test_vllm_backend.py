@@ -49,6 +49,9 @@ class Engine:
     def weights(self):
         return self.backend.state_dict()
 
+    def sampler(self):
+        return self.backend.sampler
+
     def stream(self, calls):
         """Run ``calls`` [(method, args)] on the backend's streaming interface and ``generate``, in order; their
         results."""
@@ -162,6 +165,39 @@ def test_a_groups_samples_share_their_prompts_cached_blocks(top_k_engine):
     prompts = [list(range(20, 60)) + [i] * (i - 4) for i in (5, 6, 9)]
     cached = ray.get(top_k_engine.cached_prompt_tokens.remote(prompts, 4))
     assert sum(cached) >= 16, cached
+
+
+def test_the_cpu_engine_draws_first_tokens_from_the_temperature_softmax(ray_cluster, tiny):
+    """On CPU the engine samples plain-temperature rows by inverse CDF: 8,000 first tokens of one prompt at
+    temperature 0.5 follow the teacher-forced fp32 softmax (chi-square below its 1e-6 tail; a draw shifted by one
+    token, or from the untempered softmax, is far above it), and each drawn token's log-prob is the trainer's."""
+    from transformers import AutoModelForCausalLM
+
+    engine = start("vllm", tiny, temperature=0.5, max_new_tokens=1)
+    try:
+        sampler = ray.get(engine.sampler.remote())
+        batch = ray.get(engine.generate.remote([PROMPTS[0]] * 40, 200))
+    finally:
+        ray.kill(engine)
+    assert sampler == ("vllm" if torch.cuda.is_available() else "inverse_cdf")
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPTS[0]])).logits[0, -1].double()
+    expected = (logits / 0.5).softmax(-1).numpy() * len(batch)
+    observed = np.bincount(batch.response_ids[:, 0], minlength=len(expected))
+    keep = expected >= 5  # the chi-square approximation's usual condition; the rest pooled into one cell
+
+    def statistic(exp):
+        obs, exp = np.append(observed[keep], observed[~keep].sum()), np.append(exp[keep], exp[~keep].sum())
+        cells = exp > 0
+        return ((obs[cells] - exp[cells]) ** 2 / exp[cells]).sum()
+
+    k = keep.sum() + (~keep).any() - 1  # degrees of freedom: the cells less one; the bound is its 1e-6 upper tail
+    bound = k * (1 - 2 / (9 * k) + 4.75 * (2 / (9 * k)) ** 0.5) ** 3  # Wilson-Hilferty, z = 4.75
+    assert statistic(expected) < bound, (statistic(expected), bound)
+    assert statistic(np.roll(expected, 1)) > bound and statistic(logits.softmax(-1).numpy() * len(batch)) > bound
+    lp = (logits / 0.5).log_softmax(-1).numpy()[batch.response_ids[:, 0]]
+    np.testing.assert_allclose(batch.rollout_logprobs[:, 0], lp, atol=1e-4, rtol=0)
 
 
 def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray_cluster, tmp_path):

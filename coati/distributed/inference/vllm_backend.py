@@ -55,6 +55,7 @@ CPU_BLOCK_SIZE = 32
 """tokens per KV-cache block on CPU, the unit its prefix cache shares: the smallest the CPU attention takes. The CPU
 build's own default (128) is longer than short prompts, so a group's samples shared none of their prompt
 (benchmarks/bench_rollout.py: 32 is 1.34x faster on the default job's prompts, the same tokens drawn)"""
+SAMPLERS = ("inverse_cdf", "vllm")
 CPU_ENV = {
     # The engine core runs in this process: collective_rpc reaches the worker directly and no process is spawned.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -78,6 +79,9 @@ class VLLMBackend(InferenceBackend):
         "block_size": f"tokens per KV-cache block, the unit the prefix cache shares among a group's samples (default "
         f"on CPU {CPU_BLOCK_SIZE}, the smallest its attention takes, and it needs a multiple of that; on GPU vLLM's)",
         "seed": "sampling seed (set per producer by the launcher)",
+        "sampler": "how rows sampled at plain temperature (no top-k/top-p) draw their tokens: 'inverse_cdf' (one "
+        "uniform number per row over the log-probs the engine computes anyway; default on CPU, where it is faster) or "
+        "'vllm' (vLLM's own Gumbel-max kernel; default on GPU)",
         "lora_merge": "with LoRA, merge each pushed adapter into the engine's weights (from a kept base copy) "
         "instead of serving it as a vLLM LoRA adapter (default True on CPU, where vLLM's LoRA kernels made "
         "generation ~8x slower; False on GPU)",
@@ -100,6 +104,9 @@ class VLLMBackend(InferenceBackend):
         block = options.get("block_size")
         if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 16):
             raise ValueError(f"inference option block_size must be a positive multiple of 16 tokens, got {block!r}")
+        sampler = options.get("sampler")
+        if sampler is not None and sampler not in SAMPLERS:
+            raise ValueError(f"inference option sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         fraction = options.get("gpu_memory_utilization")
         if fraction is not None and not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
             raise ValueError(f"inference option gpu_memory_utilization must be in (0, 1], got {fraction!r}")
@@ -187,6 +194,9 @@ class VLLMBackend(InferenceBackend):
             seed=options.get("seed", 0),
             **engine,
         )
+        self.sampler = options.get("sampler", "vllm" if cuda else "inverse_cdf")
+        if self.sampler == "inverse_cdf":
+            self.llm.collective_rpc("use_inverse_cdf_sampler")
         self.tensor_parallel_size = tensor_parallel_size
         self.tokenizer = self.llm.get_tokenizer()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

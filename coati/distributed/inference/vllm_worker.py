@@ -77,6 +77,14 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return version, sum(t.numel() * t.element_size() for t in adapter.values())
 
+    def use_inverse_cdf_sampler(self) -> str:
+        """Sample plain-temperature rows by inverse CDF (``sampling.use_inverse_cdf``); the sampler's class."""
+        from coati.distributed.inference.sampling import use_inverse_cdf
+
+        sampler = self.model_runner.sampler.topk_topp_sampler
+        use_inverse_cdf(sampler)
+        return type(sampler).__name__
+
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """This worker's weights as the engine computes with them, under the Hugging Face names, on the CPU.
 
