@@ -5,9 +5,11 @@ generated tokens/s (the best of ``--reps`` timed calls after a warm-up call) and
 runs once per KV-cache block size in ``--vllm-block-sizes`` (the first is coati's default on CPU; the samples of a
 prompt share its full blocks through the prefix cache), the same seed each time, so each draws the same tokens. The
 transformers backend runs once per attention in ``--transformers-attentions``: coati's CPU attention (its default on a
-CPU; bf16 matmuls instead of torch's fused kernel in bf16) and transformers' SDPA. vLLM at the first block size runs
-once per sampler in ``--vllm-samplers`` as well: coati's inverse-CDF draw (its default on a CPU) and vLLM's own
-Gumbel-max kernel (each draws other tokens, so their token counts differ a little; compare tokens/s).
+CPU; bf16 matmuls instead of torch's fused kernel in bf16) and transformers' SDPA. At the first block size vLLM's
+engine also switches between the samplers in ``--vllm-samplers`` (coati's inverse-CDF draw, its default on a CPU, and
+vLLM's own Gumbel-max kernel) call by call, in alternating order, ``--reps`` calls each in the one engine, and
+reports each sampler's tokens over its seconds summed over those calls (they draw other tokens, so their counts
+differ; and a few percent between two processes is within this machine's noise, hence one engine).
 
     python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
         [--vllm-block-sizes 32,128] [--vllm-samplers inverse_cdf,vllm] [--transformers-attentions coati_sdpa,sdpa]
@@ -22,7 +24,8 @@ import time
 
 
 def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None:
-    """In a spawned process: load the backend, warm up, time ``reps`` calls; put (load s, best tokens/s, tokens)."""
+    """In a spawned process: load the backend, warm up, time ``reps`` calls; put (load s, best tokens/s, tokens).
+    With ``samplers`` (vLLM), then put {sampler: (tokens/s, tokens)} over ``reps`` calls each, interleaved."""
     import torch
 
     torch.set_num_threads(1)
@@ -35,6 +38,7 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
     gen = GenerationConfig(max_new_tokens=args["new_tokens"], temperature=1.0, max_prompt_tokens=256)
     start = time.perf_counter()
     attn = options.pop("attention", None)
+    samplers = options.pop("samplers", None)
     backend = backend_class(name)(path, gen, dtype=dtype, seed=0, **options)
     if attn:  # the transformers backend switches to coati's CPU attention itself; "sdpa" switches it back
         backend.model.set_attn_implementation(attn)
@@ -51,6 +55,16 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
         if int(batch.response_lengths.sum()) / secs > best:
             best, tokens = int(batch.response_lengths.sum()) / secs, int(batch.response_lengths.sum())
     queue.put((load_s, best, tokens))
+    if samplers:
+        totals = {s: [0.0, 0] for s in samplers}
+        for rep in range(args["reps"]):
+            for sampler in samplers if rep % 2 == 0 else samplers[::-1]:
+                backend.llm.collective_rpc("use_sampler", args=(sampler,))
+                t0 = time.perf_counter()
+                batch = backend.generate(prompts, n=args["n"])
+                totals[sampler][0] += time.perf_counter() - t0
+                totals[sampler][1] += int(batch.response_lengths.sum())
+        queue.put({s: (n / secs, n) for s, (secs, n) in totals.items()})
 
 
 def main():
@@ -78,8 +92,8 @@ def main():
     attentions = args.transformers_attentions.split(",")
     samplers = args.vllm_samplers.split(",")
     runs = ([("transformers", {"attention": a}) for a in attentions]
-            + [("vllm", {"block_size": b, "sampler": samplers[0]}) for b in blocks]
-            + [("vllm", {"block_size": blocks[0], "sampler": s}) for s in samplers[1:]])  # fmt: skip
+            + [("vllm", {"block_size": b, "sampler": samplers[0], **({"samplers": samplers} if i == 0 else {})})
+               for i, b in enumerate(blocks)])  # fmt: skip
     for dtype in args.dtypes.split(","):
         rates = {}
         for name, options in runs:
@@ -90,17 +104,20 @@ def main():
             if proc.exitcode != 0:
                 raise SystemExit(f"the {name} run failed (exit code {proc.exitcode}); its error is above")
             load_s, rate, tokens = queue.get()
-            label = (f"vllm {options['block_size']} {options['sampler']}" if name == "vllm"
-                     else f"{name} {options['attention']}")  # fmt: skip
+            label = f"vllm {options['block_size']}" if name == "vllm" else f"{name} {options['attention']}"
             rates[label] = rate
             print(f"{label:<25}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
-        first, hf = f"vllm {blocks[0]} {samplers[0]}", f"transformers {attentions[0]}"
+            if "samplers" in options:
+                for sampler, (rate, tokens) in queue.get().items():
+                    rates[f"sampler {sampler}"] = rate
+                    print(f"{label + ' ' + sampler:<25}{dtype:<10} {args.reps} calls interleaved {rate:8.1f} "
+                          f"tokens/s  ({tokens} tokens)", flush=True)  # fmt: skip
+        first, hf = f"vllm {blocks[0]}", f"transformers {attentions[0]}"
         print(f"{'':<25}{dtype:<10} vLLM (block {blocks[0]}) / transformers ({attentions[0]}): "
               f"{rates[first] / rates[hf]:.2f}x"
               + "".join(f"; {attentions[0]} / {a}: {rates[hf] / rates[f'transformers {a}']:.2f}x" for a in attentions[1:])
-              + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b} {samplers[0]}']:.2f}x"
-                        for b in blocks[1:])
-              + "".join(f"; {samplers[0]} / {s}: {rates[first] / rates[f'vllm {blocks[0]} {s}']:.2f}x"
+              + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:])
+              + "".join(f"; {samplers[0]} / {s}: {rates[f'sampler {samplers[0]}'] / rates[f'sampler {s}']:.2f}x"
                         for s in samplers[1:]),
               flush=True)  # fmt: skip
 

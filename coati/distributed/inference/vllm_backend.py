@@ -195,8 +195,8 @@ class VLLMBackend(InferenceBackend):
             **engine,
         )
         self.sampler = options.get("sampler", "vllm" if cuda else "inverse_cdf")
-        if self.sampler == "inverse_cdf":
-            self.llm.collective_rpc("use_inverse_cdf_sampler")
+        if self.sampler != "vllm":
+            self.llm.collective_rpc("use_sampler", args=(self.sampler,))
         self.tensor_parallel_size = tensor_parallel_size
         self.tokenizer = self.llm.get_tokenizer()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

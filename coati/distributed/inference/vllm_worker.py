@@ -77,12 +77,16 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return version, sum(t.numel() * t.element_size() for t in adapter.values())
 
-    def use_inverse_cdf_sampler(self) -> str:
-        """Sample plain-temperature rows by inverse CDF (``sampling.use_inverse_cdf``); the sampler's class."""
-        from coati.distributed.inference.sampling import use_inverse_cdf
+    def use_sampler(self, name: str) -> str:
+        """Draw plain-temperature rows with ``name``'s sampler: "inverse_cdf" (``sampling.inverse_cdf_forward``) or
+        "vllm" (the engine's own); returns the sampler's class."""
+        from coati.distributed.inference.sampling import inverse_cdf_forward
 
         sampler = self.model_runner.sampler.topk_topp_sampler
-        use_inverse_cdf(sampler)
+        if not hasattr(sampler, "_coati_own"):
+            sampler._coati_own = sampler.forward
+        own = sampler._coati_own
+        sampler.forward = inverse_cdf_forward(sampler, own) if name == "inverse_cdf" else own
         return type(sampler).__name__
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
