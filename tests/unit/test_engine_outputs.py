@@ -119,6 +119,9 @@ def test_engine_options_are_decided_before_any_actor_starts():
     for bad in (0, 40, "32", True):
         with pytest.raises(ValueError, match=f"block_size must be a positive multiple of 16 tokens, got {bad!r}"):
             vllm.engine_options({"block_size": bad}, processes=1, sleep=False, gpu=True)
+    with pytest.raises(ValueError, match="sampler must be one of inverse_cdf, vllm, got 'gumbel'"):
+        vllm.engine_options({"sampler": "gumbel"}, processes=1, sleep=False, gpu=False)
+    assert vllm.engine_options({"sampler": "vllm"}, processes=1, sleep=False, gpu=False)["sampler"] == "vllm"
     with pytest.raises(ValueError, match="block_size=48: vLLM's CPU attention takes multiples of 32 tokens; use 64"):
         vllm.engine_options({"block_size": 48}, processes=1, sleep=False, gpu=False)
     assert vllm.engine_options({"block_size": 48}, processes=1, sleep=False, gpu=True)["block_size"] == 48

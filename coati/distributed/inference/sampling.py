@@ -2,11 +2,11 @@
 plain temperature sampling (no top-k, no top-p, no per-request seed).
 
 vLLM's CPU sampler draws one Gumbel noise value per vocabulary entry per row (``fused_gumbel_argmax``): for the
-default job's 64 rows of a 49,152-token vocabulary, 17.5 ms of a ~130 ms decode step with the log-probs, against 7.5 ms
-for this draw and the log-probs together (``benchmarks/bench_rollout.py`` compares the two in one engine). The engine computes the
-processed log-probs of every row anyway (``logprobs_mode="processed_logprobs"``), so one uniform number per row and a
-cumulative sum of their exponentials draw the same distribution: token i is drawn with probability
-``exp(logprob_i)``, exactly as the Gumbel-max trick draws it.
+default job's 64 rows of a 49,152-token vocabulary, 17.5 ms of a ~130 ms decode step with the log-probs, against
+7.5 ms for this draw and the log-probs together (``benchmarks/bench_rollout.py`` compares the two in one engine).
+The engine computes the processed log-probs of every row anyway (``logprobs_mode="processed_logprobs"``), so one
+uniform number per row and a cumulative sum of their exponentials draw the same distribution: token i is drawn with
+probability ``exp(logprob_i)``, exactly as the Gumbel-max trick draws it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,6 @@ def inverse_cdf_forward(sampler, own):
         if k is not None or p is not None or generators or sampler.use_fp64_gumbel:
             return own(logits, generators, k, p)
         logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
-        return inverse_cdf_sample(logprobs, torch.rand(logprobs.shape[0])), logprobs
+        return inverse_cdf_sample(logprobs, torch.rand(logprobs.shape[0], device=logprobs.device)), logprobs
 
     return forward
