@@ -31,6 +31,17 @@ class Engine:
     def generate(self, prompts, n=1, greedy=False):
         return self.backend.generate(prompts, n, greedy)
 
+    def generate_as(self, prompts, n, **generation):
+        """``generate`` under the engine's generation settings with ``generation`` replaced, for this call only."""
+        import dataclasses
+
+        own = self.backend.generation
+        self.backend.generation = dataclasses.replace(own, **generation)
+        try:
+            return self.backend.generate(prompts, n)
+        finally:
+            self.backend.generation = own
+
     def cached_prompt_tokens(self, prompts, n):
         """vLLM's count, per prompt, of prompt tokens its prefix cache served in one round of n samples each."""
         b = self.backend
@@ -138,18 +149,19 @@ def with_weights(path, weights: dict, folder) -> str:
 
 
 @pytest.fixture(scope="module")
-def top_k_engine(ray_cluster, tiny):
-    """One engine sampling at temperature 1.3 from the top 5 tokens, prompts up to 64 tokens (two tests' worth)."""
-    engine = start("vllm", tiny, temperature=1.3, top_k=5, max_prompt_tokens=64)
+def engine13(ray_cluster, tiny):
+    """One engine sampling at temperature 1.3, prompts up to 64 tokens, for three tests (each call may change its
+    sampling settings: ``generate_as``)."""
+    engine = start("vllm", tiny, temperature=1.3, max_prompt_tokens=64)
     yield engine
     ray.kill(engine)
 
 
-def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(top_k_engine, tiny):
+def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(engine13, tiny):
     """With top-k sampling the engine's log-probs are those of the distribution renormalised over the k most likely
     tokens (what it draws from), not the full softmax's; fp32 on both sides, tolerance 1e-4 (different kernels sum in
     different orders). Plain temperature is checked in the push test below."""
-    batch = ray.get(top_k_engine.generate.remote(PROMPTS, 4))
+    batch = ray.get(engine13.generate_as.remote(PROMPTS, 4, top_k=5))
     assert batch.extras["logprobs_valid"].all() and batch.response_lengths.sum() > 0
     expected = trainer_logprobs(tiny, batch, 1.3, top_k=5)
     mask = batch.response_mask.astype(bool)
@@ -158,27 +170,23 @@ def test_top_k_rollout_logprobs_are_the_truncated_distribution_s(top_k_engine, t
     assert np.abs(full[mask] - expected[mask]).max() > 1e-2
 
 
-def test_a_groups_samples_share_their_prompts_cached_blocks(top_k_engine):
+def test_a_groups_samples_share_their_prompts_cached_blocks(engine13):
     """Prompts of 40-45 tokens, 4 samples each: the samples after the first are served the prompt's full KV blocks
     from the prefix cache. On CPU this needs blocks shorter than the CPU build's default of 128 tokens, with which no
     block of these prompts was ever full, so every sample computed its prompt again."""
     prompts = [list(range(20, 60)) + [i] * (i - 4) for i in (5, 6, 9)]
-    cached = ray.get(top_k_engine.cached_prompt_tokens.remote(prompts, 4))
+    cached = ray.get(engine13.cached_prompt_tokens.remote(prompts, 4))
     assert sum(cached) >= 16, cached
 
 
-def test_the_cpu_engine_draws_first_tokens_from_the_temperature_softmax(ray_cluster, tiny):
+def test_the_cpu_engine_draws_first_tokens_from_the_temperature_softmax(engine13, tiny):
     """On CPU the engine samples plain-temperature rows by inverse CDF: 8,000 first tokens of one prompt at
     temperature 0.5 follow the teacher-forced fp32 softmax (chi-square below its 1e-6 tail; a draw shifted by one
     token, or from the untempered softmax, is far above it), and each drawn token's log-prob is the trainer's."""
     from transformers import AutoModelForCausalLM
 
-    engine = start("vllm", tiny, temperature=0.5, max_new_tokens=1)
-    try:
-        sampler = ray.get(engine.sampler.remote())
-        batch = ray.get(engine.generate.remote([PROMPTS[0]] * 40, 200))
-    finally:
-        ray.kill(engine)
+    sampler = ray.get(engine13.sampler.remote())
+    batch = ray.get(engine13.generate_as.remote([PROMPTS[0]] * 40, 200, temperature=0.5, max_new_tokens=1))
     assert sampler == ("vllm" if torch.cuda.is_available() else "inverse_cdf")
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     with torch.no_grad():
