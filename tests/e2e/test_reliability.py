@@ -211,15 +211,6 @@ def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
     assert no_actors_left()
 
 
-def test_trl_style_reward_gets_prompts_and_typed_options_are_passed(ray_cluster, tiny):
-    out = launch_distributed(**kwargs(tiny, max_steps=4, grpo_config={
-        "lr": 1e-3, "reward_fn_type": f"{FNS}:trl_style", "reward_kwargs": {"scale": 2, "shout": True}}))
-    prompts = [i for m in out["history"] for i in m["rollout/prompt_index"]]
-    rewards = [m["reward/train_batch_mean"] for m in out["history"]]
-    assert 3 in prompts and sum(rewards) == pytest.approx(1.0)  # only q3's group scored (2 x 2 for 4 of 16 rows)
-    assert out["history"][0]["reward/errors"] == 0
-
-
 # ---- non-finite training never reaches the weights ------------------------------------------------------------------
 
 
@@ -305,13 +296,21 @@ def test_jsonl_is_used_whole_unless_a_size_is_given():
     assert train_size([]) == 512  # a reasoning-gym task is drawn
 
 
-def test_relative_paths_work_in_actors(ray_cluster, tiny, tmp_path, monkeypatch):
+def test_relative_paths_work_in_actors_and_a_trl_style_reward_gets_prompts_and_typed_options(ray_cluster, tiny,
+                                                                                          tmp_path, monkeypatch):
+    """The model and data given relative to the driver's folder, and a TRL-style reward (``prompts`` and typed
+    options), in one run."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(16)))
     os.symlink(tiny, tmp_path / "model")
     monkeypatch.chdir(tmp_path)
-    out = launch_distributed(**kwargs("model", train_dataset_config={"path": "data.jsonl"}))
-    assert len(out["history"]) == 1
+    out = launch_distributed(**kwargs("model", max_steps=4, train_dataset_config={"path": "data.jsonl"}, grpo_config={
+        "lr": 1e-3, "reward_fn_type": f"{FNS}:trl_style", "reward_kwargs": {"scale": 2, "shout": True}}))
+    assert len(out["history"]) == 4
+    prompts = [i for m in out["history"] for i in m["rollout/prompt_index"]]
+    rewards = [m["reward/train_batch_mean"] for m in out["history"]]
+    assert 3 in prompts and sum(rewards) == pytest.approx(1.0)  # only q3's group scored (2 x 2 for 4 of 16 rows)
+    assert out["history"][0]["reward/errors"] == 0
 
 
 def test_custom_reward_recipe_runs_as_documented(ray_cluster, tiny, tmp_path):

@@ -12,42 +12,53 @@ from coati.models import build_tiny_model
 from tests.e2e.test_launch import REWARD, start_run
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("threads_model"), vocab_multiple=8))
+def training_takes_the_producers_cores(run, cores: int, layers: int) -> None:
+    """A training step beside rollouts runs on one thread; lent the producers' cores right after it starts, it takes
+    them; given back when it ends."""
+    # GRPO's reference model (beta > 0) takes up a lend at its decoder layers as the trained model does.
+    assert run.actors.consumer_info[0]["lease_layers"] == 2 * layers
+    batch = ray.put(ray.get(run.producers[0].generate.remote(4)))
+    beside = ray.get(run.actors.train(batch, generating=True))[0]
+    assert beside["actor/threads"] == 1  # producers rolling out: one core each
+    # Lent right after the step starts (before it has fetched its batch, even): 16 micro-batches of one row, so the
+    # step sees it unless it ended first (retried twice).
+    seen = []
+    for _ in range(3):
+        refs = run.actors.train(batch, generating=True)
+        run.actors.lend_to_consumers()
+        seen.append(ray.get(refs)[0]["actor/threads"])
+        if seen[-1] == cores:
+            break
+    assert seen[-1] == cores, seen
+    # Given back when the step ends: the next step beside rollouts runs on one thread again.
+    assert ray.get(run.actors.train(batch, generating=True))[0]["actor/threads"] == 1
 
 
-def test_a_training_step_takes_the_cores_the_producers_stop_using(ray_cluster, tiny):
-    cores = len(os.sched_getaffinity(0))
-    if cores < 2:
-        pytest.skip("needs 2 cores to lend one")
-    run = start_run(tiny, core_algo="GRPO", max_staleness=1,
-                    grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1})  # fmt: skip
-    try:
-        # GRPO's reference model (beta > 0) takes up a lend at its decoder layers as the trained model does.
-        layers = AutoConfig.from_pretrained(tiny).num_hidden_layers
-        assert run.actors.consumer_info[0]["lease_layers"] == 2 * layers
-        batch = ray.put(ray.get(run.producers[0].generate.remote(4)))
-        beside = ray.get(run.actors.train(batch, generating=True))[0]
-        assert beside["actor/threads"] == 1  # producers rolling out: one core each
-        # Lent right after the step starts (before it has fetched its batch, even): 16 micro-batches of one row, so
-        # the step sees it unless it ended first (retried twice).
-        seen = []
-        for _ in range(3):
-            refs = run.actors.train(batch, generating=True)
-            run.actors.lend_to_consumers()
-            seen.append(ray.get(refs)[0]["actor/threads"])
-            if seen[-1] == cores:
-                break
-        assert seen[-1] == cores, seen
-        # Given back when the step ends: the next step beside rollouts runs on one thread again.
-        assert ray.get(run.actors.train(batch, generating=True))[0]["actor/threads"] == 1
-    finally:
-        run.shutdown()
+def rollouts_take_the_consumers_cores(run, cores: int) -> None:
+    """A rollout round beside training runs on one thread; lent the consumers' cores right after it starts, it takes
+    them from its next decode step; given back when the call ends, and a lend meant for an earlier round does not
+    reach the next one."""
+    beside = ray.get(run.actors.generate([4], training=True))[0]
+    assert set(beside.extras["threads"]) == {1}  # beside a training step: one core
+    # Lent right after the round starts: 16 rows of up to 200 tokens, so the round sees it unless it ended first
+    # (retried twice).
+    seen = []
+    for _ in range(3):
+        refs = run.actors.generate([4], training=True)
+        run.actors.lend_to_producers()
+        seen.append(int(ray.get(refs)[0].extras["threads"].max()))
+        if seen[-1] == cores:
+            break
+    assert seen[-1] == cores, seen
+    refs = run.actors.generate([4], training=True)
+    ray.get([p.set_threads.remote(cores, run.actors.generate_calls - 1) for p in run.producers])
+    assert set(ray.get(refs)[0].extras["threads"]) == {1}
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
-def test_a_rollout_round_takes_the_cores_training_stops_using(ray_cluster, tmp_path, backend):
+def test_each_side_takes_the_cores_the_other_stops_using(ray_cluster, tmp_path, backend):
+    """One run per backend (a launch costs seconds of actor start-up): the training step takes the producers' cores,
+    then a rollout round takes the consumers'."""
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip("needs 2 cores to lend one")
@@ -56,24 +67,10 @@ def test_a_rollout_round_takes_the_cores_training_stops_using(ray_cluster, tmp_p
     # head size 32, which vLLM's CPU attention takes
     tiny = str(build_tiny_model(tmp_path / "model", num_heads=2, vocab_multiple=8))
     run = start_run(tiny, core_algo="GRPO", max_staleness=1, backend=backend,
-                    generate_config={"max_new_tokens": 200, "temperature": 1.0},
-                    grpo_config={"lr": 1e-3, "reward_fn_type": REWARD}, inference_options={"dtype": "float32"})  # fmt: skip
+                    generate_config={"max_new_tokens": 200, "temperature": 1.0}, inference_options={"dtype": "float32"},
+                    grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1})  # fmt: skip
     try:
-        beside = ray.get(run.actors.generate([4], training=True))[0]
-        assert set(beside.extras["threads"]) == {1}  # beside a training step: one core
-        # Lent right after the round starts: 16 rows of up to 200 tokens, so the round sees it unless it ended first
-        # (retried twice).
-        seen = []
-        for _ in range(3):
-            refs = run.actors.generate([4], training=True)
-            run.actors.lend_to_producers()
-            seen.append(int(ray.get(refs)[0].extras["threads"].max()))
-            if seen[-1] == cores:
-                break
-        assert seen[-1] == cores, seen
-        # Given back when the call ends; a lend meant for an earlier round does not reach the next one.
-        refs = run.actors.generate([4], training=True)
-        ray.get([p.set_threads.remote(cores, run.actors.generate_calls - 1) for p in run.producers])
-        assert set(ray.get(refs)[0].extras["threads"]) == {1}
+        training_takes_the_producers_cores(run, cores, AutoConfig.from_pretrained(tiny).num_hidden_layers)
+        rollouts_take_the_consumers_cores(run, cores)
     finally:
         run.shutdown()
