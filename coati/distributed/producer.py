@@ -341,8 +341,10 @@ class Producer:
     def receive_weights(self) -> dict:
         """Receive one push per stage, each loaded as its buckets land (one stage at a time). Returns the version and
         how the push travelled: collective calls, the share of bytes sent straight from the consumer's weights (not
-        packed), and the share that went straight into the engine's weights (no staging copy)."""
-        totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0}
+        packed), and the share that went straight into the engine's weights (no staging copy); for an engine that
+        times them, the push's seconds and the seconds generation stood still for it."""
+        totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0,
+                  "receive_s": 0.0, "paused_s": 0.0}
         for name in self.weight_groups:
             if self.lora is None:
                 got = self.backend.receive_weights(name)
@@ -352,6 +354,8 @@ class Producer:
             for k in totals:
                 totals[k] += got.get(k, 0)
         out = {"version": self.version}
+        if totals["receive_s"]:  # an engine that times its pushes: how long, and how long generation stood still
+            out.update({"weights/receive_s": totals["receive_s"], "weights/paused_s": totals["paused_s"]})
         if totals["nbytes"]:
             n = totals["nbytes"]
             out.update({"weights/transfers": totals["transfers"], "weights/bytes": n,

@@ -271,14 +271,15 @@ def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):
 
 def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
     """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
-    batch keeps going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
+    engine keeps stepping while the push's bytes are awaited and stands still only for the reload; the batch keeps
+    going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
     labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
     clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
     import time
 
     from safetensors.torch import load_file
 
-    tiny, engine, sender, group = in_flight_engine(tmp_path, threads=3, max_new_tokens=400)
+    tiny, engine, sender, group = in_flight_engine(tmp_path, threads=3, max_new_tokens=960)
     shared = list(range(20, 60))
     prompts = [shared + [5, 6], shared + [7], shared + [8, 9, 10], shared + [11]]
     try:
@@ -289,15 +290,25 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
         pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
         ray.get(engine.count_steps.remote())
         long = engine.generate.remote(prompts, 4)
-        while ray.get(engine.steps_taken.remote()) < 5:  # the batch is under way: 16 rows of up to 400 tokens
+        while ray.get(engine.steps_taken.remote()) < 5:  # the batch is under way: 16 rows of up to 960 tokens
             time.sleep(0.05)
-        ray.get([sender.push.remote(group, pushed, 1), engine.receive.remote(group)])
+        receiving = engine.receive.remote(group)  # waits for the sender's bytes
+        time.sleep(0.1)  # the receive is under way
+        waiting, deadline = ray.get(engine.steps_taken.remote()), time.monotonic() + 10
+        while ray.get(engine.steps_taken.remote()) < waiting + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stepped = ray.get(engine.steps_taken.remote()) - waiting  # engine steps while the bytes were awaited
+        got = ray.get([sender.push.remote(group, pushed, 1), receiving])[1]
         assert not ray.wait([long], timeout=0)[0], "the batch ended before the push: make it longer"
         during = ray.get(long)
         after = ray.get(engine.generate.remote(prompts, 2))
     finally:
         for actor in (engine, sender):
             ray.kill(actor)
+    if not torch.cuda.is_available():  # on a CPU the engine keeps generating while the bytes are on their way
+        assert stepped >= 5, stepped
+        assert got["paused_s"] < got["receive_s"] - 0.1, got
+    assert got["version"] == 1 and got["receive_s"] > 0.1, got
     updated = with_weights(tiny, pushed, tmp_path / "updated")
     mask = during.response_mask.astype(bool)
     versions = during.token_versions

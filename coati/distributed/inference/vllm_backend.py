@@ -13,7 +13,8 @@ distribution each token was drawn from, after temperature, top-k and top-p. They
 Generation runs the engine step by step (``LLM.enqueue`` + ``LLMEngine.step``), and every push is labelled with
 vLLM's weight version (``set_weight_version``), so each completion reports which version sampled each of its tokens
 (``CompletionOutput.weight_versions``). With in-flight updates (``in_flight_updates``, set by the launch) a push may
-arrive while a batch is being generated: the generating thread stops between two engine steps, the push loads,
+arrive while a batch is being generated: on a CPU its bytes land while the engine keeps stepping, then the generating
+thread stops between two engine steps, the push loads,
 generation resumes with the running requests and their KV cache kept (tokens after the push attend to keys computed
 before it; the behaviour log-probs are what the engine sampled from, so the off-policy correction stays exact), and
 the prefix cache is cleared once the batch ends. The engine core then runs in this process without asynchronous
@@ -38,6 +39,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import typing
 from collections.abc import Mapping
 
@@ -206,6 +208,8 @@ class VLLMBackend(InferenceBackend):
         self._no_push = threading.Event()
         self._no_push.set()
         self._clear_prefix_cache = False
+        self._receive_running = not cuda
+        """whether a push's bytes are received while the engine keeps stepping (see ``receive_weights``)"""
         self._version = 0
         """the weights' version, each request's cache salt"""
         self._streamed: dict[str, tuple[int, list[int], int]] = {}
@@ -314,11 +318,22 @@ class VLLMBackend(InferenceBackend):
         self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank, group_name, backend, timeout_s))
 
     def receive_weights(self, group_name: str) -> dict:
-        """Every worker receives one push on ``group_name`` and reloads it; returns the version."""
+        """Every worker receives one push on ``group_name`` and reloads it; returns the version, and the seconds the
+        push took (``receive_s``, bytes and reload) and of those the engine stood still (``paused_s``). On a CPU the
+        bytes land while the engine keeps stepping (each worker receives into buffers of its own), and generation
+        pauses only for the reload; on a GPU it pauses for the whole push (the receive's collectives and the engine's
+        kernels would share the device, not yet measured there)."""
+        start = time.perf_counter()
+        version = None
+        if self._receive_running:
+            version = int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
         self._no_push.clear()  # the generating thread (if any) stops before its next step
         try:
             with self._engine_lock:
-                version = int(self.llm.collective_rpc("receive_weights", args=(group_name,))[0])
+                paused = time.perf_counter()
+                if version is None:
+                    version = int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
+                self.llm.collective_rpc("load_push")
                 self.engine.set_weight_version(str(version))
                 self._version = version
                 # Cached prefixes hold keys and values of the old weights; with requests running, clear once they end.
@@ -326,7 +341,8 @@ class VLLMBackend(InferenceBackend):
                 self._clear_prefix_cache = running or not self.llm.reset_prefix_cache()
         finally:
             self._no_push.set()
-        return {"version": version}
+        end = time.perf_counter()
+        return {"version": version, "receive_s": end - start, "paused_s": end - paused}
 
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Worker 0 receives one LoRA push; it is written as a PEFT folder and served under a new name and id

@@ -1,7 +1,8 @@
 """vLLM worker extension (``worker_extension_cls``; vLLM mixes it into each worker and calls it through
-``LLM.collective_rpc``): joins the consumer's weight group, reloads each push with the worker's ``reload_weights``
-(the model's own ``load_weights`` plus the platform's weight processing, so tensor-parallel sharding, q/k/v and
-gate/up fusion and CPU weight packing stay vLLM's job), and reads the weights back for tests."""
+``LLM.collective_rpc``): joins the consumer's weight group, receives each push into buffers of its own and then
+reloads it with the worker's ``reload_weights`` (the model's own ``load_weights`` plus the platform's weight
+processing, so tensor-parallel sharding, q/k/v and gate/up fusion and CPU weight packing stay vLLM's job), and reads
+the weights back for tests."""
 
 from __future__ import annotations
 
@@ -24,10 +25,9 @@ class WeightSyncExtension:
             world_size, rank, group_name, backend=backend, timeout_s=timeout_s, address=address
         )
 
-    def receive_weights(self, group_name: str) -> int:
-        """Receive one push and reload it; returns the version the consumer attached. The push is received whole
-        before the reload starts (``reload_weights`` takes an iterator and processes a layer once all of its
-        tensors are in), so the engine never runs on a half-loaded model."""
+    def receive_push(self, group_name: str) -> int:
+        """Receive one push whole into buffers of this worker's own, leaving the engine's weights untouched (the
+        engine may keep stepping meanwhile); returns the version the consumer attached. ``load_push`` applies it."""
         group = self._coati_groups[group_name]
         received: list[tuple[str, torch.Tensor]] = []
 
@@ -35,6 +35,14 @@ class WeightSyncExtension:
             received.extend((name, tensor.clone()) for name, tensor in bucket.items())
 
         loaded = ray_broadcast_tensor_dict(None, 0, group.device, group=group, on_bucket=keep)
+        self._coati_push = (received, group.device)
+        return loaded.version
+
+    def load_push(self) -> None:
+        """Reload the push ``receive_push`` kept into the engine's weights (called between two engine steps). It is
+        loaded whole (``reload_weights`` takes an iterator and processes a layer once all of its tensors are in), so
+        the engine never runs on a half-loaded model."""
+        (received, device), self._coati_push = self._coati_push, None
         names = {name for name, _ in received}
         if getattr(self.model_config.hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in names:
             # The consumer sends a tied embedding once. vLLM's reload re-processes a layer only when one of its
@@ -44,9 +52,8 @@ class WeightSyncExtension:
             if embed is not None:
                 received.append(("lm_head.weight", embed))
         self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
-        if group.device.type == "cuda":
+        if device.type == "cuda":
             torch.cuda.synchronize()
-        return loaded.version
 
     def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
         """Receive one LoRA push; returns (its version, the adapter's tensors on the CPU) for the producer, which
