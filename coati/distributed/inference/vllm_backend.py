@@ -323,16 +323,17 @@ class VLLMBackend(InferenceBackend):
         bytes land while the engine keeps stepping (each worker receives into buffers of its own), and generation
         pauses only for the reload; on a GPU it pauses for the whole push (the receive's collectives and the engine's
         kernels would share the device, not yet measured there)."""
+        def receive() -> int:
+            return int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
+
         start = time.perf_counter()
-        version = None
-        if self._receive_running:
-            version = int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
+        version = receive() if self._receive_running else None
         self._no_push.clear()  # the generating thread (if any) stops before its next step
         try:
             with self._engine_lock:
                 paused = time.perf_counter()
-                if version is None:
-                    version = int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
+                if not self._receive_running:
+                    version = receive()
                 self.llm.collective_rpc("load_push")
                 self.engine.set_weight_version(str(version))
                 self._version = version
