@@ -207,9 +207,17 @@ class ActorGroups:
 
     def lend_to_producers(self) -> None:
         """The training step has ended while a rollout round still runs: the round takes the consumers' cores from its
-        next decode step on (each producer gives them back when its call ends). Only while no training step runs."""
+        next decode step on (each producer gives them back when its call ends, or ``take_back_from_producers``)."""
+        self._producer_threads(training=False)
+
+    def take_back_from_producers(self) -> None:
+        """A training step is about to start while the rollout round lent the consumers' cores still runs: the round
+        goes back to its share from its next decode step on."""
+        self._producer_threads(training=True)
+
+    def _producer_threads(self, training: bool) -> None:
         if self.follow_work:
-            for p, n in zip(self.producers, self.threads(True, False)[0], strict=True):
+            for p, n in zip(self.producers, self.threads(True, training)[0], strict=True):
                 p.set_threads.remote(n, self.generate_calls)
 
     def connect_weight_group(self, timeout_s: float) -> None:

@@ -205,7 +205,10 @@ class Run:
     def _fill_while_training(self, train_refs, step: int, total: int) -> None:
         """While step ``step`` trains, roll out with the weights the producers hold (version step - 1) for the next
         steps, up to ``max_staleness`` steps' worth of groups (the pacing that keeps the bound), and only while
-        training is still running. Draining, the push then waits for the round in flight; in flight, it does not."""
+        training is still running. Draining, the push then waits for the round in flight, which takes the consumers'
+        cores once training has ended; in flight, the push does not wait, and the round takes them once the push has
+        landed (not during the push, which has the consumers sending), and gives them back if the next step's training
+        starts before it ends."""
         target = self.buffer.fill_target(total - step)
         while not ready(train_refs):
             if self.round is None:
@@ -216,7 +219,7 @@ class Run:
             wait_any(self.round.refs, train_refs)
             if ready(self.round.refs):
                 self._collect()
-        if not self.in_flight:  # the push waits for the round in flight: it may take the idle consumers' cores
+        if not self.in_flight:  # the push waits for the round in flight, which takes the idle consumers' cores
             if self.round is not None:
                 self.actors.lend_to_producers()
             self._settle()
@@ -266,6 +269,8 @@ class Run:
             batch = self._take(step)
             t_rollout = time.perf_counter() - t0
             asleep = self.actors.sleep() if self.sleep_while_training else {}
+            if self.round is not None:  # still in flight (pushes load mid-round): it gives back the consumers' cores
+                self.actors.take_back_from_producers()
             train_refs = self.actors.train(ray.put(batch), self._fills_while_training(step, total), total)
             t1 = time.perf_counter()
             if self.max_staleness >= 1 and step < total:
@@ -277,6 +282,8 @@ class Run:
             if self.sleep_while_training:
                 asleep["time/wake"] = self.actors.wake()
             t_push = self.push_weights()
+            if self.round is not None:  # pushed mid-round: the round still in flight takes the idle consumers' cores
+                self.actors.lend_to_producers()
             metrics = {"step": step, "total_steps": total, **self._step_metrics(step, batch),
                        "time/rollout_wait": t_rollout, "time/train": t_train, "time/weight_push": t_push,
                        "time/step": time.perf_counter() - t0, **self.push_stats}  # fmt: skip

@@ -187,7 +187,10 @@ class Producer:
             out.token_versions = np.where(out.response_mask, start[:, None], 0)
         out.policy_version = oldest_versions(out.token_versions, out.trained_mask(), start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
-        out.extras["threads"] = np.full(len(out), self.threads.used, dtype=np.int64)
+        # The threads this call started with, the most it ran with, and those it ended with (cores lent, taken back).
+        threads = {"threads_start": self.threads.started, "threads": self.threads.used,
+                   "threads_end": torch.get_num_threads()}  # fmt: skip
+        out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in threads.items()})
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()

@@ -89,6 +89,10 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "rollout/stale_dropped_groups": draws.stale_dropped_groups,
         "rollout/skipped_prompts": int(ex["skipped_prompts"].sum()) if "skipped_prompts" in ex else 0,
         "rollout/threads": int(ex["threads"].max()) if "threads" in ex else 1,  # CPU threads a producer generated with
+        # Rows of rounds that took the consumers' cores once training ended, and of those that gave them back when
+        # the next training step began before the round ended.
+        "rollout/rows_lent_cores": int((ex["threads"] > ex["threads_start"]).sum()) if "threads_start" in ex else 0,
+        "rollout/rows_cores_taken_back": int((ex["threads"] > ex["threads_end"]).sum()) if "threads_end" in ex else 0,
         "rollout/policy_lag_mean": float(lag.mean()),
         "rollout/policy_lag_max": int(lag.max()),
         "rollout/token_lag_mean": float(token_lag.mean()) if token_lag.size else 0.0,

@@ -24,9 +24,10 @@ class ThreadLease:
         """this actor's own threads between calls (None: ``COATI_THREADS``, default 1), and the function that sets the
         calling thread's (vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op, so a producer passes
         torch's own, kept before)"""
-        self.call, self.lent, self.used = None, (-1, self.base), 0
-        """the call in progress (its number, None between calls), the (call, threads) lent for it, and the most
-        threads the call has run with (read back from torch, so what the work got, not what was asked)"""
+        self.call, self.lent, self.started, self.used = None, (-1, self.base), 0, 0
+        """the call in progress (its number, None between calls), the (call, threads) lent for it, and the threads
+        the call started with and the most it has run with (read back from torch, so what the work got, not what was
+        asked)"""
         setter(self.base)
 
     @contextlib.contextmanager
@@ -34,7 +35,7 @@ class ThreadLease:
         """Run call ``call`` with ``threads`` (None: ``base``), raised by a lend for it, then give the cores back."""
         self.call = call
         self.setter(threads or self.base)
-        self.used = 0
+        self.started, self.used = torch.get_num_threads(), 0
         self.apply()  # a lend that arrived before its call started still holds
         try:
             yield
@@ -43,7 +44,8 @@ class ThreadLease:
             self.call = None
 
     def lend(self, n: int, call: int) -> None:
-        """Call ``call`` may use ``n`` threads from the working thread's next ``apply`` on."""
+        """Call ``call`` uses ``n`` threads from the working thread's next ``apply`` on (more than it has: cores lent;
+        fewer: cores lent earlier taken back)."""
         self.lent = (call, n)
 
     def apply(self) -> None:

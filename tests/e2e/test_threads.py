@@ -3,6 +3,7 @@ takes their cores from its next micro-batch on, and gives them back when it ends
 round still running takes the consumers' cores from its next decode step on, on both backends stepped in-process."""
 
 import os
+import time
 
 import pytest
 import ray
@@ -37,7 +38,7 @@ def training_takes_the_producers_cores(run, cores: int, layers: int) -> None:
 def rollouts_take_the_consumers_cores(run, cores: int) -> None:
     """A rollout round beside training runs on one thread; lent the consumers' cores right after it starts, it takes
     them from its next decode step; given back when the call ends, and a lend meant for an earlier round does not
-    reach the next one."""
+    reach the next one; taken back while the round runs, the round goes on with its share."""
     beside = ray.get(run.actors.generate([4], training=True))[0]
     assert set(beside.extras["threads"]) == {1}  # beside a training step: one core
     # Lent right after the round starts: 16 rows of up to 200 tokens, so the round sees it unless it ended first
@@ -53,6 +54,19 @@ def rollouts_take_the_consumers_cores(run, cores: int) -> None:
     refs = run.actors.generate([4], training=True)
     ray.get([p.set_threads.remote(cores, run.actors.generate_calls - 1) for p in run.producers])
     assert set(ray.get(refs)[0].extras["threads"]) == {1}
+    # Taken back while it still runs (the next training step starts): it goes on with its share.
+    seen = []
+    for _ in range(3):
+        refs = run.actors.generate([4], training=True)
+        run.actors.lend_to_producers()
+        time.sleep(0.3)
+        run.actors.take_back_from_producers()
+        extras = ray.get(refs)[0].extras
+        seen.append((int(extras["threads_start"][0]), int(extras["threads"][0]), int(extras["threads_end"][0]),
+                     round(float(extras["time/generate"][0]), 2)))  # fmt: skip
+        if seen[-1][:3] == (1, cores, 1):
+            break
+    assert seen[-1][:3] == (1, cores, 1), seen
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])

@@ -64,6 +64,9 @@ def test_in_flight_updates_land_mid_round_and_keep_the_bound(ray_cluster, tiny):
         run.shutdown()
     history = out["history"]
     assert sum(m["rollout/mixed_version_rows"] for m in history) > 0, "no push landed while a round was generated"
+    # A round begun beside training and still running when training ended took the consumer's idle core.
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert sum(m["rollout/rows_lent_cores"] for m in history) > 0, [m["rollout/threads"] for m in history]
     for m in history:
         assert m["rollout/policy_lag_max"] <= k and m["rollout/stale_dropped_groups"] == 0, m
         assert m["rollout/token_lag_mean"] <= m["rollout/policy_lag_mean"] + 1e-9, m
