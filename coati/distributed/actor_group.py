@@ -249,7 +249,8 @@ class ActorGroups:
         """Every consumer pushes (senders send, the others take part in gathers), every producer receives; returns
         how the push travelled, as producer 0 saw it (all producers receive the same transfers)."""
         refs = [c.push_weights.remote(version) for c in self.consumers]
-        refs += [p.receive_weights.remote() for p in self.producers]
+        # An engine loads a push once it is whole, when the consumers have sent theirs: it may take their cores.
+        refs += [p.receive_weights.remote(t) for p, t in zip(self.producers, self.threads(True, False)[0], strict=True)]
         received = get(refs, f"weight push {version}")[len(self.consumers) :]
         return {k: v for k, v in received[0].items() if k.startswith("weights/")}
 

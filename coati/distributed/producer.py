@@ -20,11 +20,6 @@ from coati.distributed.forward import generation_dtype
 from coati.distributed.rollout import RolloutBatch, oldest_versions
 from coati.distributed.threads import ThreadLease
 
-SET_NUM_THREADS = torch.set_num_threads
-"""torch's own setter, kept before any engine loads: vLLM's CPU worker replaces ``torch.set_num_threads`` with a
-no-op (it assumes threads bound to cores; this backend leaves them unbound), which would keep generation on one
-thread however many cores it is given"""
-
 
 class Producer:
     def __init__(
@@ -62,7 +57,7 @@ class Producer:
         self.trainer_precision = trainer_precision
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
-        self.threads = ThreadLease(setter=SET_NUM_THREADS)
+        self.threads = ThreadLease()
         """the cores of the rollout call in progress, raised by ``set_threads``"""
         self.idx, self.num_producers = producer_idx, num_producers
         self.model_path, self.backend_name = model_path, backend
@@ -341,16 +336,19 @@ class Producer:
         self.weight_groups = list(group_names)
         return True
 
-    def receive_weights(self) -> dict:
-        """Receive one push per stage, each loaded as its buckets land (one stage at a time). Returns the version and
+    def receive_weights(self, threads: int | None = None) -> dict:
+        """Receive one push per stage, each loaded as its buckets land (one stage at a time); an engine that loads a
+        push once it is in loads it with ``threads`` (None: the receiving thread's own). Returns the version and
         how the push travelled: collective calls, the share of bytes sent straight from the consumer's weights (not
         packed), and the share that went straight into the engine's weights (no staging copy); for an engine that
-        times them, the push's seconds and the seconds generation stood still for it."""
+        times them, the push's seconds, the seconds generation stood still for it and the threads it loaded with."""
         totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0,
                   "receive_s": 0.0, "paused_s": 0.0}
+        load_threads = 0
         for name in self.weight_groups:
             if self.lora is None:
-                got = self.backend.receive_weights(name)
+                got = self.backend.receive_weights(name, threads)
+                load_threads = max(load_threads, got.get("load_threads", 0))
             else:
                 got = self.backend.receive_adapter(name, self.lora)
             self.version = got["version"]
@@ -358,7 +356,8 @@ class Producer:
                 totals[k] += got.get(k, 0)
         out = {"version": self.version}
         if totals["receive_s"]:  # an engine that times its pushes: how long, and how long generation stood still
-            out.update({"weights/receive_s": totals["receive_s"], "weights/paused_s": totals["paused_s"]})
+            out.update({"weights/receive_s": totals["receive_s"], "weights/paused_s": totals["paused_s"],
+                        "weights/load_threads": load_threads})  # fmt: skip
         if totals["nbytes"]:
             n = totals["nbytes"]
             out.update({"weights/transfers": totals["transfers"], "weights/bytes": n,

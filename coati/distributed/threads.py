@@ -5,7 +5,8 @@ side stops working the driver lends its cores to the call still running (``lend`
 working thread takes them up at the next point where it applies the lease (``apply``): a decode step for the engine,
 a pass, or a decoder layer of the trained model in its forward and its backward (``follow_layers``). OpenMP's thread
 count belongs to the calling thread, so only the working thread may change it; the lent cores go back when the call
-ends. A lend names its call, so one that arrives late never reaches a later call.
+ends. A lend names its call, so one that arrives late never reaches a later call. ``cores`` gives a piece of work
+outside a call (a push's reload, say) the cores the driver names for it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,32 @@ from collections.abc import Callable
 
 import torch
 
+SET_NUM_THREADS = torch.set_num_threads
+"""torch's own setter, kept before any engine loads (this module is imported before one is): vLLM's CPU worker replaces
+``torch.set_num_threads`` with a no-op (it assumes threads bound to cores; coati leaves them unbound), which would keep
+generation on one thread however many cores it is given"""
+
+
+@contextlib.contextmanager
+def cores(n: int | None):
+    """The calling thread runs with ``n`` threads inside (None: as it is), then with those it had."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    SET_NUM_THREADS(n)
+    try:
+        yield
+    finally:
+        SET_NUM_THREADS(before)
+
 
 class ThreadLease:
-    def __init__(self, base: int | None = None, setter: Callable[[int], None] = torch.set_num_threads):
+    def __init__(self, base: int | None = None, setter: Callable[[int], None] = SET_NUM_THREADS):
         self.base = int(os.environ.get("COATI_THREADS", "1")) if base is None else base
         self.setter = setter
         """this actor's own threads between calls (None: ``COATI_THREADS``, default 1), and the function that sets the
-        calling thread's (vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op, so a producer passes
-        torch's own, kept before)"""
+        calling thread's (torch's own, ``SET_NUM_THREADS``)"""
         self.call, self.lent, self.started, self.used = None, (-1, self.base), 0, 0
         """the call in progress (its number, None between calls), the (call, threads) lent for it, and the threads
         the call started with and the most it has run with (read back from torch, so what the work got, not what was

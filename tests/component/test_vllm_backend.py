@@ -51,8 +51,8 @@ class Engine:
         self.backend.join_weight_group(world_size, rank, group, "gloo", 60.0)
         return True
 
-    def receive(self, group):
-        return self.backend.receive_weights(group)
+    def receive(self, group, threads=None):
+        return self.backend.receive_weights(group, threads)
 
     def receive_adapter(self, group, lora):
         return self.backend.receive_adapter(group, lora)
@@ -271,7 +271,8 @@ def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):
 
 def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
     """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
-    engine keeps stepping while the push's bytes are awaited and stands still only for the reload; the batch keeps
+    engine keeps stepping while the push's bytes are awaited and stands still only for the reload (which runs on the
+    threads it is given, the engine's cores being free then); the batch keeps
     going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
     labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
     clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
@@ -293,7 +294,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
         long = engine.generate.remote(prompts, 4)
         while ray.get(engine.steps_taken.remote()) < 5:  # the batch is under way: 16 rows of up to 960 tokens
             time.sleep(0.05)
-        receiving = engine.receive.remote(group)  # waits for the sender's bytes
+        receiving = engine.receive.remote(group, 2)  # waits for the sender's bytes; reloads on 2 threads
         time.sleep(0.1)  # the receive is under way
         waiting, deadline = ray.get(engine.steps_taken.remote()), time.monotonic() + 10
         while on_cpu and ray.get(engine.steps_taken.remote()) < waiting + 5 and time.monotonic() < deadline:
@@ -309,7 +310,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     if on_cpu:  # the engine keeps generating while the bytes are on their way
         assert stepped >= 5, stepped
         assert got["paused_s"] < got["receive_s"] - 0.1, got
-    assert got["version"] == 1 and got["receive_s"] > 0.1, got
+    assert got["version"] == 1 and got["receive_s"] > 0.1 and got["load_threads"] == 2, got
     updated = with_weights(tiny, pushed, tmp_path / "updated")
     mask = during.response_mask.astype(bool)
     versions = during.token_versions

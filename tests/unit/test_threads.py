@@ -1,11 +1,12 @@
 """ThreadLease: a call's cores raised by a lend for that call only, taken up by the working thread between decoder
-layers in the forward and the backward (so a step of one pass uses cores lent mid-pass), and given back at the end."""
+layers in the forward and the backward (so a step of one pass uses cores lent mid-pass), taken back by a smaller
+lend, and given back at the end; ``cores`` for work outside a call."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from coati.distributed.threads import ThreadLease
+from coati.distributed.threads import ThreadLease, cores
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +91,29 @@ def test_a_lend_before_its_call_starts_still_holds_and_never_reaches_a_later_cal
         lease.apply()
         assert torch.get_num_threads() == 1 and lease.used == 1
     assert lease.call is None
+
+
+def test_a_lend_can_take_cores_back_and_the_lease_records_what_the_call_started_with():
+    lease = ThreadLease(1)
+    with lease.running(7, 1):
+        lease.lend(2, 7)
+        lease.apply()
+        lease.lend(1, 7)  # the next training step starts before the round ends
+        lease.apply()
+        assert torch.get_num_threads() == 1
+    assert (lease.started, lease.used) == (1, 2)
+
+
+def test_cores_sets_the_calling_threads_count_inside_only():
+    torch.set_num_threads(1)
+    with cores(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1
+    with cores(None):
+        assert torch.get_num_threads() == 1
+    with pytest.raises(RuntimeError), cores(2):
+        raise RuntimeError("the count comes back on an error too")
+    assert torch.get_num_threads() == 1
 
 
 def test_a_transformers_model_has_its_decoder_layers_followed():

@@ -144,10 +144,11 @@ class InferenceBackend:
 
         init_group(world_size, rank, group_name, backend=backend, timeout_s=timeout_s)
 
-    def receive_weights(self, group_name: str) -> dict:
+    def receive_weights(self, group_name: str, threads: int | None = None) -> dict:
         """Receive one push on ``group_name``; returns {"version": the consumer's, and how the push travelled:
         "transfers" (collective calls), "nbytes", "direct_bytes" (sent straight from the consumer's weights, not
-        packed), "in_place_bytes" (landed straight in the engine's weights)}."""
+        packed), "in_place_bytes" (landed straight in the engine's weights)}. ``threads`` are the cores for loading a
+        push once it is whole; here it lands in the weights as it arrives, leaving nothing to load after."""
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         loaded = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name,

@@ -135,8 +135,8 @@ class SGLangBackend(InferenceBackend):
         for batch in self._as_batches(weights):
             self.engine.update_weights_from_tensor(named_tensors=list(batch.items()), flush_cache=False)
 
-    def receive_weights(self, group_name: str) -> dict:
-        got = super().receive_weights(group_name)
+    def receive_weights(self, group_name: str, threads: int | None = None) -> dict:
+        got = super().receive_weights(group_name, threads)
         self.engine.flush_cache()
         return got
 

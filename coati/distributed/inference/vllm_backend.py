@@ -50,6 +50,7 @@ from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.rollout import RolloutBatch
+from coati.distributed.threads import cores
 
 EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
 CPU_KV_CACHE_GIB = 1.0
@@ -317,12 +318,13 @@ class VLLMBackend(InferenceBackend):
         address = group_address(group_name, timeout_s)
         self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank, group_name, backend, timeout_s))
 
-    def receive_weights(self, group_name: str) -> dict:
-        """Every worker receives one push on ``group_name`` and reloads it; returns the version, and the seconds the
-        push took (``receive_s``, bytes and reload) and of those the engine stood still (``paused_s``). On a CPU the
-        bytes land while the engine keeps stepping (each worker receives into buffers of its own), and generation
-        pauses only for the reload; on a GPU it pauses for the whole push (the receive's collectives and the engine's
-        kernels would share the device, not yet measured there)."""
+    def receive_weights(self, group_name: str, threads: int | None = None) -> dict:
+        """Every worker receives one push on ``group_name`` and reloads it, with ``threads`` (None: the calling
+        thread's own; the engine stands still meanwhile, so its cores are free); returns the version, the seconds the
+        push took (``receive_s``, bytes and reload), of those the engine stood still (``paused_s``), and the threads
+        the reload ran with. On a CPU the bytes land while the engine keeps stepping (each worker receives into
+        buffers of its own), and generation pauses only for the reload; on a GPU it pauses for the whole push (the
+        receive's collectives and the engine's kernels would share the device, not yet measured there)."""
         def receive() -> int:
             return int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
 
@@ -334,7 +336,8 @@ class VLLMBackend(InferenceBackend):
                 paused = time.perf_counter()
                 if not self._receive_running:
                     version = receive()
-                self.llm.collective_rpc("load_push")
+                with cores(threads):  # the in-process executor reloads in this thread
+                    load_threads = max(self.llm.collective_rpc("load_push"))
                 self.engine.set_weight_version(str(version))
                 self._version = version
                 # Cached prefixes hold keys and values of the old weights; with requests running, clear once they end.
@@ -343,7 +346,7 @@ class VLLMBackend(InferenceBackend):
         finally:
             self._no_push.set()
         end = time.perf_counter()
-        return {"version": version, "receive_s": end - start, "paused_s": end - paused}
+        return {"version": version, "receive_s": end - start, "paused_s": end - paused, "load_threads": load_threads}
 
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Worker 0 receives one LoRA push; it is written as a PEFT folder and served under a new name and id

@@ -38,10 +38,10 @@ class WeightSyncExtension:
         self._coati_push = (received, group.device)
         return loaded.version
 
-    def load_push(self) -> None:
-        """Reload the push ``receive_push`` kept into the engine's weights (called between two engine steps). It is
-        loaded whole (``reload_weights`` takes an iterator and processes a layer once all of its tensors are in), so
-        the engine never runs on a half-loaded model."""
+    def load_push(self) -> int:
+        """Reload the push ``receive_push`` kept into the engine's weights (called between two engine steps); returns
+        the threads it ran with. It is loaded whole (``reload_weights`` takes an iterator and processes a layer once
+        all of its tensors are in), so the engine never runs on a half-loaded model."""
         (received, device), self._coati_push = self._coati_push, None
         names = {name for name, _ in received}
         if getattr(self.model_config.hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in names:
@@ -54,6 +54,7 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
+        return torch.get_num_threads()
 
     def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
         """Receive one LoRA push; returns (its version, the adapter's tensors on the CPU) for the producer, which
