@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 
 import torch
 
@@ -38,28 +37,27 @@ def cores(n: int | None):
 
 
 class ThreadLease:
-    def __init__(self, base: int | None = None, setter: Callable[[int], None] = SET_NUM_THREADS):
+    def __init__(self, base: int | None = None):
         self.base = int(os.environ.get("COATI_THREADS", "1")) if base is None else base
-        self.setter = setter
-        """this actor's own threads between calls (None: ``COATI_THREADS``, default 1), and the function that sets the
-        calling thread's (torch's own, ``SET_NUM_THREADS``)"""
+        """this actor's own threads between calls (None: ``COATI_THREADS``, default 1), set with torch's own setter
+        (``SET_NUM_THREADS``)"""
         self.call, self.lent, self.started, self.used = None, (-1, self.base), 0, 0
         """the call in progress (its number, None between calls), the (call, threads) lent for it, and the threads
         the call started with and the most it has run with (read back from torch, so what the work got, not what was
         asked)"""
-        setter(self.base)
+        SET_NUM_THREADS(self.base)
 
     @contextlib.contextmanager
     def running(self, call: int | None, threads: int | None):
         """Run call ``call`` with ``threads`` (None: ``base``), raised by a lend for it, then give the cores back."""
         self.call = call
-        self.setter(threads or self.base)
+        SET_NUM_THREADS(threads or self.base)
         self.started, self.used = torch.get_num_threads(), 0
         self.apply()  # a lend that arrived before its call started still holds
         try:
             yield
         finally:
-            self.setter(self.base)
+            SET_NUM_THREADS(self.base)
             self.call = None
 
     def lend(self, n: int, call: int) -> None:
@@ -70,7 +68,7 @@ class ThreadLease:
     def apply(self) -> None:
         """In the working thread, between two pieces of work: take up a lend for the call in progress."""
         if self.call is not None and self.lent[0] == self.call and torch.get_num_threads() != self.lent[1]:
-            self.setter(self.lent[1])
+            SET_NUM_THREADS(self.lent[1])
         self.used = max(self.used, torch.get_num_threads())
 
     def follow_layers(self, model: torch.nn.Module) -> int:
