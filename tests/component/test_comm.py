@@ -68,7 +68,8 @@ class PeerBase:
             got.update({k: destinations[k] for k in in_place})
         else:  # returned as the destination tensor itself
             in_place = sorted(k for k, v in got.items() if k in ptrs and v.data_ptr() == ptrs[k])
-        return {"tensors": got, "in_place": in_place, "streamed": sorted(streamed), "returned": sorted(out)}
+        return {"tensors": got, "in_place": in_place, "streamed": sorted(streamed), "returned": sorted(out),
+                "in_place_bytes": out.in_place_bytes}  # fmt: skip
 
     def pull(self, group, bucket_bytes=1 << 20, stream=False):
         from coati.distributed.comm import ray_broadcast_tensor_dict
@@ -250,6 +251,7 @@ def test_large_tensors_land_in_their_destinations(topology, stream):
     _, *received = ray.get(refs, timeout=120)
     for r in received:
         assert r["in_place"] == ["big", "big_bf16", "big_strided"]
+        assert r["in_place_bytes"] == sum(tensors[k].numel() * tensors[k].element_size() for k in r["in_place"])
         assert_bitwise_equal(r["tensors"], tensors)
         if stream:
             assert r["streamed"] == ["no_destination", "small", "wrong_dtype"] and r["returned"] == ["step"]

@@ -57,6 +57,14 @@ class Engine:
     def receive_adapter(self, group, lora):
         return self.backend.receive_adapter(group, lora)
 
+    def receive_bytes(self, group):
+        """The first half of ``receive``, alone: every worker takes the push's bytes and does not reload."""
+        return self.backend.llm.collective_rpc("receive_push", args=(group,))[0]
+
+    def load_received(self):
+        """The second half: reload what ``receive_bytes`` took."""
+        return self.backend.llm.collective_rpc("load_push")
+
     def weights(self):
         return self.backend.state_dict()
 
@@ -96,10 +104,11 @@ class Sender:
         init_group(world_size, 0, group, timeout_s=60.0)
         return True
 
-    def push(self, group, tensors, version):
+    def push(self, group, tensors, version, direct_bytes=1 << 20):
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
-        ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16)
+        ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16,
+                                  direct_bytes=direct_bytes)  # fmt: skip
         return True
 
 
@@ -258,6 +267,43 @@ def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray
     expected = trainer_logprobs(with_weights(tiny, pushed, tmp_path / "updated"), after, 0.7)
     mask = after.response_mask.astype(bool)
     np.testing.assert_allclose(after.rollout_logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+
+
+def test_pushes_after_the_first_land_in_kept_buffers_the_engine_never_reads(ray_cluster, tiny):
+    """On the CPU a worker keeps its receive buffers: the first push lands in fresh memory, each later one in place in
+    the previous one's tensors (tensors of 4 KiB or more travel alone here, so nearly every byte), and vLLM's reload
+    copies out of them: bytes received but not yet reloaded leave the engine's weights bitwise as they were, and a
+    push received in place then reloads bitwise."""
+    from safetensors.torch import load_file
+
+    if torch.cuda.is_available():
+        pytest.skip("receive buffers are kept on the CPU only")
+    engine, sender = start("vllm", tiny), ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"vllm-kept-{uuid.uuid4().hex[:8]}"
+    original = load_file(f"{tiny}/model.safetensors")
+    torch.manual_seed(5)
+    pushes = [{k: v + 0.05 * (i + 1) * torch.randn_like(v) for k, v in original.items()} for i in range(3)]
+    try:
+        ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
+        first = ray.get([sender.push.remote(group, pushes[0], 1, 4096), engine.receive.remote(group)])[1]
+        after_first = ray.get(engine.weights.remote())
+        bytes_only = ray.get([sender.push.remote(group, pushes[1], 2, 4096), engine.receive_bytes.remote(group)])[1]
+        still_first = ray.get(engine.weights.remote())
+        ray.get(engine.load_received.remote())
+        after_second = ray.get(engine.weights.remote())
+        third = ray.get([sender.push.remote(group, pushes[2], 3, 4096), engine.receive.remote(group)])[1]
+        after_third = ray.get(engine.weights.remote())
+    finally:
+        for actor in (engine, sender):
+            ray.kill(actor)
+    assert first["version"] == 1 and first["in_place_bytes"] == 0, first
+    assert first["direct_bytes"] > 0.9 * first["nbytes"], first
+    for got in (bytes_only, third):
+        assert got["in_place_bytes"] == got["direct_bytes"] == first["direct_bytes"], (first, got)
+    for weights, pushed in ((after_first, pushes[0]), (still_first, pushes[0]), (after_second, pushes[1]),
+                            (after_third, pushes[2])):  # fmt: skip
+        differ = [k for k, v in pushed.items() if not torch.equal(weights[k], v)]
+        assert not differ, differ
 
 
 def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):

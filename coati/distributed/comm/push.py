@@ -145,7 +145,9 @@ def ray_broadcast_tensor_dict(
                     result[e.key] = into[e.key]
             # Keep the sender's key order.
             order = {e.key: i for i, e in enumerate(schema.entries)}
+            in_place = result.in_place_bytes
             result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
+            result.in_place_bytes = in_place
     result.version = version
     result.transfers, result.nbytes = len(schema.sizes), sum(schema.sizes)
     result.direct_bytes = sum(size for size, d in zip(schema.sizes, schema.direct, strict=True) if d)

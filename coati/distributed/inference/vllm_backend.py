@@ -320,22 +320,24 @@ class VLLMBackend(InferenceBackend):
 
     def receive_weights(self, group_name: str, threads: int | None = None) -> dict:
         """Every worker receives one push on ``group_name`` and reloads it, with ``threads`` (None: the calling
-        thread's own; the engine stands still meanwhile, so its cores are free); returns the version, the seconds the
-        push took (``receive_s``, bytes and reload), of those the engine stood still (``paused_s``), and the threads
-        the reload ran with. On a CPU the bytes land while the engine keeps stepping (each worker receives into
+        thread's own; the engine stands still meanwhile, so its cores are free); returns the version, how the push
+        travelled (as the base class's, worker 0's; "in_place_bytes": landed in the worker's kept receive buffers),
+        the seconds it took (``receive_s``, bytes and reload), of those the engine stood still (``paused_s``), and the
+        threads the reload ran with. On a CPU the bytes land while the engine keeps stepping (each worker receives into
         buffers of its own), and generation pauses only for the reload; on a GPU it pauses for the whole push (the
         receive's collectives and the engine's kernels would share the device, not yet measured there)."""
-        def receive() -> int:
-            return int(self.llm.collective_rpc("receive_push", args=(group_name,))[0])
+        def receive() -> dict:
+            return self.llm.collective_rpc("receive_push", args=(group_name,))[0]
 
         start = time.perf_counter()
-        version = receive() if self._receive_running else None
+        got = receive() if self._receive_running else None
         self._no_push.clear()  # the generating thread (if any) stops before its next step
         try:
             with self._engine_lock:
                 paused = time.perf_counter()
                 if not self._receive_running:
-                    version = receive()
+                    got = receive()
+                version = int(got["version"])
                 with cores(threads):  # the in-process executor reloads in this thread
                     load_threads = max(self.llm.collective_rpc("load_push"))
                 self.engine.set_weight_version(str(version))
@@ -346,7 +348,8 @@ class VLLMBackend(InferenceBackend):
         finally:
             self._no_push.set()
         end = time.perf_counter()
-        return {"version": version, "receive_s": end - start, "paused_s": end - paused, "load_threads": load_threads}
+        return {**got, "version": version, "receive_s": end - start, "paused_s": end - paused,
+                "load_threads": load_threads}  # fmt: skip
 
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Worker 0 receives one LoRA push; it is written as a PEFT folder and served under a new name and id
