@@ -12,10 +12,11 @@ STEP_TIMEOUT_S = 3600.0
 """the longest the driver waits for one fan-out (a rollout round, a training step, ...)"""
 
 KEEP_FREED_MEMORY = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
-"""glibc's malloc settings for consumers on a CPU (``GLIBC_TUNABLES``): one heap whose freed memory stays mapped.
+"""glibc's malloc settings for actors on a CPU (``GLIBC_TUNABLES``): one heap whose freed memory stays mapped.
 By default glibc maps every allocation over 32 MB afresh and unmaps it when freed, so each training step faulted in
 the pages of its largest tensors again (the tied embedding's weight cast and gradients: ~90,000 page faults a step on
-SmolLM2-135M); kept, a step reuses them. A ``GLIBC_TUNABLES`` in the driver's environment is passed on instead."""
+SmolLM2-135M), and each push's reload in a vLLM producer the pages of the layers it rebuilds; kept, they reuse them.
+A ``GLIBC_TUNABLES`` in the driver's environment is passed on instead."""
 
 ACTOR_NAMES: dict[str, str] = {}
 """actor id (hex) -> the name the driver gave it, for error messages"""
@@ -62,9 +63,9 @@ def _first_line(e: Exception) -> str:
     return (tail[-1] if tail else text[0] if text else type(e).__name__)[:500]
 
 
-def consumer_env(env: dict, gpus: float) -> dict:
-    """``env`` (the actors' ``runtime_env`` options) for a consumer holding ``gpus`` GPUs: on a CPU, with the
-    malloc settings that keep freed memory (``KEEP_FREED_MEMORY``, or the driver's own ``GLIBC_TUNABLES``)."""
+def cpu_actor_env(env: dict, gpus: float) -> dict:
+    """``env`` (the actors' ``runtime_env`` options) for a producer or consumer holding ``gpus`` GPUs: on a CPU, with
+    the malloc settings that keep freed memory (``KEEP_FREED_MEMORY``, or the driver's own ``GLIBC_TUNABLES``)."""
     if gpus > 0:
         return env
     tunables = os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)
@@ -121,7 +122,8 @@ class ActorGroups:
         self.reward_servers = self._start_reward_servers(env)
         for i, slot in enumerate(p.producer_slots):
             options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(Producer).options(**options, **env, **threads, name=f"{self.run_name}-producer-{i}")
+            actor = ray.remote(Producer).options(**options, **cpu_actor_env(env, slot.num_gpus), **threads,
+                                                 name=f"{self.run_name}-producer-{i}")  # fmt: skip
             self.producers.append(actor.remote(
                 i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
                 p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
@@ -137,7 +139,7 @@ class ActorGroups:
         port = self.master_port or _free_port()
         for rank, slot in enumerate(p.consumer_slots):
             options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(GRPOConsumer).options(**options, **consumer_env(env, slot.num_gpus), **lend,
+            actor = ray.remote(GRPOConsumer).options(**options, **cpu_actor_env(env, slot.num_gpus), **lend,
                                                      name=f"{self.run_name}-consumer-{rank}")  # fmt: skip
             self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
                                                c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip

@@ -7,6 +7,7 @@ scoring overlaps the next micro-batch's generation.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -110,7 +111,8 @@ class Producer:
         from coati.distributed.placement import whereabouts
 
         return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", "")),
-                "dtype": options.get("dtype", "the backend's default")}  # fmt: skip
+                "dtype": options.get("dtype", "the backend's default"),
+                "malloc": os.environ.get("GLIBC_TUNABLES", "")}  # fmt: skip
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 

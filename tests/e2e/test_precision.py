@@ -24,7 +24,7 @@ def one_step_delta(tiny, compute_dtype: str) -> dict:
         (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
         assert consumer["compute_dtype"] == compute_dtype
         assert consumer["attention"] == "coati_sdpa"  # on a CPU: bf16 calls take its matmul path, fp32 ones SDPA
-        assert consumer["malloc"] == KEEP_FREED_MEMORY  # on a CPU: freed memory stays mapped
+        assert consumer["malloc"] == producer["malloc"] == KEEP_FREED_MEMORY  # on a CPU: freed memory stays mapped
         assert producer["dtype"] == ("bfloat16" if compute_dtype == "bf16" else "the backend's default")
         before = run.full_weights()
         out = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
