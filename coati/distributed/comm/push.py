@@ -143,11 +143,11 @@ def ray_broadcast_tensor_dict(
             for e in schema.entries:  # received in place: hand back the destination
                 if e.key not in result:
                     result[e.key] = into[e.key]
-            # Keep the sender's key order.
+            # Keep the sender's key order, in the same dict (what ``_receive`` recorded on it stays).
             order = {e.key: i for i, e in enumerate(schema.entries)}
-            in_place = result.in_place_bytes
-            result = VersionedDict(sorted(result.items(), key=lambda kv: order.get(kv[0], -1)))
-            result.in_place_bytes = in_place
+            ordered = sorted(result.items(), key=lambda kv: order.get(kv[0], -1))
+            result.clear()
+            result.update(ordered)
     result.version = version
     result.transfers, result.nbytes = len(schema.sizes), sum(schema.sizes)
     result.direct_bytes = sum(size for size, d in zip(schema.sizes, schema.direct, strict=True) if d)

@@ -21,6 +21,8 @@ class WeightSyncExtension:
         rank = rank_offset + getattr(self, "rank", 0)
         if not hasattr(self, "_coati_groups"):
             self._coati_groups = {}
+            self._coati_kept: dict[str, dict[str, torch.Tensor]] = {}
+            """per group, the last push's tensors as received (CPU only): the next push lands in them"""
         self._coati_groups[group_name] = TorchGroup(
             world_size, rank, group_name, backend=backend, timeout_s=timeout_s, address=address
         )
@@ -37,11 +39,10 @@ class WeightSyncExtension:
         starts only after that reload. On a GPU they are freed after the reload (they would hold a second copy of
         the weights in the memory the engine's cache was sized against)."""
         group = self._coati_groups[group_name]
-        kept = getattr(self, "_coati_kept", {})
-        got = ray_broadcast_tensor_dict(None, 0, group.device, group=group, into=kept.get(group_name))
+        got = ray_broadcast_tensor_dict(None, 0, group.device, group=group, into=self._coati_kept.get(group_name))
         received = [(name, value) for name, value in got.items() if isinstance(value, torch.Tensor)]
         if group.device.type == "cpu":
-            self._coati_kept = {**kept, group_name: dict(received)}
+            self._coati_kept[group_name] = dict(received)
         self._coati_push = (received, group.device)
         return {"version": got.version, "transfers": got.transfers, "nbytes": got.nbytes,
                 "direct_bytes": got.direct_bytes, "in_place_bytes": got.in_place_bytes}  # fmt: skip
