@@ -56,14 +56,16 @@ class TorchFusedCpuAdam:
     def step(self, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
              bias_correction: bool, params: torch.Tensor, grads: torch.Tensor, exp_avg: torch.Tensor,
              exp_avg_sq: torch.Tensor, div_scale: float = -1) -> None:  # fmt: skip
+        if bias_correction:
+            # torch's kernel adds one to the step itself, as its optimizer does before calling it; it divides each
+            # gradient by grad_scale as it reads it (leaving the divided gradient behind, as the unfused path would)
+            scale = torch.tensor(float(div_scale)) if div_scale > 0 else None
+            torch_adam([params], [grads], [exp_avg], [exp_avg_sq], [], [torch.tensor(float(step - 1))], fused=True,
+                       grad_scale=scale, decoupled_weight_decay=self.adamw_mode, amsgrad=False, beta1=beta1,
+                       beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps, maximize=False)  # fmt: skip
+            return
         if div_scale > 0:
             grads = grads / div_scale
-        if bias_correction:
-            # torch's kernel adds one to the step itself, as its optimizer does before calling it
-            torch_adam([params], [grads], [exp_avg], [exp_avg_sq], [], [torch.tensor(float(step - 1))], fused=True,
-                       decoupled_weight_decay=self.adamw_mode, amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
-                       weight_decay=weight_decay, eps=eps, maximize=False)  # fmt: skip
-            return
         if weight_decay and self.adamw_mode:
             params.mul_(1 - lr * weight_decay)
         elif weight_decay:

@@ -31,6 +31,7 @@ from coati.distributed.forward import (
     token_budget_chunks,
     trim_padding,
 )
+from coati.distributed.grad_clip import fold_clipping
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
 from coati.distributed.pipeline_step import PipelineSteps
 from coati.distributed.rollout import RolloutBatch
@@ -120,6 +121,7 @@ class GRPOConsumer(PipelineSteps):
         optimizer = HybridAdam(trainable, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         self.lease_layers = self.threads.follow_layers(self.model)
+        self.clipping = fold_clipping(self.optimizer, p.tp_size, p.pp_size)
         self._guard_optimizer_step()
         if p.zero_stage == 0 and not self.cfg.lora_rank:  # an adapter's push is small: no flat layout needed
             flatten_parameters(self.model.unwrap())
@@ -156,7 +158,8 @@ class GRPOConsumer(PipelineSteps):
                 "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
                 "shares_prompts": self.share_prompts, "layouts": self.layouts,
                 "lease_layers": self.lease_layers, "attention": self.attention,
-                "malloc": os.environ.get("GLIBC_TUNABLES", "")}  # fmt: skip
+                "malloc": os.environ.get("GLIBC_TUNABLES", ""),
+                "clipping": "in the update" if self.clipping else "colossalai"}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -164,7 +167,8 @@ class GRPOConsumer(PipelineSteps):
         """Skip an optimizer step whose loss or gradient norm is not finite. ColossalAI's optimizer wrappers (plain,
         mixed precision, ZeRO) compute the global gradient norm, then call the inner optimizer's ``step``: the guard
         sits there, so every rank sees the same all-reduced norm and makes the same choice, and a skipped step
-        leaves weights and Adam moments untouched."""
+        leaves weights and Adam moments untouched. Where the clip is folded into the update (``grad_clip.py``) it
+        passes the clip's divisor on to the update."""
         inner = self.optimizer.optim
         real_step = inner.step
         self.skipped_total = 0
@@ -175,9 +179,12 @@ class GRPOConsumer(PipelineSteps):
             norm = float(self.optimizer.get_grad_norm())
             skip = not (self._loss_finite and np.isfinite(norm))
             self._step_log.append((norm, skip))
+            divisor = self.clipping.take() if self.clipping else 1.0
             if skip:
                 self.skipped_total += 1
                 return None
+            if divisor > 1.0:
+                kwargs["div_scale"] = divisor
             return real_step(*args, **kwargs)
 
         inner.step = guarded_step
@@ -352,12 +359,23 @@ class GRPOConsumer(PipelineSteps):
             )]  # fmt: skip
         order = self._by_length(batch, shard_rows, local)
         losses = []
-        for chunk in self._chunks(batch, shard_rows[order]):
+        chunks = self._chunks(batch, shard_rows[order])
+        for i, chunk in enumerate(chunks):
             idx = order[chunk]
             self.threads.apply()
-            losses.append(self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics,
-                                           first))  # fmt: skip
+            with self._grad_sync(last=i == len(chunks) - 1):
+                losses.append(self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm,
+                                               metrics, first))  # fmt: skip
         return losses
+
+    def _grad_sync(self, last: bool):
+        """Whether torch DDP (ColossalAI's wrapper without ZeRO or PP) all-reduces this pass's gradients: only in the
+        minibatch's last pass (the passes before accumulate theirs, which that all-reduce then sums), and never with
+        one DP rank, where the all-reduce changes nothing yet copies every gradient into DDP's buckets."""
+        ddp = self.model.module
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel) or (last and self.dp_size > 1):
+            return contextlib.nullcontext()
+        return ddp.no_sync()
 
     def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics,
                     first: bool) -> float:  # fmt: skip

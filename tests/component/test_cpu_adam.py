@@ -60,3 +60,19 @@ def test_without_bias_correction_and_with_div_scale():
             p_ref = p_ref - lr * m_ref / (v_ref.sqrt() + eps)
         torch.testing.assert_close(p, p_ref)
         torch.testing.assert_close(v, v_ref)
+
+
+def test_the_fused_update_divides_the_gradients_as_it_reads_them():
+    """With bias correction (torch's fused kernel) a divisor, which consumers pass to clip the gradients, gives the
+    update of the divided gradients, bitwise."""
+    lr, b1, b2, eps, wd, scale = 1e-2, 0.9, 0.99, 1e-8, 0.05, 3.7
+    for adamw_mode in (True, False):
+        p, m, v = torch.randn(50), torch.zeros(50), torch.zeros(50)
+        p0, p_ref, m_ref, v_ref = p.clone(), p.clone(), m.clone(), v.clone()
+        op = TorchFusedCpuAdam(lr, b1, b2, eps, wd, adamw_mode)
+        for step in (1, 2, 3):
+            grad = torch.randn(50)
+            op.step(step, lr, b1, b2, eps, wd, True, p, grad.clone(), m, v, scale)
+            op.step(step, lr, b1, b2, eps, wd, True, p_ref, grad / scale, m_ref, v_ref)
+        assert not torch.equal(p, p0)
+        assert torch.equal(p, p_ref) and torch.equal(m, m_ref) and torch.equal(v, v_ref)

@@ -122,3 +122,102 @@ def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tin
     # The old log-probs cost no forward of their own where the first pass computes them before any update: the two
     # passes forward the batch's 4 rows twice; the copies' first minibatch likewise, the second needs one more.
     assert (one["forwarded_rows"], passes["forwarded_rows"], copies["forwarded_rows"]) == (4, 8, 12)
+
+
+
+class MomentsConsumer(GRPOConsumer):
+    def first_moments(self) -> torch.Tensor:
+        """Adam's first moments of every parameter, flattened in the optimizer's order."""
+        opt = self.optimizer.optim
+        return torch.cat([opt.state[p]["exp_avg"].reshape(-1) for g in opt.param_groups for p in g["params"]])
+
+
+class ColossalClippingConsumer(MomentsConsumer):
+    """A consumer that clips as ColossalAI's optimizer wrapper does (float64 norm, gradients scaled in a pass of
+    their own), for comparison."""
+
+    def setup(self):
+        import coati.distributed.consumer as consumer_module
+
+        consumer_module.fold_clipping = lambda *args: None
+        return super().setup()
+
+
+def moments_after_one_step(tiny, cls, max_grad_norm):  # noqa: F811
+    cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2, max_grad_norm=max_grad_norm)
+    actor = ray.remote(cls).options(num_cpus=0.5).remote(
+        0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
+    try:
+        info = ray.get(actor.setup.remote())
+        metrics = ray.get(actor.train_step.remote(rollouts(2), total_steps=4))
+        return info["clipping"], metrics["actor/grad_norm"], ray.get(actor.first_moments.remote())
+    finally:
+        ray.kill(actor)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.05, 0.0])
+def test_clipping_in_the_update_trains_as_colossalai_clipping_does(ray_cluster, tiny, max_grad_norm):  # noqa: F811
+    """The norm measured in float32 blocks and the clip applied by Adam's update as it reads the gradients give the
+    update ColossalAI's own clipping gives. Adam's first step moves each weight by about lr x the sign of its
+    gradient whatever the clip, so the clip is checked where it shows: Adam's first moments, (1 - beta1) x the clipped
+    gradients."""
+    folded, norm, m = moments_after_one_step(tiny, MomentsConsumer, max_grad_norm)
+    theirs, their_norm, their_m = moments_after_one_step(tiny, ColossalClippingConsumer, max_grad_norm)
+    assert (folded, theirs) == ("in the update", "colossalai")
+    assert norm == pytest.approx(their_norm, rel=1e-6)
+    torch.testing.assert_close(m, their_m, rtol=1e-5, atol=1e-12)
+    clipped = min(norm, max_grad_norm) if max_grad_norm else norm
+    assert norm > 0.05 and float(m.double().norm()) == pytest.approx(0.1 * clipped, rel=1e-5)  # 0.05 clips
+
+
+class AllReduceCountingConsumer(MomentsConsumer):
+    """A consumer that counts torch DDP's gradient all-reduces (one per bucket of each backward that synchronises)."""
+
+    def setup(self):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        info = super().setup()
+        self.all_reduces = 0
+
+        def counting(group, bucket):
+            self.all_reduces += 1
+            return allreduce_hook(group, bucket)
+
+        self.model.module.register_comm_hook(self.plugin.dp_group, counting)
+        return info
+
+    def counted(self) -> int:
+        return self.all_reduces
+
+
+def data_parallel_step(tiny, dp: int, microbatch: int):  # noqa: F811
+    """One GRPO step of ``dp`` consumers over 2 groups each (4 rows), in passes of ``microbatch`` rows: each rank's
+    all-reduce count, the gradient norm, and rank 0's Adam first moments (0.1 x the gradients: weights after Adam's
+    first step, about lr x the sign of each gradient, would flip where one rounds across 0)."""
+    cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2 * (3 - dp),
+                         train_microbatch_size=microbatch)  # fmt: skip
+    port = _free_port()
+    actors = [ray.remote(AllReduceCountingConsumer).options(num_cpus=0.5).remote(
+        rank, dp, "127.0.0.1", port, tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
+        for rank in range(dp)]  # fmt: skip
+    try:
+        ray.get([a.setup.remote() for a in actors])
+        metrics = ray.get([a.train_step.remote(rollouts(4), total_steps=4) for a in actors])
+        counts = ray.get([a.counted.remote() for a in actors])
+        return counts, metrics[0]["actor/grad_norm"], ray.get(actors[0].first_moments.remote())
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def test_ddp_all_reduces_once_per_minibatch_and_never_alone(ray_cluster, tiny):  # noqa: F811
+    """Passes before a minibatch's last accumulate their gradients unsynchronised, and one DP rank never all-reduces
+    (the same 4 groups trained by one rank in 8 passes, and by two ranks in 4 passes each or in 1)."""
+    alone, alone_norm, m_alone = data_parallel_step(tiny, 1, 1)
+    passes, norm, m_passes = data_parallel_step(tiny, 2, 1)
+    whole, whole_norm, m_whole = data_parallel_step(tiny, 2, 4)
+    assert alone == [0]
+    assert passes == whole and whole[0] > 0  # one all-reduce per bucket, in the last pass only
+    assert norm == pytest.approx(whole_norm, rel=1e-5) and norm == pytest.approx(alone_norm, rel=1e-5)
+    for m in (m_passes, m_alone):
+        torch.testing.assert_close(m, m_whole, rtol=1e-4, atol=1e-9)

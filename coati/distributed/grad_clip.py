@@ -1,0 +1,75 @@
+"""Gradient clipping for the consumer's optimizer, at the cost of one read of the gradients.
+
+ColossalAI's plain optimizer wrapper (``HybridParallelNaiveOptimizer``: no ZeRO, no fp16/bf16 plugin precision)
+measures the global gradient norm by copying every gradient to float64 (a write of twice the gradients' size, then a
+norm over it), and clips by multiplying every gradient by ``max_norm / (norm + 1e-6)``, capped at 1, in a pass of its
+own before Adam reads them again. With neither tensor nor pipeline parallelism (whose norms it sums over ranks) the
+consumer installs two replacements on that wrapper:
+
+- the norm: sqrt(sum_i ||g_i||^2), each gradient's squared norm the sum, in float64, of float32 norms of blocks of
+  ``BLOCK`` elements (float32 accumulates well over a block; float64 across blocks and tensors). Within 1e-7
+  (relative) of the float64 norm, as ColossalAI's is (it rounds its float64 sum to float32), where one float32
+  norm of SmolLM2-135M's 28M-element embedding gradient is 2e-3 off; 8x faster than the float64 copies (that
+  model's gradients on one thread: 21 ms against 167 ms).
+- the clip: the same factor, applied by Adam's update as the divisor of the gradients (HybridAdam's ``div_scale``,
+  which torch's fused kernel applies as it reads them) instead of a separate pass over them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 4096
+"""elements whose norm is accumulated in float32 before the float64 sum"""
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> float:
+    """The L2 norm of all of ``grads`` together (inf or nan when any element is)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        flat = g.detach().reshape(-1)
+        whole = flat.numel() // BLOCK * BLOCK
+        if whole:
+            total += torch.linalg.vector_norm(flat[:whole].view(-1, BLOCK), dim=1).double().square().sum().cpu()
+        if whole < flat.numel():
+            total += torch.linalg.vector_norm(flat[whole:]).double().square().cpu()
+    return float(total.sqrt())
+
+
+def clip_divisor(norm: float, max_norm: float) -> float:
+    """What the gradients are divided by: ColossalAI's clip factor ``max_norm / (norm + 1e-6)`` capped at 1, inverted
+    (1: no clipping)."""
+    return max(1.0, (norm + 1e-6) / max_norm)
+
+
+class FoldedClipping:
+    """Installed on a ``HybridParallelNaiveOptimizer``: its step measures the norm with ``global_grad_norm`` and,
+    instead of scaling the gradients, keeps the divisor for the inner optimizer's step (``pending``)."""
+
+    def __init__(self, wrapper):
+        self.max_norm = wrapper.max_norm
+        self.pending = 1.0
+        wrapper._compute_grad_norm = self._norm
+        wrapper._clip_grad_norm = self._clip
+
+    def _norm(self, param_gradient_pairs, norm_type: int = 2) -> float:
+        assert norm_type == 2, norm_type
+        return global_grad_norm([g for _, g in param_gradient_pairs])
+
+    def _clip(self, total_norm: float) -> None:
+        self.pending = clip_divisor(total_norm, self.max_norm)
+
+    def take(self) -> float:
+        """The divisor for the update about to run (then reset, so a step without a norm never reuses it)."""
+        divisor, self.pending = self.pending, 1.0
+        return divisor
+
+
+def fold_clipping(wrapper, tp_size: int, pp_size: int) -> FoldedClipping | None:
+    """Install ``FoldedClipping`` where it computes what ColossalAI's own code does: the plain wrapper without TP or PP;
+    None elsewhere (ZeRO and mixed-precision wrappers clip their own way)."""
+    from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelNaiveOptimizer
+
+    if type(wrapper) is not HybridParallelNaiveOptimizer or tp_size > 1 or pp_size > 1:
+        return None
+    return FoldedClipping(wrapper)
