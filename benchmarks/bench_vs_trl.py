@@ -119,11 +119,11 @@ def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: 
         return json.loads(Path(d, "out.json").read_text())
 
 
-def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str) -> dict:
-    from coati.distributed.launch import launch_distributed
-
-    start = time.perf_counter()
-    result = launch_distributed(
+def coati_kwargs(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int,
+                 compute_dtype: str) -> dict:  # fmt: skip
+    """coati's side of the comparison, as ``launch_distributed`` arguments: DAPO with dynamic sampling (and with it
+    the skipping of signal-less prompts) and overlong shaping off, as TRL's GRPOTrainer has neither."""
+    return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=PROMPTS, inference_microbatch_size=PROMPTS, train_batch_size=PROMPTS,
         train_minibatch_size=PROMPTS, train_dataset_config={"rows": rows},
@@ -131,10 +131,17 @@ def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, stal
         generate_config={"max_new_tokens": max_new_tokens, "temperature": 1.0},
         grpo_config={"lr": lr, "reward_fn_type": "benchmarks.bench_reward:last_number_reward",
                      "train_microbatch_size": PROMPTS * GENERATIONS, "dynamic_sampling": False,
-                     "overlong_buffer_ratio": 0.0, "compute_dtype": compute_dtype},
+                     "skip_no_signal_after": 0, "overlong_buffer_ratio": 0.0, "compute_dtype": compute_dtype},
         plugin_config={}, num_generations=GENERATIONS, core_algo="DAPO", max_steps=steps, max_staleness=staleness,
         inference_backend="transformers",  # as TRL generates (and the tiny model's head size is one vLLM's CPU build lacks)
     )  # fmt: skip
+
+
+def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str) -> dict:
+    from coati.distributed.launch import launch_distributed
+
+    start = time.perf_counter()
+    result = launch_distributed(**coati_kwargs(model, rows, steps, max_new_tokens, lr, staleness, compute_dtype))
     total = time.perf_counter() - start
     h = result["history"]
     loop = sum(m["time/step"] for m in h)
