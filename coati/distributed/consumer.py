@@ -369,9 +369,10 @@ class GRPOConsumer(PipelineSteps):
         return losses
 
     def _grad_sync(self, last: bool):
-        """Whether torch DDP (ColossalAI's wrapper without ZeRO or PP) all-reduces this pass's gradients: only in the
-        minibatch's last pass (the passes before accumulate theirs, which that all-reduce then sums), and never with
-        one DP rank, where the all-reduce changes nothing yet copies every gradient into DDP's buckets."""
+        """Whether torch DDP (which ColossalAI wraps the model in without PP, and with several DP ranks only without
+        ZeRO) all-reduces this pass's gradients: only in the minibatch's last pass (the passes before accumulate
+        theirs, which that all-reduce then sums), and never with one DP rank, where the all-reduce changes nothing
+        yet copies every gradient into DDP's buckets."""
         ddp = self.model.module
         if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel) or (last and self.dp_size > 1):
             return contextlib.nullcontext()
