@@ -125,52 +125,10 @@ def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tin
 
 
 
+
 class MomentsConsumer(GRPOConsumer):
-    def first_moments(self) -> torch.Tensor:
-        """Adam's first moments of every parameter, flattened in the optimizer's order."""
-        opt = self.optimizer.optim
-        return torch.cat([opt.state[p]["exp_avg"].reshape(-1) for g in opt.param_groups for p in g["params"]])
-
-
-class ColossalClippingConsumer(MomentsConsumer):
-    """A consumer that clips as ColossalAI's optimizer wrapper does (float64 norm, gradients scaled in a pass of
-    their own), for comparison."""
-
-    def setup(self):
-        import coati.distributed.consumer as consumer_module
-
-        consumer_module.fold_clipping = lambda *args: None
-        return super().setup()
-
-
-def moments_after_one_step(tiny, cls, max_grad_norm):  # noqa: F811
-    cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2, max_grad_norm=max_grad_norm)
-    actor = ray.remote(cls).options(num_cpus=0.5).remote(
-        0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
-    try:
-        info = ray.get(actor.setup.remote())
-        metrics = ray.get(actor.train_step.remote(rollouts(2), total_steps=4))
-        return info["clipping"], metrics["actor/grad_norm"], ray.get(actor.first_moments.remote())
-    finally:
-        ray.kill(actor)
-
-
-def test_clipping_in_the_update_trains_as_colossalai_clipping_does(ray_cluster, tiny):  # noqa: F811
-    """The norm measured in float32 blocks and the clip applied by Adam's update as it reads the gradients give the
-    update ColossalAI's own clipping gives. Adam's first step moves each weight by about lr x the sign of its
-    gradient whatever the clip, so the clip is checked where it shows: Adam's first moments, (1 - beta1) x the clipped
-    gradients. (Unclipped, the divisor is 1 and the update is Adam's as before.)"""
-    max_grad_norm = 0.05
-    folded, norm, m = moments_after_one_step(tiny, MomentsConsumer, max_grad_norm)
-    theirs, their_norm, their_m = moments_after_one_step(tiny, ColossalClippingConsumer, max_grad_norm)
-    assert (folded, theirs) == ("in the update", "colossalai")
-    assert norm == pytest.approx(their_norm, rel=1e-6) and norm > max_grad_norm  # the step clips
-    torch.testing.assert_close(m, their_m, rtol=1e-5, atol=1e-12)
-    assert float(m.double().norm()) == pytest.approx(0.1 * max_grad_norm, rel=1e-5)
-
-
-class AllReduceCountingConsumer(MomentsConsumer):
-    """A consumer that counts torch DDP's gradient all-reduces (one per bucket of each backward that synchronises)."""
+    """A consumer that reports Adam's first moments and counts torch DDP's gradient all-reduces (one per bucket of
+    each backward that synchronises)."""
 
     def setup(self):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -188,35 +146,63 @@ class AllReduceCountingConsumer(MomentsConsumer):
     def counted(self) -> int:
         return self.all_reduces
 
+    def first_moments(self) -> torch.Tensor:
+        """Adam's first moments of every parameter, flattened in the optimizer's order (0.1 x the gradients after
+        one step: the weights, which Adam's first step moves by about lr x the sign of each gradient, would hide a
+        clip, and flip where a gradient rounds across 0)."""
+        opt = self.optimizer.optim
+        return torch.cat([opt.state[p]["exp_avg"].reshape(-1) for g in opt.param_groups for p in g["params"]])
 
-def data_parallel_step(tiny, dp: int, microbatch: int):  # noqa: F811
-    """One GRPO step of ``dp`` consumers over 2 groups each (4 rows), in passes of ``microbatch`` rows: each rank's
-    all-reduce count, the gradient norm, and rank 0's Adam first moments (0.1 x the gradients: weights after Adam's
-    first step, about lr x the sign of each gradient, would flip where one rounds across 0)."""
-    cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2 * (3 - dp),
-                         train_microbatch_size=microbatch)  # fmt: skip
+
+class ColossalClippingConsumer(MomentsConsumer):
+    """A consumer that clips as ColossalAI's optimizer wrapper does (float64 norm, gradients scaled in a pass of
+    their own), for comparison."""
+
+    def setup(self):
+        import coati.distributed.consumer as consumer_module
+
+        consumer_module.fold_clipping = lambda *args: None
+        return super().setup()
+
+
+def one_step_of(tiny, cls, dp: int = 1, **consumer):  # noqa: F811
+    """One GRPO step of ``dp`` consumers of class ``cls`` over 2 groups each (4 rows): the setup's clipping, each
+    rank's all-reduce count, the gradient norm, and rank 0's Adam first moments."""
+    cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2, **consumer)
     port = _free_port()
-    actors = [ray.remote(AllReduceCountingConsumer).options(num_cpus=0.5).remote(
+    actors = [ray.remote(cls).options(num_cpus=0.5).remote(
         rank, dp, "127.0.0.1", port, tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
         for rank in range(dp)]  # fmt: skip
     try:
-        ray.get([a.setup.remote() for a in actors])
-        metrics = ray.get([a.train_step.remote(rollouts(4), total_steps=4) for a in actors])
+        (info, *_) = ray.get([a.setup.remote() for a in actors])
+        metrics = ray.get([a.train_step.remote(rollouts(2 * dp), total_steps=4) for a in actors])
         counts = ray.get([a.counted.remote() for a in actors])
-        return counts, metrics[0]["actor/grad_norm"], ray.get(actors[0].first_moments.remote())
+        return info["clipping"], counts, metrics[0]["actor/grad_norm"], ray.get(actors[0].first_moments.remote())
     finally:
         for a in actors:
             ray.kill(a)
 
 
-def test_ddp_all_reduces_once_per_minibatch_and_never_alone(ray_cluster, tiny):  # noqa: F811
-    """Passes before a minibatch's last accumulate their gradients unsynchronised, and one DP rank never all-reduces
-    (the same 4 groups trained by one rank in 8 passes, and by two ranks in 4 passes each or in 1)."""
-    alone, alone_norm, m_alone = data_parallel_step(tiny, 1, 1)
-    passes, norm, m_passes = data_parallel_step(tiny, 2, 1)
-    whole, whole_norm, m_whole = data_parallel_step(tiny, 2, 4)
-    assert alone == [0]
+def test_clipping_in_the_update_trains_as_colossalai_clipping_does(ray_cluster, tiny):  # noqa: F811
+    """The norm measured in float32 blocks and the clip applied by Adam's update as it reads the gradients give the
+    update ColossalAI's own clipping gives, checked where a clip shows: Adam's first moments, (1 - beta1) x the
+    clipped gradients. (Unclipped, the divisor is 1 and the update is Adam's as before.) One DP rank never
+    all-reduces its gradients."""
+    max_grad_norm = 0.05
+    folded, counts, norm, m = one_step_of(tiny, MomentsConsumer, max_grad_norm=max_grad_norm)
+    theirs, _, their_norm, their_m = one_step_of(tiny, ColossalClippingConsumer, max_grad_norm=max_grad_norm)
+    assert (folded, theirs) == ("in the update", "colossalai")
+    assert norm == pytest.approx(their_norm, rel=1e-6) and norm > max_grad_norm  # the step clips
+    torch.testing.assert_close(m, their_m, rtol=1e-5, atol=1e-12)
+    assert float(m.double().norm()) == pytest.approx(0.1 * max_grad_norm, rel=1e-5)
+    assert counts == [0]
+
+
+def test_ddp_all_reduces_once_per_minibatch(ray_cluster, tiny):  # noqa: F811
+    """With two DP ranks, passes before a minibatch's last accumulate their gradients unsynchronised: 4 passes per
+    rank all-reduce as often as 1, and train the same gradients."""
+    _, passes, norm, m_passes = one_step_of(tiny, MomentsConsumer, dp=2, train_microbatch_size=1)
+    _, whole, whole_norm, m_whole = one_step_of(tiny, MomentsConsumer, dp=2, train_microbatch_size=4)
     assert passes == whole and whole[0] > 0  # one all-reduce per bucket, in the last pass only
-    assert norm == pytest.approx(whole_norm, rel=1e-5) and norm == pytest.approx(alone_norm, rel=1e-5)
-    for m in (m_passes, m_alone):
-        torch.testing.assert_close(m, m_whole, rtol=1e-4, atol=1e-9)
+    assert norm == pytest.approx(whole_norm, rel=1e-5)
+    torch.testing.assert_close(m_passes, m_whole, rtol=1e-4, atol=1e-9)
