@@ -24,16 +24,17 @@ BLOCK = 4096
 
 
 def global_grad_norm(grads: list[torch.Tensor]) -> float:
-    """The L2 norm of all of ``grads`` together (inf or nan when any element is)."""
-    total = torch.zeros((), dtype=torch.float64)
+    """The L2 norm of all of ``grads`` together (inf or nan when any element is), summed on their device and read
+    once (on a GPU, one synchronisation for the whole norm)."""
+    squares = []
     for g in grads:
         flat = g.detach().reshape(-1)
         whole = flat.numel() // BLOCK * BLOCK
         if whole:
-            total += torch.linalg.vector_norm(flat[:whole].view(-1, BLOCK), dim=1).double().square().sum().cpu()
+            squares.append(torch.linalg.vector_norm(flat[:whole].view(-1, BLOCK), dim=1).double().square().sum())
         if whole < flat.numel():
-            total += torch.linalg.vector_norm(flat[whole:]).double().square().cpu()
-    return float(total.sqrt())
+            squares.append(torch.linalg.vector_norm(flat[whole:]).double().square())
+    return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
 
 
 def clip_divisor(norm: float, max_norm: float) -> float:
