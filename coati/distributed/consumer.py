@@ -31,7 +31,7 @@ from coati.distributed.forward import (
     token_budget_chunks,
     trim_padding,
 )
-from coati.distributed.grad_clip import fold_clipping
+from coati.distributed.grad_clip import clip_divisor, fold_clipping
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
 from coati.distributed.pipeline_step import PipelineSteps
 from coati.distributed.rollout import RolloutBatch
@@ -179,10 +179,10 @@ class GRPOConsumer(PipelineSteps):
             norm = float(self.optimizer.get_grad_norm())
             skip = not (self._loss_finite and np.isfinite(norm))
             self._step_log.append((norm, skip))
-            divisor = self.clipping.take() if self.clipping else 1.0
             if skip:
                 self.skipped_total += 1
                 return None
+            divisor = clip_divisor(norm, self.optimizer.max_norm) if self.clipping else 1.0
             if divisor > 1.0:
                 kwargs["div_scale"] = divisor
             return real_step(*args, **kwargs)

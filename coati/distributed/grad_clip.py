@@ -43,34 +43,19 @@ def clip_divisor(norm: float, max_norm: float) -> float:
     return max(1.0, (norm + 1e-6) / max_norm)
 
 
-class FoldedClipping:
-    """Installed on a ``HybridParallelNaiveOptimizer``: its step measures the norm with ``global_grad_norm`` and,
-    instead of scaling the gradients, keeps the divisor for the inner optimizer's step (``pending``)."""
-
-    def __init__(self, wrapper):
-        self.max_norm = wrapper.max_norm
-        self.pending = 1.0
-        wrapper._compute_grad_norm = self._norm
-        wrapper._clip_grad_norm = self._clip
-
-    def _norm(self, param_gradient_pairs, norm_type: int = 2) -> float:
-        assert norm_type == 2, norm_type
-        return global_grad_norm([g for _, g in param_gradient_pairs])
-
-    def _clip(self, total_norm: float) -> None:
-        self.pending = clip_divisor(total_norm, self.max_norm)
-
-    def take(self) -> float:
-        """The divisor for the update about to run (then reset, so a step without a norm never reuses it)."""
-        divisor, self.pending = self.pending, 1.0
-        return divisor
-
-
-def fold_clipping(wrapper, tp_size: int, pp_size: int) -> FoldedClipping | None:
-    """Install ``FoldedClipping`` where it computes what ColossalAI's own code does: the plain wrapper without TP or PP;
-    None elsewhere (ZeRO and mixed-precision wrappers clip their own way)."""
+def fold_clipping(wrapper, tp_size: int, pp_size: int) -> bool:
+    """On ColossalAI's plain wrapper without TP or PP, measure its norm with ``global_grad_norm`` and leave the
+    gradients unscaled (the caller passes ``clip_divisor`` of that norm to the update); whether it did. Elsewhere
+    (ZeRO and mixed-precision wrappers clip their own way, TP and PP sum norms over ranks) nothing changes."""
     from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelNaiveOptimizer
 
     if type(wrapper) is not HybridParallelNaiveOptimizer or tp_size > 1 or pp_size > 1:
-        return None
-    return FoldedClipping(wrapper)
+        return False
+
+    def norm(param_gradient_pairs, norm_type: int = 2) -> float:
+        assert norm_type == 2, norm_type
+        return global_grad_norm([g for _, g in param_gradient_pairs])
+
+    wrapper._compute_grad_norm = norm
+    wrapper._clip_grad_norm = lambda total_norm: None
+    return True
