@@ -31,11 +31,11 @@ from coati.distributed.forward import (
     token_budget_chunks,
     trim_padding,
 )
-from coati.distributed.grad_clip import clip_divisor, fold_clipping
+from coati.distributed.grad_clip import fold_clipping
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
+from coati.distributed.optimizer_step import OptimizerSteps
 from coati.distributed.pipeline_step import PipelineSteps
 from coati.distributed.rollout import RolloutBatch
-from coati.distributed.schedule import lr_factor
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.threads import ThreadLease
 from coati.distributed.wire_layout import flatten_parameters, separate_storages
@@ -121,8 +121,8 @@ class GRPOConsumer(PipelineSteps):
         optimizer = HybridAdam(trainable, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         self.lease_layers = self.threads.follow_layers(self.model)
-        self.clipping = fold_clipping(self.optimizer, p.tp_size, p.pp_size)
-        self._guard_optimizer_step()
+        self.steps = OptimizerSteps(self.optimizer, self.cfg, fold_clipping(self.optimizer, p.tp_size, p.pp_size),
+                                    self.device, self.world_size)  # fmt: skip
         if p.zero_stage == 0 and not self.cfg.lora_rank:  # an adapter's push is small: no flat layout needed
             flatten_parameters(self.model.unwrap())
         self.dp_rank = self.plugin.dp_group.rank()
@@ -138,7 +138,7 @@ class GRPOConsumer(PipelineSteps):
             attention.use(self.ref_model, self.device)
             self.ref_model.to(self.device).eval().requires_grad_(False)
             self.lease_layers += self.threads.follow_layers(self.ref_model)  # its forward takes up lends too
-        self.step_count, self.lr = 0, self.cfg.learning_rate
+        self.step_count = 0
         self._warned_unavailable = False
         if p.pp_size == 1:  # pipeline stages compute the loss from the model's own logits
             check_output_layer(self.model)
@@ -159,50 +159,9 @@ class GRPOConsumer(PipelineSteps):
                 "shares_prompts": self.share_prompts, "layouts": self.layouts,
                 "lease_layers": self.lease_layers, "attention": self.attention,
                 "malloc": os.environ.get("GLIBC_TUNABLES", ""),
-                "clipping": "in the update" if self.clipping else "colossalai"}  # fmt: skip
+                "clipping": "in the update" if self.steps.clipping else "colossalai"}  # fmt: skip
 
     # ---- training --------------------------------------------------------------------------------------------
-
-    def _guard_optimizer_step(self) -> None:
-        """Skip an optimizer step whose loss or gradient norm is not finite. ColossalAI's optimizer wrappers (plain,
-        mixed precision, ZeRO) compute the global gradient norm, then call the inner optimizer's ``step``: the guard
-        sits there, so every rank sees the same all-reduced norm and makes the same choice, and a skipped step
-        leaves weights and Adam moments untouched. Where the clip is folded into the update (``grad_clip.py``) it
-        passes the clip's divisor on to the update."""
-        inner = self.optimizer.optim
-        real_step = inner.step
-        self.skipped_total = 0
-        self._loss_finite = True
-        self._step_log: list[tuple[float, bool]] = []  # (grad norm, skipped) of each optimizer step this step
-
-        def guarded_step(*args, **kwargs):
-            norm = float(self.optimizer.get_grad_norm())
-            skip = not (self._loss_finite and np.isfinite(norm))
-            self._step_log.append((norm, skip))
-            if skip:
-                self.skipped_total += 1
-                return None
-            divisor = clip_divisor(norm, self.optimizer.max_norm) if self.clipping else 1.0
-            if divisor > 1.0:
-                kwargs["div_scale"] = divisor
-            return real_step(*args, **kwargs)
-
-        inner.step = guarded_step
-
-    def _optimizer_step(self, losses: list[float], minibatch: int, per_step: int) -> None:
-        """Optimizer step ``minibatch`` of ``per_step`` in this training step, at the schedule's learning rate;
-        skipped when any rank's loss of it was not finite (agreed over the whole world)."""
-        c = self.cfg
-        self.lr = c.learning_rate * lr_factor(self.step_count * per_step + minibatch, self.total_steps * per_step,
-                                              c.lr_schedule, c.warmup_steps * per_step, c.min_lr_ratio)  # fmt: skip
-        for group in self.optimizer.optim.param_groups:
-            group["lr"] = self.lr
-        bad = torch.tensor([0.0 if all(np.isfinite(losses)) else 1.0], device=self.device)
-        if self.world_size > 1:
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        self._loss_finite = not bool(bad.item())
-        self.optimizer.step()
-        self.optimizer.zero_grad()
 
     def _compute(self):
         """The forward passes' precision: bf16 autocast over the fp32 weights, or nothing."""
@@ -313,12 +272,12 @@ class GRPOConsumer(PipelineSteps):
         t_old = time.perf_counter() - t_old
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
-        self._step_log = []
+        self.steps.begin()
         for k in range(per_step):  # pass k // num_minibatches over the batch, its minibatch k % num_minibatches
             losses = self._minibatch(batch, k % num_minibatches, num_minibatches, shard_rows, loss_mask, adv, old_lp,
                                      ref_lp, metrics, first=k == 0)  # fmt: skip
             step_loss += sum(losses) / self.dp_size / per_step
-            self._optimizer_step(losses, k, per_step)
+            self.steps.step(losses, self.step_count * per_step + k, self.total_steps * per_step, per_step)
         self.step_count += 1
         out = metrics.reduce(self._dp_all_reduce if self.dp_size > 1 else None)
         if self.dp_size > 1:
@@ -327,17 +286,7 @@ class GRPOConsumer(PipelineSteps):
         out["time/train_step"] = time.perf_counter() - start
         out["time/old_logprobs"] = t_old
         out["actor/threads"] = self.threads.used
-        out["actor/lr"] = self.lr  # the step's last optimizer step's
-        finite = [n for n, skipped in self._step_log if not skipped]
-        out["actor/grad_norm"] = float(np.mean(finite)) if finite else float("nan")
-        out["actor/skipped_steps"] = sum(skipped for _, skipped in self._step_log)
-        out["actor/skipped_steps_total"] = self.skipped_total
-        if self.skipped_total > self.cfg.max_skipped_steps:
-            raise RuntimeError(
-                f"{self.skipped_total} optimizer steps skipped for a non-finite loss or gradient norm (limit "
-                f"max_skipped_steps={self.cfg.max_skipped_steps}); the last step's gradient norm was "
-                f"{self._step_log[-1][0]}. Lower the learning rate or check the rewards and data"
-            )
+        out.update(self.steps.report())
         return out
 
     def _minibatch(self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics,
