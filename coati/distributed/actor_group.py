@@ -241,7 +241,10 @@ class ActorGroups:
         # Engines with worker processes (vLLM) put each of them in the group; the others one process per producer.
         per = backend_class(self.cfg.producer.backend).weight_ranks(self.plan.inference_options)
         world = 1 + len(self.producers) * per
-        refs = [self.consumers[i].join_weight_group.remote(world, g, backend, timeout_s)
+        # Full pushes travel in the engines' weight dtype where they all hold one (they cast to it on arrival).
+        dtypes = {info["weight_dtype"] for info in self.producer_info}
+        wire = dtypes.pop() if len(dtypes) == 1 else None
+        refs = [self.consumers[i].join_weight_group.remote(world, g, backend, timeout_s, wire)
                 for i, g in zip(self.senders, groups)]  # fmt: skip
         refs += [p.join_weight_groups.remote(world, 1 + i * per, groups, backend, timeout_s)
                  for i, p in enumerate(self.producers)]  # fmt: skip

@@ -38,7 +38,7 @@ from coati.distributed.pipeline_step import PipelineSteps
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.threads import ThreadLease
-from coati.distributed.wire_layout import flatten_parameters, separate_storages
+from coati.distributed.wire_layout import cast_for_wire, flatten_parameters, separate_storages
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ class GRPOConsumer(PipelineSteps):
         self.n = num_generations
         self.seed = seed
         self.weight_group = None
+        self.wire_dtype: torch.dtype | None = None
+        """the dtype full pushes travel in (``join_weight_group``); None: the weights' own"""
 
     def setup(self) -> dict:
         import colossalai
@@ -426,11 +428,15 @@ class GRPOConsumer(PipelineSteps):
             out[name] = full
         return out
 
-    def join_weight_group(self, world_size: int, group_name: str, backend: str, timeout_s: float) -> bool:
+    def join_weight_group(self, world_size: int, group_name: str, backend: str, timeout_s: float,
+                          wire_dtype: str | None = None) -> bool:  # fmt: skip
+        """Join ``group_name`` as its sender; full pushes then travel in ``wire_dtype`` (the engines' weight dtype,
+        e.g. "bfloat16"; None: the trainer's own dtypes)."""
         from coati.distributed.comm import init_group
 
         init_group(world_size, 0, group_name, backend=backend, timeout_s=timeout_s)
         self.weight_group = group_name
+        self.wire_dtype = getattr(torch, wire_dtype) if wire_dtype else None
         return True
 
     def push_weights(self, version: int) -> float:
@@ -438,7 +444,10 @@ class GRPOConsumer(PipelineSteps):
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
-        state = adapter_tensors(self._named()) if self.cfg.lora_rank else self.full_state_dict()
+        if self.cfg.lora_rank:
+            state = adapter_tensors(self._named())
+        else:
+            state = cast_for_wire(self.full_state_dict(), self.wire_dtype)  # a non-sender's is None
         if self.weight_group is not None:
             ray_broadcast_tensor_dict(state, 0, self.device, self.weight_group, version=version)
         return time.perf_counter() - start

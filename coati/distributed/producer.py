@@ -110,8 +110,10 @@ class Producer:
                                           r.env_max_turns, r.env_max_tokens, r.env_step_timeout_s)  # fmt: skip
         from coati.distributed.placement import whereabouts
 
+        wire = self.backend.weight_dtype()
         return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", "")),
                 "dtype": options.get("dtype", "the backend's default"),
+                "weight_dtype": str(wire).removeprefix("torch.") if wire is not None else None,
                 "malloc": os.environ.get("GLIBC_TUNABLES", "")}  # fmt: skip
 
     # ---- rollouts ------------------------------------------------------------------------------------------------

@@ -1,14 +1,17 @@
 """How a push lays tensors out on the wire: which tensors travel straight from memory (alone, or as spans of tensors
 back to back in one storage) and which are packed into buckets, at which byte offsets, and the views that turn
 received bytes back into tensors; plus ``flatten_parameters``, which lays a module's weights out so that a push is a
-few spans. Pure torch, no process groups: the transport (``comm/push.py``) sends what this module plans.
+few spans, and ``cast_for_wire``, which lays a push's casts out the same way. Pure torch, no process groups: the
+transport (``comm/push.py``) sends what this module plans.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import pickle
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -173,14 +176,39 @@ def destination(entries: list[Entry], nbytes: int, into: dict, device) -> torch.
     return _region(first, nbytes)
 
 
+FLAT_CHUNK = 256 << 20
+"""bytes a flat buffer holds at most (a larger tensor gets one of its own)"""
+
+
+def flat_chunks(tensors: Iterable[torch.Tensor], dtype: torch.dtype, device, chunk_bytes: int = FLAT_CHUNK):
+    """Copies of ``tensors`` (cast to ``dtype``) laid back to back in flat buffers on ``device``, in order, each
+    buffer holding up to ``chunk_bytes``, every tensor ``FLAT_ALIGN``-byte aligned: yields each buffer's views as it
+    is filled. ``tensors`` is read lazily, so a caller that drops the originals as it goes peaks at one buffer above
+    them."""
+    chunk, used = [], 0
+    for t in itertools.chain(tensors, [None]):
+        nbytes = 0 if t is None else _round_up(t.numel() * dtype.itemsize, FLAT_ALIGN)
+        if chunk and (t is None or used + nbytes > chunk_bytes):
+            buf, views, offset = torch.empty(used, dtype=torch.uint8, device=device), [], 0
+            for q in chunk:
+                n = q.numel() * dtype.itemsize
+                views.append(buf[offset : offset + n].view(dtype).view(q.shape))
+                views[-1].copy_(q)
+                offset += _round_up(n, FLAT_ALIGN)
+            yield views
+            chunk, used = [], 0
+        if t is not None:
+            chunk.append(t)
+            used += nbytes
+
+
 @torch.no_grad()
-def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) -> int:
-    """Move ``module``'s parameters into flat buffers, in ``named_parameters`` order, one run per (device, dtype), each
-    buffer holding up to ``chunk_bytes`` (a larger parameter gets one of its own), every parameter ``FLAT_ALIGN``-byte
-    aligned. Returns the number of buffers.
+def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = FLAT_CHUNK) -> int:
+    """Move ``module``'s parameters into flat buffers (``flat_chunks``), in ``named_parameters`` order, one run per
+    (device, dtype). Returns the number of buffers.
 
     The Parameter objects stay the same (only ``.data`` moves), so optimizers and hooks holding them are unaffected;
-    the old storages are freed as each parameter moves, so the peak is one chunk above the model. Two models
+    the old storages are freed as each buffer is filled, so the peak is one chunk above the model. Two models
     flattened alike (a consumer's and a producer's) push their weights in a few large transfers, received in place.
     Anything that later gives a parameter new storage (``module.to``) undoes it for that parameter; pushes stay
     correct, only slower, until this is called again.
@@ -190,24 +218,26 @@ def flatten_parameters(module: torch.nn.Module, chunk_bytes: int = 256 << 20) ->
         groups.setdefault((p.device, p.dtype), []).append(p)
     count = 0
     for (device, dtype), params in groups.items():
-        chunk, used = [], 0
-        for p in params + [None]:
-            nbytes = 0 if p is None else _round_up(p.numel() * p.element_size(), FLAT_ALIGN)
-            if chunk and (p is None or used + nbytes > chunk_bytes):
-                buf = torch.empty(used, dtype=torch.uint8, device=device)
-                offset = 0
-                for q in chunk:
-                    n = q.numel() * q.element_size()
-                    view = buf[offset : offset + n].view(dtype).view(q.shape)
-                    view.copy_(q.data)
-                    q.data = view
-                    offset += _round_up(n, FLAT_ALIGN)
-                chunk, used = [], 0
-                count += 1
-            if p is not None:
-                chunk.append(p)
-                used += nbytes
+        moved = iter(params)
+        for views in flat_chunks((p.data for p in params), dtype, device, chunk_bytes):
+            for view in views:
+                next(moved).data = view
+            count += 1
     return count
+
+
+@torch.no_grad()
+def cast_for_wire(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``state`` with every floating tensor of another dtype replaced by its cast to ``dtype`` (None: ``state`` as it
+    is). The casts lie in flat buffers as ``flatten_parameters`` lays out a module's weights of that dtype, so a push
+    of a model's weights cast this way lands in place in an engine that holds them flattened in ``dtype``."""
+    keys = [k for k, v in state.items() if dtype is not None and v.is_floating_point() and v.dtype != dtype]
+    if not keys:
+        return state
+    devices = {state[k].device for k in keys}
+    assert len(devices) == 1, f"tensors to cast lie on several devices: {devices}"
+    cast = [view for views in flat_chunks((state[k] for k in keys), dtype, devices.pop()) for view in views]
+    return {**state, **dict(zip(keys, cast, strict=True))}
 
 
 @contextmanager

@@ -68,6 +68,9 @@ class Engine:
     def weights(self):
         return self.backend.state_dict()
 
+    def weight_dtype(self):
+        return self.backend.weight_dtype()
+
     def sampler(self):
         return self.backend.sampler
 
@@ -122,7 +125,7 @@ def start(backend, path, threads=1, options=None, **gen):
     cfg = GenerationConfig(**{**GEN, **gen})
     gpus = 0.5 if torch.cuda.is_available() else 0  # two engines share one GPU on a GPU machine
     actor = ray.remote(num_cpus=0.5, num_gpus=gpus, max_concurrency=threads)(Engine)
-    return actor.remote(backend, path, cfg, dtype="float32", **(options or {}))
+    return actor.remote(backend, path, cfg, **{"dtype": "float32", **(options or {})})
 
 
 def trainer_logprobs(path, batch, temperature, top_k=0):
@@ -304,6 +307,39 @@ def test_pushes_after_the_first_land_in_kept_buffers_the_engine_never_reads(ray_
                             (after_third, pushes[2])):  # fmt: skip
         differ = [k for k, v in pushed.items() if not torch.equal(weights[k], v)]
         assert not differ, differ
+
+
+def test_bf16_engines_report_their_weight_dtype_and_a_push_cast_to_it_lands_as_the_cast_weights(ray_cluster, tiny):
+    """A vLLM and a transformers engine holding bf16 weights report bfloat16 (an fp32 one float32), so the consumer
+    casts a full push to it (``cast_for_wire``): half the bytes of the fp32 masters, read back bitwise equal to those
+    masters cast, and landing in place in the transformers engine's flat weights, as its layout mirrors them."""
+    from transformers import AutoModelForCausalLM
+
+    from coati.distributed.wire_layout import cast_for_wire
+
+    fp32 = start("transformers", tiny)
+    engines = [start(b, tiny, options={"dtype": "bfloat16"}) for b in ("vllm", "transformers")]
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"bf16-wire-{uuid.uuid4().hex[:8]}"
+    torch.manual_seed(11)  # the trainer's fp32 masters, in its parameter order
+    masters = {k: p.detach() + 0.05 * torch.randn_like(p) for k, p in
+               AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).named_parameters()}  # fmt: skip
+    try:
+        dtypes = ray.get([e.weight_dtype.remote() for e in [fp32, *engines]])
+        ray.get([sender.join.remote(3, group), *(e.join.remote(3, 1 + i, group) for i, e in enumerate(engines))])
+        got = ray.get([sender.push.remote(group, cast_for_wire(masters, dtypes[1]), 4, 4096),
+                       *(e.receive.remote(group) for e in engines)])[1:]  # fmt: skip
+        weights = ray.get([e.weights.remote() for e in engines])
+    finally:
+        for actor in (fp32, *engines, sender):
+            ray.kill(actor)
+    assert dtypes == [torch.float32, torch.bfloat16, torch.bfloat16]
+    assert all(g["version"] == 4 and g["nbytes"] == sum(v.numel() * 2 for v in masters.values()) for g in got), got
+    # Every byte sent straight from the casts' buffer lands straight in the transformers engine's weights.
+    assert got[1]["in_place_bytes"] == got[1]["direct_bytes"] > 0.99 * got[1]["nbytes"], got[1]
+    for backend, w in zip(("vllm", "transformers"), weights, strict=True):
+        differ = [k for k, v in masters.items() if not torch.equal(w[k], v.to(torch.bfloat16))]
+        assert not differ, (backend, differ)
 
 
 def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):

@@ -1,6 +1,6 @@
 """Trainer precision (real Ray, real ColossalAI, the transformers backend): bf16 autocast over fp32 master weights
 keeps a small learning-rate step that bf16 weights would lose, and the engine's weights follow the trainer's compute
-dtype unless set."""
+dtype unless set (pushes travel in it)."""
 
 import pytest
 import ray
@@ -26,6 +26,7 @@ def one_step_delta(tiny, compute_dtype: str) -> dict:
         assert consumer["attention"] == "coati_sdpa"  # on a CPU: bf16 calls take its matmul path, fp32 ones SDPA
         assert consumer["malloc"] == producer["malloc"] == KEEP_FREED_MEMORY  # on a CPU: freed memory stays mapped
         assert producer["dtype"] == ("bfloat16" if compute_dtype == "bf16" else "the backend's default")
+        assert producer["weight_dtype"] == ("bfloat16" if compute_dtype == "bf16" else "float32")
         before = run.full_weights()
         out = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
         after = run.full_weights()
@@ -33,6 +34,8 @@ def one_step_delta(tiny, compute_dtype: str) -> dict:
     finally:
         run.shutdown()
     assert out["history"][0]["actor/skipped_steps"] == 0
+    # Pushes travel in the engine's dtype: a bf16 engine's take half the bytes of the fp32 masters.
+    assert out["history"][0]["weights/bytes"] == sum(v.numel() * engine[k].element_size() for k, v in after.items())
     for k, v in after.items():  # the push reaches the engine as the trainer's weights in the engine's dtype
         assert engine[k].dtype == (torch.bfloat16 if compute_dtype == "bf16" else torch.float32), k
         assert torch.equal(engine[k], v.to(engine[k].dtype)), k

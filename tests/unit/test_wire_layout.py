@@ -5,6 +5,7 @@ import torch
 
 from coati.distributed.wire_layout import (
     as_bytes,
+    cast_for_wire,
     destination,
     flatten_parameters,
     pack_into,
@@ -118,6 +119,32 @@ def test_flat_weights_travel_in_spans_received_in_place_only_where_the_layout_ma
             assert torch.equal(received[e.key], weights[e.key])
     for k, v in weights.items():
         assert torch.equal(flat_receiver.weights()[k], v), k
+
+
+def test_a_push_cast_for_a_bf16_engine_is_the_cast_weights_laid_out_as_the_engine_flattens_them():
+    sender, engine = Layers(), Layers(seed=1)
+    flatten_parameters(sender)
+    engine.to(torch.bfloat16)  # an engine holding bf16 weights, flattened as a transformers producer holds them
+    flatten_parameters(engine)
+    weights = {**sender.weights(), "step": torch.tensor(7)}
+    cast = cast_for_wire(weights, torch.bfloat16)
+    assert cast["h"] is weights["h"] and cast["step"] is weights["step"]  # already bf16, not floating: as they are
+    for k in ("w0", "n0", "w3", "n3"):
+        assert cast[k].dtype == torch.bfloat16 and torch.equal(cast[k], weights[k].to(torch.bfloat16)), k
+    assert len({cast[k].untyped_storage().data_ptr() for k in ("w0", "n3")}) == 1  # one flat buffer
+    assert weights["w0"].dtype == torch.float32  # the trainer's weights are untouched
+    cpu = torch.device("cpu")
+    s = plan_transfers(cast, bucket_bytes=1 << 20, direct_bytes=256)
+    received = {k: v for k, v in engine.weights().items()}
+    for entries, size in zip(s.transfer_entries(), s.sizes, strict=True):
+        if not s.direct[s.transfer_entries().index(entries)]:
+            continue
+        dest = destination(entries, size, received, cpu)  # the engine's own flat buffer, at the same offsets
+        assert dest is not None, [e.key for e in entries]
+        dest.copy_(span_bytes(entries, cast, size, cpu))
+    for k in ("w0", "n0", "w1", "n1", "w2", "n2", "w3", "n3"):
+        assert torch.equal(engine.weights()[k], weights[k].to(torch.bfloat16)), k
+    assert cast_for_wire(weights, None) is weights and cast_for_wire(cast, torch.bfloat16) is cast
 
 
 def test_spans_are_capped_at_the_bucket_size():

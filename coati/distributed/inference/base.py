@@ -22,6 +22,12 @@ from coati.distributed.config import GenerationConfig
 from coati.distributed.rollout import RolloutBatch
 
 
+def one_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype | None:
+    """The one floating dtype among ``dtypes``; None when there are several or none."""
+    found = {d for d in dtypes if d.is_floating_point}
+    return found.pop() if len(found) == 1 else None
+
+
 def checkpoint_dtype(model_path: str) -> str:
     """The dtype the checkpoint's config records (what the trainer loads), else vLLM's "auto". Rolling out a float32
     checkpoint in bfloat16 (vLLM's "auto") put the default job's rollout log-probs 0.11 (median mean |diff|) away from
@@ -169,6 +175,12 @@ class InferenceBackend:
     def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float) -> None:
         """Serve the base weights plus ``scale`` * B A of every adapter pair (the base itself kept intact)."""
         raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters")
+
+    def weight_dtype(self) -> torch.dtype | None:
+        """The dtype every floating weight of the engine is held in, or None where they differ or the backend cannot
+        tell. A full push travels in it (the consumer casts before sending what the engine would cast on arrival:
+        bf16 engine weights under fp32 masters take half the bytes); None leaves pushes in the trainer's dtypes."""
+        return None
 
     def weight_destinations(self) -> Mapping[str, torch.Tensor]:
         """Tensors a weight push may be received into in place, by name (the default, none: everything goes

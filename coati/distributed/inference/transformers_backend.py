@@ -14,7 +14,7 @@ import torch
 from coati.distributed import attention
 from coati.distributed.algo.logprobs import token_logprobs
 from coati.distributed.config import GenerationConfig
-from coati.distributed.inference.base import InferenceBackend
+from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.rollout import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.wire_layout import flatten_parameters
 
@@ -131,6 +131,9 @@ class TransformersBackend(InferenceBackend):
                     end = t + 1
                     return end, True
         return end, bool(len(hits))
+
+    def weight_dtype(self) -> torch.dtype | None:
+        return one_dtype(p.dtype for p in self.model.parameters())
 
     def weight_destinations(self) -> dict[str, torch.Tensor]:
         """The model's own parameters and buffers: large pushed tensors land in them with no copy."""

@@ -47,7 +47,7 @@ import torch
 
 from coati.distributed.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
-from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
+from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype, one_dtype
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.rollout import RolloutBatch
 from coati.distributed.threads import cores
@@ -310,6 +310,10 @@ class VLLMBackend(InferenceBackend):
             keys = [key for key, _, _ in self._streamed.values()]
             self._streamed, self._finished = {}, []
         return keys
+
+    def weight_dtype(self) -> torch.dtype | None:
+        """Over every worker's model parameters (the CPU build's repacked linear weights keep their dtype)."""
+        return one_dtype(getattr(torch, name) for names in self.llm.collective_rpc("weight_dtypes") for name in names)
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Every vLLM worker joins the consumer's weight group as rank ``rank + its TP rank``."""

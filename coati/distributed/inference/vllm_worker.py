@@ -27,6 +27,11 @@ class WeightSyncExtension:
             world_size, rank, group_name, backend=backend, timeout_s=timeout_s, address=address
         )
 
+    def weight_dtypes(self) -> list[str]:
+        """The dtypes of this worker's floating model parameters, by name (``float32``, ``bfloat16``)."""
+        return sorted({str(p.dtype).removeprefix("torch.") for p in self.model_runner.model.parameters()
+                       if p.is_floating_point()})  # fmt: skip
+
     def receive_push(self, group_name: str) -> dict:
         """Receive one push whole into buffers of this worker's own, leaving the engine's weights untouched (the
         engine may keep stepping meanwhile); ``load_push`` applies it. Returns the version the consumer attached and
