@@ -36,6 +36,7 @@ def one_step_delta(tiny, compute_dtype: str) -> dict:
     assert out["history"][0]["actor/skipped_steps"] == 0
     # Pushes travel in the engine's dtype: a bf16 engine's take half the bytes of the fp32 masters.
     assert out["history"][0]["weights/bytes"] == sum(v.numel() * engine[k].element_size() for k, v in after.items())
+    assert out["history"][0]["weights/in_place_fraction"] == 1.0  # the casts laid out as the engine's flat weights
     for k, v in after.items():  # the push reaches the engine as the trainer's weights in the engine's dtype
         assert engine[k].dtype == (torch.bfloat16 if compute_dtype == "bf16" else torch.float32), k
         assert torch.equal(engine[k], v.to(engine[k].dtype)), k
