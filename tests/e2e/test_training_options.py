@@ -124,8 +124,6 @@ def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tin
     assert (one["forwarded_rows"], passes["forwarded_rows"], copies["forwarded_rows"]) == (4, 8, 12)
 
 
-
-
 class MomentsConsumer(GRPOConsumer):
     """A consumer that reports Adam's first moments and counts torch DDP's gradient all-reduces (one per bucket of
     each backward that synchronises)."""
