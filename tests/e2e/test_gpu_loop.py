@@ -33,12 +33,15 @@ def test_colocated_reward_rises_on_one_gpu(ray_cluster, tiny):
 
 @pytest.mark.parametrize(
     "plugin, sleep",
-    [({"precision": "bf16"}, False), ({"precision": "bf16", "zero_stage": 2}, False), ({"precision": "bf16"}, True)],
-    ids=["bf16", "zero2", "bf16-sleep"],
+    [({"precision": "bf16"}, False), ({"precision": "bf16", "zero_stage": 2}, False), ({"precision": "bf16"}, True),
+     ({"precision": "fp32"}, False)],
+    ids=["bf16", "zero2", "bf16-sleep", "fp32-masters-bf16-engine"],
 )
 def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, tiny, plugin, sleep):
+    # The engine follows a bf16 trainer; under an fp32 trainer it is asked for bf16, so pushes are cast on the GPU.
+    options = None if plugin["precision"] == "bf16" else {"dtype": "bfloat16"}
     run = start_run(tiny, colocate=True, sleep_while_training=sleep, plugin_config=plugin, core_algo="RLOO",
-                    inference_options=None)  # the engine follows the trainer: bf16
+                    inference_options=options)  # fmt: skip
     try:
         (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
         assert producer["device"].startswith("cuda") and consumer["device"].startswith("cuda")
@@ -51,12 +54,15 @@ def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, ti
         # The consumer's CUDA weights stay in one flat buffer through the bf16 optimizer steps (ZeRO-2's gathers
         # included), so each push is one span sent as it lies (copied to host memory once: the colocated wire is gloo).
         last = history[-1]
+        # fp32 masters are cast into one flat bf16 buffer laid out as the engine's weights: half the bytes.
         assert last["weights/transfers"] == 1 and last["weights/direct_fraction"] == 1.0, last
         after = run.full_weights()
+        assert last["weights/bytes"] == sum(2 * v.numel() for v in after.values()), last
         assert not [k for k in before if torch.equal(before[k], after[k])]
         got = ray.get(run.producers[0].weights.remote())
         for k, v in after.items():
-            assert got[k].dtype == v.dtype == torch.bfloat16 and torch.equal(got[k].cpu(), v), k
+            assert v.dtype == getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[plugin["precision"]]), k
+            assert got[k].dtype == torch.bfloat16 and torch.equal(got[k].cpu(), v.to(torch.bfloat16)), k
     finally:
         run.shutdown()
 
