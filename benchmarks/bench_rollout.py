@@ -9,10 +9,14 @@ CPU; bf16 matmuls instead of torch's fused kernel in bf16) and transformers' SDP
 engine also switches between the samplers in ``--vllm-samplers`` (coati's inverse-CDF draw, its default on a CPU, and
 vLLM's own Gumbel-max kernel) call by call, in alternating order, ``--reps`` calls each in the one engine, and
 reports each sampler's tokens over its seconds summed over those calls (they draw other tokens, so their counts
-differ; and a few percent between two processes is within this machine's noise, hence one engine).
+differ; and a few percent between two processes is within this machine's noise, hence one engine). With
+``--vllm-compile on,off`` vLLM also runs at the first block size with torch.compile disabled in its process (vLLM's
+CPU sampler compiles two helpers at its first step; the test suite runs with them eager): the first call's seconds
+show the compile, the timed calls what it buys.
 
     python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
         [--vllm-block-sizes 32,128] [--vllm-samplers inverse_cdf,vllm] [--transformers-attentions coati_sdpa,sdpa]
+        [--vllm-compile on,off]
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ import time
 
 
 def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None:
-    """In a spawned process: load the backend, warm up, time ``reps`` calls; put (load s, best tokens/s, tokens).
-    With ``samplers`` (vLLM), then put {sampler: (tokens/s, tokens)} over ``reps`` calls each, interleaved."""
+    """In a spawned process: load the backend, warm up, time ``reps`` calls; put (load s, warm-up s, best tokens/s,
+    tokens). With ``samplers`` (vLLM), then put {sampler: (tokens/s, tokens)} over ``reps`` calls each, interleaved."""
     import torch
 
     torch.set_num_threads(1)
+    if not options.pop("compile", True):
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
     from coati.default_model import default_model_path
     from coati.distributed.config import GenerationConfig
     from coati.distributed.data import encode_prompt, load_rows
@@ -45,7 +53,9 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
     load_s = time.perf_counter() - start
     rows = load_rows(args["task"], size=args["prompts"], seed=1)
     prompts = [encode_prompt(backend.tokenizer, r) for r in rows]
+    start = time.perf_counter()
     backend.generate(prompts[:2], n=2)  # warm-up
+    warm_s = time.perf_counter() - start
     torch.manual_seed(0)  # the transformers backend samples from torch's RNG: each of its runs draws alike
     best, tokens = 0.0, 0
     for _ in range(args["reps"]):
@@ -54,7 +64,7 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
         secs = time.perf_counter() - t0
         if int(batch.response_lengths.sum()) / secs > best:
             best, tokens = int(batch.response_lengths.sum()) / secs, int(batch.response_lengths.sum())
-    queue.put((load_s, best, tokens))
+    queue.put((load_s, warm_s, best, tokens))
     if samplers:
         totals = {s: [0.0, 0] for s in samplers}
         for rep in range(args["reps"]):
@@ -81,6 +91,8 @@ def main():
     parser.add_argument("--transformers-attentions", default="coati_sdpa,sdpa",
                         help="attentions the transformers backend runs with (coati's CPU attention, the backend's "
                              "default on CPU; transformers' SDPA)")  # fmt: skip
+    parser.add_argument("--vllm-compile", default="on", help="on,off: vLLM at the first block size also without "
+                        "torch.compile")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -93,7 +105,9 @@ def main():
     samplers = args.vllm_samplers.split(",")
     runs = ([("transformers", {"attention": a}) for a in attentions]
             + [("vllm", {"block_size": b, "sampler": samplers[0], **({"samplers": samplers} if i == 0 else {})})
-               for i, b in enumerate(blocks)])  # fmt: skip
+               for i, b in enumerate(blocks)]
+            + [("vllm", {"block_size": blocks[0], "sampler": samplers[0], "compile": False})
+               for _ in range("off" in args.vllm_compile.split(","))])  # fmt: skip
     for dtype in args.dtypes.split(","):
         rates = {}
         for name, options in runs:
@@ -103,10 +117,12 @@ def main():
             proc.join()
             if proc.exitcode != 0:
                 raise SystemExit(f"the {name} run failed (exit code {proc.exitcode}); its error is above")
-            load_s, rate, tokens = queue.get()
+            load_s, warm_s, rate, tokens = queue.get()
             label = f"vllm {options['block_size']}" if name == "vllm" else f"{name} {options['attention']}"
+            label += " eager" if options.get("compile") is False else ""
             rates[label] = rate
-            print(f"{label:<25}{dtype:<10} load {load_s:6.1f} s  {rate:8.1f} tokens/s  ({tokens} tokens)", flush=True)
+            print(f"{label:<25}{dtype:<10} load {load_s:6.1f} s  first call {warm_s:5.1f} s  {rate:8.1f} tokens/s  "
+                  f"({tokens} tokens)", flush=True)  # fmt: skip
             if "samplers" in options:
                 for sampler, (rate, tokens) in queue.get().items():
                     rates[f"sampler {sampler}"] = rate
@@ -118,7 +134,9 @@ def main():
               + "".join(f"; {attentions[0]} / {a}: {rates[hf] / rates[f'transformers {a}']:.2f}x" for a in attentions[1:])
               + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:])
               + "".join(f"; {samplers[0]} / {s}: {rates[f'sampler {samplers[0]}'] / rates[f'sampler {s}']:.2f}x"
-                        for s in samplers[1:]),
+                        for s in samplers[1:])
+              + (f"; compiled / eager: {rates[first] / rates[first + ' eager']:.2f}x" if first + " eager" in rates
+                 else ""),
               flush=True)  # fmt: skip
 
 
