@@ -51,8 +51,11 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
     if attn:  # the transformers backend switches to coati's CPU attention itself; "sdpa" switches it back
         backend.model.set_attn_implementation(attn)
     load_s = time.perf_counter() - start
-    rows = load_rows(args["task"], size=args["prompts"], seed=1)
-    prompts = [encode_prompt(backend.tokenizer, r) for r in rows]
+    if args["task"] == "random":  # 50 random token ids each: no row stops before the token budget
+        ids = torch.randint(100, 20_000, (args["prompts"], 50), generator=torch.Generator().manual_seed(1))
+        prompts = ids.tolist()
+    else:
+        prompts = [encode_prompt(backend.tokenizer, r) for r in load_rows(args["task"], size=args["prompts"], seed=1)]
     start = time.perf_counter()
     backend.generate(prompts[:2], n=2)  # warm-up
     warm_s = time.perf_counter() - start
@@ -84,7 +87,8 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--task", default="reasoning_gym:chain_sum")
+    parser.add_argument("--task", default="reasoning_gym:chain_sum", help="prompts' task; 'random': random token "
+                        "ids, every row running to the token budget")  # fmt: skip
     parser.add_argument("--vllm-block-sizes", default="32,128", help="KV-cache block sizes vLLM runs with")
     parser.add_argument("--vllm-samplers", default="inverse_cdf,vllm",
                         help="samplers vLLM runs with at the first block size (the first also at the others)")

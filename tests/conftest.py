@@ -8,9 +8,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# vLLM's CPU sampler compiles two helpers with torch.compile at each engine's first step (~2.6 s an engine, some 16
-# engines in the suite); eager they give the same tokens and log-probs. Runs keep them compiled: generation is ~12%
-# faster so. Set before Ray starts, so every actor inherits it.
+# No torch.compile in the tests: vLLM's CPU sampler compiles two helpers at each engine's first step (~2.6 s an
+# engine, some 16 engines in the suite), and importing ColossalAI pulls in the compiler through bitsandbytes (~1 s an
+# actor); eager, the same tokens and log-probs. Runs keep vLLM's default (benchmarks/bench_rollout.py --vllm-compile).
+# Set before Ray starts, so every actor inherits it.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
