@@ -98,6 +98,9 @@ def main():
     parser.add_argument("--vllm-compile", default="on", help="on,off: vLLM at the first block size also without "
                         "torch.compile")  # fmt: skip
     args = parser.parse_args()
+    if args.vllm_compile not in ("on", "on,off"):
+        parser.error(f"--vllm-compile takes on or on,off, got {args.vllm_compile!r}")
+    eager = args.vllm_compile == "on,off"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = "1"
     settings = {"prompts": args.prompts, "n": args.n, "new_tokens": args.new_tokens, "reps": args.reps, "task": args.task}
@@ -110,8 +113,7 @@ def main():
     runs = ([("transformers", {"attention": a}) for a in attentions]
             + [("vllm", {"block_size": b, "sampler": samplers[0], **({"samplers": samplers} if i == 0 else {})})
                for i, b in enumerate(blocks)]
-            + [("vllm", {"block_size": blocks[0], "sampler": samplers[0], "compile": False})
-               for _ in range("off" in args.vllm_compile.split(","))])  # fmt: skip
+            + [("vllm", {"block_size": blocks[0], "sampler": samplers[0], "compile": False})] * eager)  # fmt: skip
     for dtype in args.dtypes.split(","):
         rates = {}
         for name, options in runs:
