@@ -61,7 +61,7 @@ def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, ti
         assert not [k for k in before if torch.equal(before[k], after[k])]
         got = ray.get(run.producers[0].weights.remote())
         for k, v in after.items():
-            assert v.dtype == getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[plugin["precision"]]), k
+            assert v.dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[plugin["precision"]], k
             assert got[k].dtype == torch.bfloat16 and torch.equal(got[k].cpu(), v.to(torch.bfloat16)), k
     finally:
         run.shutdown()

@@ -136,8 +136,8 @@ def test_a_push_cast_for_a_bf16_engine_is_the_cast_weights_laid_out_as_the_engin
     cpu = torch.device("cpu")
     s = plan_transfers(cast, bucket_bytes=1 << 20, direct_bytes=256)
     received = {k: v for k, v in engine.weights().items()}
-    for entries, size in zip(s.transfer_entries(), s.sizes, strict=True):
-        if not s.direct[s.transfer_entries().index(entries)]:
+    for entries, size, direct in zip(s.transfer_entries(), s.sizes, s.direct, strict=True):
+        if not direct:
             continue
         dest = destination(entries, size, received, cpu)  # the engine's own flat buffer, at the same offsets
         assert dest is not None, [e.key for e in entries]
