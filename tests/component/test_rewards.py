@@ -136,9 +136,33 @@ def test_crashed_worker_is_replaced_and_item_scored_zero():
     with RewardPool("tests.component.reward_fns:crashy", num_workers=1, item_timeout_s=10) as pool:
         results = pool.score(["crash", "fine", "raise", "fine"], {})
         assert [r.reward for r in results] == [0.0, 1.0, 0.0, 1.0]
-        assert "died" in results[0].info["error"]
+        assert "died (exit code 3)" in results[0].info["error"]
         assert "ValueError: bad sample" in results[2].info["error"]
         assert pool.replaced_workers == 1
+
+
+def test_a_worker_runs_the_reward_function_not_its_parents_main_module(tmp_path):
+    """A worker process imports the reward function's module only; multiprocessing's spawn re-ran the parent's main
+    script in it (in a producer, Ray's worker script: half a second of CPU at every start). The parent here is a
+    script whose top level leaves a file named by its process id: one file, the parent's, and the worker scores."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'ran-' + str(os.getpid())), 'w').close()\n"
+        "if __name__ == '__main__':\n"
+        "    from coati.distributed.reward import RewardPool\n"
+        "    with RewardPool('tests.component.reward_fns:plain_floats', num_workers=1) as pool:\n"
+        "        print(pool.score(['abc'], {})[0].reward)\n"
+    )  # fmt: skip
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, str(script)], cwd=root, env={**os.environ, "PYTHONPATH": root},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "3.0", out
+    ran = sorted(p.name for p in tmp_path.glob("ran-*"))
+    assert len(ran) == 1, f"the main script ran in {len(ran)} processes: {ran}"
 
 
 def test_unknown_reward_fn_fails_in_caller():

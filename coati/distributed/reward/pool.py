@@ -5,27 +5,39 @@ Each worker is a single-threaded process (math_verify's signal-based timeouts ne
 feeds idle workers from a bounded queue (``submit`` blocks when it is full: back-pressure), enforces a wall-clock
 limit per item by killing the worker, and replaces any worker that dies; the item it held is scored 0 with the
 reason in ``info['error']``. Results come back as futures.
+
+A worker is a fresh interpreter that imports this module and the reward function only: multiprocessing's spawn would
+also re-run the parent's main module, which in a Ray actor is Ray's worker script (about half a second of CPU at
+every producer start).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import queue
+import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
 from coati.distributed.reward.base import RewardResult, RewardSignature, call_reward, resolve_reward_fn, truncate_for_log
 
 log = logging.getLogger(__name__)
 
 
+_BOOT = ("import sys\nfrom multiprocessing.connection import Connection\nconn = Connection(int(sys.argv[1]))\n"
+         "sys.path[:] = conn.recv()\nfrom coati.distributed.reward.pool import _worker_main\n"
+         "_worker_main(conn, *conn.recv())")
+"""a worker's program: its end of the pipe is the descriptor in argv; it takes the parent's import path, then the
+reward function's name and options"""
+
+
 def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     fn = resolve_reward_fn(fn_name)
     signature = RewardSignature.of(fn, fn_name)
     while True:
@@ -50,17 +62,37 @@ def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, fn_name: str, fn_kwargs: dict):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, fn_name, fn_kwargs), daemon=True)
-        self.proc.start()
-        child.close()
+    """One worker process and its end of the pipe. A worker whose parent dies reads end-of-file and exits."""
+
+    def __init__(self, fn_name: str, fn_kwargs: dict):
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                     env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send(list(sys.path))
+        self.conn.send((fn_name, fn_kwargs))
         self.task: tuple[int, Future, float] | None = None
 
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.poll()
+
+    def exit_code_after(self, timeout_s: float) -> int | None:
+        """The exit code of a worker whose pipe has closed (it is exiting), waiting up to ``timeout_s`` for it."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=5)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.warning("reward worker %d did not exit within 5 s of SIGKILL", self.proc.pid)
         self.conn.close()
 
 
@@ -81,10 +113,9 @@ class RewardPool:
         self.fn_name = fn_name
         self.fn_kwargs = dict(fn_kwargs or {})
         self.item_timeout_s = item_timeout_s
-        self._ctx = mp.get_context("spawn")
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._ids = itertools.count()
-        self._workers = [_Worker(self._ctx, fn_name, self.fn_kwargs) for _ in range(num_workers)]
+        self._workers = [_Worker(fn_name, self.fn_kwargs) for _ in range(num_workers)]
         self._closed = threading.Event()
         self.replaced_workers = 0
         self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
@@ -114,7 +145,7 @@ class RewardPool:
 
     def _replace(self, i: int) -> None:
         self._workers[i].kill()
-        self._workers[i] = _Worker(self._ctx, self.fn_name, self.fn_kwargs)
+        self._workers[i] = _Worker(self.fn_name, self.fn_kwargs)
         self.replaced_workers += 1
 
     def _dispatch(self) -> None:
@@ -135,7 +166,7 @@ class RewardPool:
             if not busy:
                 time.sleep(0.002)
                 continue
-            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.01)
+            ready = wait([w.conn for w in busy], timeout=0.01)  # a worker's death closes its pipe: ready too
             now = time.monotonic()
             for i, w in enumerate(self._workers):
                 if w.task is None:
@@ -146,7 +177,7 @@ class RewardPool:
                         got_id, result, error = w.conn.recv()
                     except (EOFError, OSError):
                         w.task = None
-                        self._fail(fut, f"reward worker died (exit code {w.proc.exitcode})")
+                        self._fail(fut, f"reward worker died (exit code {w.exit_code_after(5.0)})")
                         self._replace(i)
                         continue
                     assert got_id == task_id, (got_id, task_id)
@@ -155,9 +186,9 @@ class RewardPool:
                         self._fail(fut, error)
                     else:
                         fut.set_result(result)
-                elif w.proc.sentinel in ready or not w.proc.is_alive():
+                elif w.exitcode is not None:
                     w.task = None
-                    self._fail(fut, f"reward worker died (exit code {w.proc.exitcode})")
+                    self._fail(fut, f"reward worker died (exit code {w.exitcode})")
                     self._replace(i)
                 elif now > deadline:
                     w.task = None
