@@ -111,7 +111,10 @@ def test_bad_data_and_models_are_refused_before_any_actor(ray_cluster, tiny, tmp
     assert no_actors_left()
 
 
-def test_run_folders_are_protected(ray_cluster, tiny, tmp_path):
+def test_run_folders_are_protected_and_a_resume_refuses_another_run(ray_cluster, tiny, tmp_path, tmp_path_factory):
+    """One run's folder: a second run refuses it (and a locked one), a resume refuses another model, data, reward,
+    seed or staleness bound and a run with nothing left, then resumes with an allowed change; an overwrite replaces
+    it; a folder that cannot be written or lacks the space for its checkpoints is refused up front."""
     run_dir = tmp_path / "run"
     out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir)))
     assert out["final_model"]
@@ -122,20 +125,6 @@ def test_run_folders_are_protected(ray_cluster, tiny, tmp_path):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(RunFolderError, match="in use by another run"):
             launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
-    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
-    assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-1"]
-    blocker = tmp_path / "a_file"
-    blocker.write_text("")
-    with pytest.raises(RunFolderError, match="not writable"):
-        launch_distributed(**kwargs(tiny, save_dir=str(blocker / "run")))
-    with pytest.raises(RunFolderError, match=r"GiB free but 10000000 checkpoints need about"):
-        launch_distributed(**kwargs(tiny, save_dir=str(tmp_path / "big"), keep_checkpoints=10_000_000))
-    assert no_actors_left()
-
-
-def test_resume_refuses_another_model_data_reward_seed_or_staleness(ray_cluster, tiny, tmp_path, tmp_path_factory):
-    run_dir = str(tmp_path / "run")
-    launch_distributed(**kwargs(tiny, save_dir=run_dir))
     other_model = str(build_tiny_model(tmp_path_factory.mktemp("wider"), hidden_size=48))
     changes = {
         "identity.train_model.config": dict(train_model_config={"path": other_model},
@@ -147,14 +136,22 @@ def test_resume_refuses_another_model_data_reward_seed_or_staleness(ray_cluster,
     }  # fmt: skip
     for field, over in changes.items():
         with pytest.raises(ValueError, match=rf"incompatible with this run \(.*{field}: checkpoint"):
-            launch_distributed(**kwargs(tiny, save_dir=run_dir, resume="latest", max_steps=2, **over))
+            launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, **over))
     with pytest.raises(ValueError, match="at step 1 and this run has 1 steps: nothing left to train"):
-        launch_distributed(**kwargs(tiny, save_dir=run_dir, resume="latest"))
+        launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest"))
     assert no_actors_left()
-    # An allowed change resumes.
-    out = launch_distributed(**kwargs(tiny, save_dir=run_dir, resume="latest", max_steps=2, seed=7,
+    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, seed=7,
                                       resume_allow=("identity.seed",)))  # fmt: skip
     assert [m["step"] for m in out["history"]] == [2]
+    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-1"]  # step-2 went with the run
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(RunFolderError, match="not writable"):
+        launch_distributed(**kwargs(tiny, save_dir=str(blocker / "run")))
+    with pytest.raises(RunFolderError, match=r"GiB free but 10000000 checkpoints need about"):
+        launch_distributed(**kwargs(tiny, save_dir=str(tmp_path / "big"), keep_checkpoints=10_000_000))
+    assert no_actors_left()
 
 
 def test_checkpoints_load_no_pickle(tmp_path):
