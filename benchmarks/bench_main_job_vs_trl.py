@@ -1,7 +1,8 @@
 """The default job's held-out gain against TRL's GRPOTrainer on the same workload, at equal training wall-clock, over
 several seeds and a held-out set large enough to tell the two apart.
 
-For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S``, its folder ``runs/bench-main-job-S``)
+For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S``, its folder ``runs/bench-main-job-S``,
+replaced at each invocation unless ``--reuse``)
 and TRL trains SmolLM2-135M-Instruct on that run's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2 digits;
 the rows and chat template the seed draws), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
 default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the last-number reward
@@ -104,18 +105,29 @@ def checkpoint_model(folder: Path, step: int, into: str) -> str:
     return into
 
 
-def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags: list[str]) -> Path:
-    """The default job with this seed and ``flags`` (checkpointing at ``at_steps`` of its ``max_steps``, every
-    checkpoint kept), run in a process of its own; its folder."""
+def coati_project(seed: int, at_steps: list[int], flags: list[str]) -> str:
+    """The run folder's name (under ``runs/``) of the default job with this seed and ``flags``."""
     suffix = "".join("-" + re.sub(r"[^A-Za-z0-9.]+", "", f) for f in flags)
-    project = (f"bench-main-job-curve-{seed}" if at_steps else f"bench-main-job-{seed}") + suffix
-    folder = ROOT / "runs" / project
-    if reuse and (folder / "final").is_dir():
-        return folder
-    cmd = [sys.executable, "rl_example.py", "--algo", "DAPO", "--seed", str(seed), "-p", project, *flags]
+    return (f"bench-main-job-curve-{seed}" if at_steps else f"bench-main-job-{seed}") + suffix
+
+
+def coati_args(seed: int, at_steps: list[int], max_steps: int, flags: list[str]) -> list[str]:
+    """``rl_example.py``'s arguments for the default job with this seed and ``flags``, checkpointing at ``at_steps``
+    of its ``max_steps`` with every checkpoint kept. The run replaces its folder: the benchmark's own, left by an
+    earlier invocation (``--reuse`` keeps it instead, without running)."""
+    args = ["--algo", "DAPO", "--seed", str(seed), "-p", coati_project(seed, at_steps, flags), "--overwrite", *flags]
     if at_steps:
         interval = math.gcd(*at_steps)
-        cmd += ["--save-interval", str(interval), "--keep-checkpoints", str(-(-max_steps // interval))]
+        args += ["--save-interval", str(interval), "--keep-checkpoints", str(-(-max_steps // interval))]
+    return args
+
+
+def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags: list[str]) -> Path:
+    """The default job with this seed and ``flags`` (see ``coati_args``), run in a process of its own; its folder."""
+    folder = ROOT / "runs" / coati_project(seed, at_steps, flags)
+    if reuse and (folder / "final").is_dir():
+        return folder
+    cmd = [sys.executable, "rl_example.py", *coati_args(seed, at_steps, max_steps, flags)]
     print(f"  seed {seed}: {' '.join(cmd[1:])}", flush=True)
     out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True)
     if out.returncode != 0:

@@ -15,3 +15,17 @@ def test_bench_vs_trl_runs_a_config_coati_accepts(precision, staleness):
     algorithm = config.launch_config().algorithm
     assert (algorithm.dynamic_sampling, algorithm.skip_no_signal_after, algorithm.overlong_buffer_ratio) == (False, 0, 0)
     assert config.run.max_staleness == staleness
+
+
+@pytest.mark.parametrize("at_steps", [[], [10, 20]])
+def test_bench_main_job_vs_trl_reruns_into_its_own_folder(at_steps):
+    """Without ``--reuse`` the benchmark's job replaces the folder an earlier invocation left (it refused to start
+    there, as a run folder holding another run is refused), and checkpoints where asked."""
+    from benchmarks.bench_main_job_vs_trl import coati_args
+    from coati.distributed.cli import parse_config
+
+    run = parse_config(coati_args(3, at_steps, 30, ["--skip-no-signal-after", "0"])).run
+    assert run.overwrite and run.seed == 3
+    assert run.project == "bench-main-job" + ("-curve" if at_steps else "") + "-3-skipnosignalafter-0"
+    if at_steps:
+        assert (run.save_interval, run.keep_checkpoints) == (10, 3)
