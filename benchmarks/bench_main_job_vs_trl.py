@@ -2,18 +2,17 @@
 several seeds and a held-out set large enough to tell the two apart.
 
 For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S``, its folder ``runs/bench-main-job-S``,
-replaced at each invocation unless ``--reuse``)
-and TRL trains SmolLM2-135M-Instruct on that run's training prompts (reasoning-gym chain_sum, 2-3 terms, 1-2 digits;
-the rows and chat template the seed draws), 4 prompts x 4 completions per step, 48 new tokens, temperature 1.0, the
-default job's constant learning rate, DAPO's loss (clip 0.2/0.28, token-mean, no KL), with the last-number reward
-(benchmarks/bench_reward.py: the default job's lenient check; ``--trl-overlong`` adds DAPO's soft overlong
-punishment as the job shapes its reward, with TRL's own ``get_soft_overlong_punishment`` over the same last tokens of
-the budget and the same factor, which lowered TRL's gain here), with the same seed, for the coati run's training-loop
-seconds (evaluations excluded on both sides; TRL's model is saved after its first step past that mark, saving
-excluded). Then the base model, each coati run's final model and each saved TRL model are scored by one evaluation:
-greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows drawn as the default job draws its 96 (the
-same task, seed 10000), the same rows for every seed. Printed: each seed's gains, then their means with
-standard errors over seeds, and the ratio of the mean gains.
+replaced at each invocation unless ``--reuse``) and TRL trains SmolLM2-135M-Instruct on that run's training prompts
+(reasoning-gym chain_sum, 2-3 terms, 1-2 digits; the rows and chat template the seed draws), 4 prompts x 4 completions
+per step, 48 new tokens, temperature 1.0, the default job's constant learning rate, DAPO's loss (clip 0.2/0.28,
+token-mean, no KL), with the last-number reward (benchmarks/bench_reward.py: the default job's lenient check;
+``--trl-overlong`` adds DAPO's soft overlong punishment as the job shapes its reward, with TRL's own
+``get_soft_overlong_punishment`` over the same last tokens of the budget and the same factor, which lowered TRL's gain
+here), with the same seed, for the coati run's training-loop seconds (evaluations excluded on both sides; TRL's model is
+saved after its first step past that mark, saving excluded). Then the base model, each coati run's final model and each
+saved TRL model are scored by one evaluation: greedy, 48 new tokens, the lenient check, on ``--eval-rows`` held-out rows
+drawn as the default job draws its 96 (the same task, seed 10000), the same rows for every seed. Printed: each seed's
+gains, then their means with standard errors over seeds, and the ratio of the mean gains.
 
 With ``--at-steps 10 20`` both sides are also scored part-way, as gain against time: the coati run checkpoints at those
 steps (``--save-interval``; its folder ``runs/bench-main-job-curve-S``), its time at step N is the loop seconds of its

@@ -75,23 +75,17 @@ class _Worker:
         self.conn.send((fn_name, fn_kwargs))
         self.task: tuple[int, Future, float] | None = None
 
-    @property
-    def exitcode(self) -> int | None:
-        return self.proc.poll()
-
-    def exit_code_after(self, timeout_s: float) -> int | None:
-        """The exit code of a worker whose pipe has closed (it is exiting), waiting up to ``timeout_s`` for it."""
+    def exit_code(self, wait_s: float = 0.0) -> int | None:
+        """The worker's exit code, waiting up to ``wait_s`` for it to exit; None while it runs."""
         try:
-            return self.proc.wait(timeout=timeout_s)
+            return self.proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             return None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        if self.exit_code(wait_s=5.0) is None:
             log.warning("reward worker %d did not exit within 5 s of SIGKILL", self.proc.pid)
         self.conn.close()
 
@@ -177,7 +171,8 @@ class RewardPool:
                         got_id, result, error = w.conn.recv()
                     except (EOFError, OSError):
                         w.task = None
-                        self._fail(fut, f"reward worker died (exit code {w.exit_code_after(5.0)})")
+                        code = w.exit_code(wait_s=5.0)  # its pipe closed: it is exiting
+                        self._fail(fut, f"reward worker died (exit code {code})")
                         self._replace(i)
                         continue
                     assert got_id == task_id, (got_id, task_id)
@@ -186,9 +181,9 @@ class RewardPool:
                         self._fail(fut, error)
                     else:
                         fut.set_result(result)
-                elif w.exitcode is not None:
+                elif (code := w.exit_code()) is not None:
                     w.task = None
-                    self._fail(fut, f"reward worker died (exit code {w.exitcode})")
+                    self._fail(fut, f"reward worker died (exit code {code})")
                     self._replace(i)
                 elif now > deadline:
                     w.task = None
