@@ -24,8 +24,12 @@ def main(argv=None) -> dict:
 
 
 def print_summary(summary: dict, run_dir: str) -> None:
+    from coati.distributed.reporting import describe_loop
+
     evals = summary["evals"]
     print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {os.path.abspath(run_dir)}/")
+    for line in describe_loop(summary["loop"]):
+        print(line)
     if len(evals) >= 2:
         first, last = evals[0], evals[-1]
         for key in ("eval/strict", "eval/lenient"):

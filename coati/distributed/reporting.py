@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -23,6 +24,22 @@ PLOTS = {
 KL with beta 0, say), and a plot with no series is not written"""
 SMOOTHING = 0.6
 """weight of the past in the exponential moving average drawn over series of 10 points or more"""
+LOOP_TOTALS = {
+    "loop_s": "time/step", "train_s": "time/train", "rollout_wait_s": "time/rollout_wait",
+    "weight_push_s": "time/weight_push", "groups_drawn": "rollout/drawn_groups",
+    "groups_dropped_no_signal": "rollout/dropped_zero_signal_groups", "groups_dropped_stale": "rollout/stale_dropped_groups",
+    "groups_filled_zero_signal": "rollout/filled_zero_signal_groups", "prompts_skipped": "rollout/skipped_prompts",
+    "trained_tokens": "rollout/trained_tokens", "trained_tokens_unique": "rollout/trained_tokens_unique",
+    "reward_errors": "reward/errors", "reward_timeouts": "reward/timeouts", "skipped_optimizer_steps": "actor/skipped_steps",
+}  # fmt: skip
+"""summary.json's ``loop.totals``: name -> the per-step metric summed over the steps (the loop's seconds are its steps'
+seconds: evaluations and checkpoints between steps are not in them)"""
+LOOP_MEDIANS = {
+    "step_s": "time/step", "train_s": "time/train", "rollout_wait_s": "time/rollout_wait",
+    "weight_push_s": "time/weight_push", "push_paused_s": "weights/paused_s",
+    "engine_trainer_gap_abs": "rollout/engine_trainer_gap_abs",
+}  # fmt: skip
+"""summary.json's ``loop.medians``: name -> the per-step metric whose median over the steps is reported"""
 PHASES = logging.getLogger("coati.phase")
 """the driver's phase messages ("starting 1 producer and 1 consumer", "evaluating before training", ...): shown on
 the progress bar by a reporter, otherwise at INFO level"""
@@ -95,8 +112,8 @@ class Reporter:
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,
-                   "evals": result.get("evals", []), "final_model": result.get("final_model"), "plots": plots,
-                   "restarts": result.get("restarts", [])}  # fmt: skip
+                   "loop": loop_summary(self.history), "evals": result.get("evals", []),
+                   "final_model": result.get("final_model"), "plots": plots, "restarts": result.get("restarts", [])}  # fmt: skip
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         for logger in self.loggers:
             logger.close()
@@ -113,6 +130,38 @@ class _BarPhases(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.bar.set_description(record.getMessage())
+
+
+def loop_summary(history: list[dict]) -> dict:
+    """The training loop at a glance, from the steps' metrics (this process's steps: a resumed run's from where it
+    resumed): ``totals`` sums LOOP_TOTALS over the steps, ``medians`` takes LOOP_MEDIANS' median over the steps that
+    measured it (non-finite values left out). A metric no step measured is left out, never reported as 0."""
+    totals, medians = {}, {}
+    for name, key in LOOP_TOTALS.items():
+        values = [m[key] for m in history if key in m]
+        if values:
+            totals[name] = sum(values)
+    for name, key in LOOP_MEDIANS.items():
+        values = [m[key] for m in history if key in m and math.isfinite(m[key])]
+        if values:
+            medians[name] = statistics.median(values)
+    return {"steps": len(history), "totals": totals, "medians": medians}
+
+
+def describe_loop(loop: dict) -> list[str]:
+    """``loop_summary``'s result as the lines the end of a run prints: what the loop drew, where a step's time went."""
+    t, m = loop["totals"], loop["medians"]
+    drawn = [(k, what) for k, what in [("groups_drawn", "groups drawn"), ("groups_dropped_no_signal", "dropped for no "
+             "signal"), ("groups_dropped_stale", "dropped as stale"), ("prompts_skipped", "prompts skipped")] if k in t]  # fmt: skip
+    timed = [(k, what) for k, what in [("step_s", "step"), ("train_s", "training"), ("rollout_wait_s", "waiting for "
+             "rollouts"), ("weight_push_s", "weight push"), ("push_paused_s", "engine paused by it")] if k in m]  # fmt: skip
+    lines = []
+    if "loop_s" in t:
+        lines.append(f"training loop {t['loop_s']:.0f} s over {loop['steps']} steps"
+                     + "".join(f"; {t[k]:.0f} {what}" for k, what in drawn))  # fmt: skip
+    if timed:
+        lines.append("per step (medians): " + ", ".join(f"{what} {m[k]:.2f} s" for k, what in timed))
+    return lines
 
 
 def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> list[str]:

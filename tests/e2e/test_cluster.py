@@ -48,6 +48,11 @@ def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
         assert all(key in m for m in lines[1:]), key
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "response", "reward", "step"} <= set(samples[0])
+    # summary.json's account of the loop adds up the steps' metrics, and the job printed it.
+    loop = json.loads((run / "summary.json").read_text())["loop"]
+    assert loop["steps"] == 2 and loop["totals"]["loop_s"] == pytest.approx(sum(m["time/step"] for m in lines[1:]))
+    assert loop["totals"]["groups_drawn"] == sum(m["rollout/drawn_groups"] for m in lines[1:]) >= 4
+    assert f"training loop {loop['totals']['loop_s']:.0f} s over 2 steps" in out.stdout
     evals = json.loads((run / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/count"] == 4 for e in evals)
     assert "plots/kl.png" not in files  # DAPO's beta is 0: no KL is measured, none is drawn
