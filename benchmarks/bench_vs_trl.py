@@ -14,7 +14,9 @@ over fp32 masters, and bf16 engine weights, which follow the trainer's compute d
 The trainer's achieved GFLOP/s counts the matmul FLOPs a training step needs (6 x weights x tokens: each group's
 prompt once, the output layer on response tokens only; attention scores left out, a few % at these lengths) over
 the step's training time, against the matmul peak measured by a probe in the same run at the trainer's precision
-and thread count.
+and thread count: over every step, and over the steps after the first WARMUP_STEPS (a trainer's first steps also
+fault in the memory its tensors grow into, and each larger batch after them some more: a one-off cost that a run
+of a few steps weighs and a long run does not).
 
     pip install -r benchmarks/requirements.txt
     python benchmarks/bench_vs_trl.py [--sizes tiny smollm2] [--steps 12 6] [--precisions fp32 best]
@@ -89,6 +91,10 @@ def matmul_weights(model: str) -> tuple[int, int]:
     head = net.get_output_embeddings()
     body = sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Linear) and m is not head)
     return body, head.weight.numel()
+
+
+WARMUP_STEPS = 2
+"""steps left out of the trainer's steady-state rate (printed beside its rate over every step)"""
 
 
 def trainer_gflops(history: list[dict], weights: tuple[int, int]) -> float:
@@ -194,14 +200,16 @@ def print_size(runs: dict, steps: int, weights, peaks: dict) -> dict:
         threads = int(statistics.median(m["actor/threads"] for m in h))
         dtype = "bf16" if PRECISIONS[precision][1] != "fp32" else "fp32"
         achieved, peak = trainer_gflops(h, weights), peaks[dtype, min(threads, 2)]
-        trainer[precision, name] = {"gflops": achieved, "peak": peak, "threads": threads, **b}
+        steady = trainer_gflops(h[WARMUP_STEPS:], weights) if len(h) > WARMUP_STEPS else None
+        trainer[precision, name] = {"gflops": achieved, "steady_gflops": steady, "peak": peak, "threads": threads, **b}
         print(f"{precision} {name}, mean s per step: " + ", ".join(
             f"{k.split('/')[-1]} {b[k]:.2f}" for k in ("time/generate", "time/reward_wait", "time/train_step",
                                                        "time/weight_push", "time/step"))
             # Synchronous steps are the sum of their parts; the rest is the framework's own time.
             + (f", overhead {b['overhead']:.2f} ({100 * b['overhead'] / b['time/step']:.1f}%)" if "sync" in name else "")
             + f"; trainer {achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f}% of the {dtype} peak on {threads} "
-              f"thread(s) ({peak:.0f})")  # fmt: skip
+              f"thread(s) ({peak:.0f})"
+            + (f", after its first {WARMUP_STEPS} steps {steady:.0f} = {100 * steady / peak:.0f}%" if steady else ""))  # fmt: skip
     return {"rates": {f"{p}/{n}": v for (p, n), v in rates.items()},
             "trainer": {f"{p}/{n}": v for (p, n), v in trainer.items()}}
 

@@ -29,3 +29,17 @@ def test_bench_main_job_vs_trl_reruns_into_its_own_folder(at_steps):
     assert run.project == "bench-main-job" + ("-curve" if at_steps else "") + "-3-skipnosignalafter-0"
     if at_steps:
         assert (run.save_interval, run.keep_checkpoints) == (10, 3)
+
+
+def test_the_trainers_rate_counts_each_prompt_once_and_the_head_on_response_tokens():
+    """6 x (body weights x unique tokens + head weights x response tokens) over the steps' training seconds, by hand;
+    the steady-state rate is the same sum over the steps after the warm-up."""
+    from benchmarks.bench_vs_trl import WARMUP_STEPS, trainer_gflops
+
+    steps = [{"rollout/trained_tokens_unique": 100, "rollout/trained_response_tokens": 40, "time/train_step": 4.0},
+             {"rollout/trained_tokens_unique": 200, "rollout/trained_response_tokens": 80, "time/train_step": 1.0},
+             {"rollout/trained_tokens_unique": 300, "rollout/trained_response_tokens": 60, "time/train_step": 2.0}]  # fmt: skip
+    body, head = 2_000_000, 500_000
+    flops = [6 * (body * 100 + head * 40), 6 * (body * 200 + head * 80), 6 * (body * 300 + head * 60)]
+    assert trainer_gflops(steps, (body, head)) == pytest.approx(sum(flops) / 7.0 / 1e9)
+    assert WARMUP_STEPS == 2 and trainer_gflops(steps[WARMUP_STEPS:], (body, head)) == pytest.approx(flops[2] / 2.0 / 1e9)
