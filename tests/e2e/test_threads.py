@@ -54,12 +54,14 @@ def rollouts_take_the_consumers_cores(run, cores: int) -> None:
     refs = run.actors.generate([4], training=True)
     ray.get([p.set_threads.remote(cores, run.actors.generate_calls - 1) for p in run.producers])
     assert set(ray.get(refs)[0].extras["threads"]) == {1}
-    # Taken back while it still runs (the next training step starts): it goes on with its share.
+    # Taken back while it still runs (the next training step starts): it goes on with its share. The take-back must
+    # come after the round has taken the lent cores (its next decode step) and before it ends (0.2 s on a fast
+    # machine of this kind): waits from short to long, so that one of them falls in between on any machine.
     seen = []
-    for _ in range(3):
+    for wait_s in (0.02, 0.05, 0.1, 0.3, 0.3):
         refs = run.actors.generate([4], training=True)
         run.actors.lend_to_producers()
-        time.sleep(0.3)
+        time.sleep(wait_s)
         run.actors.take_back_from_producers()
         extras = ray.get(refs)[0].extras
         seen.append((int(extras["threads_start"][0]), int(extras["threads"][0]), int(extras["threads_end"][0]),
