@@ -37,7 +37,8 @@ def summarize(folder: Path, k: int, in_flight: bool) -> dict:
     summary = json.loads((folder / "summary.json").read_text())
     lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if m["step"] > 0]  # step 0: the evaluation before training
-    loop_s = sum(m["time/step"] for m in steps)
+    totals = summary["loop"]["totals"]  # the run's own account of its loop
+    loop_s = totals["loop_s"]
     lags = {}
     for m in steps:
         for key, count in m.items():
@@ -50,8 +51,7 @@ def summarize(folder: Path, k: int, in_flight: bool) -> dict:
             "mixed_rows": sum(m["rollout/mixed_version_rows"] for m in steps),
             "steps_per_min": 60 * len(steps) / loop_s, "loop_s": loop_s,
             "lags": dict(sorted(lags.items())), "lag_max": max(m["rollout/policy_lag_max"] for m in steps),
-            "stale_dropped": sum(m.get("rollout/stale_dropped_groups", 0) for m in steps),
-            "drawn": sum(m["rollout/drawn_groups"] for m in steps),
+            "stale_dropped": totals.get("groups_dropped_stale", 0), "drawn": totals["groups_drawn"],
             "lenient": (first["eval/lenient"], last["eval/lenient"]), "strict": (first["eval/strict"], last["eval/strict"])}  # fmt: skip
 
 

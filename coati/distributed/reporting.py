@@ -151,17 +151,16 @@ def loop_summary(history: list[dict]) -> dict:
 def describe_loop(loop: dict) -> list[str]:
     """``loop_summary``'s result as the lines the end of a run prints: what the loop drew, where a step's time went."""
     t, m = loop["totals"], loop["medians"]
-    drawn = [(k, what) for k, what in [("groups_drawn", "groups drawn"), ("groups_dropped_no_signal", "dropped for no "
-             "signal"), ("groups_dropped_stale", "dropped as stale"), ("prompts_skipped", "prompts skipped")] if k in t]  # fmt: skip
-    timed = [(k, what) for k, what in [("step_s", "step"), ("train_s", "training"), ("rollout_wait_s", "waiting for "
-             "rollouts"), ("weight_push_s", "weight push"), ("push_paused_s", "engine paused by it")] if k in m]  # fmt: skip
-    lines = []
-    if "loop_s" in t:
-        lines.append(f"training loop {t['loop_s']:.0f} s over {loop['steps']} steps"
-                     + "".join(f"; {t[k]:.0f} {what}" for k, what in drawn))  # fmt: skip
-    if timed:
-        lines.append("per step (medians): " + ", ".join(f"{what} {m[k]:.2f} s" for k, what in timed))
-    return lines
+    drawn = "".join(f"; {t[k]:.0f} {what}" for k, what in _DRAWN if k in t)
+    timed = ", ".join(f"{what} {m[k]:.2f} s" for k, what in _TIMED if k in m)
+    lines = [f"training loop {t['loop_s']:.0f} s over {loop['steps']} steps{drawn}"] if "loop_s" in t else []
+    return lines + ([f"per step (medians): {timed}"] if timed else [])
+
+
+_DRAWN = (("groups_drawn", "groups drawn"), ("groups_dropped_no_signal", "dropped for no signal"),
+          ("groups_dropped_stale", "dropped as stale"), ("prompts_skipped", "prompts skipped"))
+_TIMED = (("step_s", "step"), ("train_s", "training"), ("rollout_wait_s", "waiting for rollouts"),
+          ("weight_push_s", "weight push"), ("push_paused_s", "engine paused by it"))
 
 
 def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> list[str]:
