@@ -93,6 +93,8 @@ def _launch_once(config: Config, on_step) -> dict:
         except BaseException:
             folder.release()
             raise
+        if r.overwrite:  # every check that needs no actor has passed: the results this run replaces go now
+            folder.clear()
     run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
               master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
               sleep_while_training=r.sleep_while_training, in_flight=plan.in_flight,
@@ -288,8 +290,9 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
 
 
 def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, model_path, keep_checkpoints):
-    """Lock the run folder (refusing another run's, or a full or read-only disk) and, when resuming, find the
-    checkpoint and check it matches this run; returns (folder or None, checkpoint path or None)."""
+    """Lock the run folder (refusing another run's, or a full or read-only disk, counting what an overwrite will free)
+    and, when resuming, find the checkpoint and check it matches this run; returns (folder or None, checkpoint path or
+    None)."""
     import json
 
     from coati.distributed.checkpoint import CheckpointManager, check_compatible
@@ -305,7 +308,8 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
     try:
         # A checkpoint holds the weights and Adam's two moments (3x the fp32 weights); keep_checkpoints of them
         # plus the one being written, and the final export.
-        folder.check_space(model_bytes(model_path) * (3 * (keep_checkpoints + 1) + 1), f"{keep_checkpoints} checkpoints")
+        folder.check_space(model_bytes(model_path) * (3 * (keep_checkpoints + 1) + 1), f"{keep_checkpoints} checkpoints",
+                           freed_bytes=folder.results_bytes() if overwrite else 0)  # fmt: skip
         if not resume:
             return folder, None
         checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)

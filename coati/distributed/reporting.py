@@ -53,12 +53,20 @@ class Reporter:
     def __init__(self, out_dir: str, total_steps: int | None = None, report_to: tuple[str, ...] = ("jsonl",),
                  project: str = "coati", config: dict | None = None, progress: bool = True, append: bool = False):  # fmt: skip
         from coati.distributed.loggers import logger_class
+        from coati.distributed.loggers.base import require
 
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
         self.start = time.perf_counter()
-        self.loggers = [logger_class(name)(self.out, project, config or {}, append) for name in report_to]
+        classes = [logger_class(name) for name in report_to]
+        for cls in classes:  # an uninstalled backend is refused now, before the run starts
+            if cls.REQUIRES:
+                require(*cls.REQUIRES)
+        self._logger_args = classes, project, config or {}, append
+        self.loggers: list | None = None
+        """made at the first step: a run refused before it starts writes nothing into the folder (a second try
+        would find another run's files there), and an overwrite's old metrics stay until the new run begins"""
         self.bar = self.phases = None
         if progress:
             from tqdm import tqdm
@@ -78,6 +86,9 @@ class Reporter:
         step = int(metrics["step"])
         if step > 0:
             self.history.append(metrics)
+        if self.loggers is None:
+            classes, project, config, append = self._logger_args
+            self.loggers = [cls(self.out, project, config, append) for cls in classes]
         for logger in self.loggers:
             logger.log(step, metrics)
             if samples:
@@ -115,7 +126,7 @@ class Reporter:
                    "loop": loop_summary(self.history), "evals": result.get("evals", []),
                    "final_model": result.get("final_model"), "plots": plots, "restarts": result.get("restarts", [])}  # fmt: skip
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        for logger in self.loggers:
+        for logger in self.loggers or []:
             logger.close()
         return summary
 

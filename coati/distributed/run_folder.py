@@ -1,7 +1,8 @@
 """A run folder belongs to one run at a time. ``RunFolder.claim`` takes an exclusive lock (``<folder>/.lock``, held
 by the driver process while the run lives), refuses a folder that holds another run's results unless the run
 resumes it or is told to overwrite it, and checks, before any actor starts, that the folder is writable and its
-disk has room for the checkpoints the run will keep. On a cluster, ``check_shared`` makes sure the consumers' nodes
+disk has room for the checkpoints the run will keep. An overwritten run's results are deleted (``clear``) only once
+the new run has passed every check that needs no actor, so a run refused for bad input loses nothing. On a cluster, ``check_shared`` makes sure the consumers' nodes
 see the folder too (they write their checkpoint shards into it).
 """
 
@@ -31,7 +32,7 @@ class RunFolder:
     @classmethod
     def claim(cls, path: str, mode: str) -> "RunFolder":
         """Lock ``path`` for this process. ``mode``: 'new' (refused if another run's results are there), 'resume'
-        (the folder's run continues) or 'overwrite' (its results are deleted first). A folder this process already
+        (the folder's run continues) or 'overwrite' (its results stay until ``clear``). A folder this process already
         holds is claimed once more, as it is (the run that claimed it launches, or restarts, in it)."""
         if mode not in ("new", "resume", "overwrite"):
             raise ValueError(f"mode must be new, resume or overwrite, got {mode!r}")
@@ -75,13 +76,25 @@ class RunFolder:
                 f"run folder {self.path} holds another run ({', '.join(present)}); resume it (--resume latest), "
                 "overwrite it (--overwrite), or use another --project/--save-dir"
             )
-        if mode == "overwrite":
-            for name in present:
-                target = self.path / name
-                shutil.rmtree(target) if target.is_dir() else target.unlink()
 
-    def check_space(self, needed_bytes: int, what: str) -> None:
-        free = shutil.disk_usage(self.path).free
+    def clear(self) -> None:
+        """Delete the results of the run this folder held (an overwrite, once the new run has been checked)."""
+        for name in RUN_FILES:
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+
+    def results_bytes(self) -> int:
+        """Bytes of the results this folder holds (what ``clear`` frees)."""
+        files = [self.path / name for name in RUN_FILES]
+        files += [f for d in files if d.is_dir() for f in d.rglob("*")]
+        return sum(f.stat().st_size for f in files if f.is_file())
+
+    def check_space(self, needed_bytes: int, what: str, freed_bytes: int = 0) -> None:
+        """Refuse when the disk lacks ``needed_bytes``, counting ``freed_bytes`` that the run will delete first."""
+        free = shutil.disk_usage(self.path).free + freed_bytes
         if free < needed_bytes:
             raise RunFolderError(
                 f"run folder {self.path} has {free / 2**30:.2f} GiB free but {what} need about "

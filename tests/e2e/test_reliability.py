@@ -350,3 +350,58 @@ def test_evaluation_with_more_producers_than_held_out_rows(ray_cluster, tiny):
                                       eval_dataset_config={"rows": rows(n=1)}, eval_interval=1))  # fmt: skip
     assert [e["eval/count"] for e in out["evals"]] == [1, 1]
     assert all(e["eval/reward_errors"] == 0 for e in out["evals"])
+
+
+def test_a_command_line_run_refused_for_bad_input_leaves_its_folder_as_it_found_it(ray_cluster, tiny, tmp_path):
+    """A job refused before it starts (here: a dataset path that does not exist) writes no results, so the corrected
+    command is not refused as "another run"; with --overwrite, the results it would replace survive the refusal."""
+    from coati.distributed.cli import parse_config
+    from coati.distributed.job import run_job
+    from coati.distributed.run_folder import RUN_FILES, RunFolder
+
+    folder = tmp_path / "run"
+
+    def job(*flags):
+        argv = ["-m", str(tiny), "-d", str(tmp_path / "missing.jsonl"), "--run-dir", str(folder), "--no-progress",
+                "--report-to", "jsonl", "tensorboard", *flags]  # fmt: skip
+        with pytest.raises(FileNotFoundError, match="missing.jsonl does not exist"):
+            run_job(parse_config(argv))
+
+    job()
+    assert [n for n in RUN_FILES if (folder / n).exists()] == []
+    RunFolder.claim(str(folder), "new").release()  # what the corrected command does first: not refused
+
+    (folder / "checkpoints" / "step-3").mkdir(parents=True)  # an earlier run's results
+    (folder / "checkpoints" / "step-3" / "meta.json").write_text('{"step": 3}')
+    (folder / "metrics.jsonl").write_text('{"step": 3}\n')
+    job("--overwrite")
+    assert (folder / "metrics.jsonl").read_text() == '{"step": 3}\n'
+    assert (folder / "checkpoints" / "step-3" / "meta.json").read_text() == '{"step": 3}'
+    assert not (folder / "tensorboard").exists()
+    assert no_actors_left()
+
+
+def test_an_overwrite_counts_the_space_its_old_results_free(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from coati.distributed.run_folder import RunFolder
+
+    (tmp_path / "checkpoints" / "step-1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-1" / "model.bin").write_bytes(b"x" * 3000)
+    (tmp_path / "metrics.jsonl").write_bytes(b"x" * 1000)
+    (tmp_path / "unrelated.txt").write_bytes(b"x" * 5000)  # not a run's result: not freed
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 500, 500))
+    folder = RunFolder.claim(str(tmp_path), "overwrite")
+    try:
+        assert folder.results_bytes() == 4000
+        with pytest.raises(RunFolderError, match="need about"):
+            folder.check_space(4000, "the checkpoints")
+        folder.check_space(4000, "the checkpoints", freed_bytes=folder.results_bytes())  # 500 free + 4000 freed
+        with pytest.raises(RunFolderError, match="need about"):
+            folder.check_space(4600, "the checkpoints", freed_bytes=folder.results_bytes())
+        folder.clear()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "unrelated.txt"]
+    finally:
+        folder.release()

@@ -18,6 +18,9 @@ class Logger:
     """One backend. ``out`` is the run folder (backends write under it), ``append`` whether a resumed run adds to an
     earlier run's files."""
 
+    REQUIRES: tuple[str, str] | None = None
+    """(module, pip package) the backend imports, checked when the reporter is made"""
+
     def __init__(self, out: Path, project: str, config: dict, append: bool):
         self.out = out
 

@@ -7,9 +7,11 @@ from coati.distributed.loggers.base import Logger, require
 
 
 class TensorBoardLogger(Logger):
+    REQUIRES = ("torch.utils.tensorboard", "tensorboard")
+
     def __init__(self, out, project, config, append):
         super().__init__(out, project, config, append)
-        self.writer = require("torch.utils.tensorboard", "tensorboard").SummaryWriter(log_dir=str(out / "tensorboard"))
+        self.writer = require(*self.REQUIRES).SummaryWriter(log_dir=str(out / "tensorboard"))
 
     def log(self, step, scalars):
         for key, value in scalars.items():

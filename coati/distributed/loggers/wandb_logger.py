@@ -11,9 +11,11 @@ COLUMNS = ["step", "prompt", "response", "reward", "policy_version"]
 
 
 class WandbLogger(Logger):
+    REQUIRES = ("wandb", "wandb")
+
     def __init__(self, out, project, config, append):
         super().__init__(out, project, config, append)
-        self.wandb = require("wandb", "wandb")
+        self.wandb = require(*self.REQUIRES)
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         self.run = self.wandb.init(project=project, config=config or {}, dir=str(out), mode=mode)
 
