@@ -225,5 +225,5 @@ def parse_config(argv=None, description: str = "") -> Config:
         node[leaf] = value
     try:
         return config_from_dict(tree)
-    except ValueError as e:
-        parser.error(str(e))
+    except (ValueError, KeyError) as e:  # a KeyError names an unknown registered name (algorithm, estimator, loss)
+        parser.error(str(e.args[0]) if e.args else repr(e))

@@ -259,6 +259,8 @@ def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster,
         (["--max-steps", "-1"], r"RunConfig.max_steps must be a positive integer, got -1"),
         (["-tbs", "x"], r"argument -tbs/--train-batch-size: 'x' is not an integer"),
         (["-tbs", "6", "-tMbs", "4"], r"train_batch_size=6 is not divisible by train_minibatch_size=4"),
+        (["--algo", "dapo"], r"error: unknown algorithm 'dapo'; known: CISPO, DAPO, DR_GRPO"),
+        (["--policy-loss", "ppo"], r"error: unknown policy loss 'ppo'; known: "),
     ],
 )
 def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
