@@ -15,6 +15,7 @@ checkpoint can save and restore.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -124,7 +125,10 @@ def as_row(record: dict, prompt_column: str | None, answer_column: str | None, w
         row["messages" if isinstance(value, list) else "prompt"] = value
     if answer_column is not None:
         value = _lookup(record, answer_column, where)
-        row["gt_answer"] = value if isinstance(value, str) or value is None else str(value)
+        # A number is an answer's text; anything else (a list, a dict, a boolean) stays as it is, for the reward's
+        # preflight to refuse rather than compare as its printed form.
+        plain = isinstance(value, (int, float)) and not isinstance(value, bool)
+        row["gt_answer"] = str(value) if plain and math.isfinite(value) else value
     check_row(row, where)
     return row
 

@@ -251,6 +251,7 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
         signature.check(columns, cfg.reward.kwargs)
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
+    check_gold_answers(cfg.reward.fn, rows, what)
     for column in signature.required:
         if column == "prompts" or column in cfg.reward.kwargs:
             continue
@@ -261,6 +262,28 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
                     f"{what} row {i}: column {column!r} is {value!r}, but reward function {cfg.reward.fn} needs a "
                     "value in every row; fix or drop the row"
                 )
+
+
+def check_gold_answers(fn: str, rows: list[dict], what: str) -> None:
+    """For the math reward, every row's gt_answer is a non-empty string or a finite number (a list, dict, boolean
+    or NaN would be compared as its text and score every answer 0)."""
+    from coati.distributed.reward import resolve_reward_fn
+    from coati.distributed.reward.math_reward import check_gold, math_reward
+
+    if resolve_reward_fn(fn) is not math_reward:
+        return
+    for i, row in enumerate(rows):
+        try:
+            check_gold(row.get("gt_answer"))
+        except ValueError as e:
+            raise ValueError(f"{what} row {i} ({_row_excerpt(row)}): {e}; fix or drop the row") from None
+
+
+def _row_excerpt(row: dict, limit: int = 120) -> str:
+    import json
+
+    text = json.dumps(row, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "...}"
 
 
 DATASET_KEYS = ("path", "rows", "size", "seed", "system_prompt", "split", "subset", "prompt_column",

@@ -3,6 +3,7 @@ many scoring failures a run tolerates. Typed and frozen like every component's c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from coati.distributed.config_checks import positive, require
@@ -114,9 +115,12 @@ class RewardConfig:
 
         known = {self.fn, "rm", "judge"}
         require(isinstance(self.components, dict) and set(self.components) <= known
-                and all(isinstance(w, (int, float)) for w in self.components.values()),
+                and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.components.values()),
                 f"reward components must map names in {sorted(known)} to numbers, got "
                 f"{self.components!r}")  # fmt: skip
+        bad = {k: w for k, w in self.components.items() if not math.isfinite(w)}
+        require(not bad, f"reward components need finite weights, got {bad} (NaN or infinite weights make every "
+                         "reward NaN); give each component a finite number")  # fmt: skip
         require(("rm" in self.components) == (self.rm_path is not None),
                 f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
                 f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip

@@ -258,3 +258,24 @@ def test_a_preload_set_in_this_process_does_not_reach_the_sandbox(monkeypatch):
         assert str(libgomp) not in runtime_binds(Sandbox().python)
     finally:
         runtime_binds.cache_clear()
+
+
+def test_each_case_gets_its_own_cpu_budget():
+    """A right solution that spends 0.6 s of CPU on each of 4 cases passes (2.4 s in all, past the sandbox's own
+    1 s); a case over its per_case_timeout_s still fails."""
+    busy = "import time\ndef f(x):\n    end = time.process_time() + 0.6\n    while time.process_time() < end:\n" \
+           "        pass\n    return x * 2\n"  # fmt: skip
+    cases = {"fn_name": "f", "inputs": [[1], [2], [3], [4]], "outputs": [2, 4, 6, 8]}
+    out = run_tests(busy, cases, per_case_timeout_s=1.5, sandbox=Sandbox(timeout_s=1.0))
+    assert (out["passed"], out["total"]) == (4, 4), out
+    slow = run_tests(busy, cases, per_case_timeout_s=0.3, sandbox=Sandbox(timeout_s=1.0))
+    assert slow["passed"] == 0 and "case timeout" in slow["error"], slow
+
+
+def test_a_right_answer_is_never_refused_for_its_size():
+    """A call returning 150,000 seven-digit ints (over 1 MiB as JSON) is compared, not cut off as a flood."""
+    cases = {"fn_name": "f", "inputs": [[150_000]], "outputs": [list(range(10**6, 10**6 + 150_000))]}
+    out = run_tests("def f(n):\n    return list(range(10**6, 10**6 + n))\n", cases)
+    assert out["passed"] == 1, out
+    flood = run_tests("def f(n):\n    return 'x' * (64 << 20)\n", {"fn_name": "f", "inputs": [[1]], "outputs": [1]})
+    assert flood["passed"] == 0 and "reply over" in flood["error"], flood

@@ -165,3 +165,26 @@ def test_model_paths_and_hub_ids_are_told_apart(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and fetching it "
                                                 r"from the hub failed: \w+"):  # fmt: skip
         resolve_model_path("HuggingFaceTB/SmolLM2-135M", "train model")
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -float("inf"), 1e400, True])
+def test_reward_component_weights_must_be_finite_numbers(weight):
+    from coati.distributed.config import RewardConfig
+
+    with pytest.raises(ValueError, match="reward components"):
+        RewardConfig(components={"math": weight})
+
+
+def test_the_math_reward_refuses_a_gold_answer_that_is_not_an_answer_before_the_run(tmp_path):
+    from coati.distributed.data import as_row
+    from coati.distributed.preflight import check_gold_answers
+
+    rows = [{"prompt": "p", "gt_answer": "4"}, {"prompt": "q", "gt_answer": 7}]
+    check_gold_answers("math", rows, "training set")
+    for bad in ([42], {"a": 1}, True, float("nan"), None):
+        with pytest.raises(ValueError, match=r"training set row 2 \(\{\"prompt\": \"r\""):
+            check_gold_answers("math", [*rows, {"prompt": "r", "gt_answer": bad}], "training set")
+    check_gold_answers("code", [{"prompt": "r", "gt_answer": [1]}], "training set")  # not the math reward's column
+    # An answer column read from nested data keeps a list a list (refused above), and a number becomes its text.
+    assert as_row({"q": "p", "a": {"v": [42]}}, "q", "a.v", "row 0")["gt_answer"] == [42]
+    assert as_row({"q": "p", "a": 42}, "q", "a", "row 0")["gt_answer"] == "42"

@@ -38,6 +38,25 @@ def test_tool_math_runs_the_call_in_the_sandbox_and_scores_the_answer():
         ToolMath({"prompt": "x"})
 
 
+@pytest.mark.parametrize("turn", [
+    "<tool>x = 6 * 7\n#### compute the answer\nprint(x)</tool>",  # a '####' comment inside the code
+    "<tool>print('\\\\boxed{42}')</tool>",  # a box printed by the code is the code's business
+    "<tool>print(6 * 7)</tool> and then \\boxed{}",  # a call beside an empty box
+    "<tool>print(6 * 7)</tool><answer></answer>",
+])  # fmt: skip
+def test_tool_math_ends_an_episode_only_on_a_final_answer_outside_the_tool_call(turn):
+    step = ToolMath({"prompt": "6*7?", "gt_answer": "42"}).step(turn)
+    assert not step.done and step.observation[0]["content"].startswith("<output>"), step
+
+
+def test_tool_math_scores_the_answer_outside_the_call_and_refuses_a_gold_that_is_not_an_answer():
+    step = ToolMath({"prompt": "", "gt_answer": "42"}).step("<tool>print(41)  # \\boxed{41}</tool> \\boxed{42}")
+    assert step.done and step.reward == 1.0  # the box inside the (unrun) call is not a second answer
+    for gold in ([42], float("nan"), True):
+        with pytest.raises(ValueError, match="gt_answer"):
+            ToolMath({"prompt": "x", "gt_answer": gold})
+
+
 def test_retry_gives_feedback_and_decays_the_reward():
     env = Retry({"prompt": "2+2?", "gt_answer": "4"})
     assert env.reset() == [{"role": "user", "content": "2+2?"}]

@@ -15,12 +15,23 @@ def test_scores_are_read_from_the_reply(reply, expected):
 
 
 @pytest.mark.parametrize("reply, reason", [
-    ("It is correct!", "no 'Score: N'"), ("Score: 11", "outside [0, 10]"), ("Score: -1", "outside [0, 10]"),
+    ("It is correct!", "no 'Score: N'"), ("Score: 10\nOn reflection the answer is wrong.", "no 'Score: N'"), ("Score: 11", "outside [0, 10]"), ("Score: -1", "outside [0, 10]"),
     ("Score: 3/0", "outside [0, 0]"),
 ])  # fmt: skip
 def test_malformed_replies_score_zero_with_the_reason(reply, reason):
     score, why = parse_score(reply)
     assert score == 0.0 and reason in why
+
+
+@pytest.mark.parametrize("reply, expected", [
+    # A judge quoting the graded answer's own claim is graded by its final line, not by the quote.
+    ('The answer ends with "Score: 10" but its value is wrong.\nScore: 2', 0.2),
+    ("The policy wrote Score: 10 as its last line.\n\nScore: 0", 0.0),
+    ("Score: 10 out of 100", 0.1), ("score = 45 out of 50", 0.9), ("**Score:** 8", 0.8), ("Score: 3 / 4\n\n", 0.75),
+    ("Final verdict.\nScore: 7/10 (the steps are right)", 0.7),
+])  # fmt: skip
+def test_the_grade_is_the_judges_own_final_line(reply, expected):
+    assert parse_score(reply) == (pytest.approx(expected), "")
 
 
 def test_the_template_shows_question_completion_and_reference():

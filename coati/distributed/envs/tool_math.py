@@ -1,8 +1,8 @@
 """Math with a Python tool: the model may write code between <tool> tags; the code runs in the reward sandbox (no
 network, capped memory and time) and what it prints comes back as the next message, between <output> tags. A turn
-with a final answer (in \\boxed{}, <answer> or '#### ') ends the episode, scored by the math reward against the row's
-``gt_answer``. A turn with neither gets a reminder of the two (``nudge``) and the episode goes on, until the turn
-limit ends it with reward 0.
+with a final answer (in \\boxed{}, <answer> or '#### ', outside every tool call, and not empty) ends the episode,
+scored by the math reward against the row's ``gt_answer``. A turn with neither gets a reminder of the two
+(``nudge``) and the episode goes on, until the turn limit ends it with reward 0.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ class ToolMath(Environment):
         super().__init__(row)
         if "gt_answer" not in row:
             raise ValueError(f"tool_math needs a gt_answer column; the row has {sorted(row)}")
+        from coati.distributed.reward.math_reward import check_gold
+
+        check_gold(row["gt_answer"])
         self.system_prompt, self.timeout_s, self.max_output_chars = system_prompt, timeout_s, max_output_chars
         self.observation_role, self.nudge = observation_role, nudge
         self.tool_calls = 0
@@ -47,7 +50,10 @@ class ToolMath(Environment):
         from coati.distributed.reward.math_reward import extract_answer, math_reward
 
         calls = TOOL_CALL.findall(text)
-        answered = extract_answer(text)[0] is not None
+        # A final answer is one given outside every tool call (a '####' comment or a \\boxed{} in code is code), and
+        # says something (an empty box is not an answer).
+        outside = TOOL_CALL.sub(" ", text)
+        answered = bool(extract_answer(outside)[0])
         if calls and not answered:  # a call and no answer yet: run the last call
             self.tool_calls += 1
             output = run_python(calls[-1], self.timeout_s, self.max_output_chars)
@@ -58,7 +64,7 @@ class ToolMath(Environment):
                            info={"tool_calls": self.tool_calls})  # fmt: skip
         # math_verify's own timeout sets SIGALRM, which only a main thread may: steps run on the producer's pool
         # threads, bounded by the step deadline instead.
-        result = math_reward([text], [self.row["gt_answer"]], timeout_s=0)[0]
+        result = math_reward([outside], [self.row["gt_answer"]], timeout_s=0)[0]
         return EnvStep(done=True, reward=result.reward, answer_ok=result.answer_ok,
                        info={"tool_calls": self.tool_calls, "answer": result.info.get("answer", ""),
                              "lenient_ok": result.info.get("lenient_ok", False)})  # fmt: skip

@@ -75,9 +75,12 @@ def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox
     sandbox = sandbox or _get_sandbox()
     if spec["kind"] == "humaneval" and spec["prompt"]:
         program = spec["prompt"] + "\n" + program
-    wall = min(sandbox.timeout_s + per_case_timeout_s * total, 60.0)
+    # Each case gets its own per_case_timeout_s (the runner's timer), so the session's wall and CPU budget is the
+    # sum of them; the reward pool's item_timeout_s bounds a completion's scoring as a whole.
+    budget = sandbox.timeout_s + per_case_timeout_s * total
     session = sandbox.start({"runner.py": _RUNNER, "solution.py": program}, "runner.py", "solution.py",
-                            env={"COATI_CASE_TIMEOUT_S": str(per_case_timeout_s)}, timeout_s=wall)  # fmt: skip
+                            env={"COATI_CASE_TIMEOUT_S": str(per_case_timeout_s)}, timeout_s=budget,
+                            max_reply_bytes=_reply_cap(spec))  # fmt: skip
     reply_wait = per_case_timeout_s + 2.0
     errors: list[str] = []
     try:
@@ -99,6 +102,19 @@ def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox
     if not errors and passed < total:
         errors.append(f"sandbox: {stderr.strip()[-200:]}")
     return {"passed": passed, "total": total, "error": errors[0] if errors else ""}
+
+
+def _reply_cap(spec: dict) -> int:
+    """Bytes a reply may take: 1 MiB, or room for four times the largest expected output as the runner encodes it
+    (a right answer is never refused for its size; a flood beyond that is)."""
+    largest = 0
+    for want in spec.get("outputs") or ():
+        try:
+            size = len(json.dumps(code_runner.encode(want), separators=(",", ":")))
+        except (TypeError, ValueError):
+            size = len(str(want))
+        largest = max(largest, size)
+    return max(1 << 20, 4 * largest + 4096)
 
 
 def _stdio_cases(session, spec, wait, errors) -> int:

@@ -20,6 +20,7 @@ import signal
 import sys
 
 MAX_DEPTH = 64
+SAFE_INT = 10**18
 
 
 def encode(value, depth=0):
@@ -29,8 +30,8 @@ def encode(value, depth=0):
     t = type(value)
     if value is None or t is bool or t is str:
         return value
-    if t is int:
-        return {"int": str(value)}
+    if t is int:  # a plain JSON number where it is exact both ways and parses fast; tagged text beyond
+        return value if -SAFE_INT < value < SAFE_INT else {"int": str(value)}
     if t is float:
         return {"float": repr(value)} if not math.isfinite(value) else value
     if t is list:
@@ -149,7 +150,9 @@ def main():
     namespace = {"__name__": "__solution__"}
 
     def reply(obj):
-        os.write(rep, (json.dumps(obj) + "\n").encode())
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        while data:  # a large reply takes more than one write to the pipe
+            data = data[os.write(rep, data) :]
 
     for line in req:
         msg = json.loads(line)

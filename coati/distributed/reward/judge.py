@@ -4,8 +4,9 @@ read scores 0, with the reason kept; it never stops the run.
 
 The template is a string with ``{question}``, ``{completion}`` and optionally ``{reference}`` (the row's
 ``gt_answer``) and ``{rubric}`` (the row's ``rubric`` column) fields, sent as the judge model's user turn under its
-chat template. The parser takes the last ``Score: x`` (or ``x/N``) in the reply and divides by
-``max_score``.
+chat template. The grade is read from the reply's own final line (a judge that quotes the graded answer's "Score: 10"
+earlier in its reply is not taken at that word): the last ``Score: x`` there, divided by ``max_score``, or by ``N``
+where the line says ``Score: x/N`` or ``Score: x out of N``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,23 @@ TEMPLATE = (
 )
 FIELDS = ("question", "completion", "reference", "rubric")
 """the fields a judge template may use"""
-SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.I)
+SCORE = re.compile(
+    r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?:\s*(?:/|\bout\s+of\b)\s*(\d+(?:\.\d+)?))?", re.I
+)
+
+
+def final_line(reply: str) -> str:
+    """The reply's last line that holds anything but white space and markup."""
+    lines = [line for line in reply.splitlines() if line.strip(" \t*_`#>")]
+    return lines[-1] if lines else ""
 
 
 def parse_score(reply: str, max_score: float = 10.0) -> tuple[float, str]:
-    """(score in [0, 1], "") from the reply's last 'Score: x' (or 'Score: x/N'), or (0.0, the reason) when there is
-    none or it is out of range."""
-    found = SCORE.findall(reply)
+    """(score in [0, 1], "") from the last 'Score: x' (or 'Score: x/N', 'Score: x out of N') on the reply's final
+    line, or (0.0, the reason) when that line has none or it is out of range."""
+    found = SCORE.findall(final_line(reply))
     if not found:
-        return 0.0, f"judge reply has no 'Score: N': {reply[-120:]!r}"
+        return 0.0, f"judge reply's final line has no 'Score: N': {reply[-120:]!r}"
     value, out_of = found[-1]
     top = float(out_of) if out_of else max_score
     score = float(value)

@@ -1,20 +1,29 @@
 """Math rewards: extract the final answer, then check it with math_verify against the ground truth.
 
-Answer formats, tried in this order: ``<answer>...</answer>`` tags (after any ``<think>`` block), the last
-``\\boxed{...}``, a GSM8K ``#### 42`` line. Scores:
+Answer formats: ``<answer>...</answer>`` tags (after any ``<think>`` block; every ``\\boxed{}`` inside a tag is an
+answer, else the tag's text), ``\\boxed{...}`` and GSM8K ``#### 42`` lines. Every final answer the text gives, in any
+of these formats, counts: several that differ (a tag hiding a contradicting box included) make the completion
+ambiguous and it matches nothing. Scores:
 - strict (``answer_ok``): an answer in one of those formats, equivalent to the ground truth;
-- lenient (``info['lenient_ok']``): the last number or expression anywhere in the text is equivalent.
-An answer must say one thing: one that states a relation, implication or disjunction (``43 = 42``, ``43 \\to 42``,
-``43 \\lor 42``; ``x = 42`` naming a variable is fine), a percentage where the gold has none, or several different
-final answers, matches nothing. Thousands separators count only where well formed (``1,000``, not ``1,2``).
-math_verify times out through ``signal.alarm``, which only works in a process's main thread: call these functions
-in worker processes (``RewardPool`` does), never in threads.
+- lenient (``info['lenient_ok']``): without a formatted answer, the text's final number, read only where it stands
+  alone as a value (``lenient_answer``): not an exponent, index, ordinal, percentage, hex digit or one of several
+  alternatives.
+What may stand in an answer is a whitelist (``says_one_thing``): numbers, letters, arithmetic, brackets and the
+LaTeX of values (fractions, roots, constants, functions, sets). A relation, implication, disjunction, ``\\pm``, an
+unknown command or symbol, or a connective word (``or``, ``and``, ``not``) matches nothing unless the gold answer
+uses it too; ``x = 42`` naming a variable is fine. Digits are read in any script (full-width, Arabic-Indic), a
+unicode minus is a minus, digit groups join where well formed (``1,000``, ``1\\,000``, a thin space; not ``1,2``),
+and ``4.2e1`` is 42. math_verify times out through ``signal.alarm``, which only works in a process's main thread:
+call these functions in worker processes (``RewardPool`` does), never in threads.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
+import unicodedata
+from decimal import Decimal, InvalidOperation
 
 from coati.distributed.reward.base import REWARD_FNS, RewardResult, truncate_for_log
 
@@ -22,15 +31,48 @@ MAX_ANSWER_CHARS = 1000
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _GSM8K = re.compile(r"####\s*([^\n]+)")
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+)?")
-# Relations, implications and connectives: an answer holding one claims more than a value.
-_RELATION = re.compile(
-    r"\\(?:n?eq|ne|le|ge|leq|geq|lt|gt|leqslant|geqslant|to|gets|mapsto|implies|impliedby|iff|approx|sim|simeq|equiv"
-    r"|cong|propto|lor|vee|land|wedge|neg|lnot|[lL]eftarrow|[rR]ightarrow|[lL]eftrightarrow|[lL]ongrightarrow"
-    r"|[lL]ongleftarrow|[lL]ongleftrightarrow)(?![a-zA-Z])"
-    r"|[<>≤≥≠≈→⇒⇔↔←⟹⟸⟺∨∧¬]|\b(?:or|and|implies|not)\b"
+
+_MINUS = dict.fromkeys(map(ord, "\u2212\u2012\u2013\u2014\ufe63\uff0d"), "-")
+_GROUP_SEP = r"(?:,|\{,\}|\\,|\\ |\\;|\\:|\\!|~|[\u2009\u202f\u00a0\u2007\u2008\u205f])"
+_DIGIT_GROUPS = re.compile(rf"(?<![\d.])(\d{{1,3}})((?:{_GROUP_SEP}\d{{3}})+)(?![\d])")
+_SEPARATOR = re.compile(_GROUP_SEP)
+_SCIENTIFIC = re.compile(r"(?<![\w.\\])(-?\d+(?:\.\d+)?)[eE]([+-]?\d{1,3})(?![\w.])")
+_DEFINITION = re.compile(r"^\s*[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=(?!=)|\\in(?![a-zA-Z]))")
+
+# What may stand in an answer without the gold answer using it too.
+_PLAIN_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \t\n+-*/^_()[]{},.'!$\\|") | set(
+    "π√×·°∞÷"
 )
-_DEFINITION = re.compile(r"^\s*[a-zA-Z](?:_\{?\w+\}?)?\s*=(?!=)")
+_VALUE_COMMANDS = set(
+    "frac dfrac tfrac cfrac sqrt pi cdot times div left right text textbf textit textrm mathrm mathbf mathit mathsf "
+    "operatorname boxed fbox infty circ degree quad qquad displaystyle sin cos tan cot sec csc arcsin arccos arctan "
+    "sinh cosh tanh log ln exp lg binom dbinom tbinom overline bar hat vec dot ldots cdots dots prime alpha beta "
+    "gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma tau upsilon phi "
+    "varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega mathbb emptyset varnothing cup cap "
+    "setminus big Big bigg Bigg bigl bigr Bigl Bigr".split()
+)
+_COMMAND = re.compile(r"\\([a-zA-Z]+|.)")
+_CONNECTIVE = re.compile(
+    r"\b(?:or|and|not|nor|either|neither|vs|versus|otherwise|else|if|unless|except|implies|iff|maybe|possibly)\b", re.I
+)
 _PERCENT = re.compile(r"%|\\%|\bpercent\b|\\text\{\s*percent")
+
+
+def normalize(text: str) -> str:
+    """Digits of any script as ASCII digits, unicode minus signs as ``-``, well-formed digit groups joined
+    (``1\\,000`` -> ``1000``), and ``4.2e1`` as a plain decimal."""
+    text = text.translate(_MINUS)
+    text = "".join(str(unicodedata.decimal(c)) if not c.isascii() and unicodedata.decimal(c, None) is not None
+                   else c for c in text)  # fmt: skip
+    text = _DIGIT_GROUPS.sub(lambda m: m.group(1) + _SEPARATOR.sub("", m.group(2)), text)
+    return _SCIENTIFIC.sub(_plain_decimal, text)
+
+
+def _plain_decimal(m: re.Match) -> str:
+    try:
+        return format(Decimal(f"{m.group(1)}e{m.group(2)}").normalize(), "f")
+    except InvalidOperation:
+        return m.group(0)
 
 
 def last_boxed(text: str) -> str | None:
@@ -60,19 +102,23 @@ def all_boxed(text: str) -> list[str]:
 
 
 def extract_answers(text: str) -> tuple[list[str], str]:
-    """(every final answer the text gives in its format, format) with format one of 'answer_tag', 'boxed', 'gsm8k',
-    or ([], 'none'). The last one is *the* answer; more than one that differ make the completion ambiguous."""
+    """(every final answer the text gives, format) with format the first of 'answer_tag', 'boxed', 'gsm8k' that the
+    text uses, or ([], 'none'). Answers in that format come last, and the last of all is *the* answer; more than one
+    that differ make the completion ambiguous."""
     body = text.split("</think>")[-1]
     tags = _ANSWER_TAG.findall(body)
+    outside = _ANSWER_TAG.sub(" ", body)
+    tagged = [b for t in tags for b in (all_boxed(t) or [t])]
+    boxed, gsm = all_boxed(outside), _GSM8K.findall(outside)
     if tags:
-        return [(last_boxed(t) if last_boxed(t) is not None else t).strip() for t in tags], "answer_tag"
-    boxed = all_boxed(body)
-    if boxed:
-        return [b.strip() for b in boxed], "boxed"
-    gsm = _GSM8K.findall(body)
-    if gsm:
-        return [g.strip() for g in gsm], "gsm8k"
-    return [], "none"
+        found, fmt = boxed + gsm + tagged, "answer_tag"
+    elif boxed:
+        found, fmt = gsm + boxed, "boxed"
+    elif gsm:
+        found, fmt = gsm, "gsm8k"
+    else:
+        return [], "none"
+    return [a.strip() for a in found], fmt
 
 
 def extract_answer(text: str) -> tuple[str | None, str]:
@@ -82,19 +128,37 @@ def extract_answer(text: str) -> tuple[str | None, str]:
 
 
 def says_one_thing(gold: str, answer: str) -> bool:
-    """False when ``answer`` states a relation, implication or disjunction, or a percentage, that ``gold`` does
-    not: math_verify would otherwise compare one side of it (``43 = 42`` matches 42). ``x = 42`` is allowed."""
+    """True when everything in ``answer`` is on the whitelist of what states one value (module docstring), or is
+    used by ``gold`` too: math_verify would otherwise compare one side of a relation (``43 = 42``, ``43 \\mid 42``
+    match 42), one of two alternatives, or a percentage as its number. ``x = 42`` is allowed."""
     if _PERCENT.search(answer) and not _PERCENT.search(gold):
         return False
-    if _RELATION.search(gold) or "=" in gold:
-        return True
     claim = _DEFINITION.sub("", answer, count=1)
-    return not (_RELATION.search(claim) or "=" in claim)
+    if "=" in claim and "=" not in gold:
+        return False
+    if any(c not in _PLAIN_CHARS and c not in gold for c in claim):
+        return False
+    gold_commands = set(_COMMAND.findall(gold))
+    for command in _COMMAND.findall(claim):
+        if command not in _VALUE_COMMANDS and command not in gold_commands and command not in ",;:! {}%$":
+            return False
+    words = {w.lower() for w in _CONNECTIVE.findall(claim)}
+    if words - {w.lower() for w in _CONNECTIVE.findall(gold)}:
+        return False
+    return claim.count("|") % 2 == 0 or "|" in gold
 
 
 def check_gold(gold, where: str = "gt_answer") -> str:
-    """The gold answer as a string; a missing or blank one is a data error, not the string 'None'."""
-    if gold is None or not str(gold).strip():
+    """The gold answer as a string. It must be a non-empty string or a finite number: a missing one, a boolean, a
+    list, a dict or NaN is a data error (a list would make every answer wrong), not a string to compare with."""
+    if gold is None:
+        raise ValueError(f"{where} is None: every row needs a non-empty gt_answer for the math reward")
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        raise ValueError(f"{where} is {gold!r} ({type(gold).__name__}): the math reward needs a string or a number "
+                         "as every row's gt_answer")  # fmt: skip
+    if isinstance(gold, float) and not math.isfinite(gold):
+        raise ValueError(f"{where} is {gold!r}: the math reward needs a finite number or a string as gt_answer")
+    if not str(gold).strip():
         raise ValueError(f"{where} is {gold!r}: every row needs a non-empty gt_answer for the math reward")
     return str(gold)
 
@@ -102,6 +166,40 @@ def check_gold(gold, where: str = "gt_answer") -> str:
 def last_number(text: str) -> str | None:
     numbers = _NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
+
+
+_CLAUSE_END = re.compile(r"[.!?;:](?:\s|$)|\n")
+_NOT_BEFORE = re.compile(r"(?:[\w.\\]|[-+*/×·÷^_]\s*\{?\s*|\\(?:times|cdot|div)\s*)$")
+_NOT_AFTER = re.compile(r"\s*(?:[\^!×·÷]|[*/]\s*[\w(\\]|\\times|\\cdot|\\div|\\circ|\\degree|°|\.\d)|[\w.]\w", re.I)
+_PERCENT_AFTER = re.compile(r"\s*(?:%|\\%|percent\b)", re.I)
+
+
+def lenient_answer(text: str) -> str | None:
+    """The text's final number where it stands alone as a value, else None: the last number (with its sign), not
+    part of a word, an exponent, index, hex or binary literal, ordinal or operand, and not one of alternatives
+    (``41 or 42``), negated (``not 42``) or the far side of a relation (``x < 42``) within its sentence. A percent
+    sign after it stays with it (``42%``), for ``says_one_thing`` to weigh against the gold answer."""
+    body = re.sub(r"\*\*|__", " ", normalize(text.split("</think>")[-1]))  # markdown emphasis, not arithmetic
+    matches = list(re.finditer(r"(?<![\d.])-?(?:\d+(?:\.\d+)?(?:/\d+)?)", body))
+    if not matches:
+        return None
+    m = matches[-1]
+    before, after = body[: m.start()], body[m.end() :]
+    if _NOT_BEFORE.search(before) or _NOT_AFTER.match(after):
+        return None
+    clause_start = max((e.end() for e in _CLAUSE_END.finditer(before)), default=0)
+    earlier = [n.end() for n in matches[:-1] if n.start() >= clause_start]
+    between = before[max([clause_start, *earlier]) :]
+    if _CONNECTIVE.search(between) or not _states_values(between.replace("=", "")):
+        return None
+    return m.group(0) + ("%" if _PERCENT_AFTER.match(after) else "")
+
+
+def _states_values(text: str) -> bool:
+    """Whether ``text`` holds only what may stand beside a value (no relation symbol or command)."""
+    return all(c in _PLAIN_CHARS or c in "*:\"" for c in text) and all(
+        c in _VALUE_COMMANDS or c in ",;:! {}%$()[]" for c in _COMMAND.findall(text)
+    )
 
 
 def _quiet_math_verify() -> None:
@@ -114,7 +212,8 @@ def answers_match(gold: str, answer: str, timeout_s: int = 5) -> bool:
     from math_verify import parse, verify
 
     _quiet_math_verify()
-    if len(answer) > MAX_ANSWER_CHARS or not says_one_thing(str(gold), answer):
+    gold, answer = normalize(str(gold)), normalize(answer)
+    if len(answer) > MAX_ANSWER_CHARS or not says_one_thing(gold, answer):
         return False
     gold_parsed = parse(f"${gold}$", parsing_timeout=timeout_s)
     if not gold_parsed:
@@ -148,7 +247,7 @@ def math_reward(
         # Several different final answers say nothing: each of them must be right.
         strict_ok = format_ok and all(answers_match(gold, a, timeout_s) for a in dict.fromkeys(answers))
         # A formatted answer is judged the same way by both scores; without one, the last number is the answer.
-        candidate = None if format_ok else last_number(text)
+        candidate = None if format_ok else lenient_answer(text)
         lenient_ok = strict_ok or (candidate is not None and answers_match(gold, candidate, timeout_s))
         correct = strict_ok if format_gate else lenient_ok
         reward = float(correct) + (format_bonus if format_ok else 0.0)

@@ -19,6 +19,7 @@ folder because the unprivileged uid cannot read the Python install of a root use
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import select
@@ -208,9 +209,9 @@ class Sandbox:
             argv += ["--ro-bind", code_dir, "/code"]
         return argv
 
-    def _preexec(self, uid: int):
+    def _preexec(self, uid: int, cpu_s: float | None = None):
         limits = {
-            resource.RLIMIT_CPU: int(self.timeout_s) + 1,
+            resource.RLIMIT_CPU: math.ceil(cpu_s if cpu_s is not None else self.timeout_s) + 1,
             resource.RLIMIT_AS: self.memory_mb << 20,
             resource.RLIMIT_FSIZE: self.max_output_bytes,
             resource.RLIMIT_NOFILE: self.max_open_files,
@@ -260,7 +261,8 @@ class Sandbox:
     def start(self, files: dict[str, str], script: str, *args: str, env: dict | None = None,
               timeout_s: float | None = None, max_reply_bytes: int = 1 << 20) -> "SandboxSession":  # fmt: skip
         """Start ``script`` (one of ``files``, staged read-only at /code) with ``args`` (other staged files) and
-        keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``."""
+        keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``. The
+        session's CPU time is capped at ``timeout_s`` (its wall-clock budget, the sandbox's own by default)."""
         uid, code_dir = sandbox_uids().acquire(), self._stage(files)
         workdir = None  # bwrap: its private /tmp
         if self.mode != "bwrap":
@@ -274,7 +276,7 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 self._argv(uid, code_dir, script, *args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                preexec_fn=self._preexec(uid), pass_fds=(req_r, rep_w), cwd=workdir,
+                preexec_fn=self._preexec(uid, timeout_s), pass_fds=(req_r, rep_w), cwd=workdir,
                 env={**_BASE_ENV, **(env or {}), "COATI_REQ_FD": str(req_r), "COATI_REP_FD": str(rep_w)},
             )  # fmt: skip
         finally:
