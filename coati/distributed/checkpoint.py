@@ -126,6 +126,30 @@ class CheckpointManager:
         return path
 
 
+def checkpoint_meta(folder: Path) -> dict:
+    """A checkpoint's ``meta.json``, once its step agrees with the folder's name (``step-K``) and with the step each
+    consumer saved beside its weights: an edited or misplaced record would resume at the wrong step (retraining
+    steps, or skipping them)."""
+    import re
+
+    import torch
+
+    folder = Path(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    step = meta.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"checkpoint {folder}: meta.json's step is {step!r}, not a step number; the checkpoint is "
+                         "damaged: resume from another one (--resume <folder>)")  # fmt: skip
+    named = re.fullmatch(r"step-(\d+)", folder.name)
+    saved = {p.name: torch.load(p, weights_only=True).get("step") for p in sorted(folder.glob("rng-consumer-*.pt"))}
+    disagree = {**({"folder name": int(named.group(1))} if named and int(named.group(1)) != step else {}),
+                **{name: s for name, s in saved.items() if s != step}}  # fmt: skip
+    if disagree:
+        raise ValueError(f"checkpoint {folder}: meta.json says step {step} but {disagree} say otherwise; the "
+                         "checkpoint is damaged or edited: resume from another one (--resume <folder>)")  # fmt: skip
+    return meta
+
+
 def save_driver_state(folder: Path, buffer, producer_states: list) -> None:
     """The driver's buffer (RolloutBatches) and the producers' states as JSON plus one numpy archive."""
     arrays: dict[str, np.ndarray] = {}
@@ -199,8 +223,10 @@ def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
     from coati.distributed.actor_group import get
 
     folder = Path(folder)
-    meta = json.loads((folder / "meta.json").read_text())
-    get([c.load_checkpoint.remote(str(folder)) for c in actors.consumers], f"loading {folder} (consumers)")
+    meta = checkpoint_meta(folder)
+    steps = get([c.load_checkpoint.remote(str(folder)) for c in actors.consumers], f"loading {folder} (consumers)")
+    if any(s != meta["step"] for s in steps):
+        raise ValueError(f"checkpoint {folder} is at step {meta['step']} but its consumers loaded steps {steps}")
     state = load_driver_state(folder)
     if len(state["producers"]) != len(actors.producers):
         raise ValueError(f"checkpoint has {len(state['producers'])} producers, this run {len(actors.producers)}")

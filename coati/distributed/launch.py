@@ -293,10 +293,9 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
     """Lock the run folder (refusing another run's, or a full or read-only disk, counting what an overwrite will free)
     and, when resuming, find the checkpoint and check it matches this run; returns (folder or None, checkpoint path or
     None)."""
-    import json
-
-    from coati.distributed.checkpoint import CheckpointManager, check_compatible
-    from coati.distributed.run_folder import RunFolder, model_bytes
+    from coati.distributed.checkpoint import CheckpointManager, check_compatible, checkpoint_meta
+    from coati.distributed.model_files import run_disk_bytes
+    from coati.distributed.run_folder import RunFolder
 
     if resume and not save_dir:
         raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
@@ -306,14 +305,12 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
         return None, None
     folder = RunFolder.claim(save_dir, "resume" if resume else "overwrite" if overwrite else "new")
     try:
-        # A checkpoint holds the weights and Adam's two moments (3x the fp32 weights); keep_checkpoints of them
-        # plus the one being written, and the final export.
-        folder.check_space(model_bytes(model_path) * (3 * (keep_checkpoints + 1) + 1), f"{keep_checkpoints} checkpoints",
+        folder.check_space(run_disk_bytes(model_path, keep_checkpoints), f"{keep_checkpoints} checkpoints",
                            freed_bytes=folder.results_bytes() if overwrite else 0)  # fmt: skip
         if not resume:
             return folder, None
         checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)
-        meta = json.loads((checkpoint / "meta.json").read_text())
+        meta = checkpoint_meta(checkpoint)
         saved = {"config": meta["config"], "identity": meta.get("identity", {})}
         current = {"config": record["config"], "identity": record["identity"]}  # the dataset's description aside
         check_compatible(saved, current, str(checkpoint), allow)

@@ -64,6 +64,7 @@ class Reporter:
             if cls.REQUIRES:
                 require(*cls.REQUIRES)
         self._logger_args = classes, project, config or {}, append
+        self.last_step: int | None = None
         self.loggers: list | None = None
         """made at the first step: a run refused before it starts writes nothing into the folder (a second try
         would find another run's files there), and an overwrite's old metrics stay until the new run begins"""
@@ -84,17 +85,28 @@ class Reporter:
         metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
         metrics["time/elapsed"] = time.perf_counter() - self.start
         step = int(metrics["step"])
-        if step > 0:
-            self.history.append(metrics)
         if self.loggers is None:
             classes, project, config, append = self._logger_args
             self.loggers = [cls(self.out, project, config, append) for cls in classes]
+            if append:  # a resumed run: what an earlier process logged past its checkpoint is trained again now
+                self._truncate(step)
+        elif self.last_step is not None and step <= self.last_step:  # restarted from a checkpoint in this process
+            self._truncate(step)
+        self.last_step = step
+        if step > 0:
+            self.history.append(metrics)
         for logger in self.loggers:
             logger.log(step, metrics)
             if samples:
                 logger.completions(step, samples)
         if self.bar is not None:
             self._show(metrics)
+
+    def _truncate(self, from_step: int) -> None:
+        """Each step once: drop what was logged for ``from_step`` and later, here and in every logger."""
+        self.history = [m for m in self.history if m["step"] < from_step]
+        for logger in self.loggers:
+            logger.truncate(from_step)
 
     def _show(self, metrics: dict) -> None:
         if metrics["step"] == 0:

@@ -112,14 +112,6 @@ class RunFolder:
             self._lock_file.close()
 
 
-def model_bytes(path: str) -> int:
-    """Bytes of a model folder's weight files (what one copy of its weights takes on disk)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return 0
-    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
-
-
 def check_shared(path: str, node_ids) -> None:
     """Consumers write their shards of every checkpoint (model, optimizer, RNG) into ``<run folder>/checkpoints`` on
     their own nodes, while the driver writes the rest and completes the checkpoint on its node: on other nodes the

@@ -71,3 +71,39 @@ def test_phases_show_on_the_progress_bar_and_nowhere_else(tmp_path, caplog):
         assert reporter.bar.desc.startswith("RL steps") and "train_lenient" in str(reporter.bar.postfix)
     reporter.finish({"evals": []})
     assert not PHASES.handlers
+
+
+def _step(step: int, reward: float) -> dict:
+    return {"step": step, "total_steps": 6, "reward/mean": reward,
+            "samples": [{"prompt": "p", "response": f"r{step}", "reward": reward, "policy_version": step - 1}]}  # fmt: skip
+
+
+def test_a_resume_or_restart_logs_each_step_once(tmp_path):
+    """A kill after step 3 (checkpoint at 2) and a resume: steps 1, 2 from the first process, 3 onwards from the
+    second, once each, in metrics.jsonl, samples.jsonl and TensorBoard; a restart inside one process alike."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = Reporter(str(tmp_path), report_to=("jsonl", "tensorboard"), progress=False)
+    for step in (1, 2, 3):
+        first.on_step(_step(step, 0.1 * step))
+    for logger in first.loggers:  # killed: no finish
+        logger.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "rew')  # a line cut short by the kill
+    resumed = Reporter(str(tmp_path), report_to=("jsonl", "tensorboard"), progress=False, append=True)
+    for step in (3, 4, 5):
+        resumed.on_step(_step(step, 1.0 + step))
+    for step in (4, 5, 6):  # an actor died after step 5; the run restarted from its checkpoint at step 3
+        resumed.on_step(_step(step, 2.0 + step))
+    summary = resumed.finish({"evals": []})
+
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 4.0), (4, 6.0), (5, 7.0),
+                                                            (6, 8.0)]  # fmt: skip
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 2, 3, 4, 5, 6] and samples[2]["response"] == "r3"
+    assert summary["steps"] == 4  # this process's steps 3-6, once each
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, round(e.value, 3)) for e in events.Scalars("reward/mean")] == [
+        (1, 0.1), (2, 0.2), (3, 4.0), (4, 6.0), (5, 7.0), (6, 8.0)]  # fmt: skip

@@ -7,6 +7,7 @@ import ray
 
 from coati.distributed.launch import launch_distributed
 from coati.distributed.actor_group import RunError
+from coati.distributed.model_files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
 from coati.models import build_tiny_model
 from tests.e2e.test_launch import FP32
 
@@ -55,6 +56,17 @@ def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
         launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest", train_minibatch_size=4))
     with pytest.raises(FileNotFoundError, match="no checkpoint under"):
         launch_distributed(**kwargs(tiny, tmp_path / "empty", resume="latest"))
+    # A checkpoint whose meta.json step was edited is refused before anything starts (it would retrain steps).
+    checkpoint = tmp_path / "cut" / "checkpoints" / "step-2"
+    original = (checkpoint / "meta.json").read_text()
+    (checkpoint / "meta.json").write_text(original.replace('"step": 2', '"step": 1'))
+    with pytest.raises(ValueError, match=r"meta.json says step 1 but \{'folder name': 2, 'rng-consumer-0.pt': 2\}"):
+        launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))
+    (checkpoint / "meta.json").write_text(original)
+    # The free-space estimate of a checkpoint covers what one takes: fp32 masters and Adam's two moments.
+    taken = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+    params = parameter_count(tiny)
+    assert taken <= checkpoint_bytes(params) and CHECKPOINT_BYTES_PER_PARAM * params <= taken <= 1.1 * 12 * params
     # ... the same config continues exactly.
     resumed = launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))
     assert [m["step"] for m in resumed["history"]] == [3, 4]

@@ -32,5 +32,9 @@ class Logger:
         """Sample completions of a step: dicts with prompt, response, reward, policy_version."""
         raise NotImplementedError
 
+    def truncate(self, from_step: int) -> None:
+        """Forget what was logged for ``from_step`` and later: a resumed or restarted run trains those steps again
+        from its checkpoint, and each step must appear once. Backends that cannot rewrite history keep it."""
+
     def close(self) -> None:
         pass

@@ -11,7 +11,7 @@ class JsonlLogger(Logger):
     def __init__(self, out, project, config, append):
         super().__init__(out, project, config, append)
         self.metrics, self.samples = out / "metrics.jsonl", out / "samples.jsonl"
-        if not append:  # a resumed run keeps the lines of the steps before its checkpoint
+        if not append:  # a resumed run keeps the lines of the steps before its checkpoint (``truncate``)
             self.metrics.write_text("")
             self.samples.unlink(missing_ok=True)
 
@@ -23,3 +23,19 @@ class JsonlLogger(Logger):
         with self.samples.open("a") as f:
             for row in rows:
                 f.write(json.dumps({"step": step, **row}) + "\n")
+
+    def truncate(self, from_step):
+        for path in (self.metrics, self.samples):
+            if path.exists():
+                kept = [line for line in path.read_text().splitlines(keepends=True) if _step_of(line) < from_step]
+                tmp = path.with_suffix(".jsonl.tmp")
+                tmp.write_text("".join(kept))
+                tmp.replace(path)
+
+
+def _step_of(line: str) -> float:
+    """A record's step; a line cut short by a kill (no step to read) is dropped with the steps after it."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

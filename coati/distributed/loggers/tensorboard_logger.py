@@ -11,7 +11,8 @@ class TensorBoardLogger(Logger):
 
     def __init__(self, out, project, config, append):
         super().__init__(out, project, config, append)
-        self.writer = require(*self.REQUIRES).SummaryWriter(log_dir=str(out / "tensorboard"))
+        self.log_dir = str(out / "tensorboard")
+        self.writer = require(*self.REQUIRES).SummaryWriter(log_dir=self.log_dir)
 
     def log(self, step, scalars):
         for key, value in scalars.items():
@@ -27,6 +28,11 @@ class TensorBoardLogger(Logger):
         table += [f"| {cell(r['prompt'])} | {cell(r['response'])} | {r['reward']:.3f} | {r.get('policy_version', '')} |"
                   for r in rows]  # fmt: skip
         self.writer.add_text("completions", "\n".join(table), step)
+
+    def truncate(self, from_step):
+        # TensorBoard drops the events at and after ``purge_step`` that earlier files of the folder hold.
+        self.writer.close()
+        self.writer = require(*self.REQUIRES).SummaryWriter(log_dir=self.log_dir, purge_step=from_step)
 
     def close(self):
         self.writer.close()
