@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from coati.distributed.config_checks import divides, field_docs, positive, require
+from coati.distributed.config_checks import finite, divides, field_docs, positive, require
 from coati.distributed.reward_config import RewardConfig
 from coati.distributed.schedule import SCHEDULES
 
@@ -40,6 +40,9 @@ class GenerationConfig:
         require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         positive(self, "max_new_tokens", "max_prompt_tokens")
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        require(all(isinstance(x, str) and x for x in self.stop_strings),
+                f"stop_strings must be non-empty strings (an empty one would end every response at once), got "
+                f"{list(self.stop_strings)}; leave the empty one out")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -289,8 +292,9 @@ class ConsumerConfig:
         if self.train_microbatch_size is not None:
             positive(self, "train_microbatch_size")
         positive(self, "train_microbatch_tokens")
-        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
-        require(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        finite(self, "learning_rate", low=0, strict=True)
+        finite(self, "max_grad_norm", "weight_decay", "min_lr_ratio", low=0)
+        finite(self, "lora_alpha", "lora_dropout")
         require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
         require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
                 f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")  # fmt: skip

@@ -37,6 +37,28 @@ def require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+SEED_MAX = 2**32 - 1
+
+
+def seed_in_range(name: str, value) -> None:
+    """A seed torch, numpy and the engines all accept: an integer in 0..2**32-1."""
+    require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX,
+            f"{name} must be an integer in 0..{SEED_MAX} (numpy and the engines refuse others), got {value!r}")  # fmt: skip
+
+
+def finite(obj, *names: str, low: float | None = None, strict: bool = False) -> None:
+    """Each field a finite number, at least ``low`` (above it when ``strict``)."""
+    import math
+
+    for name in names:
+        value = getattr(obj, name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
+        if ok and low is not None:
+            ok = value > low if strict else value >= low
+        require(ok, f"{type(obj).__name__}.{name} must be a finite number{bound}, got {value!r}")
+
+
 def positive(obj, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from coati.distributed.config_checks import positive, require
+from coati.distributed.config_checks import finite, positive, require
 from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 
 
@@ -146,6 +146,7 @@ class RewardConfig:
 
         check_server_placement(self.rm_placement, "rm_placement")
         check_server_placement(self.judge_placement, "judge_placement")
+        finite(self, "rm_cpus", "rm_gpus", "judge_cpus", "judge_gpus", low=0)
         positive(self, "rm_servers")
         positive(self, "rm_batch_size")
         require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")

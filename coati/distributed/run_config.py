@@ -21,7 +21,7 @@ from coati.distributed.config import (
     ProducerConfig,
     RewardConfig,
 )
-from coati.distributed.config_checks import positive, require
+from coati.distributed.config_checks import finite, positive, require, seed_in_range
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
 DEFAULT_TRAIN_ROWS = 512
@@ -42,6 +42,11 @@ class ModelConfig:
     """engine options of the inference backend (JSON object), e.g. {"dtype": "bfloat16"}; see the README"""
 
     def __post_init__(self):
+        for name in ("path", "inference_path", "tokenizer_path"):
+            value = getattr(self, name)
+            require(value is None or (isinstance(value, str) and value.strip()),
+                    f"model {name} must be a model folder or hub id, got {value!r}; leave it out for the default "
+                    "model")  # fmt: skip
         require(isinstance(self.inference_options, dict),
                 f"inference_options must be a JSON object (dict), got {self.inference_options!r}")  # fmt: skip
 
@@ -93,6 +98,9 @@ class DataConfig:
         for name in ("train_size", "eval_size"):
             if getattr(self, name) is not None:
                 positive(self, name)
+        for name in ("train_seed", "eval_seed"):
+            if getattr(self, name) is not None:
+                seed_in_range(f"data.{name}", getattr(self, name))
         self.prompt_format()  # raw_prompt with a system prompt is refused now
 
     def prompt_format(self):
@@ -208,6 +216,9 @@ class RunConfig:
         require(not (self.in_flight_weight_updates is True and not self.max_staleness),
                 "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
                 "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
+        seed_in_range("run.seed", self.seed)
+        finite(self, "cpus_per_actor", low=0, strict=True)
+        finite(self, "weight_sync_timeout_s", low=0, strict=True)
         require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
         require(not (self.resume and self.folder is None),
                 "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip

@@ -164,3 +164,25 @@ def test_the_readme_comparison_table_names_only_real_flags():
         assert flags, f"row {setting.strip()!r} names no coati flag"
         unknown = [f for f in flags if f not in options]
         assert not unknown, f"row {setting.strip()!r}: {unknown} are not flags of rl_example.py"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", "-1"], "run.seed must be an integer in 0..4294967295"),
+    (["--seed", str(2**32)], "run.seed must be an integer in 0..4294967295"),
+    (["--data-train-seed", "-3"], "data.train_seed must be an integer in 0..4294967295"),
+    (["--stop-strings", ""], "stop_strings must be non-empty strings"),
+    (["-m", ""], "model path must be a model folder or hub id, got ''"),
+    (["-lr", "inf"], "learning_rate must be a finite number > 0, got inf"),
+    (["-lr", "nan"], "learning_rate must be a finite number > 0, got nan"),
+    (["--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0, got -0.1"),
+    (["--cpus-per-actor", "-1"], "cpus_per_actor must be a finite number > 0, got -1.0"),
+    (["--reward-rm-cpus", "-2"], "rm_cpus must be a finite number >= 0, got -2.0"),
+    (["--reward-components", '{"math": NaN}'], "reward components need finite weights, got {'math': nan}"),
+    (["--reward-components", '{"math": 1e400}'], "reward components need finite weights, got {'math': inf}"),
+])  # fmt: skip
+def test_values_the_workers_would_refuse_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err[-400:]
