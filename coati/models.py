@@ -41,6 +41,10 @@ def char_tokenizer(path: str | Path | None = None):
     return fast
 
 
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2")
+"""the families ``build_tiny_model`` writes (each from its current transformers config)"""
+
+
 def build_tiny_model(
     path: str | Path,
     arch: str = "llama",
@@ -49,32 +53,41 @@ def build_tiny_model(
     num_heads: int = 4,
     intermediate_size: int | None = None,
     seed: int = 0,
-    tie_word_embeddings: bool = False,
+    tie_word_embeddings: bool | None = None,
     vocab_multiple: int = 1,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
 ) -> Path:
-    """Write a random tiny causal LM and its tokenizer to ``path``; returns the path. ``vocab_multiple`` rounds the
-    embedding rows up (tensor parallelism splits the vocabulary evenly)."""
+    """Write a random tiny causal LM of family ``arch`` (``ARCHITECTURES``) and its tokenizer to ``path``; returns
+    the path. ``vocab_multiple`` rounds the embedding rows up (tensor parallelism splits the vocabulary evenly);
+    ``head_dim`` sets the attention head size where the family lets it differ from hidden_size / num_heads. GPT-2
+    always ties its LM head to the embedding; the Gemma families tie it unless told otherwise."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    import transformers
+    from transformers import AutoModelForCausalLM
 
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {list(ARCHITECTURES)}, got {arch!r}")
     path = Path(path)
     tokenizer = char_tokenizer(path)
-    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
-    if arch not in configs:
-        raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
-    config = configs[arch](
-        vocab_size=-(-len(tokenizer) // vocab_multiple) * vocab_multiple,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=1024,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=tie_word_embeddings,
-    )
+    vocab = -(-len(tokenizer) // vocab_multiple) * vocab_multiple
+    if tie_word_embeddings is None:
+        tie_word_embeddings = arch in ("gemma2", "gemma3")
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                   bos_token_id=tokenizer.bos_token_id)  # fmt: skip
+    if arch == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden_size, n_layer=num_layers, n_head=num_heads,
+                                         n_positions=1024, n_inner=intermediate_size, **special)  # fmt: skip
+    else:
+        classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
+                   "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "phi3": "Phi3Config"}  # fmt: skip
+        extra = {} if head_dim is None and arch not in ("qwen3", "gemma2", "gemma3", "llama", "mistral") else {
+            "head_dim": head_dim or hidden_size // num_heads}  # fmt: skip
+        config = getattr(transformers, classes[arch])(
+            vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
+            num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads or num_heads,
+            max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings, **extra, **special,
+        )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -69,6 +69,8 @@ class DecoderLMPolicy(Policy):
         return self.model
 
     def postprocess(self) -> nn.Module:
+        if self.shard_config.enable_tensor_parallelism:
+            sum_partial_grads(self.model, self.shard_config.tensor_parallel_process_group)
         return self.model
 
     def module_policy(self) -> dict:
@@ -82,7 +84,9 @@ class DecoderLMPolicy(Policy):
                 + [Replace(suffix=s, target_module=Linear1D_Row) for s in ROW]
             )
             vocab = {"make_vocab_size_divisible_by": shard.make_vocab_size_divisible_by}
-            embedding = Replace(suffix="embed_tokens", target_module=VocabParallelEmbedding1D, kwargs=vocab)
+            scaled = hasattr(model.model.embed_tokens, "scalar_embed_scale")  # Gemma's sqrt(hidden) scaling
+            embedding = Replace(suffix="embed_tokens", kwargs=vocab,
+                                target_module=ScaledVocabParallelEmbedding1D if scaled else VocabParallelEmbedding1D)
             head = Replace(suffix="lm_head", target_module=VocabParallelLMHead1D,
                            kwargs={**vocab, "gather_output": not shard.parallel_output})  # fmt: skip
             policy[type(model.model)] = ModulePolicyDescription(sub_module_replacement=[embedding])
@@ -112,6 +116,48 @@ class DecoderLMPolicy(Policy):
         if stages is None or stages.num_stages == 1 or not self.tie_weight:
             return []
         return [{0: self.model.model.embed_tokens.weight, stages.num_stages - 1: self.model.lm_head.weight}]
+
+
+class ScaledVocabParallelEmbedding1D(VocabParallelEmbedding1D):
+    """The vocabulary-parallel embedding of a model whose embedding scales its output (Gemma's
+    ``ScaledWordEmbedding``: x sqrt(hidden_size), in the weights' dtype); a plain one would drop the scale."""
+
+    @staticmethod
+    def from_native_module(module: nn.Module, process_group, *args, **kwargs) -> nn.Module:
+        parallel = VocabParallelEmbedding1D.from_native_module(module, process_group, *args, **kwargs)
+        parallel.__class__ = ScaledVocabParallelEmbedding1D
+        parallel.embed_scale = float(module.scalar_embed_scale)
+        return parallel
+
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_) * torch.tensor(self.embed_scale, dtype=self.weight.dtype)
+
+
+def sum_partial_grads(model: nn.Module, group) -> list[str]:
+    """Under tensor parallelism each rank holds some heads: a replicated weight applied per head after the column
+    split (Qwen3's and Gemma 3's q_norm/k_norm) gets from each rank only its heads' share of the gradient, and the
+    ranks' copies would drift apart. Sum those shares over the TP group as each gradient is computed; returns the
+    names of the weights so treated."""
+    import torch.distributed as dist
+
+    def summed(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    names = []
+    for i, layer in enumerate(model.model.layers):
+        for block in ("self_attn", "mlp"):
+            parent = getattr(layer, block, None)
+            if parent is None:
+                continue
+            split = {id(p) for s in COLUMN + ROW if s.startswith(block + ".")
+                     for p in (_submodule(layer, s) or nn.Module()).parameters()}  # fmt: skip
+            for name, param in parent.named_parameters():
+                if id(param) not in split and param.requires_grad:
+                    param.register_hook(summed)
+                    names.append(f"model.layers.{i}.{block}.{name}")
+    return names
 
 
 def stage_forward(

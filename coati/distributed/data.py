@@ -170,6 +170,10 @@ def read_jsonl(path, columns: tuple[str | None, str | None] = (None, None)) -> l
     return rows
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""the roles a prompt's messages may have"""
+
+
 def check_row(row: dict, where: str) -> None:
     if "messages" in row:
         msgs = row["messages"]
@@ -177,6 +181,12 @@ def check_row(row: dict, where: str) -> None:
             raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
         if not any(str(m["content"]).strip() for m in msgs):
             raise ValueError(f"{where}: every message is empty")
+        unknown = sorted({str(m.get("role")) for m in msgs} - set(ROLES))
+        if unknown:
+            raise ValueError(f"{where}: message role(s) {unknown} are not chat roles; use {', '.join(ROLES)}")
+        if msgs[-1]["role"] == "assistant":
+            raise ValueError(f"{where}: the messages end with an assistant turn, so there is nothing for the policy to "
+                             "answer; end each prompt with the user's (or a tool's) turn")  # fmt: skip
     elif "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise ValueError(f"{where}: 'prompt' must be a non-empty string")
@@ -234,14 +244,21 @@ class PromptFormat:
 
 
 def encode_prompt(tokenizer, row: dict, system_prompt: str | None = None) -> list[int]:
-    """Token ids of the row's prompt, through the tokenizer's chat template when it has one."""
+    """Token ids of the row's prompt through the tokenizer's chat template; a tokenizer without one is refused
+    (``check_chat_template``) rather than fed the messages' texts joined."""
     messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
     if system_prompt and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system_prompt}] + list(messages)
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
-    text = "\n".join(m["content"] for m in messages)
-    return list(tokenizer(text)["input_ids"])
+    check_chat_template(tokenizer)
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+
+
+def check_chat_template(tokenizer, where: str = "the tokenizer") -> None:
+    """Refuse a tokenizer without a chat template, naming the alternative for base models."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{where} has no chat template, so chat prompts cannot be rendered; for a base model use "
+                         "raw_prompt (--raw-prompt: each row's prompt text as it is), or a tokenizer with a chat "
+                         "template (--model-tokenizer-path)")  # fmt: skip
 
 
 def reward_fields(row: dict) -> dict:

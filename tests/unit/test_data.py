@@ -1,5 +1,6 @@
 """Datasets: JSONL schema errors with line numbers, reasoning-gym rows, cursor order and resumption."""
 
+import json
 
 import pytest
 
@@ -189,3 +190,30 @@ def test_raw_prompts_skip_the_chat_template():
         PromptFormat(raw=True).encode(tok, {"messages": [{"role": "user", "content": "x"}]})
     with pytest.raises(ValueError, match="system_prompt has nowhere to go"):
         PromptFormat("sys", raw=True)
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([{"role": "usr", "content": "hi"}], r"role\(s\) \['usr'\] are not chat roles"),
+    ([{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}], r"\['bot'\]"),
+    ([{"content": "hi"}], r"\['None'\] are not chat roles"),
+    ([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "end with an assistant turn"),
+])  # fmt: skip
+def test_chat_rows_with_unknown_roles_or_ending_in_an_assistant_turn_are_refused(tmp_path, messages, match):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"messages": messages, "gt_answer": "4"}) + "\n")
+    with pytest.raises(ValueError, match=match):
+        load_rows(str(path))
+    ok = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+          {"role": "user", "content": "q2"}]  # fmt: skip
+    path.write_text(json.dumps({"messages": ok, "gt_answer": "4"}) + "\n")
+    assert load_rows(str(path))[0]["messages"] == ok
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_naming_raw_prompt():
+    from coati.distributed.data import PromptFormat
+
+    tok = char_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(ValueError, match=r"has no chat template.*--raw-prompt"):
+        encode_prompt(tok, {"prompt": "hi"})
+    assert tok.decode(PromptFormat(raw=True).encode(tok, {"prompt": "hi"})) == "hi"
