@@ -71,13 +71,29 @@ def causal_lm(model):
     return model
 
 
+def output_head(lm):
+    """The model's logits from its decoder's final hidden states: its output layer, then the soft-capping some
+    families apply after it (Gemma 2's ``final_logit_softcapping``: cap * tanh(logits / cap))."""
+    head = lm.get_output_embeddings()
+    cap = getattr(lm.config, "final_logit_softcapping", None) or getattr(
+        getattr(lm.config, "text_config", None), "final_logit_softcapping", None
+    )
+    if not cap:
+        return head
+
+    def capped(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(head(hidden) / cap) * cap
+
+    return capped
+
+
 class DecoderStates:
     """Captures the decoder's final hidden states (after its last norm) of every forward run inside the block, while
     the model is still called through its wrappers (so data-parallel bookkeeping and tensor-parallel layers hold)."""
 
     def __init__(self, model):
         lm = causal_lm(model)
-        self.decoder, self.lm_head, self.states = lm.get_decoder(), lm.get_output_embeddings(), []
+        self.decoder, self.lm_head, self.states = lm.get_decoder(), output_head(lm), []
 
     def __enter__(self) -> DecoderStates:
         self._hook = self.decoder.register_forward_hook(lambda _m, _a, out: self.states.append(out.last_hidden_state))
@@ -89,17 +105,22 @@ class DecoderStates:
 
 @torch.no_grad()
 def check_output_layer(model) -> None:
-    """Refuse a model whose logits are not its output layer applied to the decoder's final hidden states (logits
-    soft-capped or scaled after the head, say): the trainer applies the head itself, to real response tokens only,
-    and would silently compute other log-probs. Checked once, on a 4-token probe."""
+    """Refuse a model whose logits are not its output head (``output_head``) applied to the decoder's final hidden
+    states (logits scaled after the head by a factor the trainer does not know, say): the trainer applies the head
+    itself, to real response tokens only, and would silently compute other log-probs. Checked once, on a 4-token
+    probe, after every weight is checked finite (a NaN weight would fail the probe for another reason)."""
     lm = causal_lm(model)
+    bad = [name for name, p in lm.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"{type(lm).__name__} has non-finite (NaN or infinite) weights in {bad[:5]} ({len(bad)} "
+                         "tensors); the model folder is damaged: load another copy")  # fmt: skip
     ids = torch.arange(1, 5, device=next(lm.parameters()).device)[None]
     with DecoderStates(lm) as d:
         logits = lm(input_ids=ids, use_cache=False).logits
     own = d.lm_head(d.states[0])
     if own.shape != logits.shape or not torch.allclose(own.float(), logits.float(), rtol=1e-3, atol=1e-5):
         raise ValueError(f"{type(lm).__name__}'s logits are not its output layer applied to its decoder's last hidden "
-                         f"states (soft-capped or scaled logits?); coati's trainer computes log-probs from that layer, "
+                         f"states (scaled logits?); coati's trainer computes log-probs from that layer, "
                          f"so it cannot train this model")  # fmt: skip
 
 

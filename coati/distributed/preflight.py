@@ -96,7 +96,19 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         eval_dataset.pop("system_prompt", None)
     train_dataset = dataset_kwargs(train_dataset)
     eval_dataset = dataset_kwargs(eval_dataset) if eval_dataset else None
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    check_model_files(train_model_path, "train model")
+    if inference_model_path != train_model_path:
+        check_model_files(inference_model_path, "inference model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"tokenizer {tokenizer_path} cannot be loaded ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); point --model-tokenizer-path at a folder "
+                         "with tokenizer files") from None  # fmt: skip
+    if not prompt_format.raw:
+        from coati.distributed.data import check_chat_template
+
+        check_chat_template(tokenizer, f"tokenizer {tokenizer_path}")
     for path in {train_model_path, inference_model_path}:
         vocab = AutoConfig.from_pretrained(path).vocab_size
         if vocab < len(tokenizer):
@@ -139,6 +151,8 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     )  # fmt: skip
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
     backend = backend_class(cfg.producer.backend)
+    check_models(cfg, train_model_path, inference_model_path, backend, inference_options or {},
+                 producer_gpu=producers[0].num_gpus > 0, consumer_gpu=consumers[0].num_gpus > 0)  # fmt: skip
     in_flight = resolve_in_flight(in_flight_weight_updates, backend, max_staleness, cfg.consumer.lora_rank)
     inference_options = backend.engine_options(
         inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
@@ -150,6 +164,55 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
                 rows_digest(rows), overlong, server_slots, in_flight, stream)  # fmt: skip
+
+
+def check_model_files(path: str, what: str) -> None:
+    """A local model folder holds weights, and every safetensors file (each shard an index names) is whole and
+    readable."""
+    import json
+    from pathlib import Path
+
+    from coati.distributed.model_files import read_safetensors_header, weight_files
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return  # a hub id: fetched and checked by the hub client
+    files = weight_files(folder)
+    if not files:
+        raise FileNotFoundError(f"{what} folder {path} has no weights (*.safetensors or *.bin); pass a folder "
+                                "written by save_pretrained")  # fmt: skip
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing = [s for s in shards if not (folder / s).exists()]
+        if missing:
+            raise FileNotFoundError(f"{what} folder {path}: its index names weight files that are not there: "
+                                    f"{missing}; copy or download them")  # fmt: skip
+    for f in files:
+        if f.suffix == ".safetensors":
+            read_safetensors_header(f)
+
+
+def check_models(cfg: LaunchConfig, train_path: str, inference_path: str, backend, options: dict,
+                 producer_gpu: bool, consumer_gpu: bool) -> None:  # fmt: skip
+    """What the workers would refuse, decided from the models' config.json: the parallel layout (architectures),
+    the rollout engine on this device (``check_model``), sequences past the position table, fp16 training on CPU."""
+    from coati.distributed.architectures import check_layout, check_positions, load_config
+
+    p = cfg.consumer.plugin
+    train, inference = load_config(train_path), load_config(inference_path)
+    if train:
+        check_layout(train, f"model {train_path}", p.tp_size, p.pp_size)
+    g = cfg.generation
+    for config, where in ((train, f"model {train_path}"), (inference, f"inference model {inference_path}")):
+        if config:
+            check_positions(config, where, g.max_prompt_tokens + g.max_new_tokens,
+                            f"max_prompt_tokens + max_new_tokens = {g.max_prompt_tokens} + {g.max_new_tokens}")  # fmt: skip
+    if inference:
+        backend.check_model(inference, f"inference model {inference_path}", options, producer_gpu)
+    if p.precision == "fp16" and not consumer_gpu:
+        raise ValueError("plugin precision fp16 needs a GPU (its loss scaler is CUDA's); on CPU use precision "
+                         "bf16 or fp32")  # fmt: skip
 
 
 def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_rank: int) -> bool:

@@ -105,16 +105,30 @@ def test_pair_cost_is_attention_flops_per_pair_over_linear_flops_per_token(tmp_p
         assert pair_cost(model) == pytest.approx(4 * query_width * len(layers) / (2 * dense))
 
 
-def test_a_model_whose_logits_are_not_its_output_layer_s_is_refused(tmp_path):
-    """Gemma 2 soft-caps its logits after the output layer: log-probs from the layer alone would be other numbers, so
-    the consumer refuses it at setup; a Llama-style model passes."""
-    from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
+def test_a_model_whose_logits_are_not_its_output_head_s_is_refused_and_soft_capping_is_the_heads(tmp_path):
+    """Cohere scales its logits after the output layer by a factor the trainer does not apply: refused at setup.
+    Gemma 2 soft-caps its logits (cap * tanh(logits / cap)): the trainer's head applies the same cap, so its
+    log-probs are the model's own; a Llama-style model passes. A NaN weight is named as such."""
+    from transformers import AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
-    from coati.distributed.forward import check_output_layer
+    from coati.distributed.forward import DecoderStates, check_output_layer
 
     check_output_layer(AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "llama")))
+    scaled = CohereForCausalLM(CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, logit_scale=0.5))  # fmt: skip
+    with pytest.raises(ValueError, match="CohereForCausalLM.s logits are not its output layer"):
+        check_output_layer(scaled)
     capped = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                             final_logit_softcapping=1.0))  # fmt: skip
-    with pytest.raises(ValueError, match="Gemma2ForCausalLM's logits are not its output layer"):
-        check_output_layer(capped)
+    check_output_layer(capped)
+    ids = torch.arange(1, 9)[None]
+    with torch.no_grad(), DecoderStates(capped) as d:
+        logits = capped(input_ids=ids).logits
+        assert logits.abs().max() < 1.0  # the cap is in force ...
+        torch.testing.assert_close(d.lm_head(d.states[0]), logits)  # ... and the trainer's head applies it
+    broken = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "nan"))
+    with torch.no_grad():
+        broken.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"non-finite \(NaN or infinite\) weights in \['model.layers.1.mlp.down_proj"):
+        check_output_layer(broken)

@@ -1,5 +1,6 @@
 """Resume restores everything; faults end the run with the actor named; bad input never starts an actor."""
 
+import json
 import time
 
 import pytest
@@ -109,7 +110,66 @@ def write(tmp_path, name, text):
 GRPO = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4}
 ANSWERED = [{"prompt": f"q{i}", "gt_answer": "1"} for i in range(8)]
 
+def family(d, arch, **kw):
+    """A tiny model of ``arch`` as both the trained and the served model."""
+    path = str(build_tiny_model(d / f"{arch}-{len(kw)}", arch=arch, **kw))
+    return {"train_model_config": {"path": path}, "inference_model_config": {"path": path, **FP32}}
+
+
+def damaged(t, d, how):
+    """A copy of the tiny model folder ``t`` with its weights or tokenizer removed or cut short."""
+    import shutil
+    from pathlib import Path
+
+    folder = Path(shutil.copytree(t, d / how))
+    weights = folder / "model.safetensors"
+    if how == "no weights":
+        weights.unlink()
+    elif how == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:-1000])
+    elif how == "no tokenizer":
+        for f in folder.iterdir():
+            if "token" in f.name:
+                f.unlink()
+    elif how == "no chat template":
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return {"train_model_config": {"path": str(folder)}, "inference_model_config": {"path": str(folder), **FP32}}
+
+
+TP2 = {"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}
+
 BAD = [
+    ("Phi-3 under tensor parallelism", lambda t, d: {**family(d, "phi3"), **TP2}, ValueError,
+     r"is Phi3ForCausalLM \(model_type 'phi3'\), which coati's tensor parallelism does not cover .* use tp_size=1"),
+    ("GPT-2 under tensor parallelism", lambda t, d: {**family(d, "gpt2"), **TP2}, ValueError,
+     r"is GPT2LMHeadModel \(model_type 'gpt2'\), which coati's tensor parallelism does not cover"),
+    ("key/value heads TP cannot split", lambda t, d: {**family(d, "llama", num_kv_heads=1), **TP2}, ValueError,
+     r"tp_size=2 must divide .*attention heads \(4\) and key/value heads \(1\)"),
+    ("a head size vLLM's CPU attention lacks", lambda t, d: {"inference_backend": "vllm"}, ValueError,
+     r"attention heads of size 16, which vLLM's CPU attention does not support .* use the transformers backend"),
+    ("a model folder without weights", lambda t, d: damaged(t, d, "no weights"), FileNotFoundError,
+     r"train model folder .*no weights has no weights \(\*.safetensors or \*.bin\)"),
+    ("a truncated safetensors file", lambda t, d: damaged(t, d, "truncated weights"), ValueError,
+     r"model.safetensors is truncated: its header describes \d+ bytes, the file has \d+"),
+    ("a folder without a tokenizer", lambda t, d: damaged(t, d, "no tokenizer"), ValueError,
+     r"tokenizer .*no tokenizer cannot be loaded"),
+    ("a tokenizer without a chat template", lambda t, d: damaged(t, d, "no chat template"), ValueError,
+     r"tokenizer .* has no chat template.*--raw-prompt"),
+    ("fp16 training on a CPU", lambda t, d: {"plugin_config": {"precision": "fp16"}}, ValueError,
+     r"plugin precision fp16 needs a GPU .* use precision bf16 or fp32"),
+    ("responses past the position table", lambda t, d: {"generate_config": {"max_new_tokens": 1000}}, ValueError,
+     r"max_prompt_tokens \+ max_new_tokens = 256 \+ 1000 = 1256 tokens, but model .* has positions for 1024"),
+    ("a gold answer that is a list", lambda t, d: {"grpo_config": {**GRPO, "reward_fn_type": "math"},
+                                                   "train_dataset_config": {"rows": ANSWERED[:7] + [
+                                                       {"prompt": "q", "gt_answer": [1]}]}}, ValueError,
+     r"training set row 7 \(\{\"prompt\": \"q\", \"gt_answer\": \[1\]\}\): gt_answer is \[1\] \(list\)"),
+    ("a chat row ending in an assistant turn", lambda t, d: {"train_dataset_config": {"rows": [{"messages": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 8}}, ValueError,
+     r"row 0: the messages end with an assistant turn"),
+
     ("malformed JSONL", lambda t, d: {"train_dataset_config": {"path": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
      ValueError, r"a.jsonl:2: not valid JSON"),
     ("empty prompt", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": ""}] * 8}},

@@ -73,6 +73,11 @@ class InferenceBackend:
             raise ValueError(f"inference option(s) {unknown} are not known to {cls.__name__}; known: {known}")
 
     @classmethod
+    def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
+        """Refuse, before any actor starts, a model this engine cannot serve on this device (``config``: its
+        config.json), naming the alternative; by default any causal LM is served."""
+
+    @classmethod
     def check_available(cls) -> None:
         """Raise ImportError, with the install command, when the engine is not installed."""
 

@@ -71,6 +71,11 @@ def _on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""head sizes vLLM 0.32's CPU attention computes (``CPUAttentionBackend.get_supported_head_sizes``; a test checks
+this list against the installed engine's)"""
+
+
 class VLLMBackend(InferenceBackend):
     OPTIONS = {
         "gpu_memory_utilization": "GPU: fraction of the GPU vLLM may take (default 0.5; lower it with colocate)",
@@ -113,6 +118,16 @@ class VLLMBackend(InferenceBackend):
         fraction = options.get("gpu_memory_utilization")
         if fraction is not None and not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
             raise ValueError(f"inference option gpu_memory_utilization must be in (0, 1], got {fraction!r}")
+
+    @classmethod
+    def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
+        from coati.distributed.architectures import head_size
+
+        size = head_size(config)
+        if not gpu and size is not None and size not in CPU_HEAD_SIZES:
+            raise ValueError(f"{where} has attention heads of size {size}, which vLLM's CPU attention does not "
+                             f"support (it does {', '.join(map(str, CPU_HEAD_SIZES))}); use the transformers backend "
+                             "(-b transformers) on this machine")  # fmt: skip
 
     @classmethod
     def check_processes(cls, processes: int, gpu: bool) -> None:

