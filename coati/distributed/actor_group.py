@@ -256,8 +256,32 @@ class ActorGroups:
         refs = [c.push_weights.remote(version) for c in self.consumers]
         # An engine loads a push once it is whole, when the consumers have sent theirs: it may take their cores.
         refs += [p.receive_weights.remote(t) for p, t in zip(self.producers, self.threads(True, False)[0], strict=True)]
-        received = get(refs, f"weight push {version}")[len(self.consumers) :]
-        return {k: v for k, v in received[0].items() if k.startswith("weights/")}
+        results = get(refs, f"weight push {version}")
+        sent_by, received = results[: len(self.consumers)], results[len(self.consumers) :]
+        stats = {k: v for k, v in received[0].items() if k.startswith("weights/")}
+        return {**stats, **self.attest(version, sent_by, received)}
+
+    def attest(self, version: int, sent_by: list[dict], received: list[dict]) -> dict:
+        """Compare what each producer's engine holds after push ``version`` with what the consumers sent (``attest``);
+        a difference stops the run naming the tensors and the producer. Returns the tensors compared per engine."""
+        from coati.distributed.attest import compare
+
+        sent = {}
+        for result in sent_by:
+            sent.update(result.get("fingerprints") or {})
+        compared = []
+        for i, result in enumerate(received):
+            held = result.get("fingerprints")
+            if not sent or held is None:
+                continue  # a LoRA push, or an engine that cannot read its weights back
+            wrong, n = compare(sent, held)
+            if wrong:
+                raise RunError(f"weight push {version}: producer {i}'s engine holds {len(wrong)} of the {n} tensors "
+                               f"compared unlike the consumers sent them ({', '.join(wrong[:5])}"
+                               f"{', ...' if len(wrong) > 5 else ''}); it did not load the push whole, so it would "
+                               "generate from other weights than those trained")  # fmt: skip
+            compared.append(n)
+        return {"weights/attested": min(compared)} if compared else {}
 
     def generate(self, sizes: list[int], training: bool) -> list:
         """Start a rollout round: producer i draws ``sizes[i]`` prompts (none when 0), alongside a training step

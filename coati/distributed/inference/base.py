@@ -14,6 +14,7 @@ accelerator memory while consumers train.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -164,8 +165,16 @@ class InferenceBackend:
 
         loaded = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name,
                                            on_bucket=self.load_weights, into=self.weight_destinations())  # fmt: skip
+        start = time.perf_counter()
+        fingerprints = self.fingerprints(loaded.version)
         return {"version": loaded.version, "transfers": loaded.transfers, "nbytes": loaded.nbytes,
-                "direct_bytes": loaded.direct_bytes, "in_place_bytes": loaded.in_place_bytes}  # fmt: skip
+                "direct_bytes": loaded.direct_bytes, "in_place_bytes": loaded.in_place_bytes,
+                "fingerprints": fingerprints, "attest_s": time.perf_counter() - start}  # fmt: skip
+
+    def fingerprints(self, version: int) -> dict[str, list] | None:
+        """{name: [CRC of its sample, shape]} of the weights the engine computes with, for push ``version``
+        (``attest``); None where the backend cannot read them back (the push goes unattested)."""
+        return None
 
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Receive one push of a LoRA adapter (wire-named tensors, see ``lora``) and apply it with ``load_adapter``

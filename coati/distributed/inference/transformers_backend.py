@@ -170,6 +170,11 @@ class TransformersBackend(InferenceBackend):
                 base = self._lora_base[name] = target.detach().clone()
             target.data.copy_(merge(base, a.to(target.device), b.to(target.device), scale))
 
+    def fingerprints(self, version: int) -> dict[str, list]:
+        from coati.distributed.attest import fingerprints
+
+        return fingerprints(self.model.state_dict(), version)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 

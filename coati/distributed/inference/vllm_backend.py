@@ -359,6 +359,9 @@ class VLLMBackend(InferenceBackend):
                 version = int(got["version"])
                 with cores(threads):  # the in-process executor reloads in this thread
                     load_threads = max(self.llm.collective_rpc("load_push"))
+                attest_start = time.perf_counter()
+                fingerprints = self.llm.collective_rpc("fingerprints", args=(version,))[0]
+                attest_s = time.perf_counter() - attest_start
                 self.engine.set_weight_version(str(version))
                 self._version = version
                 # Cached prefixes hold keys and values of the old weights; with requests running, clear once they end.
@@ -368,7 +371,7 @@ class VLLMBackend(InferenceBackend):
             self._no_push.set()
         end = time.perf_counter()
         return {**got, "version": version, "receive_s": end - start, "paused_s": end - paused,
-                "load_threads": load_threads}  # fmt: skip
+                "load_threads": load_threads, "fingerprints": fingerprints, "attest_s": attest_s}  # fmt: skip
 
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Worker 0 receives one LoRA push; it is written as a PEFT folder and served under a new name and id

@@ -128,6 +128,57 @@ class WeightSyncExtension:
         sampler.forward = inverse_cdf_forward(sampler, own) if name == "inverse_cdf" else own
         return type(sampler).__name__
 
+    def fingerprints(self, version: int) -> dict[str, list]:
+        """{Hugging Face name: [CRC of its sample, shape]} of the weights this worker computes with (``attest``):
+        each matrix's sampled column read back exactly, a CPU linear layer's (its LM head's included) through its own
+        kernel applied to a one-hot input (what it computes with, packed apart from the weight), a fused one's split by its output sizes, the vocabulary padding dropped. Weights stored
+        transposed from the checkpoint (GPT-2's Conv1D layers) are left out: their columns are other values."""
+        from coati.distributed.attest import column, crc
+
+        model = self.model_runner.model
+        vocab = self.model_config.hf_config.vocab_size
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        transposed = ("c_attn.weight", "c_proj.weight", "c_fc.weight") if hasattr(model, "transformer") else ()
+        out: dict[str, list] = {}
+        for module_name, module in model.named_modules():
+            for param_name, param in module.named_parameters(recurse=False):
+                if param.ndim == 0:
+                    continue
+                prefix, _, leaf = module_name.rpartition(".")
+                names = [f"{prefix}.{part}.{param_name}" for part in packed[leaf]] if leaf in packed else [
+                    f"{module_name}.{param_name}"]  # fmt: skip
+                sizes = list(getattr(module, "output_partition_sizes", None) or module.output_sizes) if len(names) > 1 \
+                    else None  # fmt: skip
+                value = param.detach()
+                # A CPU linear layer computes with its own packed copy (kept beside the weight for an LM head):
+                # read through its kernel what it computes with. An embedding's lookup reads the weight itself.
+                through_kernel = param_name == "weight" and (value.ndim == 2 or value.numel() == 0) and \
+                    hasattr(module, "cpu_linear") and leaf not in ("embed_tokens", "wte")  # fmt: skip
+                if value.numel() == 0 and through_kernel:
+                    width = getattr(module, "input_size_per_partition", None) or module.input_size
+                else:
+                    width = value.shape[-1] if value.ndim >= 2 else None
+                for i, name in enumerate(names):
+                    if name.endswith(transposed):
+                        continue
+                    if width is None:  # a vector: whole
+                        values = value.split(sizes)[i] if sizes else value
+                        shape = list(values.shape)
+                    else:
+                        j = column(name, version, width)
+                        if through_kernel:
+                            one_hot = torch.zeros(1, width, dtype=value.dtype)
+                            one_hot[0, j] = 1
+                            values = module.cpu_linear(one_hot, value, None)[0]
+                        else:
+                            values = value[:, j]
+                        values = values.split(sizes)[i] if sizes else values
+                        if leaf in ("embed_tokens", "lm_head", "wte"):
+                            values = values[:vocab]
+                        shape = [values.shape[0], width]
+                    out[name] = [crc(values), shape]  # as attest.fingerprint computes it from the checkpoint layout
+        return out
+
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """This worker's weights as the engine computes with them, under the Hugging Face names, on the CPU.
 

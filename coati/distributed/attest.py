@@ -1,0 +1,73 @@
+"""Push attestation: after every weight push, each producer's engine says what it now computes with, and the driver
+compares that with what the consumers sent. A push that did nothing, a bucket that never landed, a tied head left
+behind, any tensor the engine holds unlike the sent one, stops the run naming the tensor and the producer.
+
+A tensor's fingerprint is the CRC-32 of a sample of its values as they travel (the wire dtype): a vector whole, a
+matrix one column, chosen by the tensor's name and the push's version (so successive pushes sample every column in
+turn). An engine reads its columns back exactly, whatever its layout: a fused or repacked linear layer (vLLM's CPU
+kernels) is applied to a one-hot input, a product by 1 and 0 that rounds nothing. The sender adds, for each weight
+the model ties to another (its LM head to its embedding, as the model's own transformers class ties them), the
+fingerprint the tied weight must then have. Pure functions on tensors; no Ray.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+import torch
+
+
+def column(name: str, version: int, width: int) -> int:
+    """The column of ``name``'s matrix sampled at push ``version``."""
+    return zlib.crc32(f"{name}@{version}".encode()) % width
+
+
+def sample(name: str, tensor: torch.Tensor, version: int) -> torch.Tensor:
+    """The values of ``tensor`` a fingerprint covers: a vector (or scalar) whole, a matrix's sampled column."""
+    t = tensor.detach()
+    if t.ndim >= 2:
+        t = t.reshape(t.shape[0], -1)
+        t = t[:, column(name, version, t.shape[1])]
+    return t.reshape(-1)
+
+
+def crc(values: torch.Tensor) -> int:
+    """CRC-32 of the values' bytes (bf16 and other dtypes numpy lacks, through their bits)."""
+    v = values.detach().to("cpu").contiguous()
+    if v.dtype in (torch.bfloat16, torch.float16):
+        v = v.view(torch.int16)
+    return zlib.crc32(v.numpy().tobytes())
+
+
+def fingerprint(name: str, tensor: torch.Tensor, version: int) -> list:
+    """[CRC of ``tensor``'s sample at push ``version``, its shape]."""
+    return [crc(sample(name, tensor, version)), list(tensor.shape)]
+
+
+def fingerprints(state: Mapping[str, torch.Tensor], version: int, tied: Mapping[str, str] | None = None) -> dict:
+    """{name: fingerprint} of a push's tensors, plus the tied weights' (``tied``: {tied weight: the weight it is
+    tied to}) that the push does not carry."""
+    out = {name: fingerprint(name, t, version) for name, t in state.items() if isinstance(t, torch.Tensor)}
+    for target, source in (tied or {}).items():
+        if target not in out and source in state:
+            out[target] = fingerprint(target, state[source], version)
+    return out
+
+
+def tied_weights(config) -> dict[str, str]:
+    """{tied weight: the weight it is tied to} as the model's own transformers class ties them, when its config ties
+    the embeddings (Llama's lm_head to model.embed_tokens, GPT-2's to transformer.wte); {} otherwise."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if not getattr(config, "tie_word_embeddings", False) or type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return {}
+    keys = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_tied_weights_keys", None)
+    return dict(keys) if isinstance(keys, dict) else {}
+
+
+def compare(sent: Mapping[str, list], held: Mapping[str, list]) -> tuple[list[str], int]:
+    """(the names the engine holds unlike they were sent, the number compared). A name the engine does not report
+    in the sent shape (a layout it cannot read back) is not compared."""
+    compared = [name for name, (_, shape) in sent.items() if name in held and list(held[name][1]) == list(shape)]
+    return sorted(name for name in compared if held[name][0] != sent[name][0]), len(compared)
