@@ -115,12 +115,12 @@ def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):  # noqa: F8
     assert last > first + 0.05, rewards
 
 
-def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny):  # noqa: F811
+def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny, tiny32):  # noqa: F811
     with pytest.raises(ValueError, match=r"LoRA trains with data parallelism, ZeRO included \(tp_size=1, pp_size=1\)"):
         launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"tp_size": 2},
                                         grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
     with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
-        launch_distributed(**run_kwargs(tiny, inference_backend="vllm", in_flight_weight_updates=True, max_staleness=1,
+        launch_distributed(**run_kwargs(tiny32, inference_backend="vllm", in_flight_weight_updates=True, max_staleness=1,
                                         grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
     from coati.distributed.inference.sglang_backend import SGLangBackend  # the class only: sglang itself is GPU-only
 
