@@ -57,10 +57,12 @@ def build_tiny_model(
     vocab_multiple: int = 1,
     num_kv_heads: int | None = None,
     head_dim: int | None = None,
+    max_positions: int = 1024,
 ) -> Path:
     """Write a random tiny causal LM of family ``arch`` (``ARCHITECTURES``) and its tokenizer to ``path``; returns
     the path. ``vocab_multiple`` rounds the embedding rows up (tensor parallelism splits the vocabulary evenly);
-    ``head_dim`` sets the attention head size where the family lets it differ from hidden_size / num_heads. GPT-2
+    ``head_dim`` sets the attention head size where the family lets it differ from hidden_size / num_heads;
+    ``max_positions`` the longest sequence (prompt and response) it takes. GPT-2
     always ties its LM head to the embedding; the Gemma families tie it unless told otherwise."""
     import torch
     import transformers
@@ -77,7 +79,7 @@ def build_tiny_model(
                    bos_token_id=tokenizer.bos_token_id)  # fmt: skip
     if arch == "gpt2":
         config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden_size, n_layer=num_layers, n_head=num_heads,
-                                         n_positions=1024, n_inner=intermediate_size, **special)  # fmt: skip
+                                         n_positions=max_positions, n_inner=intermediate_size, **special)  # fmt: skip
     else:
         classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
                    "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "phi3": "Phi3Config"}  # fmt: skip
@@ -86,7 +88,7 @@ def build_tiny_model(
         config = getattr(transformers, classes[arch])(
             vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
             num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads or num_heads,
-            max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings, **extra, **special,
+            max_position_embeddings=max_positions, tie_word_embeddings=tie_word_embeddings, **extra, **special,
         )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)

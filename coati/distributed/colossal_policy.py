@@ -160,6 +160,21 @@ def sum_partial_grads(model: nn.Module, group) -> list[str]:
     return names
 
 
+def gathered_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A sharded module's full weights under their Hugging Face names (each tensor-parallel shard gathered, the
+    vocabulary padding TP adds dropped: the producers' models have the real size); collective over the TP group."""
+    from colossalai.checkpoint_io.utils import gather_distributed_param
+    from colossalai.tensor.padded_tensor import is_padded_tensor
+
+    out = {}
+    for name, param in module.named_parameters():
+        full = gather_distributed_param(param, keep_vars=False).detach()
+        if is_padded_tensor(param):
+            full = full.narrow(param._padding_dim, 0, param._origin_length)
+        out[name] = full
+    return out
+
+
 def stage_forward(
     self,
     input_ids: torch.Tensor | None = None,

@@ -415,18 +415,9 @@ class GRPOConsumer(PipelineSteps):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (TP-gathered) weights under the Hugging Face names; collective over the TP group."""
-        from colossalai.checkpoint_io.utils import gather_distributed_param
-        from colossalai.tensor.padded_tensor import is_padded_tensor
+        from coati.distributed.colossal_policy import gathered_weights
 
-        module = self.model.unwrap()
-        out = {}
-        for name, param in module.named_parameters():
-            full = gather_distributed_param(param, keep_vars=False).detach()
-            if is_padded_tensor(param):
-                # TP pads the vocabulary to a multiple of tp_size; the producers' models have the real size.
-                full = full.narrow(param._padding_dim, 0, param._origin_length)
-            out[name] = full
-        return out
+        return gathered_weights(self.model.unwrap())
 
     def join_weight_group(self, world_size: int, group_name: str, backend: str, timeout_s: float,
                           wire_dtype: str | None = None) -> bool:  # fmt: skip

@@ -314,7 +314,6 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
         signature.check(columns, cfg.reward.kwargs)
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
-    check_gold_answers(cfg.reward.fn, rows, what)
     for column in signature.required:
         if column == "prompts" or column in cfg.reward.kwargs:
             continue
@@ -325,6 +324,7 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
                     f"{what} row {i}: column {column!r} is {value!r}, but reward function {cfg.reward.fn} needs a "
                     "value in every row; fix or drop the row"
                 )
+    check_gold_answers(cfg.reward.fn, rows, what)
 
 
 def check_gold_answers(fn: str, rows: list[dict], what: str) -> None:

@@ -57,7 +57,7 @@ def _rank(rank: int, world: int, port: int, paths: list[str], steps: int, out: s
     from transformers import AutoModelForCausalLM
 
     from coati.distributed.colossal_cpu import apply_cpu_shims
-    from coati.distributed.colossal_policy import DecoderLMPolicy
+    from coati.distributed.colossal_policy import DecoderLMPolicy, gathered_weights
 
     apply_cpu_shims()
     colossalai.launch(rank, world, "127.0.0.1", port, backend="gloo", seed=0)
@@ -90,7 +90,7 @@ def _rank(rank: int, world: int, port: int, paths: list[str], steps: int, out: s
             (lp_whole * weights).mean().backward()
             reference.step()
             reference.zero_grad()
-            full = _gathered(sharded.unwrap())
+            full = gathered_weights(sharded.unwrap())
             diffs = {n: float((full[n] - p.detach()).abs().max()) for n, p in whole.named_parameters() if n in full}
             worst = max(diffs, key=diffs.get)
             weight_gaps.append(diffs[worst])
@@ -98,16 +98,3 @@ def _rank(rank: int, world: int, port: int, paths: list[str], steps: int, out: s
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
-
-
-def _gathered(module) -> dict:
-    from colossalai.checkpoint_io.utils import gather_distributed_param
-    from colossalai.tensor.padded_tensor import is_padded_tensor
-
-    out = {}
-    for name, param in module.named_parameters():
-        full = gather_distributed_param(param, keep_vars=False).detach()
-        if is_padded_tensor(param):
-            full = full.narrow(param._padding_dim, 0, param._origin_length)
-        out[name] = full
-    return out
