@@ -75,8 +75,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}})  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.archs:
@@ -90,7 +90,8 @@ def main(argv=None) -> dict:
                     print(f"{arch:8} {backend:12} {layout:4} {row['verdict']:8} {row['seconds']:5.0f}s  {detail[:140]}",
                           flush=True)  # fmt: skip
     result = {"tolerance": TOLERANCE, "steps": args.steps, "rows": rows}
-    print(f"wrote {write_result('architectures', result, ['benchmarks/bench_architectures.py', *(argv or sys.argv[1:])])}")
+    command = ["benchmarks/bench_architectures.py", *(argv if argv is not None else sys.argv[1:])]
+    print(f"wrote {write_result('architectures', result, command)}")
     return result
 
 

@@ -23,8 +23,8 @@ def machine() -> dict:
                    if line.startswith("model name"))  # fmt: skip
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu or platform.processor(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "system": platform.platform()}  # fmt: skip
+    return {"cpu": cpu or platform.processor(), "cores": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "system": platform.platform()}
 
 
 def versions() -> dict:

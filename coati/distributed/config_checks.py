@@ -43,7 +43,8 @@ SEED_MAX = 2**32 - 1
 def seed_in_range(name: str, value) -> None:
     """A seed torch, numpy and the engines all accept: an integer in 0..2**32-1."""
     require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX,
-            f"{name} must be an integer in 0..{SEED_MAX} (numpy and the engines refuse others), got {value!r}")  # fmt: skip
+            f"{name} must be an integer in 0..{SEED_MAX} (numpy and the engines refuse others), "
+            f"got {value!r}")  # fmt: skip
 
 
 def finite(obj, *names: str, low: float | None = None, strict: bool = False) -> None:

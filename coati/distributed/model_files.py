@@ -60,7 +60,8 @@ def read_safetensors_header(path: str | Path) -> WeightFile:
         try:
             dtype, shape, (start, stop) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: tensor {name!r} has no dtype, shape and data_offsets; the file is damaged") from None
+            raise ValueError(f"{path}: tensor {name!r} has no dtype, shape and data_offsets; the file is "
+                             "damaged") from None
         tensors[name] = (dtype, shape)
         end = max(end, stop)
     if 8 + length + end > size:

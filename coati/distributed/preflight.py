@@ -206,8 +206,8 @@ def check_models(cfg: LaunchConfig, train_path: str, inference_path: str, backen
     g = cfg.generation
     for config, where in ((train, f"model {train_path}"), (inference, f"inference model {inference_path}")):
         if config:
-            check_positions(config, where, g.max_prompt_tokens + g.max_new_tokens,
-                            f"max_prompt_tokens + max_new_tokens = {g.max_prompt_tokens} + {g.max_new_tokens}")  # fmt: skip
+            what = f"max_prompt_tokens + max_new_tokens = {g.max_prompt_tokens} + {g.max_new_tokens}"
+            check_positions(config, where, g.max_prompt_tokens + g.max_new_tokens, what)
     if inference:
         backend.check_model(inference, f"inference model {inference_path}", options, producer_gpu)
     if p.precision == "fp16" and not consumer_gpu:

@@ -130,9 +130,10 @@ class WeightSyncExtension:
 
     def fingerprints(self, version: int) -> dict[str, list]:
         """{Hugging Face name: [CRC of its sample, shape]} of the weights this worker computes with (``attest``):
-        each matrix's sampled column read back exactly, a CPU linear layer's (its LM head's included) through its own
-        kernel applied to a one-hot input (what it computes with, packed apart from the weight), a fused one's split by its output sizes, the vocabulary padding dropped. Weights stored
-        transposed from the checkpoint (GPT-2's Conv1D layers) are left out: their columns are other values."""
+        each matrix's sampled column read back exactly: a CPU linear layer's (its LM head's included) through its own
+        kernel on a one-hot input (what it computes with, packed apart from the weight), a fused one's split by its
+        output sizes, the vocabulary padding dropped. Weights stored transposed from the checkpoint (GPT-2's Conv1D
+        layers) are left out: their columns are other values."""
         from coati.distributed.attest import column, crc
 
         model = self.model_runner.model
