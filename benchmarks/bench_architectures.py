@@ -75,7 +75,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # as the suite: eager vLLM sampler, the same tokens
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(ROOT)}
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
