@@ -223,7 +223,7 @@ def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
     from coati.distributed.actor_group import get
 
     folder = Path(folder)
-    meta = checkpoint_meta(folder)
+    meta = json.loads((folder / "meta.json").read_text())  # checked by ``checkpoint_meta`` before the run started
     steps = get([c.load_checkpoint.remote(str(folder)) for c in actors.consumers], f"loading {folder} (consumers)")
     if any(s != meta["step"] for s in steps):
         raise ValueError(f"checkpoint {folder} is at step {meta['step']} but its consumers loaded steps {steps}")

@@ -110,7 +110,9 @@ def check_output_layer(model) -> None:
     itself, to real response tokens only, and would silently compute other log-probs. Checked once, on a 4-token
     probe, after every weight is checked finite (a NaN weight would fail the probe for another reason)."""
     lm = causal_lm(model)
-    bad = [name for name, p in lm.named_parameters() if not torch.isfinite(p).all()]
+    from coati.distributed.guards import all_finite
+
+    bad = [name for name, p in lm.named_parameters() if not all_finite([p])]
     if bad:
         raise ValueError(f"{type(lm).__name__} has non-finite (NaN or infinite) weights in {bad[:5]} ({len(bad)} "
                          "tensors); the model folder is damaged: load another copy")  # fmt: skip

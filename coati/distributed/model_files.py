@@ -91,14 +91,6 @@ def parameter_count(folder: str | Path) -> int:
     return sum(f.stat().st_size for f in files) // per_param
 
 
-def model_bytes(path: str | Path) -> int:
-    """Bytes of a model folder's weight files (what one copy of its weights takes on disk)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return 0
-    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
-
-
 def checkpoint_bytes(params: int) -> int:
     """What one checkpoint of a model of ``params`` parameters takes: ``CHECKPOINT_BYTES_PER_PARAM`` each, 5% for
     the files' own framing, and ``CHECKPOINT_FIXED_BYTES`` for the driver's buffer, RNG states and records."""

@@ -173,7 +173,7 @@ class TransformersBackend(InferenceBackend):
     def fingerprints(self, version: int) -> dict[str, list]:
         from coati.distributed.attest import fingerprints
 
-        return fingerprints(self.model.state_dict(), version)
+        return fingerprints(self.weight_destinations(), version)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -75,16 +75,11 @@ class WeightSyncExtension:
         for the tied weights this engine holds in a module of their own (Gemma's logits read the embedding itself:
         it has no lm_head to load)."""
         if not hasattr(self, "_coati_tied"):
-            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+            from coati.distributed.attest import tied_weights
 
-            config = self.model_config.hf_config
-            tied: dict[str, str] = {}
-            if getattr(config, "tie_word_embeddings", False) and type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-                keys = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_tied_weights_keys", None)
-                modules = dict(self.model_runner.model.named_modules())
-                tied = {target: source for target, source in (keys if isinstance(keys, dict) else {}).items()
-                        if target.rpartition(".")[0] in modules}  # fmt: skip
-            self._coati_tied = tied
+            modules = dict(self.model_runner.model.named_modules())
+            self._coati_tied = {target: source for target, source in tied_weights(self.model_config.hf_config).items()
+                                if target.rpartition(".")[0] in modules}  # fmt: skip
         return self._coati_tied
 
     def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
