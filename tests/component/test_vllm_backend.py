@@ -226,9 +226,11 @@ def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray
     - the engine's weights read back equal the checkpoint's; its rollout log-probs at temperature 0.7 equal a
       teacher-forced fp32 forward's (tolerance 1e-4) — prompts sharing a 40-token prefix (a chat template's, say),
       which fills the prefix cache under the original weights;
-    - a push is read back bitwise, and greedy output then equals the transformers engine's under the same weights;
+    - a push, arriving with two cores lent to the engines, is read back bitwise, and greedy output then equals the
+      transformers engine's under the same weights;
     - the same prompts rolled out again have the new weights' log-probs (a prefix cached under the old weights would
-      give the old ones for every shared block)."""
+      give the old ones for every shared block; a reload run on the lent cores repacked the 192-wide qkv_proj into
+      garbage on an AVX2 machine: 1.5 away). On a CPU the reload runs on the one thread the engine was built with."""
     from safetensors.torch import load_file
 
     tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
@@ -247,9 +249,10 @@ def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray
         ray.get([sender.join.remote(3, group), vllm_engine.join.remote(3, 1, group), hf_engine.join.remote(3, 2, group)])
         torch.manual_seed(3)
         pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
-        got = ray.get([sender.push.remote(group, pushed, 7), vllm_engine.receive.remote(group),
-                       hf_engine.receive.remote(group)])  # fmt: skip
+        got = ray.get([sender.push.remote(group, pushed, 7), vllm_engine.receive.remote(group, 2),
+                       hf_engine.receive.remote(group, 2)])  # fmt: skip
         assert got[1]["version"] == 7 and got[2]["version"] == 7
+        assert got[1]["load_threads"] == (2 if torch.cuda.is_available() else 1), got[1]
         engine_weights = ray.get(vllm_engine.weights.remote())
         differ = [k for k, v in pushed.items() if not torch.equal(engine_weights[k], v)]
         assert not differ, f"vLLM weights differ from the pushed ones: {differ}"
@@ -328,9 +331,8 @@ def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):
 
 def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
     """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
-    engine keeps stepping while the push's bytes are awaited and stands still only for the reload (which runs on the
-    threads it is given, the engine's cores being free then); the batch keeps
-    going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
+    engine keeps stepping while the push's bytes are awaited and stands still only for the reload (on a GPU on the
+    threads it is given, on a CPU on those the engine was built with); the batch keeps going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
     labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
     clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
     import time
@@ -351,7 +353,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
         long = engine.generate.remote(prompts, 4)
         while ray.get(engine.steps_taken.remote()) < 5:  # the batch is under way: 16 rows of up to 960 tokens
             time.sleep(0.05)
-        receiving = engine.receive.remote(group, 2)  # waits for the sender's bytes; reloads on 2 threads
+        receiving = engine.receive.remote(group, 2)  # waits for the sender's bytes; 2 threads lent
         time.sleep(0.1)  # the receive is under way
         waiting, deadline = ray.get(engine.steps_taken.remote()), time.monotonic() + 10
         while on_cpu and ray.get(engine.steps_taken.remote()) < waiting + 5 and time.monotonic() < deadline:
@@ -367,7 +369,8 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     if on_cpu:  # the engine keeps generating while the bytes are on their way
         assert stepped >= 5, stepped
         assert got["paused_s"] < got["receive_s"] - 0.1, got
-    assert got["version"] == 1 and got["receive_s"] > 0.1 and got["load_threads"] == 2, got
+    assert got["version"] == 1 and got["receive_s"] > 0.1, got
+    assert got["load_threads"] == (1 if on_cpu else 2), got  # on a CPU, as many as the engine was built with
     updated = with_weights(tiny, pushed, tmp_path / "updated")
     mask = during.response_mask.astype(bool)
     versions = during.token_versions

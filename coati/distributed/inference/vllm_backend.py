@@ -30,7 +30,11 @@ On CPU the engine settings follow the actor, not the user: one engine process pe
 producer's process (no extra process), as many threads as the producer has (1, or the cores the driver gives it),
 threads left unbound (vLLM would otherwise pin every engine on a node to the same core), a fixed KV-cache size
 (``kv_cache_gib``, default 1), KV blocks of 32 tokens (``block_size``), and no compilation. vLLM's CPU worker cannot
-sleep, so ``sleep_while_training`` is refused there at launch.
+sleep, so ``sleep_while_training`` is refused there at launch. A push's reload repacks the linear layers' weights
+for the CPU build's oneDNN kernels; it runs with the thread count the engine was built with, never with more cores
+lent for the moment: a kernel repacked under another count than its shape's first packing computes garbage for some
+shapes (a tiny Llama's 192-wide qkv_proj on an AVX2 machine: log-probs 1.5 away from the pushed weights'), while
+generation itself may take any number of threads.
 """
 
 from __future__ import annotations
@@ -202,6 +206,9 @@ class VLLMBackend(InferenceBackend):
             engine["block_size"] = block
         from vllm import LLM
 
+        self._build_threads = None if cuda else torch.get_num_threads()
+        """on a CPU, the threads the engine packed its weights with: every reload packs them with as many (see the
+        module's notes)"""
         self.llm = LLM(
             model=model_path,
             tensor_parallel_size=tensor_parallel_size,
@@ -338,8 +345,9 @@ class VLLMBackend(InferenceBackend):
         self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank, group_name, backend, timeout_s))
 
     def receive_weights(self, group_name: str, threads: int | None = None) -> dict:
-        """Every worker receives one push on ``group_name`` and reloads it, with ``threads`` (None: the calling
-        thread's own; the engine stands still meanwhile, so its cores are free); returns the version, how the push
+        """Every worker receives one push on ``group_name`` and reloads it, on a GPU with ``threads`` (None: the
+        calling thread's own; the engine stands still meanwhile, so its cores are free), on a CPU with the threads the
+        engine was built with (its kernels' packing depends on the count, see the module's notes); returns the version, how the push
         travelled (as the base class's, worker 0's; "in_place_bytes": landed in the worker's kept receive buffers),
         the seconds it took (``receive_s``, bytes and reload), of those the engine stood still (``paused_s``), and the
         threads the reload ran with. On a CPU the bytes land while the engine keeps stepping (each worker receives into
@@ -357,7 +365,7 @@ class VLLMBackend(InferenceBackend):
                 if not self._receive_running:
                     got = receive()
                 version = int(got["version"])
-                with cores(threads):  # the in-process executor reloads in this thread
+                with cores(self._build_threads or threads):  # the in-process executor reloads in this thread
                     load_threads = max(self.llm.collective_rpc("load_push"))
                 attest_start = time.perf_counter()
                 fingerprints = self.llm.collective_rpc("fingerprints", args=(version,))[0]
@@ -400,8 +408,9 @@ class VLLMBackend(InferenceBackend):
         their base values (read from the checkpoint once); cached prefixes are cleared as after a full push."""
         with self._engine_lock:
             scale = lora["alpha"] / lora["rank"]
-            version, nbytes = self.llm.collective_rpc("receive_adapter_merged",
-                                                      args=(group_name, self.model_path, scale))[0]  # fmt: skip
+            with cores(self._build_threads):  # repacked as the engine was built (see the module's notes)
+                version, nbytes = self.llm.collective_rpc("receive_adapter_merged",
+                                                          args=(group_name, self.model_path, scale))[0]  # fmt: skip
             self.engine.set_weight_version(str(version))
             self._version = version
             self._clear_prefix_cache = not self.llm.reset_prefix_cache()
