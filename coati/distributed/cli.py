@@ -37,6 +37,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "data.filter_overlong_prompts": ("--filter-overlong-prompts",),
     "data.raw_prompt": ("--raw-prompt",),
     "model.inference_options": ("--inference-options",),
+    "reward.allow_degraded_sandbox": ("--allow-degraded-sandbox",),
     "run.project": ("-p",),
     "run.num_episodes": ("-e",),
     "run.max_staleness": ("-nb", "--n-behind"),

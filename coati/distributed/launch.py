@@ -55,7 +55,8 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "num_iterations": "consumer.num_it
 
 def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dict:
     """Run ``config``; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None,
-    "total_steps", "restarts": the error that ended each failed attempt}. Ray must be initialised by the caller
+    "total_steps", "restarts": the error that ended each failed attempt, "sandbox": how model-written code was
+    isolated (None: the run executed none)}. Ray must be initialised by the caller
     (``ray.init(address=...)`` joins a cluster); nothing else changes between one box and a cluster. After a failure
     (``RunError``: an actor died, failed or stopped answering) the run restarts from its last checkpoint, up to
     ``run.max_restarts`` times."""
@@ -107,6 +108,11 @@ def _launch_once(config: Config, on_step) -> dict:
                  else "wait for the producers' batch", r.in_flight_weight_updates)  # fmt: skip
         if plan.stream_prompts:
             log.info("producers keep %d groups generating across draws", plan.stream_prompts)
+        if plan.sandbox_degraded:
+            log.warning("SANDBOX DEGRADED (allow_degraded_sandbox): model-written code runs without filesystem "
+                        "isolation: %s", plan.sandbox)  # fmt: skip
+        elif plan.sandbox is not None:
+            log.info("code sandbox: %s", plan.sandbox)
         run.start_actors()
         run.connect_weight_group()
         if checkpoint is not None:
@@ -114,8 +120,9 @@ def _launch_once(config: Config, on_step) -> dict:
             run.restore(str(checkpoint))
         phase("first weight push")
         run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
-        return run.loop(max_steps=r.max_steps, eval_interval=r.eval_interval, save_interval=r.save_interval,
-                        save_dir=r.folder, on_step=on_step, keep_checkpoints=r.keep_checkpoints)  # fmt: skip
+        result = run.loop(max_steps=r.max_steps, eval_interval=r.eval_interval, save_interval=r.save_interval,
+                          save_dir=r.folder, on_step=on_step, keep_checkpoints=r.keep_checkpoints)  # fmt: skip
+        return {**result, "sandbox": record.get("sandbox")}
     finally:
         run.shutdown()
         if folder is not None:
@@ -286,7 +293,10 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
     dataset = {"source": spec["source"] if isinstance(spec["source"], str) else f"{len(spec['source'])} rows given",
                **{k: spec[k] for k in ("split", "subset", "prompt_column", "answer_column", "size") if spec.get(k)},
                "rows": plan.num_rows, "overlong_dropped": plan.overlong.get("train", 0)}  # fmt: skip
-    return {"config": config_dict(cfg), "identity": identity, "dataset": dataset}
+    record = {"config": config_dict(cfg), "identity": identity, "dataset": dataset}
+    if plan.sandbox is not None:  # how model-written code is isolated (not part of what a resume must match)
+        record["sandbox"] = {"isolation": plan.sandbox, "degraded": plan.sandbox_degraded}
+    return record
 
 
 def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, model_path, keep_checkpoints):

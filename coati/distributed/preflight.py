@@ -37,6 +37,11 @@ class Plan:
     """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
     stream_prompts: int = 0
     """groups each producer keeps generating across draws (``producer.stream_prompts``, checked; 0: rounds)"""
+    sandbox: str | None = None
+    """the code sandbox's isolation and bounds (``Sandbox.describe``) where the run executes model-written code (the
+    code reward, tool_math); None: it executes none"""
+    sandbox_degraded: bool = False
+    """whether that isolation is degraded (no bwrap; allowed by ``reward.allow_degraded_sandbox``)"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -159,11 +164,35 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         gpu=producers[0].num_gpus > 0, in_flight=in_flight, lora_rank=cfg.consumer.lora_rank,
     )  # fmt: skip
     stream = resolve_stream(cfg, backend, max_staleness)
+    sandbox, degraded = check_sandbox(cfg.reward)
     from coati.distributed.checkpoint import rows_digest
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
-                rows_digest(rows), overlong, server_slots, in_flight, stream)  # fmt: skip
+                rows_digest(rows), overlong, server_slots, in_flight, stream, sandbox, degraded)  # fmt: skip
+
+
+CODE_REWARDS, CODE_ENVS = ("code",), ("tool_math",)
+"""the reward functions and environments that execute model-written code in the sandbox"""
+
+
+def check_sandbox(r) -> tuple[str | None, bool]:
+    """Where the run executes model-written code: (the sandbox's description, whether its isolation is degraded),
+    after refusing degraded isolation the run does not allow; (None, False) where it executes none."""
+    runs_code = r.env in CODE_ENVS if r.env is not None else (r.fn in CODE_REWARDS or set(r.components) & set(CODE_REWARDS))
+    if not runs_code:
+        return None, False
+    import warnings
+
+    from coati.distributed.reward.sandbox import Sandbox, SandboxUnavailable
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the launcher says it once, on the console
+            sandbox = Sandbox(allow_degraded=r.allow_degraded_sandbox)
+    except SandboxUnavailable as e:
+        raise ValueError(str(e)) from None
+    return sandbox.describe(), sandbox.mode != "bwrap"
 
 
 def check_model_files(path: str, what: str) -> None:

@@ -92,6 +92,10 @@ class Producer:
                                  skip_after=a.skip_no_signal_after, recheck=a.skip_recheck)  # fmt: skip
         self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
         r = self.reward
+        if r.allow_degraded_sandbox:  # the reward workers' and environments' sandboxes follow the run's setting
+            from coati.distributed.reward.sandbox import ALLOW_DEGRADED_ENV
+
+            os.environ[ALLOW_DEGRADED_ENV] = "1"
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
         self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
         from coati.distributed.reward.compose import RunningNorm

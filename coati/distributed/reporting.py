@@ -136,7 +136,8 @@ class Reporter:
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,
                    "loop": loop_summary(self.history), "evals": result.get("evals", []),
-                   "final_model": result.get("final_model"), "plots": plots, "restarts": result.get("restarts", [])}  # fmt: skip
+                   "final_model": result.get("final_model"), "plots": plots, "restarts": result.get("restarts", []),
+                   "sandbox": result.get("sandbox")}  # fmt: skip
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         for logger in self.loggers or []:
             logger.close()

@@ -26,6 +26,10 @@ class RewardConfig:
     """the run stops when more than this fraction of a step's completions fail to score (error or timeout)"""
     stop_on_first_step_error: bool = True
     """the run stops when any completion of its first step fails to score (a broken reward shows at once)"""
+    allow_degraded_sandbox: bool = False
+    """where the code sandbox cannot run bwrap (no unprivileged user namespaces), run model-written code (the code
+    reward, tool_math) anyway under degraded isolation: rlimits and, as root, a private network, but no filesystem
+    isolation; the console and the run summary say so. Default: such a run is refused at launch"""
     env: str | None = None
     """multi-turn environment (tool_math, retry or package.module:Class): each rollout is an episode of model turns
     and environment replies, scored by the environment (``fn`` is then unused); None: one completion per prompt"""

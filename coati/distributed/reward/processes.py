@@ -1,13 +1,16 @@
-"""The processes of sandboxed runs, seen from the host: the uids runs take (one per run, from a block per process),
-clearing what a run left under its uid, reaping the orphans of killed sandboxes, and killing a run's process group.
+"""The processes of sandboxed runs, seen from the host: the uids runs take (one per run, reserved across the
+machine, never one a process already runs under), clearing what a run left under its uid, reaping the orphans of killed sandboxes, and killing a run's process group.
 Used by ``sandbox``; no policy of its own.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import stat
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -44,34 +47,101 @@ def reap_orphans() -> None:
                 pass
 
 
+UID_RANGE = range(100000, 420000)
+"""uids sandboxed runs may take (as root, where runs switch to a uid of their own)"""
 UIDS_PER_PROCESS = 16
 """sandboxed runs one process may have at once (reward workers and environment threads), each under its own uid"""
 
 
+def _lock_folder() -> str:
+    """The folder of the uid reservations, shared by every process of this user on the machine: /run/coati-uids as
+    root (a folder no other user can create), else one in the temp folder; either must be a folder of this user's
+    that no one else can write (else it is refused, naming it)."""
+    base = "/run" if os.geteuid() == 0 and os.access("/run", os.W_OK) else tempfile.gettempdir()
+    path = os.path.join(base, f"coati-uids-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"the sandbox's uid reservations folder {path} is not a folder of this user's that only "
+                           f"it can write: remove it (it is made again)")  # fmt: skip
+    return path
+
+
+def uids_in_use() -> set[int]:
+    """The real uid of every process on the machine."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found.add(os.stat(f"/proc/{entry}").st_uid)
+            except OSError:
+                pass
+    return found
+
+
 class SandboxUids:
-    """The uids of one process's sandboxed runs, one per run at a time, so that RLIMIT_NPROC (counted per uid) keeps
-    one run's fork bomb from starving any other run, and a uid is used again only once its last run left nothing
-    behind. Each process has its own block: 100000 + (pid mod 20000) x UIDS_PER_PROCESS."""
+    """The uids of this process's sandboxed runs, one per run at a time, so that RLIMIT_NPROC (counted per uid) keeps
+    one run's fork bomb from starving any other run. A uid is reserved across the machine by an exclusive lock on a
+    file of its own (``_lock_folder``), so no two processes ever share one, and it is taken only when no process on
+    the machine runs under it: the sandbox then kills only what it started. A uid whose leftovers would not die stays
+    reserved while this process lives. The search starts at a place of this process's own in ``UID_RANGE``."""
 
     def __init__(self, pid: int):
         self.pid = pid
-        base = 100000 + (pid % 20000) * UIDS_PER_PROCESS
-        self.block = range(base, base + UIDS_PER_PROCESS)
-        self.free = list(self.block)
+        self.folder = _lock_folder()
+        self.start = UID_RANGE.start + (pid * UIDS_PER_PROCESS) % len(UID_RANGE)
+        self.held: dict[int, int] = {}
+        """uid -> the descriptor holding its lock, for this process's runs in progress (and uids never given back)"""
+        self.lost: set[int] = set()
         self.ready = threading.Condition()
 
+    @property
+    def running(self) -> int:
+        return len(self.held) - len(self.lost)
+
     def acquire(self, timeout_s: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout_s
         with self.ready:
-            if not self.ready.wait_for(lambda: self.free, timeout=timeout_s):
-                raise RuntimeError(f"no sandbox uid free within {timeout_s:g} s: {UIDS_PER_PROCESS} runs at once "
-                                   "in this process, or uids whose programs would not die")  # fmt: skip
-            return self.free.pop()
+            while True:
+                if self.running < UIDS_PER_PROCESS:
+                    uid = self._reserve()
+                    if uid is not None:
+                        return uid
+                if not self.ready.wait(timeout=min(0.05, max(deadline - time.monotonic(), 0))) and \
+                        time.monotonic() > deadline:  # fmt: skip
+                    raise RuntimeError(f"no sandbox uid free within {timeout_s:g} s: {UIDS_PER_PROCESS} runs at once "
+                                       "in this process, or uids whose programs would not die")  # fmt: skip
+
+    def _reserve(self) -> int | None:
+        busy = uids_in_use()
+        for i in range(len(UID_RANGE)):
+            uid = UID_RANGE.start + (self.start - UID_RANGE.start + i) % len(UID_RANGE)
+            if uid in self.held or uid in busy:
+                continue
+            fd = os.open(os.path.join(self.folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)  # fmt: skip
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if uid in uids_in_use():  # started under it since the scan, by someone else
+                os.close(fd)
+                continue
+            self.held[uid] = fd
+            return uid
+        return None
 
     def release(self, uid: int, clean: bool) -> None:
         with self.ready:
             if clean:
-                self.free.append(uid)
+                os.close(self.held.pop(uid))  # closing the descriptor drops the lock
                 self.ready.notify()
+            else:
+                self.lost.add(uid)
 
 
 _UIDS: SandboxUids | None = None
@@ -79,7 +149,7 @@ _UIDS_LOCK = threading.Lock()
 
 
 def sandbox_uids() -> SandboxUids:
-    """This process's uid block (a forked child gets a block of its own)."""
+    """This process's uids (a forked child gets its own)."""
     global _UIDS
     with _UIDS_LOCK:
         if _UIDS is None or _UIDS.pid != os.getpid():

