@@ -196,13 +196,38 @@ def _show(value) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""the largest config file read (a config tree is a few KiB)"""
+
+
 def load_file(path: str) -> dict:
-    """A config file's tree: YAML (.yaml/.yml) or JSON."""
-    text = Path(path).read_text()
+    """A config file's tree: YAML (.yaml/.yml) or JSON, at most ``MAX_CONFIG_BYTES``. YAML aliases (``*name``) are
+    refused: a few of them nest into a tree of any size (2 KB of them took 15 s and 1.6 GB)."""
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"config file {path} has {size} bytes, over the {MAX_CONFIG_BYTES} a config file may have")
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"config file {path} cannot be read ({e.strerror or e})") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        tree = yaml.safe_load(text)
+        class NoAliases(yaml.SafeLoader):
+            def compose_node(self, parent, index):
+                if self.check_event(yaml.AliasEvent):
+                    event = self.peek_event()
+                    raise ValueError(f"config file {path}, line {event.start_mark.line + 1}: the YAML alias "
+                                     f"*{event.anchor} is not read (aliases can nest into a tree of any size); "
+                                     "write the value out")  # fmt: skip
+                return super().compose_node(parent, index)
+
+        try:
+            tree = yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"config file {path}: not valid YAML ({getattr(e, 'problem', None) or e}{where})") from None
     else:
         try:
             tree = json.loads(text)
@@ -217,14 +242,14 @@ def parse_config(argv=None, description: str = "") -> Config:
     """The Config of a command line: the tree's defaults, then ``--config`` FILE, then the flags given."""
     parser = build_parser(description)
     given = vars(parser.parse_args(argv))
-    tree = load_file(given.pop("config")) if "config" in given else {}
-    for key, value in given.items():
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
     try:
+        tree = load_file(given.pop("config")) if "config" in given else {}
+        for key, value in given.items():
+            node = tree
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
         return config_from_dict(tree)
     except (ValueError, KeyError) as e:  # a KeyError names an unknown registered name (algorithm, estimator, loss)
         parser.error(str(e.args[0]) if e.args else repr(e))

@@ -10,8 +10,6 @@ from coati.distributed.run_config import Config
 
 
 def run_job(config: Config) -> dict:
-    import ray
-
     from coati.distributed.launch import launch
     from coati.distributed.reporting import Reporter
     from coati.distributed.run_folder import RunFolder
@@ -27,11 +25,7 @@ def run_job(config: Config) -> dict:
     # Claimed before anything writes there (the reporter appends metrics); launch claims the same folder again.
     folder = RunFolder.claim(r.folder, "resume" if r.resume else "overwrite" if r.overwrite else "new")
     try:
-        if r.address:
-            check_address(r.address)
-            ray.init(address=r.address)
-        elif not ray.is_initialized():
-            ray.init(include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
+        start_ray(r.address)
         reporter = Reporter(r.folder, report_to=r.report_to, project=r.project, config=dataclasses.asdict(config),
                             progress=r.progress, append=bool(r.resume))  # fmt: skip
         result = launch(config, on_step=reporter.on_step)
@@ -40,17 +34,38 @@ def run_job(config: Config) -> dict:
         folder.release()
 
 
+def start_ray(address: str | None) -> None:
+    """Join the cluster at ``address`` (checked first), or with None start a local cluster of the job's own, whatever
+    RAY_ADDRESS or clusters started with `ray start` exist on the machine (unless this process already has one)."""
+    import ray
+
+    if address:
+        check_address(address)
+        ray.init(address=address)
+    elif not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""an HTTP/2 client's connection preface and an empty SETTINGS frame: what a gRPC client (Ray's) opens with"""
+
+
 def check_address(address: str, timeout_s: float = 5.0) -> None:
-    """Fail within ``timeout_s`` when nothing listens at a host:port Ray address (ray.init would wait far longer)."""
+    """Fail within ``timeout_s`` unless a Ray cluster's gRPC server answers at a host:port address: nothing listening,
+    or something else listening (``ray.init`` waited far longer, or forever)."""
     import socket
 
     if address == "auto" or "://" in address:
         return
     host, _, port = address.rpartition(":")
+    fix = "start one with `ray start --head` on that node, or leave --address out to start a local one"
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s) as conn:
+            conn.settimeout(timeout_s)
+            conn.sendall(HTTP2_PREFACE)
+            frame = conn.recv(9)
     except (OSError, ValueError) as e:
-        raise SystemExit(
-            f"--address {address}: no Ray cluster answers there ({e}); start one with `ray start --head` on that "
-            "node, or leave --address out to start a local one"
-        ) from None
+        raise SystemExit(f"--address {address}: no Ray cluster answers there ({e}); {fix}") from None
+    if len(frame) < 9 or frame[3] != 4:  # a gRPC server answers with its own SETTINGS frame (type 4)
+        raise SystemExit(f"--address {address}: something that is not a Ray cluster listens there (no gRPC reply); "
+                         f"{fix}")  # fmt: skip

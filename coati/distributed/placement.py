@@ -30,6 +30,36 @@ def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
 
 
+FREE_WAIT_S = 30.0
+"""how long a run waits for the resources its actors need to become free (actors of a run that just ended give theirs
+back within moments) before it is refused"""
+
+
+def check_free(needs: dict[str, float], available, total: dict[str, float], wait_s: float = FREE_WAIT_S) -> None:
+    """Refuse a run whose actors need more CPUs or GPUs than the cluster has free (``available()``: other jobs'
+    actors hold the rest), naming each, after waiting up to ``wait_s`` for them, with a message; Ray would otherwise
+    keep the actors pending without a word."""
+    import logging
+    import time
+
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        free = available()
+        short = {k: (need, free.get(k, 0.0)) for k, need in needs.items() if need > free.get(k, 0.0) + 1e-9}
+        if not short:
+            return
+        if time.monotonic() > deadline:
+            key, (need, got) = next(iter(short.items()))
+            raise ValueError(f"the run's actors need {need:g} {key}s; the cluster has {total.get(key, 0.0):g}, of "
+                             f"which only {got:g} are free (other jobs or actors hold the rest): wait for them to "
+                             "finish, or lower the number of actors or cpus_per_actor")  # fmt: skip
+        if not said:
+            logging.getLogger(__name__).warning("waiting up to %.0f s for %s to be free on the cluster", wait_s,
+                                               ", ".join(f"{n:g} {k}s" for k, (n, _) in short.items()))  # fmt: skip
+            said = True
+        time.sleep(0.5)
+
+
 def plan_placement(
     nodes: list[dict],
     num_producers: int,

@@ -88,7 +88,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
 
     from coati.distributed.data import PromptFormat, load_rows
     from coati.distributed.inference import backend_class
-    from coati.distributed.placement import alive_nodes, plan_placement
+    from coati.distributed.placement import alive_nodes, check_free, plan_placement
 
     train_model_path = resolve_model_path(train_model_path, "train model")
     inference_model_path = resolve_model_path(inference_model_path, "inference model")
@@ -155,6 +155,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
     )  # fmt: skip
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
+    check_free(resources_needed(cfg.reward, producers + consumers), ray.available_resources, ray.cluster_resources())
     backend = backend_class(cfg.producer.backend)
     check_models(cfg, train_model_path, inference_model_path, backend, inference_options or {},
                  producer_gpu=producers[0].num_gpus > 0, consumer_gpu=consumers[0].num_gpus > 0)  # fmt: skip
@@ -170,6 +171,16 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
                 rows_digest(rows), overlong, server_slots, in_flight, stream, sandbox, degraded)  # fmt: skip
+
+
+def resources_needed(r, slots: list) -> dict[str, float]:
+    """{"CPU": n, "GPU": n} the run's actors take: producers and consumers (``slots``) and the reward's model servers."""
+    cpus, gpus = sum(s.num_cpus for s in slots), sum(s.num_gpus for s in slots)
+    if r.rm_path is not None:
+        cpus, gpus = cpus + r.rm_servers * r.rm_cpus, gpus + r.rm_servers * r.rm_gpus
+    if r.judge_path is not None:
+        cpus, gpus = cpus + r.judge_servers * r.judge_cpus, gpus + r.judge_servers * r.judge_gpus
+    return {"CPU": cpus, "GPU": gpus}
 
 
 CODE_REWARDS, CODE_ENVS = ("code",), ("tool_math",)

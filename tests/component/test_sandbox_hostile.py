@@ -128,3 +128,43 @@ def test_processes_of_other_users_under_sandbox_uids_are_never_killed():
             p.kill()
             p.wait()
     assert taken and not set(taken) & set(uids), taken
+
+
+def test_a_sleeping_wrong_solution_on_many_cases_is_a_failure_not_a_reward_error():
+    """Each of 16 cases slept to its 2 s budget: 32 s in all, past the pool's item timeout, so the completion was a
+    reward error and the run stopped on step 1. The first case over its budget ends the session: a failure."""
+    from coati.distributed.reward import RewardPool
+
+    cases = {"inputs": [f"{i}\n" for i in range(16)], "outputs": [f"{i}\n" for i in range(16)]}
+    sleeper = "```python\nimport time\ntime.sleep(100)\n```"
+    with RewardPool("code", num_workers=1, item_timeout_s=20, fn_kwargs={"per_case_timeout_s": 2.0}) as pool:
+        [result] = pool.score([sleeper], {"test_cases": [cases]})
+    assert result.reward == 0.0 and "error" not in result.info and not result.info.get("timeout"), result.info
+
+
+FORGE = """
+import os, sys
+frame = sys._getframe()
+while frame is not None and "rep" not in frame.f_locals:  # the runner's reply channel, from its own frame
+    frame = frame.f_back
+os.write(frame.f_locals["rep"], REPLY)
+os._exit(0)
+"""
+CASES = {"stdio": {"inputs": ["1 2\n"], "outputs": ["3\n"]},
+         "call": {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}}
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+@pytest.mark.parametrize("reply", [
+    b'{"ok": true, "stdout": "7", "value": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n",
+    b'{"ok": true, "stdout": "7", "value": {"dict": [[[1], 1]]}}\n',
+], ids=["200k-deep JSON", "unhashable key"])  # fmt: skip
+def test_forged_replies_are_failures_not_errors(kind, reply):
+    """A forged reply nested past the parser's depth, or a dict keyed by a list, raised out of the code reward (a
+    reward error, stopping the run); each is the candidate's failure."""
+    from coati.distributed.reward.code_reward import code_reward
+
+    forge = FORGE.replace("REPLY", repr(reply))
+    program = forge if kind == "stdio" else "def add(a, b):\n" + "".join(f"    {line}\n" for line in forge.splitlines())
+    [result] = code_reward([f"```python\n{program}\n```"], [CASES[kind]])
+    assert result.reward == 0.0, result

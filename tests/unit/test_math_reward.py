@@ -212,3 +212,34 @@ def test_gold_answers_must_be_strings_or_finite_numbers(gold):
 def test_gold_answers_as_numbers_are_compared_as_values(gold):
     [r] = math_reward([f"\\boxed{{{gold}}}"], gt_answer=[gold])
     assert r.reward == 1.0
+
+
+@pytest.mark.parametrize("answer, costly", [
+    ("9^{9^{9}}", True), ("9^9^9", True), ("2**3**4", True), ("9^{ 9^{9} }", True), ("2^(3^4)", True),
+    ("10^{100001}", True), ("100001!", True),
+    ("2^{10}", False), ("10^{100000}", False), ("x^2 + 3", False), ("(2^3)^2", False), ("5!", False),
+    ("e^{i\\pi}", False),
+])  # fmt: skip
+def test_answers_whose_evaluation_has_no_bound_are_compared_as_text(answer, costly):
+    from coati.distributed.reward.math_reward import answers_match, too_costly
+
+    assert too_costly(answer) is costly
+    if costly:
+        assert not answers_match("42", answer) and answers_match(answer, answer)
+
+
+FREEZE = """
+from coati.distributed.envs.tool_math import ToolMath
+step = ToolMath({"prompt": "q", "gt_answer": "42"}).step("So the answer is \\\\boxed{9^{9^{9}}}.")
+print(step.done, step.reward)
+"""
+
+
+def test_a_tower_of_powers_as_a_final_answer_does_not_freeze_the_scorer():
+    """tool_math scores its final answer on a producer thread, where no timeout can stop math_verify's parser:
+    ``\\boxed{9^{9^{9}}}`` computed a 370-million-digit integer holding the GIL, freezing the producer."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FREEZE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "0.0"], (out.stdout, out.stderr[-800:])

@@ -125,6 +125,8 @@ def _stdio_cases(session, spec, wait, errors) -> int:
             break
         if not reply.get("ok"):
             errors.append(str(reply.get("error")))
+            if reply.get("error") == code_runner.CASE_TIMEOUT:
+                break  # a wrong solution: its other cases would each take their whole budget too
         elif not isinstance(reply.get("stdout"), str):
             errors.append("malformed reply")
         elif reply["stdout"].split() == str(want).split():
@@ -141,7 +143,10 @@ def _returned(session, msg: dict, wait: float):
         raise _SandboxLost(session.failure)
     if not reply.get("ok"):
         raise RuntimeError(str(reply.get("error")))
-    return code_runner.decode(reply.get("value"))
+    try:
+        return code_runner.decode(reply.get("value"))
+    except Exception as e:  # noqa: BLE001 - a forged reply (unhashable keys, any shape) is a failure, never an error
+        raise _SandboxLost(f"malformed reply ({type(e).__name__})") from None
 
 
 def _call_cases(session, spec, wait, errors) -> int:
@@ -150,10 +155,13 @@ def _call_cases(session, spec, wait, errors) -> int:
         msg = {"op": "call", "name": spec["fn_name"], "args": code_runner.encode(list(args)), "kwargs": {"dict": []}}
         try:
             got = _returned(session, msg, wait)
-        except _SandboxLost:
+        except _SandboxLost as e:
+            errors.append(str(e))
             break
         except (RuntimeError, ValueError) as e:
             errors.append(str(e)[:200])
+            if str(e) == code_runner.CASE_TIMEOUT:
+                break  # a wrong solution: its other cases would each take their whole budget too
             continue
         # JSON test data has lists where a solution may return tuples: compare both through JSON.
         if _as_json(got) == _as_json(want):

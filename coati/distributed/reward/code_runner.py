@@ -21,6 +21,8 @@ import sys
 
 MAX_DEPTH = 64
 SAFE_INT = 10**18
+CASE_TIMEOUT = "case timeout"
+"""the error a case reports when it runs past its budget"""
 
 
 def encode(value, depth=0):
@@ -93,7 +95,7 @@ def _timed(fn, seconds):
     try:
         return True, fn()
     except _CaseTimeout:
-        return False, "case timeout"
+        return False, CASE_TIMEOUT
     except SystemExit as e:
         return False, f"exit {e.code}"
     except BaseException as e:  # noqa: BLE001 - the candidate's failure is its result

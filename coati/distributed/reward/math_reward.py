@@ -207,6 +207,47 @@ def _quiet_math_verify() -> None:
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
 
 
+MAX_EXPONENT = 10**5
+"""the largest integer exponent (and factorial argument) an answer is evaluated with: math_verify's parser computes
+integer powers exactly while parsing, in the calling thread and holding the GIL (``9^{9^{9}}`` never returned), where
+no timeout can stop it"""
+_POWER = re.compile(r"\^|\*\*")
+_FACTORIAL = re.compile(r"(\d+)\s*!")
+
+
+def _exponents(text: str):
+    """The text of each exponent in ``text``: a braced group, a parenthesised one, or the token after ^ or **; and
+    whether another power follows it directly (``9^9^9`` nests to the right)."""
+    for m in _POWER.finditer(text):
+        i = m.end()
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] in "{(":
+            close, depth, j = "}" if text[i] == "{" else ")", 0, i
+            while j < len(text):
+                depth += text[j] in "{("
+                depth -= text[j] in "})"
+                j += 1
+                if depth == 0:
+                    break
+            exponent = text[i + 1 : j - 1] if j <= len(text) and text[j - 1] == close else text[i + 1 :]
+        else:
+            j = i
+            while j < len(text) and (text[j].isalnum() or text[j] in "._\\"):
+                j += 1
+            exponent = text[i:j]
+        yield exponent, bool(_POWER.match(text[j:].lstrip()))
+
+
+def too_costly(answer: str) -> bool:
+    """Whether evaluating ``answer`` could run without bound: a power in an exponent (written nested or chained), an
+    exponent or a factorial over ``MAX_EXPONENT``. Such an answer is compared as text, never evaluated."""
+    for exponent, chained in _exponents(answer):
+        if chained or _POWER.search(exponent) or any(int(n) > MAX_EXPONENT for n in re.findall(r"\d+", exponent)):
+            return True
+    return any(int(n) > MAX_EXPONENT for n in _FACTORIAL.findall(answer))
+
+
 def answers_match(gold: str, answer: str, timeout_s: int = 5) -> bool:
     """math_verify equivalence of two answer strings (wrapped in $...$ so LaTeX parses); False on any failure."""
     from math_verify import parse, verify
@@ -215,6 +256,8 @@ def answers_match(gold: str, answer: str, timeout_s: int = 5) -> bool:
     gold, answer = normalize(str(gold)), normalize(answer)
     if len(answer) > MAX_ANSWER_CHARS or not says_one_thing(gold, answer):
         return False
+    if too_costly(answer) or too_costly(gold):
+        return answer.strip() == gold.strip()
     gold_parsed = parse(f"${gold}$", parsing_timeout=timeout_s)
     if not gold_parsed:
         gold_parsed = parse(gold, parsing_timeout=timeout_s)

@@ -417,7 +417,7 @@ class SandboxSession:
         line, _, self._buf = self._buf.partition(b"\n")
         try:
             reply = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return self._fail("reply is not JSON")
         return reply if isinstance(reply, dict) else self._fail("reply is not an object")
 
