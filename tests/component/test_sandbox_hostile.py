@@ -168,3 +168,29 @@ def test_forged_replies_are_failures_not_errors(kind, reply):
     program = forge if kind == "stdio" else "def add(a, b):\n" + "".join(f"    {line}\n" for line in forge.splitlines())
     [result] = code_reward([f"```python\n{program}\n```"], [CASES[kind]])
     assert result.reward == 0.0, result
+
+
+SOLUTION = "```python\ndef inc(x):\n    return x + 1\n```"
+
+
+def test_a_datasets_check_runs_sandboxed_not_on_the_host():
+    """A HumanEval row's ``prompt`` and ``test`` were exec'd in the reward worker, as root: a hub dataset was host
+    code execution. They run in a sandbox of their own: the host's files are not there, nor is its uid."""
+    from coati.distributed.reward.code_reward import code_reward
+
+    test = ("import os\n"
+            "def check(candidate):\n"
+            "    assert not os.path.exists('/etc/passwd'), 'the host filesystem is visible'\n"
+            "    assert os.getuid() != 0 or not os.path.exists('/root'), 'runs as root on the host'\n"
+            "    assert candidate(1) == 2\n")  # fmt: skip
+    prompt = "import os\nHOST = os.path.exists('/etc/passwd')\ndef inc(x):\n    '''x + 1'''\n"
+    [result] = code_reward([SOLUTION], [{"test": test, "entry_point": "inc", "prompt": prompt}])
+    assert result.reward == 1.0, result.info
+
+
+def test_a_check_that_never_calls_the_candidate_passes_nothing():
+    """A row whose ``check`` does nothing scored every solution 1.0."""
+    from coati.distributed.reward.code_reward import code_reward
+
+    [result] = code_reward([SOLUTION], [{"test": "def check(candidate):\n    pass\n", "entry_point": "inc"}])
+    assert result.reward == 0.0 and "never called the candidate" in result.info["failure"], result.info

@@ -5,13 +5,15 @@ Test formats (``test_cases`` column, a dict or its JSON string):
 - call-based: ``{"fn_name": "f", "inputs": [[args], ...], "outputs": [value, ...]}``; a top-level function or a
   method of ``class Solution``;
 - HumanEval: ``{"test": "def check(candidate): ...", "entry_point": "f", "prompt": "..."}``; the prompt (optional)
-  is run before the solution in the sandbox and, for the helpers the test uses, beside the test.
+  is run before the solution in the sandbox and, for the helpers the test uses, beside the test in the checker's.
 
 The verdict is reached where the candidate cannot reach it. The sandboxed process (``code_runner.py``) only runs the
 candidate and reports raw outputs: the text a case printed, or a call's return value as plain data (exact built-in
 types, rebuilt here, so no object of the candidate's with its own ``__eq__`` survives). Expected outputs never enter
-the sandbox. This process compares stdin/stdout and call results itself, and runs a HumanEval ``check`` here with a
-``candidate`` that forwards each call into the sandbox and returns the plain-data result.
+the sandbox. This process compares stdin/stdout and call results itself. A HumanEval ``check`` is dataset code: it
+runs in a second sandbox (``code_checker.py``) with a ``candidate`` whose calls this process forwards into the
+candidate's sandbox, handing back only plain-data results; the two sandboxes share no channel, and a check that
+never calls the candidate passes nothing.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import json
 import re
 from pathlib import Path
 
-from coati.distributed.reward import code_runner
+from coati.distributed.reward import code_checker, code_runner
 from coati.distributed.reward.base import REWARD_FNS, RewardResult
 from coati.distributed.reward.sandbox import Sandbox
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 _RUNNER = Path(code_runner.__file__).read_text()
+_CHECKER = Path(code_checker.__file__).read_text()
 
 
 def extract_code(text: str) -> tuple[str, bool]:
@@ -94,7 +97,7 @@ def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox
             elif spec["kind"] == "call":
                 passed = _call_cases(session, spec, reply_wait, errors)
             else:
-                passed = _humaneval_check(session, spec, reply_wait, errors)
+                passed = _humaneval_check(session, spec, reply_wait, errors, sandbox, budget)
     finally:
         stderr = session.close()
     if session.failure and session.failure not in errors:
@@ -178,32 +181,41 @@ def _as_json(value):
         return ("unserialisable", repr(value))
 
 
-def _humaneval_check(session, spec, wait, errors) -> int:
-    """Run the test's ``check`` here, on the problem's own helpers, with a ``candidate`` that calls into the
-    sandbox; passed is 1 when ``check`` returns and the sandbox stayed sound throughout."""
-
-    def proxy(name):
-        def call(*args, **kwargs):
-            msg = {"op": "call", "name": name, "args": code_runner.encode(list(args)),
-                   "kwargs": code_runner.encode(dict(kwargs))}  # fmt: skip
-            return _returned(session, msg, wait)
-
-        return call
-
-    namespace: dict = {"__name__": "__check__"}
+def _humaneval_check(session, spec, wait, errors, sandbox, budget) -> int:
+    """Run the test's ``check`` in a sandbox of its own (``code_checker.py``: dataset code runs neither here nor
+    beside the candidate), forwarding each of its calls of the candidate into the candidate's sandbox; passed is 1
+    when ``check`` returns, having called the candidate, and the candidate's sandbox stayed sound throughout."""
+    checker = sandbox.start({"checker.py": _CHECKER, "code_runner.py": _RUNNER, "prompt.py": spec["prompt"],
+                             "test.py": spec["test"]}, "checker.py", "prompt.py", "test.py",
+                            env={"COATI_ENTRY_POINT": spec["entry_point"]}, timeout_s=budget)  # fmt: skip
     try:
-        if spec["prompt"]:
-            exec(compile(spec["prompt"], "<prompt>", "exec"), namespace)
-        # Some tests also call the entry point by name: it is the candidate there too, never the prompt's stub.
-        namespace[spec["entry_point"]] = proxy(spec["entry_point"])
-        exec(compile(spec["test"], "<test>", "exec"), namespace)
-        namespace["check"](namespace[spec["entry_point"]])
-    except _SandboxLost:
-        return 0
-    except BaseException as e:  # noqa: BLE001 - a failed check (assertion, the candidate's error) scores 0
-        errors.append(f"{type(e).__name__}: {str(e)[:200]}")
-        return 0
+        msg = checker.request({"op": "start"}, budget)
+        while msg is not None and msg.get("op") == "call":
+            call = {"op": "call", "name": spec["entry_point"], "args": msg.get("args"), "kwargs": msg.get("kwargs")}
+            reply = session.request(call, wait)
+            if reply is None:
+                return 0
+            if reply.get("ok"):
+                try:
+                    code_runner.decode(reply.get("value"))  # plain data, or the candidate failed
+                    outcome = {"ok": True, "value": reply.get("value")}
+                except Exception as e:  # noqa: BLE001 - a forged reply of any shape is a failure
+                    return _failed(errors, f"malformed reply ({type(e).__name__})")
+            else:
+                outcome = {"ok": False, "error": str(reply.get("error"))}
+            msg = checker.request(outcome, budget)
+    finally:
+        checker_stderr = checker.close()
+    if msg is None or msg.get("op") != "done":
+        return _failed(errors, f"checker: {checker.failure or 'unexpected message'} {checker_stderr.strip()[-200:]}")
+    if msg.get("passed") is not True:
+        return _failed(errors, str(msg.get("error"))[:300])
     return 0 if session.failure else 1
+
+
+def _failed(errors: list, why: str) -> int:
+    errors.append(why)
+    return 0
 
 
 @REWARD_FNS.register("code")
