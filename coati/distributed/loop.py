@@ -291,6 +291,8 @@ class Run:
             # puts, metrics). Rollout wait itself is generation + reward + transfer, reported by the producers.
             metrics["time/overhead"] = max(metrics["time/step"] - t_rollout - t_train - t_push, 0.0)
             metrics.update({**train_metrics, **asleep})
+            if self.plan.sandbox is not None:  # 1: model-written code ran without bwrap (allow_degraded_sandbox)
+                metrics["reward/sandbox_degraded"] = float(self.plan.sandbox_degraded)
             if self.plan.eval_dataset and ((eval_interval and step % eval_interval == 0) or step == total):
                 evals.append({"step": step, **self.evaluate()})
                 metrics.update(evals[-1])

@@ -52,6 +52,7 @@ def test_episodes_take_several_turns_and_train_only_on_sampled_tokens(ray_cluste
         assert not batch.rollout_logprobs[i, :n][~mask].any()
     assert [m["step"] for m in out["history"]] == [1, 2]
     assert all(np.isfinite(m["loss/policy"]) and m["env/turns_mean"] > 1 for m in out["history"])
+    assert [m["reward/sandbox_degraded"] for m in out["history"]] == [0.0, 0.0]  # tool calls ran under bwrap
     # The consumer's loss covers the sampled tokens only: there the engine's log-probs match the trainer's; on the
     # environment's tokens (no engine log-prob, 0 in the record) the gap would be the tokens' whole log-probability.
     assert out["history"][0]["rollout/engine_trainer_gap_abs"] < 0.1
