@@ -194,3 +194,28 @@ def test_a_check_that_never_calls_the_candidate_passes_nothing():
 
     [result] = code_reward([SOLUTION], [{"test": "def check(candidate):\n    pass\n", "entry_point": "inc"}])
     assert result.reward == 0.0 and "never called the candidate" in result.info["failure"], result.info
+
+
+HOLD_UID = """
+import sys, time
+from coati.distributed.reward.processes import sandbox_uids
+print(sandbox_uids().acquire(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_two_processes_never_share_a_sandbox_uid():
+    """Two workers whose pids agreed mod 20000 shared a uid block (and its process budget, and killed each other's
+    runs). A uid is reserved across the machine: a process starting its search where another's holds one skips it."""
+    from coati.distributed.reward.processes import SandboxUids
+
+    other = subprocess.Popen([sys.executable, "-c", HOLD_UID], stdout=subprocess.PIPE, text=True)
+    try:
+        held = int(other.stdout.readline())
+        mine = SandboxUids(other.pid)  # the same starting place as the other process's
+        got = mine.acquire()
+        mine.release(got, clean=True)
+    finally:
+        other.kill()
+        other.wait()
+    assert got != held, (got, held)
