@@ -227,7 +227,8 @@ def load_file(path: str) -> dict:
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f", line {mark.line + 1}" if mark is not None else ""
-            raise ValueError(f"config file {path}: not valid YAML ({getattr(e, 'problem', None) or e}{where})") from None
+            problem = getattr(e, "problem", None) or e
+            raise ValueError(f"config file {path}: not valid YAML ({problem}{where})") from None
     else:
         try:
             tree = json.loads(text)

@@ -174,7 +174,8 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
 
 
 def resources_needed(r, slots: list) -> dict[str, float]:
-    """{"CPU": n, "GPU": n} the run's actors take: producers and consumers (``slots``) and the reward's model servers."""
+    """{"CPU": n, "GPU": n} the run's actors take: producers and consumers (``slots``) and the reward's model
+    servers."""
     cpus, gpus = sum(s.num_cpus for s in slots), sum(s.num_gpus for s in slots)
     if r.rm_path is not None:
         cpus, gpus = cpus + r.rm_servers * r.rm_cpus, gpus + r.rm_servers * r.rm_gpus
@@ -190,7 +191,10 @@ CODE_REWARDS, CODE_ENVS = ("code",), ("tool_math",)
 def check_sandbox(r) -> tuple[str | None, bool]:
     """Where the run executes model-written code: (the sandbox's description, whether its isolation is degraded),
     after refusing degraded isolation the run does not allow; (None, False) where it executes none."""
-    runs_code = r.env in CODE_ENVS if r.env is not None else (r.fn in CODE_REWARDS or set(r.components) & set(CODE_REWARDS))
+    if r.env is not None:
+        runs_code = r.env in CODE_ENVS
+    else:
+        runs_code = r.fn in CODE_REWARDS or bool(set(r.components) & set(CODE_REWARDS))
     if not runs_code:
         return None, False
     import warnings

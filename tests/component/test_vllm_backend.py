@@ -332,8 +332,8 @@ def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):
 def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
     """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
     engine keeps stepping while the push's bytes are awaited and stands still only for the reload (on a GPU on the
-    threads it is given, on a CPU on those the engine was built with); the batch keeps going; tokens labelled version 0 are exactly the old weights' (teacher-forced log-probs), tokens
-    labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
+    threads it is given, on a CPU on those the engine was built with); the batch keeps going; tokens labelled
+    version 0 are exactly the old weights' (teacher-forced log-probs), tokens labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
     clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
     import time
 

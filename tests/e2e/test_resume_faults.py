@@ -226,8 +226,8 @@ def test_a_run_whose_actors_the_cluster_cannot_hold_now_is_refused(ray_cluster, 
     try:
         ray.get(other.ping.remote())
         before = set(ray.util.list_named_actors())
-        with pytest.raises(ValueError, match=rf"the run's actors need 1.5 CPUs; the cluster has {total:g}, of which only "
-                                             r"1 are free \(other jobs or actors hold the rest\)"):
+        with pytest.raises(ValueError, match=rf"the run's actors need 1.5 CPUs; the cluster has {total:g}, of which "
+                                             r"only 1 are free \(other jobs or actors hold the rest\)"):
             launch_distributed(**kwargs(tiny, tmp_path))
         assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
     finally:

@@ -1,6 +1,6 @@
 """The processes of sandboxed runs, seen from the host: the uids runs take (one per run, reserved across the
-machine, never one a process already runs under), clearing what a run left under its uid, reaping the orphans of killed sandboxes, and killing a run's process group.
-Used by ``sandbox``; no policy of its own.
+machine, never one a process already runs under), clearing what a run left under its uid, reaping the orphans of
+killed sandboxes, and killing a run's process group. Used by ``sandbox``; no policy of its own.
 """
 
 from __future__ import annotations

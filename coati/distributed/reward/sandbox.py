@@ -211,9 +211,11 @@ class Sandbox:
 
     def describe(self) -> str:
         """One line: the isolation and the bounds this sandbox gives a run."""
-        limits = (f"{self.memory_mb} MiB and {self.max_processes} processes per run ({self.cgroup_note})" if self.cgroups
-                  else f"{self.memory_mb} MiB per process, {self.max_processes} processes, so up to "
-                       f"{self.memory_bound_mb} MiB per run ({self.cgroup_note})")  # fmt: skip
+        if self.cgroups:
+            limits = f"{self.memory_mb} MiB and {self.max_processes} processes per run ({self.cgroup_note})"
+        else:
+            limits = (f"{self.memory_mb} MiB per process, {self.max_processes} processes, so up to "
+                      f"{self.memory_bound_mb} MiB per run ({self.cgroup_note})")  # fmt: skip
         return f"{self.mode}: {limits}"
 
     def _detect_mode(self) -> str:
