@@ -111,6 +111,9 @@ def _launch_once(config: Config, on_step) -> dict:
         if plan.sandbox_degraded:
             log.warning("SANDBOX DEGRADED (allow_degraded_sandbox): model-written code runs without filesystem "
                         "isolation: %s", plan.sandbox)  # fmt: skip
+        elif plan.sandbox is not None and not plan.sandbox_per_run:
+            log.warning("code sandbox without a control group per run (its memory bound is per process): %s",
+                        plan.sandbox)  # fmt: skip
         elif plan.sandbox is not None:
             log.info("code sandbox: %s", plan.sandbox)
         run.start_actors()
@@ -295,7 +298,8 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
                "rows": plan.num_rows, "overlong_dropped": plan.overlong.get("train", 0)}  # fmt: skip
     record = {"config": config_dict(cfg), "identity": identity, "dataset": dataset}
     if plan.sandbox is not None:  # how model-written code is isolated (not part of what a resume must match)
-        record["sandbox"] = {"isolation": plan.sandbox, "degraded": plan.sandbox_degraded}
+        record["sandbox"] = {"isolation": plan.sandbox, "degraded": plan.sandbox_degraded,
+                             "per_run_bounds": plan.sandbox_per_run}  # fmt: skip
     return record
 
 

@@ -42,6 +42,9 @@ class Plan:
     code reward, tool_math); None: it executes none"""
     sandbox_degraded: bool = False
     """whether that isolation is degraded (no bwrap; allowed by ``reward.allow_degraded_sandbox``)"""
+    sandbox_per_run: bool = True
+    """whether the sandbox bounds each run's memory and processes as a whole (a control group per run); else per
+    process"""
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -165,12 +168,12 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
         gpu=producers[0].num_gpus > 0, in_flight=in_flight, lora_rank=cfg.consumer.lora_rank,
     )  # fmt: skip
     stream = resolve_stream(cfg, backend, max_staleness)
-    sandbox, degraded = check_sandbox(cfg.reward)
+    sandbox, degraded, per_run = check_sandbox(cfg.reward)
     from coati.distributed.checkpoint import rows_digest
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
-                rows_digest(rows), overlong, server_slots, in_flight, stream, sandbox, degraded)  # fmt: skip
+                rows_digest(rows), overlong, server_slots, in_flight, stream, sandbox, degraded, per_run)  # fmt: skip
 
 
 def resources_needed(r, slots: list) -> dict[str, float]:
@@ -188,15 +191,16 @@ CODE_REWARDS, CODE_ENVS = ("code",), ("tool_math",)
 """the reward functions and environments that execute model-written code in the sandbox"""
 
 
-def check_sandbox(r) -> tuple[str | None, bool]:
-    """Where the run executes model-written code: (the sandbox's description, whether its isolation is degraded),
-    after refusing degraded isolation the run does not allow; (None, False) where it executes none."""
+def check_sandbox(r) -> tuple[str | None, bool, bool]:
+    """Where the run executes model-written code: (the sandbox's description, whether its isolation is degraded,
+    whether it bounds each run as a whole), after refusing degraded isolation the run does not allow; (None, False,
+    True) where it executes none."""
     if r.env is not None:
         runs_code = r.env in CODE_ENVS
     else:
         runs_code = r.fn in CODE_REWARDS or bool(set(r.components) & set(CODE_REWARDS))
     if not runs_code:
-        return None, False
+        return None, False, True
     import warnings
 
     from coati.distributed.reward.sandbox import Sandbox, SandboxUnavailable
@@ -207,7 +211,7 @@ def check_sandbox(r) -> tuple[str | None, bool]:
             sandbox = Sandbox(allow_degraded=r.allow_degraded_sandbox)
     except SandboxUnavailable as e:
         raise ValueError(str(e)) from None
-    return sandbox.describe(), sandbox.mode != "bwrap"
+    return sandbox.describe(), sandbox.mode != "bwrap", sandbox.cgroups
 
 
 def check_model_files(path: str, what: str) -> None:

@@ -249,6 +249,6 @@ def test_a_code_reward_the_sandbox_cannot_isolate_is_refused_unless_allowed(ray_
         launch_distributed(**kwargs(tiny, tmp_path, grpo_config={**GRPO, "reward_fn_type": "code"},
                                     train_dataset_config={"rows": rows}))  # fmt: skip
     assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
-    described, degraded = check_sandbox(RewardConfig(fn="code", allow_degraded_sandbox=True))
+    described, degraded, _ = check_sandbox(RewardConfig(fn="code", allow_degraded_sandbox=True))
     assert degraded and described.startswith(("netns:", "rlimits:")), described
-    assert check_sandbox(RewardConfig(fn="math")) == (None, False)
+    assert check_sandbox(RewardConfig(fn="math")) == (None, False, True)
