@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,7 +58,28 @@ class Layout:
 
 @lru_cache(maxsize=1)
 def layout() -> Layout | str:
-    """Where this process can make run groups, or why it cannot (one line)."""
+    """Where this process can make run groups, or why it cannot (one line): a group is made, limited, joined by a
+    child and removed once, so a host that refuses any step is found here, not at a run."""
+    found = _find_layout()
+    if not isinstance(found, Layout):
+        return found
+    try:
+        _probe(found)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"a control group cannot be made, limited and joined here ({e})"
+    return found
+
+
+def _probe(found: Layout) -> None:
+    group = RunGroup(64 << 20, 4, found)
+    try:
+        subprocess.run(["/bin/true"], preexec_fn=group.join, check=True, timeout=10)
+    finally:
+        if group.kill():
+            raise OSError("the probe's group kept a process")
+
+
+def _find_layout() -> Layout | str:
     try:
         own, mounts = _own_paths(), _mounts()
     except OSError as e:
@@ -94,8 +116,8 @@ class RunGroup:
     """One run's control group: ``memory_bytes`` and ``processes`` for the whole run. Create, let the child ``join``
     before it executes, ``kill`` when the run ends (returns the processes left, 0 once it is gone)."""
 
-    def __init__(self, memory_bytes: int, processes: int):
-        got = layout()
+    def __init__(self, memory_bytes: int, processes: int, where: Layout | None = None):
+        got = where or layout()
         if not isinstance(got, Layout):
             raise RuntimeError(got)
         name = f"coati-run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
