@@ -58,7 +58,7 @@ def read_safetensors_header(path: str | Path) -> WeightFile:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, stop) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+            dtype, shape, (_, stop) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path}: tensor {name!r} has no dtype, shape and data_offsets; the file is "
                              "damaged") from None

@@ -360,13 +360,11 @@ class Producer:
                 load_threads = max(load_threads, got.get("load_threads", 0))
                 held = got.get("fingerprints")
                 fingerprints = None if held is None or fingerprints is None else {**fingerprints, **held}
-                totals["attest_s"] += got.get("attest_s", 0.0)
             else:
                 got = self.backend.receive_adapter(name, self.lora)
             self.version = got["version"]
             for k in totals:
-                if k != "attest_s":
-                    totals[k] += got.get(k, 0)
+                totals[k] += got.get(k, 0)
         # What the engine computes with, sampled for the driver to attest the push (None: this engine cannot tell).
         out = {"version": self.version, "fingerprints": fingerprints, "weights/attest_s": totals.pop("attest_s")}
         if totals["receive_s"]:  # an engine that times its pushes: how long, and how long generation stood still

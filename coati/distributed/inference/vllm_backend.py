@@ -348,12 +348,12 @@ class VLLMBackend(InferenceBackend):
         """Every worker receives one push on ``group_name`` and reloads it, on a GPU with ``threads`` (None: the
         calling thread's own; the engine stands still meanwhile, so its cores are free), on a CPU with the threads the
         engine was built with (its kernels' packing depends on the count, see the module's notes); returns the
-        version, how the push
-        travelled (as the base class's, worker 0's; "in_place_bytes": landed in the worker's kept receive buffers),
-        the seconds it took (``receive_s``, bytes and reload), of those the engine stood still (``paused_s``), and the
-        threads the reload ran with. On a CPU the bytes land while the engine keeps stepping (each worker receives into
-        buffers of its own), and generation pauses only for the reload; on a GPU it pauses for the whole push (the
-        receive's collectives and the engine's kernels would share the device, not yet measured there)."""
+        version, how the push travelled (as the base class's, worker 0's; "in_place_bytes": landed in the worker's
+        kept receive buffers), the seconds it took (``receive_s``, bytes and reload), of those the engine stood still
+        (``paused_s``), and the threads the reload ran with. On a CPU the bytes land while the engine keeps stepping
+        (each worker receives into buffers of its own), and generation pauses only for the reload; on a GPU it pauses
+        for the whole push (the receive's collectives and the engine's kernels would share the device, not yet
+        measured there)."""
         def receive() -> dict:
             return self.llm.collective_rpc("receive_push", args=(group_name,))[0]
 

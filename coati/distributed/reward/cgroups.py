@@ -12,12 +12,12 @@ anything (``join``, from the sandbox's pre-exec hook), so every process it forks
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
+
+from coati.distributed.reward.processes import kill_until_gone, process_states
 
 
 def _own_paths() -> dict[str, str]:
@@ -173,39 +173,15 @@ class RunGroup:
     def kill(self, timeout_s: float = 2.0) -> int:
         """Kill every process in the group until none is left (or ``timeout_s`` passes), reaping the zombies that
         are this process's children, then remove the group; returns how many were left."""
-        me, deadline = os.getpid(), time.monotonic() + timeout_s
-        kill_file = os.path.join(self.dirs[0], "cgroup.kill") if self.version == 2 else None
-        while True:
-            left = self.members()
-            if not left:
-                break
-            if kill_file and os.path.exists(kill_file):
-                self._write(self.dirs[0], "cgroup.kill", 1)
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:
-                    if _parent(pid) == me:
-                        os.waitpid(pid, os.WNOHANG)
-                except (ChildProcessError, OSError):
-                    pass
-            if time.monotonic() > deadline:
-                return len(left)
-            time.sleep(0.002)
+        kill_file = os.path.join(self.dirs[0], "cgroup.kill")
+        if self.version == 2 and os.path.exists(kill_file) and self.members():
+            self._write(self.dirs[0], "cgroup.kill", 1)
+        left = kill_until_gone(lambda: [p[:3] for p in process_states(self.members())], timeout_s)
+        if left:
+            return left
         for d in self.dirs:
             try:
                 os.rmdir(d)
             except OSError:
                 pass
         return 0
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            line = f.read()
-    except OSError:
-        return None
-    return int(line[line.rfind(")") + 2 :].split()[1])

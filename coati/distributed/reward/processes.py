@@ -71,7 +71,7 @@ def _lock_folder() -> str:
 
 
 def uids_in_use() -> set[int]:
-    """The real uid of every process on the machine."""
+    """The uid every process on the machine runs as (the owner of its /proc entry: one stat each, no file read)."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -157,20 +157,23 @@ def sandbox_uids() -> SandboxUids:
         return _UIDS
 
 
+def process_states(pids) -> list[tuple[int, int, str, int]]:
+    """(pid, parent pid, state letter, real uid) of each of ``pids`` still there, zombies included."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+            found.append((pid, int(fields["PPid"]), fields["State"].split()[0], int(fields["Uid"].split()[0])))
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return found
+
+
 def processes_of(uid: int) -> list[tuple[int, int, str]]:
     """(pid, parent pid, state letter) of every process whose real uid is ``uid``, zombies included."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-        except (OSError, ValueError):
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append((int(entry), int(fields["PPid"]), fields["State"].split()[0]))
-    return found
+    every = process_states(int(e) for e in os.listdir("/proc") if e.isdigit())
+    return [(pid, parent, state) for pid, parent, state, owner in every if owner == uid]
 
 
 def clear_uid(uid: int, timeout_s: float = 2.0) -> int:
@@ -178,9 +181,15 @@ def clear_uid(uid: int, timeout_s: float = 2.0) -> int:
     ``timeout_s`` passes; returns how many remain. RLIMIT_NPROC counts a uid's live processes and its unreaped
     zombies, and a fork bomb's processes outlive the kill of its group by a moment: a program started then under the
     same uid could not fork."""
+    return kill_until_gone(lambda: processes_of(uid), timeout_s)
+
+
+def kill_until_gone(members, timeout_s: float = 2.0) -> int:
+    """Kill every process ``members()`` lists ((pid, parent pid, state) each) and reap its zombies re-parented here,
+    until it lists none or ``timeout_s`` passes; returns how many remain."""
     me, deadline = os.getpid(), time.monotonic() + timeout_s
     while True:
-        left = processes_of(uid)
+        left = members()
         for pid, parent, state in left:
             try:
                 if state != "Z":
