@@ -321,14 +321,11 @@ print("nodes", len(ray.nodes()), ray.get_runtime_context().gcs_address != os.env
 """
 
 
-def test_a_job_without_an_address_starts_its_own_cluster_whatever_ray_address_says(tmp_path):
-    """With RAY_ADDRESS set (or a `ray start` cluster alive) a plain local run joined it or died with Ray's
-    "num_cpus must not be provided"; without --address a job starts a cluster of its own."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+def test_a_job_without_an_address_starts_its_own_cluster_whatever_ray_address_says(ray_cluster, tmp_path):
+    """With RAY_ADDRESS naming a live cluster (here the suite's own; or a `ray start` cluster alive) a plain local
+    run died with Ray's "num_cpus ... must not be provided"; without --address a job starts a cluster of its own."""
+    root = str(Path(__file__).resolve().parents[2])  # this tree's coati, whatever is installed
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": root}
     out = subprocess.run([sys.executable, "-c", START_LOCAL], capture_output=True, text=True, timeout=180, env=env,
                          cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr[-1500:]

@@ -198,7 +198,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     (BOMB, r"config.yaml, line 2: the YAML alias \*a is not read .* write the value out"),
     ("run: {seed: 1\n", r"config.yaml: not valid YAML \(.*line \d+\)"),
     ("run:\n  project: " + "x" * (1 << 20) + "\n", r"config.yaml has \d+ bytes, over the 1048576"),
-])  # fmt: skip
+], ids=["alias bomb", "malformed YAML", "over 1 MiB"])  # fmt: skip
 def test_config_files_that_would_blow_up_or_do_not_parse_are_usage_errors(tmp_path, capsys, text, message):
     """A 2 KB YAML alias bomb took 15 s and 1.6 GB to parse; malformed YAML printed a traceback."""
     import re
