@@ -37,6 +37,7 @@ def digit_fraction(completions, **fields):
 
 def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
     from coati.distributed.actor_group import RunError
+    from coati.distributed.guards import EngineMismatch
     from coati.distributed.launch import launch_distributed
 
     kw = dict(
@@ -57,6 +58,8 @@ def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
         return {"verdict": "refused", "reason": str(e.args[0] if e.args else e), "seconds": time.perf_counter() - start}
     except RunError as e:
         return {"verdict": "failed", "reason": str(e).splitlines()[0], "seconds": time.perf_counter() - start}
+    except EngineMismatch as e:  # the run's own guard stopped it
+        return {"verdict": "drifts", "reason": str(e), "seconds": time.perf_counter() - start}
     gaps = [m.get("rollout/engine_trainer_gap_abs") for m in out["history"]]
     ok = all(g is not None and g < TOLERANCE for g in gaps)
     return {"verdict": "trains" if ok else "drifts", "gaps": gaps, "seconds": time.perf_counter() - start}

@@ -273,7 +273,7 @@ class ActorGroups:
         for i, result in enumerate(received):
             held = result.get("fingerprints")
             if not sent or held is None:
-                continue  # a LoRA push, or an engine that cannot read its weights back
+                continue  # an engine that cannot read its weights back
             wrong, n = compare(sent, held)
             if wrong:
                 raise RunError(f"weight push {version}: producer {i}'s engine holds {len(wrong)} of the {n} tensors "

@@ -7,7 +7,11 @@ matrix one column, chosen by the tensor's name and the push's version (so succes
 turn). An engine reads its columns back exactly, whatever its layout: a fused or repacked linear layer (vLLM's CPU
 kernels) is applied to a one-hot input, a product by 1 and 0 that rounds nothing. The sender adds, for each weight
 the model ties to another (its LM head to its embedding, as the model's own transformers class ties them), the
-fingerprint the tied weight must then have. Pure functions on tensors; no Ray.
+fingerprint the tied weight must then have. A weight the model stores transposed (GPT-2's Conv1D layers, [in, out])
+is fingerprinted as its transpose, the [out, in] layout every engine's linear layer computes with, so an engine reads
+it back like any other. A LoRA push is attested by the adapter the engine applied: its tensors' fingerprints, with a
+target whose served weight is not its base plus the adapter's product named as wrong. Pure functions on tensors; no
+Ray.
 """
 
 from __future__ import annotations
@@ -45,14 +49,30 @@ def fingerprint(name: str, tensor: torch.Tensor, version: int) -> list:
     return [crc(sample(name, tensor, version)), list(tensor.shape)]
 
 
-def fingerprints(state: Mapping[str, torch.Tensor], version: int, tied: Mapping[str, str] | None = None) -> dict:
+def fingerprints(state: Mapping[str, torch.Tensor], version: int, tied: Mapping[str, str] | None = None,
+                 transposed: frozenset[str] = frozenset()) -> dict:  # fmt: skip
     """{name: fingerprint} of a push's tensors, plus the tied weights' (``tied``: {tied weight: the weight it is
-    tied to}) that the push does not carry."""
-    out = {name: fingerprint(name, t, version) for name, t in state.items() if isinstance(t, torch.Tensor)}
+    tied to}) that the push does not carry; the ``transposed`` weights (``transposed_weights``) as their transpose."""
+
+    def one(name: str, t: torch.Tensor) -> list:
+        return fingerprint(name, t.T if name in transposed and t.ndim == 2 else t, version)
+
+    out = {name: one(name, t) for name, t in state.items() if isinstance(t, torch.Tensor)}
     for target, source in (tied or {}).items():
         if target not in out and source in state:
-            out[target] = fingerprint(target, state[source], version)
+            out[target] = one(target, state[source])
     return out
+
+
+def transposed_weights(config) -> frozenset[str]:
+    """The weights the model's own transformers class stores transposed, [in, out] (GPT-2's Conv1D layers), found
+    by building the model on the meta device (no memory, no values)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return frozenset(f"{name}.weight" for name, module in model.named_modules() if isinstance(module, Conv1D))
 
 
 def tied_weights(config) -> dict[str, str]:
@@ -64,6 +84,42 @@ def tied_weights(config) -> dict[str, str]:
         return {}
     keys = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_tied_weights_keys", None)
     return dict(keys) if isinstance(keys, dict) else {}
+
+
+def merged_column(name: str, base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, version: int,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(the sampled column of ``base`` + ``scale`` * B A in ``dtype``, as ``lora.merge`` computes the whole weight,
+    and the bound its rounding stays within: fp32 sums of r + 2 terms, then rounding to the base's and to ``dtype``)."""
+    j = column(name, version, base.shape[1])
+    w0, col = base[:, j].float(), a[:, j].float()
+    exact = w0 + scale * (b.float() @ col)
+    magnitude = w0.abs() + abs(scale) * (b.float().abs() @ col.abs())
+    eps = max(torch.finfo(base.dtype).eps, torch.finfo(dtype).eps)
+    bound = torch.finfo(torch.float32).eps * (a.shape[0] + 2) * magnitude + 2 * eps * exact.abs()
+    return exact.to(base.dtype).to(dtype), bound
+
+
+def adapter_fingerprints(adapter: Mapping[str, torch.Tensor], version: int, scale: float,
+                         served: Mapping[str, torch.Tensor] | None = None,
+                         bases: Mapping[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
+    """The fingerprints of the LoRA adapter an engine applied (wire names, as ``fingerprints`` of the pushed one),
+    with both tensors of a pair marked wrong ([None, shape]) where the engine's ``served`` sampled column of the
+    target ({target: values at ``column(target, version, width)``}) is not its ``bases`` value plus ``scale`` * B A
+    within rounding; without ``served`` (an engine that serves the adapter apart from the weights) the adapter alone."""
+    from coati.distributed.lora import adapter_pairs
+
+    out = fingerprints(adapter, version)
+    for target, (a, b) in adapter_pairs(dict(adapter)).items() if served is not None else ():
+        got = served.get(target)
+        ok = got is not None and target in bases
+        if ok:
+            expected, bound = merged_column(target, bases[target], a, b, scale, version, got.dtype)
+            ok = got.shape == expected.shape and bool(((got.float() - expected.float()).abs() <= bound).all())
+        if not ok:
+            module = target.removesuffix(".weight")
+            for part in ("lora_A", "lora_B"):
+                out[f"{module}.{part}.weight"][0] = None
+    return out
 
 
 def compare(sent: Mapping[str, list], held: Mapping[str, list]) -> tuple[list[str], int]:

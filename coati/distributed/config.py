@@ -259,6 +259,10 @@ class ConsumerConfig:
     """gradient clipping norm (0 = off; the norm is still measured)"""
     max_skipped_steps: int = 3
     """optimizer steps skipped for a non-finite loss or gradient norm before the run stops"""
+    max_engine_trainer_gap: float | None = None
+    """stop the run when a step's mean |engine - trainer| log-prob over its fresh tokens (sampled whole by the
+    weights the step starts from) exceeds this: the engines would be generating from another model than the one
+    trained (None: by precisions, 5e-3 when engines and trainer both compute in fp32, else 0.1; 0: no check)"""
     compute_dtype: str = "auto"
     """dtype of the trainer's matmuls: bf16 runs forward and backward under autocast over fp32 weights (the
     optimizer updates fp32 masters; both sides of the ratio are computed under the same autocast); fp32: none (to
@@ -295,6 +299,8 @@ class ConsumerConfig:
         finite(self, "learning_rate", low=0, strict=True)
         finite(self, "max_grad_norm", "weight_decay", "min_lr_ratio", low=0)
         finite(self, "lora_alpha", "lora_dropout")
+        if self.max_engine_trainer_gap is not None:
+            finite(self, "max_engine_trainer_gap", low=0)
         require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
         require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
                 f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")  # fmt: skip

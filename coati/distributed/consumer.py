@@ -35,7 +35,7 @@ from coati.distributed.grad_clip import fold_clipping
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
 from coati.distributed.optimizer_step import OptimizerSteps
 from coati.distributed.pipeline_step import PipelineSteps
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.rollout import RolloutBatch, fresh_rows
 from coati.distributed.step_metrics import StepMetrics
 from coati.distributed.threads import ThreadLease
 from coati.distributed.wire_layout import cast_for_wire, flatten_parameters, separate_storages
@@ -371,9 +371,11 @@ class GRPOConsumer(PipelineSteps):
         tensor.copy_(on_device.cpu())
 
     def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
-        """The engine-trainer log-prob gap over tokens sampled by the very weights this step starts from (so any gap
-        is the engines' and precisions' difference, not staleness), and the share of tokens whose engine log-probs
-        are not valid for the sampling settings (no off-policy correction possible for them)."""
+        """The engine-trainer log-prob gap over the fresh rows, those whose every token was sampled by the very
+        weights this step starts from (so any gap is the engines' and precisions' difference, not staleness; a row
+        that spans a push is left out whole, its later tokens attending to keys the earlier weights computed), and the
+        share of tokens whose engine log-probs are not valid for the sampling settings (no off-policy correction
+        possible for them)."""
         tokens = float(mask.sum())
         metrics.add("loss/is_unavailable_frac", float(rollout is None), tokens)
         if rollout is None:
@@ -382,7 +384,8 @@ class GRPOConsumer(PipelineSteps):
                 log.warning("consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
                             "applied to such rows (loss/is_unavailable_frac)", self.rank, self.algo.off_policy_correction)
             return
-        same = torch.from_numpy(batch.token_versions[rows][:, : mask.shape[1]] == self.step_count).to(mask) * mask
+        fresh = fresh_rows(batch.token_versions[rows][:, : mask.shape[1]], mask.cpu().numpy() > 0, self.step_count)
+        same = torch.from_numpy(fresh[:, None]).to(mask) * mask
         n = float(same.sum())
         if n:
             metrics.add("rollout/engine_trainer_gap_abs", ((old.detach() - rollout).abs() * same).sum() / n, n)
@@ -434,7 +437,7 @@ class GRPOConsumer(PipelineSteps):
         """Senders broadcast their stage's weights to the producers; every rank takes part in the TP gather. Returns
         the push's seconds and, from a sender of full weights, the fingerprints of what it sent (``attest``: each
         tensor as it travelled, and the weights tied to them) for the driver to compare with what engines hold."""
-        from coati.distributed.attest import fingerprints, tied_weights
+        from coati.distributed.attest import fingerprints
         from coati.distributed.comm import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
@@ -445,9 +448,21 @@ class GRPOConsumer(PipelineSteps):
         if self.weight_group is not None:
             ray_broadcast_tensor_dict(state, 0, self.device, self.weight_group, version=version)
         sent = None
-        if self.weight_group is not None and state is not None and not self.cfg.lora_rank:
-            sent = fingerprints(state, version, tied_weights(causal_lm(self.model).config))
+        if self.weight_group is not None and state is not None:
+            sent = fingerprints(state, version, *self._push_layout())
         return {"seconds": time.perf_counter() - start, "fingerprints": sent}
+
+    def _push_layout(self) -> tuple[dict[str, str], frozenset[str]]:
+        """(the weights tied to others, those stored transposed) that full pushes' fingerprints follow (``attest``);
+        none for an adapter's."""
+        from coati.distributed.attest import transposed_weights, tied_weights
+
+        if self.cfg.lora_rank:
+            return {}, frozenset()
+        if not hasattr(self, "_layout_for_attest"):
+            config = causal_lm(self.model).config
+            self._layout_for_attest = tied_weights(config), transposed_weights(config)
+        return self._layout_for_attest
 
     def adapter(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter's tensors on CPU, under the names a push carries."""

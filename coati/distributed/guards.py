@@ -41,3 +41,36 @@ def all_finite(tensors) -> bool:
     import torch
 
     return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+class EngineMismatch(RuntimeError):
+    """The engines sample from another model than the one trained: their log-probs of fresh tokens are further from
+    the trainer's than the two precisions explain."""
+
+
+GAP_TOLERANCE = {"fp32": 5e-3, "low": 0.1}
+"""the largest mean |engine - trainer| log-prob over a step's fresh tokens a correct run shows: both sides computing
+in fp32 (the engines' kernels differ from the trainer's: 1e-7..1e-5 measured), or either in bf16/fp16 (the engine
+rounds each pushed weight to its dtype: 1.4e-5..2e-5 measured on the default job's fresh rows)"""
+
+
+def gap_tolerance(configured: float | None, engine_dtype: str | None, trainer_fp32: bool) -> float:
+    """The tolerance of ``check_engine_trainer_gap``: ``configured`` when set (0: no check), else by precisions
+    (``engine_dtype`` as the engines hold their weights, None when they do not say)."""
+    if configured is not None:
+        return configured
+    return GAP_TOLERANCE["fp32" if engine_dtype == "float32" and trainer_fp32 else "low"]
+
+
+def check_engine_trainer_gap(metrics: dict, tolerance: float, step: int) -> None:
+    """Raises EngineMismatch when step ``step``'s engine/trainer gap (``rollout/engine_trainer_gap_abs``, over the
+    rows the step's starting weights sampled whole) exceeds ``tolerance`` (0: never)."""
+    gap = metrics.get("rollout/engine_trainer_gap_abs")
+    if tolerance and gap is not None and not gap <= tolerance:
+        raise EngineMismatch(
+            f"step {step}: the engines' log-probs of the tokens they sampled with the weights this step started from "
+            f"are {gap:.3g} from the trainer's on average (tolerance {tolerance:.3g} for these precisions): the engines "
+            "generate from another model than the one trained (a push not loaded as sent, or a layout the engine "
+            "computes differently); stopping rather than training on it (max_engine_trainer_gap sets the tolerance, "
+            "0 turns the check off)"
+        )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from coati.distributed.actor_group import ActorGroups, RunError, get, ready, wait_any
 from coati.distributed.config import LaunchConfig
-from coati.distributed.guards import RewardFailure, check_reward_failures
+from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, check_reward_failures, gap_tolerance
 from coati.distributed.preflight import Plan
 from coati.distributed.reporting import phase
 from coati.distributed.rollout import RolloutBatch
@@ -256,6 +256,12 @@ class Run:
         total = self.cfg.num_episodes * self.plan.steps_per_episode
         total = min(total, max_steps) if max_steps else total
         history, evals = [], []
+        info = self.actors.producer_info, self.actors.consumer_info
+        engine_dtypes = {i["weight_dtype"] for i in info[0]}
+        tolerance = gap_tolerance(self.cfg.consumer.max_engine_trainer_gap,
+                                  engine_dtypes.pop() if len(engine_dtypes) == 1 else None,
+                                  self.cfg.consumer.plugin.precision == "fp32"
+                                  and all(i["compute_dtype"] == "fp32" for i in info[1]))  # fmt: skip
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
         if self.plan.eval_dataset and self.start_step == 0:
             phase("evaluating before training")
@@ -299,6 +305,7 @@ class Run:
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
+            check_engine_trainer_gap(metrics, tolerance, step)
             if manager is not None and ((save_interval and step % save_interval == 0) or step == total):
                 self.checkpoint(manager, step)
         self._settle()

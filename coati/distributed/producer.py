@@ -353,15 +353,15 @@ class Producer:
         totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0,
                   "receive_s": 0.0, "paused_s": 0.0, "attest_s": 0.0}
         load_threads = 0
-        fingerprints: dict | None = {} if self.lora is None else None
+        fingerprints: dict | None = {}
         for name in self.weight_groups:
             if self.lora is None:
                 got = self.backend.receive_weights(name, threads)
                 load_threads = max(load_threads, got.get("load_threads", 0))
-                held = got.get("fingerprints")
-                fingerprints = None if held is None or fingerprints is None else {**fingerprints, **held}
             else:
                 got = self.backend.receive_adapter(name, self.lora)
+            held = got.get("fingerprints")
+            fingerprints = None if held is None or fingerprints is None else {**fingerprints, **held}
             self.version = got["version"]
             for k in totals:
                 totals[k] += got.get(k, 0)

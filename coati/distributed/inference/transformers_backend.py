@@ -59,6 +59,10 @@ class TransformersBackend(InferenceBackend):
         self._state = None
         self._lora_base: dict[str, torch.Tensor] = {}
         """base values of the weights a LoRA adapter targets, kept at the first push"""
+        self._adapter: tuple[dict[str, torch.Tensor], float] | None = None
+        """the LoRA adapter last merged and its scale (``fingerprints``)"""
+        self._transposed: frozenset[str] | None = None
+        """the weights the model stores transposed (``attest.transposed_weights``), found at the first push"""
 
     def _generation_config(self, greedy: bool):
         from transformers import GenerationConfig as HFGenerationConfig
@@ -169,11 +173,20 @@ class TransformersBackend(InferenceBackend):
             if base is None:  # the first push: the weights are still the base's
                 base = self._lora_base[name] = target.detach().clone()
             target.data.copy_(merge(base, a.to(target.device), b.to(target.device), scale))
+        self._adapter = (dict(adapter), scale)
 
     def fingerprints(self, version: int) -> dict[str, list]:
-        from coati.distributed.attest import fingerprints
+        """The weights' fingerprints; after a LoRA push, the applied adapter's, each target checked against its
+        kept base plus the adapter (``attest.adapter_fingerprints``)."""
+        from coati.distributed.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 
-        return fingerprints(self.weight_destinations(), version)
+        if self._adapter is not None:
+            adapter, scale = self._adapter
+            served = {name: sample(name, self._state[name], version) for name in self._lora_base}
+            return adapter_fingerprints(adapter, version, scale, served, self._lora_base)
+        if self._transposed is None:
+            self._transposed = transposed_weights(self.model.config)
+        return fingerprints(self.weight_destinations(), version, transposed=self._transposed)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

