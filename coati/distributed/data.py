@@ -6,7 +6,8 @@ so a bad line is reported with its number); a parquet, JSON, arrow or CSV file, 
 ``save_to_disk``, and a hub dataset id when the hub is reachable (all through the ``datasets`` library); a list of
 rows; or a reasoning-gym task (``reasoning_gym:<task>``). ``prompt_column`` and ``answer_column`` map other layouts
 onto a row (verl's parquet files: ``prompt`` holds the messages, ``answer_column="reward_model.ground_truth"``).
-Everything is validated in the driver, before any actor starts.
+ColossalChat's layout reads as it is: ``messages`` as one ``{"role", "content"}`` object is a one-message list, and
+its ``gold_answer`` column is the reference answer (``gt_answer``) when the row has none of that name. Everything is validated in the driver, before any actor starts.
 
 ``DataCursor`` gives each producer its shard in a seeded order, reshuffled every episode, with a position that a
 checkpoint can save and restore.
@@ -123,6 +124,10 @@ def as_row(record: dict, prompt_column: str | None, answer_column: str | None, w
             del row[name]
         row.pop("prompt", None)
         row["messages" if isinstance(value, list) else "prompt"] = value
+    if isinstance(row.get("messages"), dict) and "content" in row["messages"]:  # ColossalChat's one message
+        row["messages"] = [row["messages"]]
+    if answer_column is None and "gold_answer" in row and "gt_answer" not in row:  # ColossalChat's column name
+        answer_column = "gold_answer"
     if answer_column is not None:
         value = _lookup(record, answer_column, where)
         # A number is an answer's text; anything else (a list, a dict, a boolean) stays as it is, for the reward's

@@ -10,26 +10,39 @@ from coati.distributed.run_config import Config
 
 
 def run_job(config: Config) -> dict:
+    """Ray (``run.address``, or a local cluster), then ``run_reported``; returns the run's summary."""
+    return run_reported(config, start=lambda: start_ray(config.run.address))[1]
+
+
+def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
+    """``launch`` with the run folder claimed and the reporter writing it (metrics.jsonl, samples.jsonl, evals.json,
+    summary.json, plots); ``start`` runs once the folder is claimed (joining Ray), ``on_step`` sees each step's
+    metrics before the reporter. Returns (launch's result, the summary)."""
     from coati.distributed.launch import launch
     from coati.distributed.reporting import Reporter
-    from coati.distributed.run_folder import RunFolder
+    from coati.distributed.run_folder import RunFolder, submitted_job_folder_error
 
     r = config.run
     if r.folder is None:
         raise ValueError("a job writes its outputs to <save_dir>/<project>: set save_dir (or run_dir)")
-    from coati.distributed.run_folder import submitted_job_folder_error
-
     problem = submitted_job_folder_error(r.folder)
     if problem:
         raise ValueError(problem)
     # Claimed before anything writes there (the reporter appends metrics); launch claims the same folder again.
     folder = RunFolder.claim(r.folder, "resume" if r.resume else "overwrite" if r.overwrite else "new")
     try:
-        start_ray(r.address)
+        if start is not None:
+            start()
         reporter = Reporter(r.folder, report_to=r.report_to, project=r.project, config=dataclasses.asdict(config),
                             progress=r.progress, append=bool(r.resume))  # fmt: skip
-        result = launch(config, on_step=reporter.on_step)
-        return reporter.finish(result)
+
+        def step(metrics: dict) -> None:
+            if on_step is not None:
+                on_step(dict(metrics))
+            reporter.on_step(metrics)
+
+        result = launch(config, on_step=step)
+        return result, reporter.finish(result)
     finally:
         folder.release()
 

@@ -275,8 +275,20 @@ def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **k
     is locked for the run; a folder holding another run is refused unless resuming or ``overwrite``. ``colocate`` lets
     producer i and consumer i share GPU i; ``sleep_while_training`` has producers free their accelerator memory while
     consumers train (it needs ``max_staleness=0``). With an eval set, the policy is evaluated before training, at the
-    end, and every ``eval_interval`` steps when that is > 0."""
-    return launch(config_from_launch_kwargs(*args, **kwargs), on_step)
+    end, and every ``eval_interval`` steps when that is > 0. ColossalChat's own parameters (its ``rl_example.py``
+    call) are translated first (``colossalchat.translate``), each one without a field here stated once in the log.
+    With a ``save_dir`` the run folder is written as the command line writes it (metrics.jsonl, samples.jsonl,
+    evals.json, summary.json, plots)."""
+    from coati.distributed.colossalchat import translate
+    from coati.distributed.job import run_reported
+
+    kwargs, statements = translate(kwargs)
+    config = config_from_launch_kwargs(*args, **kwargs)
+    for statement in statements:
+        log.warning("ColossalChat parameter %s", statement)
+    if config.run.folder is None:
+        return launch(config, on_step)
+    return run_reported(config, on_step)[0]
 
 
 def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:

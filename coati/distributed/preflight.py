@@ -376,12 +376,12 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
 
 
 def check_gold_answers(fn: str, rows: list[dict], what: str) -> None:
-    """For the math reward, every row's gt_answer is a non-empty string or a finite number (a list, dict, boolean
-    or NaN would be compared as its text and score every answer 0)."""
+    """For the math rewards (``math``, ``think_answer_tags``, ``boxed``), every row's gt_answer is a non-empty
+    string or a finite number (a list, dict, boolean or NaN would be compared as its text and score every answer 0)."""
     from coati.distributed.reward import resolve_reward_fn
-    from coati.distributed.reward.math_reward import check_gold, math_reward
+    from coati.distributed.reward.math_reward import boxed, check_gold, math_reward, think_answer_tags
 
-    if resolve_reward_fn(fn) is not math_reward:
+    if resolve_reward_fn(fn) not in (math_reward, think_answer_tags, boxed):
         return
     for i, row in enumerate(rows):
         try:

@@ -243,3 +243,36 @@ def test_a_tower_of_powers_as_a_final_answer_does_not_freeze_the_scorer():
 
     out = subprocess.run([sys.executable, "-c", FREEZE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["True", "0.0"], (out.stdout, out.stderr[-800:])
+
+
+@pytest.mark.parametrize("text, ok, format_ok", [
+    ("<think>2+2</think><answer>4</answer>", True, True),
+    ("<think>2+2</think>\n<answer>\\boxed{4}</answer>", True, True),
+    ("<think>2+2</think><answer>5</answer>", False, True),
+    ("<answer>4</answer>", False, False),  # no think block
+    ("<think>a</think><think>b</think><answer>4</answer>", False, False),  # a tag twice
+    ("<answer>4</answer><think>a</think>", False, False),  # out of order
+    ("<think>a</think><answer>4</answer><answer>4</answer>", False, False),
+    ("<think>a</think> the answer is 4", False, False),  # no answer tag: nothing lenient here
+])  # fmt: skip
+def test_think_answer_tags_is_strict_about_its_format(text, ok, format_ok):
+    from coati.distributed.reward.math_reward import think_answer_tags
+
+    (r,) = think_answer_tags([text], ["4"])
+    assert (r.reward, r.answer_ok, r.format_ok) == (float(ok), ok, format_ok)
+
+
+def test_think_answer_tags_follows_the_run_s_tags():
+    from coati.distributed.reward.math_reward import think_answer_tags
+
+    tags = {"answer_start": {"text": "<answer>", "num_occur": 1}, "answer_end": {"text": "</answer>", "num_occur": 1}}
+    assert think_answer_tags(["<answer>4</answer>"], ["4"], tags=tags)[0].reward == 1.0
+
+
+@pytest.mark.parametrize("text, ok", [("so \\boxed{4}", True), ("\\boxed{4} or \\boxed{5}", False), ("4", False),
+                                      ("<answer>\\boxed{4}</answer>", True), ("\\boxed{5}", False),
+                                      ("<answer>4</answer>", False)])  # fmt: skip
+def test_boxed_needs_its_answer_in_a_box(text, ok):
+    from coati.distributed.reward.math_reward import boxed
+
+    assert boxed([text], ["4"])[0].reward == float(ok)

@@ -297,3 +297,51 @@ def math_reward(
         info = {"format": fmt, "answer": truncate_for_log(answer or ""), "lenient_ok": lenient_ok}
         results.append(RewardResult(reward, format_ok, strict_ok, info))
     return results
+
+
+DEFAULT_TAGS = {"think_start": {"text": "<think>", "num_occur": 1}, "think_end": {"text": "</think>", "num_occur": 1},
+                "answer_start": {"text": "<answer>", "num_occur": 1},
+                "answer_end": {"text": "</answer>", "num_occur": 1}}  # fmt: skip
+"""ColossalChat's response format for ``think_answer_tags``: each tag this many times, in this order"""
+
+
+def tags_in_order(text: str, tags: dict) -> bool:
+    """Each tag of ``tags`` ({name: {"text", "num_occur"}}, ColossalChat's ``response_format_tags``) occurs exactly
+    its number of times, and the tags first occur in the order given (a think block before the answer)."""
+    positions = []
+    for spec in tags.values():
+        if text.count(spec["text"]) != spec.get("num_occur", 1):
+            return False
+        positions.append(text.find(spec["text"]))
+    return positions == sorted(positions)
+
+
+def _strict(texts, golds, timeout_s: int, formatted) -> list[RewardResult]:
+    """1.0 where ``formatted(text)`` and every final answer the text gives matches the gold one, else 0.0."""
+    results = []
+    for text, gold in zip(texts, golds, strict=True):
+        gold = check_gold(gold)
+        answers, fmt = extract_answers(text)
+        format_ok = bool(answers) and formatted(text, fmt)
+        correct = format_ok and all(answers_match(gold, a, timeout_s) for a in dict.fromkeys(answers))
+        info = {"format": fmt, "answer": truncate_for_log(answers[-1] if answers else ""), "lenient_ok": correct}
+        results.append(RewardResult(float(correct), format_ok, correct, info))
+    return results
+
+
+@REWARD_FNS.register("think_answer_tags")
+def think_answer_tags(completions: list[str], gt_answer: list[str], tags: dict | None = None, timeout_s: int = 5,
+                      **_fields) -> list[RewardResult]:  # fmt: skip
+    """ColossalChat's ``think_answer_tags`` reward, strict: a completion scores 1.0 only when it has each tag of
+    ``tags`` (its ``response_format_tags``; default one <think>, </think>, <answer>, </answer>, in that order) the
+    given number of times and its answer (the tag's boxes, else its text) matches the gold one; else 0.0 (ColossalChat
+    scores 10 for the same verdict; group-normalised advantages do not see the scale)."""
+    tags = tags or DEFAULT_TAGS
+    return _strict(completions, gt_answer, timeout_s, lambda text, fmt: fmt == "answer_tag" and tags_in_order(text, tags))
+
+
+@REWARD_FNS.register("boxed")
+def boxed(completions: list[str], gt_answer: list[str], timeout_s: int = 5, **_fields) -> list[RewardResult]:
+    """ColossalChat's ``boxed`` reward, strict: 1.0 when the completion puts its answer in \\boxed{} (inside an answer
+    tag or not; every final answer the text gives agreeing) and it matches the gold one, else 0.0."""
+    return _strict(completions, gt_answer, timeout_s, lambda text, fmt: bool(all_boxed(text)))
