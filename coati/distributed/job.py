@@ -47,15 +47,25 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
         folder.release()
 
 
+JOB_DRIVER_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""set by Ray's job supervisor in the environment of a submitted job's driver (``ray job submit``), beside
+RAY_ADDRESS, the job's cluster"""
+
+
 def start_ray(address: str | None) -> None:
-    """Join the cluster at ``address`` (checked first), or with None start a local cluster of the job's own, whatever
-    RAY_ADDRESS or clusters started with `ray start` exist on the machine (unless this process already has one)."""
+    """Join the cluster at ``address`` (checked first); with None, the cluster of the Ray job this process is the
+    driver of (``ray job submit``), else a local cluster of the job's own, whatever RAY_ADDRESS or clusters started
+    with `ray start` exist on the machine (unless this process already has one)."""
     import ray
 
     if address:
         check_address(address)
         ray.init(address=address)
-    elif not ray.is_initialized():
+    elif ray.is_initialized():
+        return
+    elif os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"):
+        ray.init()  # the submitted job's cluster, with the job's runtime environment
+    else:
         ray.init(address="local", include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
 
 
