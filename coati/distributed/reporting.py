@@ -37,9 +37,10 @@ seconds: evaluations and checkpoints between steps are not in them)"""
 LOOP_MEDIANS = {
     "step_s": "time/step", "train_s": "time/train", "rollout_wait_s": "time/rollout_wait",
     "weight_push_s": "time/weight_push", "push_paused_s": "weights/paused_s",
-    "engine_trainer_gap_abs": "rollout/engine_trainer_gap_abs",
+    "engine_trainer_gap_abs": "rollout/engine_trainer_gap_abs", "truncated_frac": "response/truncated_frac",
 }  # fmt: skip
 """summary.json's ``loop.medians``: name -> the per-step metric whose median over the steps is reported"""
+log = logging.getLogger(__name__)
 PHASES = logging.getLogger("coati.phase")
 """the driver's phase messages ("starting 1 producer and 1 consumer", "evaluating before training", ...): shown on
 the progress bar by a reporter, otherwise at INFO level"""
@@ -47,6 +48,16 @@ the progress bar by a reporter, otherwise at INFO level"""
 
 def phase(message: str) -> None:
     PHASES.info(message)
+
+
+MOSTLY_TRUNCATED = 0.5
+"""the share of a step's responses cut at max_new_tokens above which the run says its budget is too small"""
+
+
+def truncation_warning(fraction: float, where: str) -> str:
+    """What a run says when ``fraction`` of its responses ran out of tokens."""
+    return (f"{where} {fraction:.0%} of the responses were cut at max_new_tokens before they ended: the budget is "
+            "too small for this task (raise --max-new-tokens; truncated responses rarely reach an answer)")
 
 
 class Reporter:
@@ -65,6 +76,7 @@ class Reporter:
                 require(*cls.REQUIRES)
         self._logger_args = classes, project, config or {}, append
         self.last_step: int | None = None
+        self.warned_truncation = False
         self.loggers: list | None = None
         """made at the first step: a run refused before it starts writes nothing into the folder (a second try
         would find another run's files there), and an overwrite's old metrics stay until the new run begins"""
@@ -95,6 +107,10 @@ class Reporter:
         self.last_step = step
         if step > 0:
             self.history.append(metrics)
+            truncated = metrics.get("response/truncated_frac", 0.0)
+            if truncated > MOSTLY_TRUNCATED and not self.warned_truncation:
+                self.warned_truncation = True
+                log.warning(truncation_warning(truncated, f"step {step}:"))
         for logger in self.loggers:
             logger.log(step, metrics)
             if samples:
@@ -178,7 +194,10 @@ def describe_loop(loop: dict) -> list[str]:
     drawn = "".join(f"; {t[k]:.0f} {what}" for k, what in _DRAWN if k in t)
     timed = ", ".join(f"{what} {m[k]:.2f} s" for k, what in _TIMED if k in m)
     lines = [f"training loop {t['loop_s']:.0f} s over {loop['steps']} steps{drawn}"] if "loop_s" in t else []
-    return lines + ([f"per step (medians): {timed}"] if timed else [])
+    lines += [f"per step (medians): {timed}"] if timed else []
+    if m.get("truncated_frac", 0.0) > MOSTLY_TRUNCATED:
+        lines.append("WARNING: " + truncation_warning(m["truncated_frac"], "in the median step"))
+    return lines
 
 
 _DRAWN = (("groups_drawn", "groups drawn"), ("groups_dropped_no_signal", "dropped for no signal"),

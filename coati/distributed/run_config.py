@@ -108,6 +108,15 @@ class DataConfig:
 
         return PromptFormat(self.system_prompt, self.raw_prompt)
 
+    @property
+    def evaluates_training_rows(self) -> bool:
+        """The held-out set is the training set itself (the same file): its score says what was learnt on the
+        training rows, not how it generalises."""
+        if self.eval is None or self.eval != self.train:
+            return False
+        local = not isinstance(self.train, str) or os.path.exists(self.train)  # rows or files: no splits
+        return local or self.eval_split == self.train_split
+
     def datasets(self, run_seed: int) -> tuple[dict, dict | None]:
         """(the training set, the held-out set or None) as the preflight reads them."""
         gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")

@@ -38,3 +38,29 @@ def test_the_printed_lines_name_only_what_was_measured():
         "per step (medians): step 5.00 s, training 3.00 s, waiting for rollouts 1.50 s, weight push 0.50 s",
     ]
     assert describe_loop(loop_summary([])) == []
+
+
+def test_a_run_whose_responses_are_mostly_cut_says_so_in_its_log_and_report(tmp_path, caplog):
+    from coati.distributed.reporting import Reporter
+
+    steps = [{**m, "response/truncated_frac": f} for m, f in zip(history(), (0.9, 0.75, 0.2), strict=True)]
+    lines = describe_loop(loop_summary(steps))
+    assert lines[-1].startswith("WARNING: in the median step 75% of the responses were cut at max_new_tokens")
+    assert not any("WARNING" in line for line in describe_loop(loop_summary(history())))
+    reporter = Reporter(str(tmp_path), progress=False)
+    with caplog.at_level("WARNING", logger="coati.distributed.reporting"):
+        for m in steps:
+            reporter.on_step(dict(m))
+    warned = [r.getMessage() for r in caplog.records if "cut at max_new_tokens" in r.getMessage()]
+    assert warned == [warned[0]] and warned[0].startswith("step 1: 90% of the responses")  # once, at the first
+
+
+def test_a_held_out_set_that_is_the_training_file_is_named_as_such(tmp_path):
+    from coati.distributed.run_config import DataConfig
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "q", "gt_answer": "1"}\n')
+    assert DataConfig(train=str(data), eval=str(data)).evaluates_training_rows
+    assert not DataConfig(train=str(data), eval=str(tmp_path / "other.jsonl")).evaluates_training_rows
+    assert not DataConfig().evaluates_training_rows  # reasoning-gym: fresh items of the task
+    assert not DataConfig(train="org/set", eval="org/set").evaluates_training_rows  # a hub set's test split
