@@ -40,5 +40,16 @@ def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> N
     print(f"final model: {summary['final_model']}")
 
 
+def cli() -> int:
+    """``main`` for the command line: a refusal before the run starts (bad input: preflight's ValueError, an unknown
+    registered name's KeyError, a missing file) is one line on stderr and exit status 2, not a traceback."""
+    try:
+        return 0 if main() else 1
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        message = e.args[0] if e.args else repr(e)
+        print(f"rl_example.py: error: {message}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    sys.exit(cli())

@@ -61,6 +61,10 @@ class Registry(Generic[T]):
 def resolve_callable(name: str, registry: Registry[Callable]) -> Callable:
     """Look ``name`` up in ``registry``, or import it when written as a dotted path ``package.module:function``."""
     if ":" not in name:
+        if "." in name and name not in registry:
+            module, _, attr = name.rpartition(".")
+            raise KeyError(f"unknown {registry.kind} {name!r}; a function of a module is named module:function "
+                           f"({module}:{attr}); registered: {', '.join(sorted(registry.names()))}")  # fmt: skip
         return registry.get(name)
     import importlib
 

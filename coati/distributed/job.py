@@ -41,7 +41,11 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
                 on_step(dict(metrics))
             reporter.on_step(metrics)
 
-        result = launch(config, on_step=step)
+        try:
+            result = launch(config, on_step=step)
+        except BaseException:
+            reporter.close_bar()
+            raise
         return result, reporter.finish(result)
     finally:
         folder.release()

@@ -143,11 +143,16 @@ class Reporter:
         self.bar.set_postfix(post)
         self.bar.update(1)
 
-    def finish(self, result: dict) -> dict:
+    def close_bar(self) -> None:
+        """Close the progress bar (at the end, or when the run fails) and give the phase messages back to logging."""
         if self.bar is not None:
             PHASES.removeHandler(self.phases)
             PHASES.level, PHASES.propagate = self.phases.saved
             self.bar.close()
+            self.bar = None
+
+    def finish(self, result: dict) -> dict:
+        self.close_bar()
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,

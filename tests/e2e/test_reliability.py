@@ -455,3 +455,18 @@ def test_an_overwrite_counts_the_space_its_old_results_free(tmp_path, monkeypatc
         assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "unrelated.txt"]
     finally:
         folder.release()
+
+
+def test_a_command_line_refusal_is_one_line_naming_the_fix(ray_cluster, tiny, tmp_path, monkeypatch, capsys):
+    """A reward function written as a dotted path (TRL's `trl.rewards.accuracy_reward`) is refused naming the
+    module:function form it needs, in one line on stderr with exit status 2, before any actor starts."""
+    import rl_example
+
+    monkeypatch.setattr(sys, "argv", ["rl_example.py", "-m", str(tiny), "-rt", "trl.rewards.accuracy_reward",
+                                      "--run-dir", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    assert rl_example.cli() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rl_example.py: error: unknown reward function 'trl.rewards.accuracy_reward'; a function of a "
+                   "module is named module:function (trl.rewards:accuracy_reward); registered: boxed, code, math, "
+                   "think_answer_tags"], err  # fmt: skip
+    assert no_actors_left()
