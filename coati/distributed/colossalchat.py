@@ -31,7 +31,7 @@ STATEMENTS = {
     "early_stopping": "early_stopping applies to beam search, which rollouts do not use",
     "do_sample": "rollouts always sample",
     "include_stop_str_in_output": "a response keeps the tokens of the stop string that ended it",
-    "enforce_eager": None,  # an engine option of the vLLM backend, passed on
+    "enable_chunked_prefill": "the engine's scheduler decides how prompts are prefilled (the numbers are the same)",
     "sequence_parallelism": "sequence parallelism is not applied: activations are whole on every TP rank (more "
     "memory, the same numbers)",
     "ignore_eos": "a response ends at the end-of-sequence token (ignore_eos is not applied)",
@@ -40,7 +40,7 @@ STATEMENTS = {
     "microbatch_size": "pipeline micro-batches are train_microbatch_size completions each (pp_num_microbatches "
     "per minibatch); plugin microbatch_size is not applied",
 }
-"""what each ColossalChat parameter without a field of its own does here (None: passed on as it is)"""
+"""what each ColossalChat parameter without a field of its own does here"""
 
 _LOSS_VARIATION = {"sample_level": "seq-mean-token-mean", "token_level": "token-mean"}
 _GRPO_MOVED = ("algo", "loss_variation", "max_length", "max_new_tokens", "response_format_tags", "filter_range",
@@ -248,7 +248,7 @@ def _model(m: dict, name: str, kw: dict, say) -> dict:
         if length is not None and need and length < need:
             raise ValueError(f"max_model_len={length} is less than max_prompt_tokens + max_new_tokens = {need}")
     if "enable_chunked_prefill" in m:
-        m.pop("enable_chunked_prefill")  # the engine's scheduler decides; its numbers are the same either way
+        say("enable_chunked_prefill", m.pop("enable_chunked_prefill"))
     return m
 
 
