@@ -7,5 +7,6 @@ install:
 run: install
 	HF_HUB_OFFLINE=1 python rl_example.py --algo DAPO
 
-test: install
+test:
+	bash scripts/install.sh test
 	HF_HUB_OFFLINE=1 python -m pytest -q --durations=20 tests

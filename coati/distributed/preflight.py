@@ -356,6 +356,8 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
     from coati.distributed.data import reward_fields
     from coati.distributed.reward import RewardSignature, resolve_reward_fn
 
+    from coati.distributed.reward.base import TRAINER_FIELDS
+
     signature = RewardSignature.of(resolve_reward_fn(cfg.reward.fn), cfg.reward.fn)
     columns = set.intersection(*(set(reward_fields(r)) for r in rows))
     try:
@@ -363,7 +365,7 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
     for column in signature.required:
-        if column == "prompts" or column in cfg.reward.kwargs:
+        if column in TRAINER_FIELDS or column in cfg.reward.kwargs:
             continue
         for i, row in enumerate(rows):
             value = row[column]

@@ -74,6 +74,7 @@ class Producer:
     def setup(self) -> dict:
         from coati.distributed.inference import backend_class
         from coati.distributed.reward import RewardPool, RewardSignature, resolve_reward_fn
+        from coati.distributed.reward.base import TRAINER_FIELDS, follows_trl
 
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
@@ -97,7 +98,9 @@ class Producer:
 
             os.environ[ALLOW_DEGRADED_ENV] = "1"
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
-        self.reward_wants_prompts = RewardSignature.of(resolve_reward_fn(r.fn), r.fn).wants_prompts
+        signature = RewardSignature.of(resolve_reward_fn(r.fn), r.fn)
+        self.reward_wants = {name for name in TRAINER_FIELDS if signature.wants(name)}
+        self.reward_follows_trl = follows_trl(r.fn)
         from coati.distributed.reward.compose import RunningNorm
         from coati.distributed.reward.model_actors import RewardModelClient
 
@@ -152,13 +155,21 @@ class Producer:
         wait_s = time.perf_counter() - t0
         out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
         rewards = np.array([r.reward for r in results], dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(rewards))
+        unscored = np.array([bool(r.info.get("no_score")) for r in results], dtype=bool)
+        bad = np.flatnonzero(~np.isfinite(rewards) & ~unscored)
         if len(bad):
             i = int(bad[0])
             raise ValueError(
                 f"reward function {self.reward.fn} returned {rewards[i]} for row {picks[i // self.n][1]} of the "
                 f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
             )
+        out.extras["reward_no_score"] = unscored
+        if unscored.any():  # no score (None): its group's mean, and no loss on it
+            from coati.distributed.reward.compose import fill_unscored
+
+            rewards = fill_unscored(rewards, unscored, self.n)
+            out.loss_mask = out.trained_mask() & ~unscored[:, None]
+            out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
         rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks])
         out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
         no_signal = degenerate_groups(torch.from_numpy(rewards), torch.arange(len(rewards)) // self.n)
@@ -303,9 +314,17 @@ class Producer:
             )
             row = rows[batch.group_ids[i]]
             fields = reward_fields(row)
-            if self.reward_wants_prompts:
+            if "prompts" in self.reward_wants:
                 fields["prompts"] = row.get("prompt", row.get("messages"))
-            futures.append(self.pool.submit(text, fields))
+            if "completion_ids" in self.reward_wants:
+                fields["completion_ids"] = batch.response_ids[i, : batch.response_lengths[i]].tolist()
+            if "trainer_state" in self.reward_wants:
+                from coati.distributed.reward.base import TrainerState
+
+                fields["trainer_state"] = TrainerState(global_step=self.version)
+            conversational = self.reward_follows_trl and "messages" in row
+            futures.append(self.pool.submit([{"role": "assistant", "content": text}] if conversational else text,
+                                            fields))  # fmt: skip
         return futures
 
     def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:

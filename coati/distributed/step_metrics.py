@@ -104,6 +104,7 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         **reward_failures(ex),
         **episode_metrics(ex),
         "reward/judge_unread": int(ex["judge_unread"].sum()) if "judge_unread" in ex else 0,
+        "reward/no_score": int(ex["reward_no_score"].sum()) if "reward_no_score" in ex else 0,
         "reward/rm_truncated": int(ex["rm_truncated"].sum()) if "rm_truncated" in ex else 0,
         # each reward component's mean over the drawn rows (when the reward has components)
         **{f"reward/component/{k[len('component/'):]}": float(np.mean(v)) for k, v in ex.items()

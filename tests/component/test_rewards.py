@@ -166,7 +166,7 @@ def test_a_worker_runs_the_reward_function_not_its_parents_main_module(tmp_path)
 
 
 def test_unknown_reward_fn_fails_in_caller():
-    with pytest.raises(KeyError, match="unknown reward function 'nope'; known: code, math"):
+    with pytest.raises(KeyError, match="unknown reward function 'nope'; known: boxed, code, math, think_answer_tags"):
         RewardPool("nope")
 
 

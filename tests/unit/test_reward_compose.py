@@ -43,3 +43,14 @@ def test_running_normalisation_sees_every_score_and_resumes(tmp_path):
     assert (one_by_one.mean, one_by_one.std) == pytest.approx((scores.mean(), scores.std()), rel=1e-12)
     with pytest.raises(ValueError, match="one of \\('none', 'group', 'running'\\), got 'zscore'"):
         normalize("zscore", np.zeros(2), np.zeros(2))
+
+
+def test_an_unscored_completion_takes_its_group_s_mean_of_the_scored_ones():
+    import numpy as np
+
+    from coati.distributed.reward.compose import fill_unscored
+
+    rewards = np.array([1.0, 0.0, np.nan, 1.0, np.nan, np.nan, np.nan, np.nan, 0.5, 0.5, 0.5, 0.5])
+    unscored = np.isnan(rewards)
+    filled = fill_unscored(rewards, unscored, 4)
+    assert filled.tolist() == [1.0, 0.0, 2 / 3, 1.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]

@@ -1,9 +1,13 @@
 """The reward contract: ``fn(completions: list[str], **sample_fields) -> list[RewardResult]``, batched.
 
-Dataset columns arrive by name (``gt_answer=[...]``, ``test_cases=[...]``), one list entry per completion; a function
-that names a ``prompts`` parameter also gets each row's prompt (its text, or its messages). Plain floats are accepted
-in place of RewardResult, and ``completions`` is passed by keyword when the function names it, so reward functions
-written for TRL (``def f(prompts, completions, **kwargs)``) work unchanged. Reward functions are registered by name
+Dataset columns arrive by name (``gt_answer=[...]``, ``test_cases=[...]``), one list entry per completion. A function
+also gets what a trainer supplies when it names it (``TRAINER_FIELDS``): ``prompts`` (each row's prompt: its text, or
+its messages), ``completion_ids`` (each completion's token ids) and ``trainer_state`` (``global_step``: the policy
+version that sampled the batch). Plain floats are accepted in place of RewardResult, and None means "no score for
+this completion" (it is masked from training and counted, not an error). Functions named by ``module:function``
+follow TRL's conventions: ``completions`` passed by keyword when the function names it, and, for a conversational
+row (``messages``), each completion as a message list ``[{"role": "assistant", "content": text}]``; so reward
+functions written for TRL, TRL's own included, work unchanged. The registered ones (``REWARD_FNS``) take text. Reward functions are registered by name
 in ``REWARD_FNS``; a dotted path ``package.module:function`` resolves too. Producers never call them directly: they
 go through ``RewardPool``, which runs them in worker processes.
 
@@ -21,6 +25,9 @@ from typing import Any, Callable
 from coati.registry import Registry, resolve_callable
 
 REWARD_FNS: Registry = Registry("reward function")
+
+TRAINER_FIELDS = ("prompts", "completion_ids", "trainer_state")
+"""what a trainer supplies to a reward function that names it, beside the dataset's columns"""
 
 
 @dataclass
@@ -54,9 +61,12 @@ class RewardSignature:
 
     @classmethod
     def of(cls, fn: Callable, name: str) -> "RewardSignature":
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # fmt: skip
-        by_name = any(p.name == "completions" for p in params)
+        every = list(inspect.signature(fn).parameters.values())
+        params = [p for p in every if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        # TRL passes completions by keyword: a function that takes **kwargs and starts with a trainer field
+        # (TRL's overlong punishment: completion_ids) gets them there.
+        by_name = any(p.name == "completions" for p in params) or (
+            any(p.kind == p.VAR_KEYWORD for p in every) and bool(params) and params[0].name in TRAINER_FIELDS)
         if not by_name:  # the first positional parameter takes the completions
             if not params or params[0].kind == params[0].KEYWORD_ONLY:
                 raise ValueError(f"reward function {name} takes no completions parameter; see the reward contract")
@@ -66,15 +76,19 @@ class RewardSignature:
         options = {p.name: p.default for p in params if p.default is not p.empty}
         return cls(name, required, options, by_name)
 
+    def wants(self, name: str) -> bool:
+        """The function names the parameter ``name`` (one of ``TRAINER_FIELDS``)."""
+        return name in self.required or name in self.options
+
     @property
     def wants_prompts(self) -> bool:
-        return "prompts" in self.required or "prompts" in self.options
+        return self.wants("prompts")
 
     def check(self, columns: set[str], kwargs: dict) -> None:
         """Raise naming what is wrong: an unknown or mistyped option, or a required column the data lacks."""
         if not isinstance(kwargs, dict):
             raise ValueError(f"reward_kwargs must be a JSON object (dict), got {type(kwargs).__name__} {kwargs!r}")
-        known = sorted(k for k in self.options if k != "prompts")
+        known = sorted(k for k in self.options if k not in TRAINER_FIELDS)
         for key, value in kwargs.items():
             if key not in self.options:
                 raise ValueError(f"reward function {self.name} takes no option {key!r}; known options: {known}")
@@ -84,7 +98,7 @@ class RewardSignature:
                     f"reward option {key}={value!r} is a {type(value).__name__}, but {self.name} expects a "
                     f"{type(default).__name__} (default {default!r}); write it as JSON {_json(default)}, not a string"
                 )
-        missing = [c for c in self.required if c not in columns and c not in kwargs and c != "prompts"]
+        missing = [c for c in self.required if c not in columns and c not in kwargs and c not in TRAINER_FIELDS]
         if missing:
             raise ValueError(
                 f"reward function {self.name} needs column(s) {missing}, which the dataset lacks "
@@ -106,7 +120,20 @@ def _json(value) -> str:
     return json.dumps(value)
 
 
-def call_reward(fn: Callable, signature: RewardSignature, completions: list[str], fields: dict, kwargs: dict):
+@dataclass(frozen=True)
+class TrainerState:
+    """The step information a trainer hands a reward function (``trainer_state``, as TRL passes its own)."""
+
+    global_step: int
+    """the policy version that sampled the completions"""
+
+
+def follows_trl(name: str) -> bool:
+    """A reward function named by ``module:function`` gets completions in the dataset's form (TRL's convention)."""
+    return ":" in name
+
+
+def call_reward(fn: Callable, signature: RewardSignature, completions: list, fields: dict, kwargs: dict):
     """Call ``fn`` under the contract: completions first (by keyword for TRL-style functions), columns by name."""
     if signature.completions_by_name:
         return fn(completions=completions, **fields, **kwargs)

@@ -27,6 +27,19 @@ def combine(values: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndar
     return np.asarray(total, dtype=np.float32)
 
 
+def fill_unscored(rewards: np.ndarray, unscored: np.ndarray, group_size: int) -> np.ndarray:
+    """float [N]: ``rewards`` with each unscored completion's (a reward function's None) set to the mean of its
+    group's scored ones (0 when none is), so it moves no group's mean; the caller masks it from the loss."""
+    out = np.array(rewards, dtype=np.float64)
+    groups = out.reshape(-1, group_size)
+    missing = np.asarray(unscored, dtype=bool).reshape(-1, group_size)
+    scored = np.where(missing, 0.0, groups)
+    counts = (~missing).sum(-1, keepdims=True)
+    means = np.divide(scored.sum(-1, keepdims=True), counts, out=np.zeros_like(counts, dtype=np.float64),
+                      where=counts > 0)  # fmt: skip
+    return np.where(missing, means, groups).reshape(-1)
+
+
 def normalize_per_group(scores: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """(s - mean_g) / (std_g + eps) within each group (population std)."""
     s = np.asarray(scores, dtype=np.float64)

@@ -49,10 +49,14 @@ def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
             return
         task_id, completion, fields = msg
         try:
-            out = call_reward(fn, signature, [completion], {k: [v] for k, v in fields.items()}, fn_kwargs)
+            # trainer_state is one object for the call (as a trainer passes it), every other field one per completion
+            fields = {k: v if k == "trainer_state" else [v] for k, v in fields.items()}
+            out = call_reward(fn, signature, [completion], fields, fn_kwargs)
             assert len(out) == 1, f"reward function {fn_name} returned {len(out)} results for 1 completion"
             result = out[0]
-            if isinstance(result, (int, float)):  # plain float rewards (TRL-style functions) are accepted too
+            if result is None:  # TRL's "no score for this completion": masked from training, counted
+                result = RewardResult(float("nan"), info={"no_score": True})
+            elif isinstance(result, (int, float)):  # plain float rewards (TRL-style functions) are accepted too
                 result = RewardResult(float(result))
             elif not isinstance(result, RewardResult):
                 raise TypeError(f"reward function {fn_name} returned {type(result).__name__}; expected RewardResult or float")

@@ -1,0 +1,41 @@
+"""TRL's own reward functions, unchanged, in a run on a conversational dataset (TRL is in the suite's environment:
+benchmarks/requirements.txt, installed by `make test`): completions arrive as message lists, the fields TRL's
+trainer supplies (completion_ids) arrive, and a None ("no score") is masked from training and counted, not an
+error."""
+
+import pytest
+
+from coati.distributed.launch import launch_distributed
+from coati.models import build_tiny_model
+
+pytest.importorskip("trl", reason="TRL comes with benchmarks/requirements.txt, which make test installs")
+
+
+def run(tmp_path, reward: str):
+    path = str(build_tiny_model(tmp_path / "model", vocab_multiple=8))
+    # Conversational rows; every fourth solution is no expression math_verify can parse: TRL's accuracy_reward gives
+    # such rows None.
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"}],
+             "solution": "see the text" if i % 4 == 0 else f"${2 * i}$"} for i in range(8)]  # fmt: skip
+    return launch_distributed(
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
+        inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+        train_dataset_config={"rows": rows}, inference_model_config={"path": path}, train_model_config={"path": path},
+        generate_config={"max_new_tokens": 12, "temperature": 1.0},
+        grpo_config={"lr": 1e-3, "reward_fn_type": reward, "train_microbatch_size": 8}, plugin_config={},
+        num_generations=4, core_algo="GRPO", max_steps=2, inference_backend="transformers", max_staleness=0,
+    )  # fmt: skip
+
+
+def test_trl_accuracy_reward_scores_message_lists_and_its_none_is_no_score(ray_cluster, tmp_path):
+    history = run(tmp_path, "trl.rewards:accuracy_reward")["history"]
+    assert [m["reward/errors"] for m in history] == [0, 0]
+    # The two steps draw each of the 8 prompts once; two have an unparseable solution: 4 completions each.
+    assert sum(m["reward/no_score"] for m in history) == 8, [m["reward/no_score"] for m in history]
+
+
+def test_trl_overlong_punishment_reads_completion_ids(ray_cluster, tmp_path):
+    history = run(tmp_path, "tests.component.trl_rewards:overlong")["history"]
+    assert [m["reward/errors"] for m in history] == [0, 0]
+    # Past 12 - 6 tokens the punishment falls to -1 at 12; a tiny random model mostly writes all 12.
+    assert all(-1.0 <= m["reward/mean"] < -0.3 for m in history), [m["reward/mean"] for m in history]
