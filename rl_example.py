@@ -42,13 +42,21 @@ def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> N
 
 def cli() -> int:
     """``main`` for the command line: a refusal before the run starts (bad input: preflight's ValueError, an unknown
-    registered name's KeyError, a missing file) is one line on stderr and exit status 2, not a traceback."""
+    registered name's KeyError, a missing file) is one line on stderr and exit status 2, and a run its guards stop
+    (rewards failing, engines computing another model, actors lost past the restarts) says why with exit status 1;
+    neither prints a traceback."""
+    from coati.distributed.actor_group import RunError
+    from coati.distributed.guards import EngineMismatch, RewardFailure
+
     try:
         return 0 if main() else 1
     except (ValueError, KeyError, FileNotFoundError) as e:
         message = e.args[0] if e.args else repr(e)
         print(f"rl_example.py: error: {message}", file=sys.stderr)
         return 2
+    except (EngineMismatch, RewardFailure, RunError) as e:
+        print(f"rl_example.py: the run stopped: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -116,8 +116,9 @@ def _tasks(tasks: dict[str, dict]) -> dict:
     rows = []
     for task, spec in tasks.items():
         if {k: v for k, v in spec.items() if k != "path"} != shared:
-            raise ValueError(f"eval_dataset_config tasks differ in {sorted(set(spec) ^ set(shared)) or 'values'}; the "
-                             "held-out tasks are evaluated together and share max_length and system_prompt")  # fmt: skip
+            differ = sorted(set(spec) ^ set(shared)) or "values"
+            raise ValueError(f"eval_dataset_config tasks differ in {differ}; the held-out tasks are evaluated "
+                             "together and share max_length and system_prompt")  # fmt: skip
         rows += [{**row, "task": task} for row in read_jsonl(spec["path"])]
     return {"rows": rows, **shared}
 

@@ -7,7 +7,8 @@ so a bad line is reported with its number); a parquet, JSON, arrow or CSV file, 
 rows; or a reasoning-gym task (``reasoning_gym:<task>``). ``prompt_column`` and ``answer_column`` map other layouts
 onto a row (verl's parquet files: ``prompt`` holds the messages, ``answer_column="reward_model.ground_truth"``).
 ColossalChat's layout reads as it is: ``messages`` as one ``{"role", "content"}`` object is a one-message list, and
-its ``gold_answer`` column is the reference answer (``gt_answer``) when the row has none of that name. Everything is validated in the driver, before any actor starts.
+its ``gold_answer`` column is the reference answer (``gt_answer``) when the row has none of that name. Everything
+is validated in the driver, before any actor starts.
 
 ``DataCursor`` gives each producer its shard in a seeded order, reshuffled every episode, with a position that a
 checkpoint can save and restore.

@@ -69,8 +69,8 @@ def check_engine_trainer_gap(metrics: dict, tolerance: float, step: int) -> None
     if tolerance and gap is not None and not gap <= tolerance:
         raise EngineMismatch(
             f"step {step}: the engines' log-probs of the tokens they sampled with the weights this step started from "
-            f"are {gap:.3g} from the trainer's on average (tolerance {tolerance:.3g} for these precisions): the engines "
-            "generate from another model than the one trained (a push not loaded as sent, or a layout the engine "
-            "computes differently); stopping rather than training on it (max_engine_trainer_gap sets the tolerance, "
-            "0 turns the check off)"
+            f"are {gap:.3g} from the trainer's on average (tolerance {tolerance:.3g} for these precisions): the "
+            "engines generate from another model than the one trained (a push not loaded as sent, or a layout the "
+            "engine computes differently); stopping rather than training on it (max_engine_trainer_gap sets the "
+            "tolerance, 0 turns the check off)"
         )

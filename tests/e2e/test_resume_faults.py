@@ -189,7 +189,7 @@ BAD = [
     ("sleeping producers asked to generate", lambda t, d: {"sleep_while_training": True, "max_staleness": 1},
      ValueError, r"sleep_while_training=True .* max_staleness=1 has them generate then; set max_staleness=0"),
     ("unknown reward", lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}}, KeyError,
-     r"unknown reward function 'nope'; known: code, math"),
+     r"unknown reward function 'nope'; known: boxed, code, math, think_answer_tags"),
     ("too few rows", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}}, ValueError,
      r"the training set has 3 rows, fewer than one step's 4 prompts"),
     ("unknown environment", lambda t, d: {"grpo_config": {**GRPO, "env": "nope"}}, KeyError,

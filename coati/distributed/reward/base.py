@@ -7,9 +7,9 @@ version that sampled the batch). Plain floats are accepted in place of RewardRes
 this completion" (it is masked from training and counted, not an error). Functions named by ``module:function``
 follow TRL's conventions: ``completions`` passed by keyword when the function names it, and, for a conversational
 row (``messages``), each completion as a message list ``[{"role": "assistant", "content": text}]``; so reward
-functions written for TRL, TRL's own included, work unchanged. The registered ones (``REWARD_FNS``) take text. Reward functions are registered by name
-in ``REWARD_FNS``; a dotted path ``package.module:function`` resolves too. Producers never call them directly: they
-go through ``RewardPool``, which runs them in worker processes.
+functions written for TRL, TRL's own included, work unchanged. The registered ones (``REWARD_FNS``) take text.
+Reward functions are registered by name in ``REWARD_FNS``; a dotted path ``package.module:function`` resolves too.
+Producers never call them directly: they go through ``RewardPool``, which runs them in worker processes.
 
 ``RewardSignature`` reads a function's parameters once, so the driver can refuse, before any actor starts, a
 dataset that lacks a column the function requires and options (``reward_kwargs``) it does not take or of the wrong

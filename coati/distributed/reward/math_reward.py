@@ -337,7 +337,8 @@ def think_answer_tags(completions: list[str], gt_answer: list[str], tags: dict |
     given number of times and its answer (the tag's boxes, else its text) matches the gold one; else 0.0 (ColossalChat
     scores 10 for the same verdict; group-normalised advantages do not see the scale)."""
     tags = tags or DEFAULT_TAGS
-    return _strict(completions, gt_answer, timeout_s, lambda text, fmt: fmt == "answer_tag" and tags_in_order(text, tags))
+    return _strict(completions, gt_answer, timeout_s,
+                   lambda text, fmt: fmt == "answer_tag" and tags_in_order(text, tags))  # fmt: skip
 
 
 @REWARD_FNS.register("boxed")
