@@ -40,7 +40,7 @@ def session_pids(sid: int) -> list[int]:
                 fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[3]) == sid and int(entry) != os.getpid():
+            if int(fields[3]) == sid and fields[0] != "Z" and int(entry) != os.getpid():  # zombies are gone
                 pids.append(int(entry))
     return pids
 
@@ -65,8 +65,12 @@ def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
         pids = [int(p) for p in subprocess.run(["pgrep", "-f", temp], capture_output=True,
                                                text=True).stdout.split()]  # fmt: skip
         sid = os.getsid(pids[0])
-        status = subprocess.run(["ray", "status", "--address", gcs], capture_output=True, text=True, env=env,
-                                timeout=60)  # fmt: skip
+        for _ in range(30):  # the head reports its resources a few seconds after `ray start` returns
+            status = subprocess.run(["ray", "status", "--address", gcs], capture_output=True, text=True, env=env,
+                                    timeout=60)  # fmt: skip
+            if status.returncode != 0 or "4.0 CPU" in status.stdout:
+                break
+            time.sleep(1)
         assert status.returncode == 0 and "4.0 CPU" in status.stdout, status.stdout + status.stderr
         dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
         job = subprocess.run(
