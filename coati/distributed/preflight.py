@@ -358,22 +358,24 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
 
     from coati.distributed.reward.base import TRAINER_FIELDS
 
-    signature = RewardSignature.of(resolve_reward_fn(cfg.reward.fn), cfg.reward.fn)
     columns = set.intersection(*(set(reward_fields(r)) for r in rows))
-    try:
-        signature.check(columns, cfg.reward.kwargs)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}") from None
-    for column in signature.required:
-        if column in TRAINER_FIELDS or column in cfg.reward.kwargs:
-            continue
-        for i, row in enumerate(rows):
-            value = row[column]
-            if value is None or (isinstance(value, str) and not value.strip()):
-                raise ValueError(
-                    f"{what} row {i}: column {column!r} is {value!r}, but reward function {cfg.reward.fn} needs a "
-                    "value in every row; fix or drop the row"
-                )
+    for fn in (cfg.reward.fn, *cfg.reward.other_fns):  # reward_kwargs are the run's own function's options
+        kwargs = cfg.reward.kwargs if fn == cfg.reward.fn else {}
+        signature = RewardSignature.of(resolve_reward_fn(fn), fn)
+        try:
+            signature.check(columns, kwargs)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        for column in signature.required:
+            if column in TRAINER_FIELDS or column in kwargs:
+                continue
+            for i, row in enumerate(rows):
+                value = row[column]
+                if value is None or (isinstance(value, str) and not value.strip()):
+                    raise ValueError(
+                        f"{what} row {i}: column {column!r} is {value!r}, but reward function {fn} needs a value in "
+                        "every row; fix or drop the row"
+                    )
     check_gold_answers(cfg.reward.fn, rows, what)
 
 

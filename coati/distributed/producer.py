@@ -73,8 +73,7 @@ class Producer:
 
     def setup(self) -> dict:
         from coati.distributed.inference import backend_class
-        from coati.distributed.reward import RewardPool, RewardSignature, resolve_reward_fn
-        from coati.distributed.reward.base import TRAINER_FIELDS, follows_trl
+        from coati.distributed.reward import RewardPool
 
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
@@ -98,9 +97,11 @@ class Producer:
 
             os.environ[ALLOW_DEGRADED_ENV] = "1"
         self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
-        signature = RewardSignature.of(resolve_reward_fn(r.fn), r.fn)
-        self.reward_wants = {name for name in TRAINER_FIELDS if signature.wants(name)}
-        self.reward_follows_trl = follows_trl(r.fn)
+        if r.other_fns:  # further reward functions among the components (TRL's list), each in its own pool
+            from coati.distributed.reward.pool import RewardPools
+
+            self.pool = RewardPools(self.pool, {name: RewardPool(name, r.workers, r.item_timeout_s)
+                                                for name in r.other_fns})  # fmt: skip
         from coati.distributed.reward.compose import RunningNorm
         from coati.distributed.reward.model_actors import RewardModelClient
 
@@ -156,6 +157,8 @@ class Producer:
         out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
         rewards = np.array([r.reward for r in results], dtype=np.float64)
         unscored = np.array([bool(r.info.get("no_score")) for r in results], dtype=bool)
+        others = {name: np.array([r.info["components"][name] for r in results], dtype=object)
+                  for name in self.reward.other_fns}  # fmt: skip
         bad = np.flatnonzero(~np.isfinite(rewards) & ~unscored)
         if len(bad):
             i = int(bad[0])
@@ -163,14 +166,21 @@ class Producer:
                 f"reward function {self.reward.fn} returned {rewards[i]} for row {picks[i // self.n][1]} of the "
                 f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
             )
+        # A function's None counts 0 beside the others' scores (TRL's sum); none scoring it at all is no score.
+        for name, values in others.items():
+            unscored &= np.array([v is None for v in values], dtype=bool)
+            others[name] = np.array([0.0 if v is None else v for v in values], dtype=np.float64)
+            if not np.isfinite(others[name]).all():
+                raise ValueError(f"reward function {name} returned a non-finite reward; rewards must be finite numbers")
+        rewards = np.where(np.isfinite(rewards), rewards, 0.0)
+        rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks], others)
         out.extras["reward_no_score"] = unscored
         if unscored.any():  # no score (None): its group's mean, and no loss on it
             from coati.distributed.reward.compose import fill_unscored
 
-            rewards = fill_unscored(rewards, unscored, self.n)
+            rewards = fill_unscored(rewards, unscored, self.n).astype(np.float32)
             out.loss_mask = out.trained_mask() & ~unscored[:, None]
             out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
-        rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks])
         out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
         no_signal = degenerate_groups(torch.from_numpy(rewards), torch.arange(len(rewards)) // self.n)
         for g, (_, row) in enumerate(picks):
@@ -250,13 +260,14 @@ class Producer:
             self.cursor.give_back([self.in_engine.pop(key) for key in self.backend.withdraw()])
         assert not self.in_engine, "every group in the engine was withdrawn"
 
-    def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict]) -> np.ndarray:
-        """The reward: the components' weighted sum (the reward function's values alone when it is the only one), each
-        component's values kept in ``extras["component/<name>"]``."""
+    def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict],
+                 others: dict[str, np.ndarray] | None = None) -> np.ndarray:  # fmt: skip
+        """The reward: the components' weighted sum (the reward function's values alone when it is the only one; the
+        further reward functions' ``others``), each component's values kept in ``extras["component/<name>"]``."""
         from coati.distributed.reward.compose import combine, normalize
 
         r = self.reward
-        values = {r.fn: fn_rewards}
+        values = {r.fn: fn_rewards, **{k: v.astype(np.float32) for k, v in (others or {}).items()}}
         if self.scorers:
             texts = [self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(),
                                            skip_special_tokens=True) for i in range(len(out))]  # fmt: skip
@@ -314,17 +325,15 @@ class Producer:
             )
             row = rows[batch.group_ids[i]]
             fields = reward_fields(row)
-            if "prompts" in self.reward_wants:
+            if "prompts" in self.pool.wants:
                 fields["prompts"] = row.get("prompt", row.get("messages"))
-            if "completion_ids" in self.reward_wants:
+            if "completion_ids" in self.pool.wants:
                 fields["completion_ids"] = batch.response_ids[i, : batch.response_lengths[i]].tolist()
-            if "trainer_state" in self.reward_wants:
+            if "trainer_state" in self.pool.wants:
                 from coati.distributed.reward.base import TrainerState
 
                 fields["trainer_state"] = TrainerState(global_step=self.version)
-            conversational = self.reward_follows_trl and "messages" in row
-            futures.append(self.pool.submit([{"role": "assistant", "content": text}] if conversational else text,
-                                            fields))  # fmt: skip
+            futures.append(self.pool.submit(text, fields, conversational="messages" in row))
         return futures
 
     def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:

@@ -43,8 +43,10 @@ class RewardConfig:
     env_step_timeout_s: float = 30.0
     """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
     components: dict = field(default_factory=dict)
-    """weights of the reward's named components, summed: the reward function by its name (``fn``) and ``rm`` (the
-    reward model at rm_path), e.g. {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
+    """weights of the reward's named components, summed: the reward function by its name (``fn``), further reward
+    functions (registered names or package.module:function, as TRL's list of reward functions with its weights; a
+    function's None counts 0 beside the others'), ``rm`` (the reward model at rm_path) and ``judge``, e.g.
+    {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
     rm_path: str | None = None
     """a reward model: an AutoModelForSequenceClassification folder with one output, scoring prompt + completion
     under its chat template (the ``rm`` component)"""
@@ -117,11 +119,17 @@ class RewardConfig:
     def _check_components(self) -> None:
         from coati.distributed.reward.compose import NORMALIZATIONS
 
+        from coati.distributed.reward.base import REWARD_FNS
+
         known = {self.fn, "rm", "judge"}
-        require(isinstance(self.components, dict) and set(self.components) <= known
+        require(isinstance(self.components, dict)
+                and all(k in known or k in REWARD_FNS or ":" in str(k) for k in self.components)
                 and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.components.values()),
-                f"reward components must map names in {sorted(known)} to numbers, got "
-                f"{self.components!r}")  # fmt: skip
+                f"reward components must map names in {sorted(known)} or further reward functions (registered "
+                f"names, package.module:function) to numbers, got {self.components!r}")  # fmt: skip
+        require(not self.other_fns or self.fn in self.components,
+                f"reward components {sorted(self.components)} name further reward functions but not the run's own, "
+                f"{self.fn!r}; give it a weight too (0 to use it for accuracy only)")  # fmt: skip
         bad = {k: w for k, w in self.components.items() if not math.isfinite(w)}
         require(not bad, f"reward components need finite weights, got {bad} (NaN or infinite weights make every "
                          "reward NaN); give each component a finite number")  # fmt: skip
@@ -154,6 +162,11 @@ class RewardConfig:
         positive(self, "rm_servers")
         positive(self, "rm_batch_size")
         require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")
+
+    @property
+    def other_fns(self) -> tuple[str, ...]:
+        """The reward functions among the components besides ``fn``."""
+        return tuple(k for k in self.components if k not in (self.fn, "rm", "judge"))
 
     @property
     def weights(self) -> dict[str, float]:

@@ -188,3 +188,15 @@ def test_the_math_reward_refuses_a_gold_answer_that_is_not_an_answer_before_the_
     # An answer column read from nested data keeps a list a list (refused above), and a number becomes its text.
     assert as_row({"q": "p", "a": {"v": [42]}}, "q", "a.v", "row 0")["gt_answer"] == [42]
     assert as_row({"q": "p", "a": 42}, "q", "a", "row 0")["gt_answer"] == "42"
+
+
+def test_further_reward_functions_are_components_beside_the_run_s_own():
+    from coati.distributed.reward_config import RewardConfig
+
+    r = RewardConfig(fn="math", components={"math": 1.0, "trl.rewards:think_format_reward": 0.5})
+    assert r.other_fns == ("trl.rewards:think_format_reward",) and r.weights["math"] == 1.0
+    assert RewardConfig(fn="math", components={"math": 1.0, "code": 0.5}).other_fns == ("code",)
+    with pytest.raises(ValueError, match="name further reward functions but not the run's own, 'math'"):
+        RewardConfig(fn="math", components={"code": 1.0})
+    with pytest.raises(ValueError, match="further reward functions \\(registered names, package.module:function\\)"):
+        RewardConfig(fn="math", components={"math": 1.0, "nosuch": 0.5})

@@ -25,7 +25,15 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 
-from coati.distributed.reward.base import RewardResult, RewardSignature, call_reward, resolve_reward_fn, truncate_for_log
+from coati.distributed.reward.base import (
+    TRAINER_FIELDS,
+    RewardResult,
+    RewardSignature,
+    call_reward,
+    follows_trl,
+    resolve_reward_fn,
+    truncate_for_log,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +113,10 @@ class RewardPool:
         max_pending: int = 1024,
         fn_kwargs: dict | None = None,
     ):
-        resolve_reward_fn(fn_name)  # fail here, in the caller, on an unknown name
+        signature = RewardSignature.of(resolve_reward_fn(fn_name), fn_name)  # fails here, in the caller
+        self.wants = {name for name in TRAINER_FIELDS if signature.wants(name)}
+        """the trainer fields (``TRAINER_FIELDS``) the function names: only those are passed to it"""
+        self.follows_trl = follows_trl(fn_name)
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.fn_name = fn_name
@@ -119,12 +130,17 @@ class RewardPool:
         self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
         self._thread.start()
 
-    def submit(self, completion: str, fields: dict) -> Future:
-        """Queue one completion with its sample fields; blocks while ``max_pending`` items wait."""
+    def submit(self, completion: str, fields: dict, conversational: bool = False) -> Future:
+        """Queue one completion with its sample fields (the trainer fields the function does not name left out);
+        a function that follows TRL's conventions gets a ``conversational`` row's completion as a message list.
+        Blocks while ``max_pending`` items wait."""
         if self._closed.is_set():
             raise RuntimeError("RewardPool is closed")
+        fields = {k: v for k, v in fields.items() if k not in TRAINER_FIELDS or k in self.wants}
+        if conversational and self.follows_trl:
+            completion = [{"role": "assistant", "content": completion}]
         fut: Future = Future()
-        self._queue.put((next(self._ids), completion, dict(fields), fut))
+        self._queue.put((next(self._ids), completion, fields, fut))
         return fut
 
     def score(self, completions: list[str], fields: dict[str, list]) -> list[RewardResult]:
@@ -215,3 +231,45 @@ class RewardPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class RewardPools:
+    """The run's reward function and the further reward functions among its components (TRL's list of reward
+    functions), each in a pool of its own: one ``submit`` scores a completion with all of them. The future holds the
+    first function's RewardResult with the others' values in ``info["components"]`` ({name: reward, or None for no
+    score}); any one's failure is the completion's (``info["error"]``, named by the function)."""
+
+    def __init__(self, main: RewardPool, others: dict[str, RewardPool]):
+        self.main, self.others = main, dict(others)
+        self.wants = set(main.wants).union(*(p.wants for p in self.others.values()))
+
+    def submit(self, completion: str, fields: dict, conversational: bool = False) -> Future:
+        futures = {None: self.main.submit(completion, fields, conversational)}
+        futures.update({name: pool.submit(completion, fields, conversational) for name, pool in self.others.items()})
+        out: Future = Future()
+        pending, lock = [len(futures)], threading.Lock()
+
+        def done(_) -> None:
+            with lock:
+                pending[0] -= 1
+                if pending[0]:
+                    return
+            first = futures[None].result()
+            info, components = dict(first.info), {}
+            for name, fut in futures.items():
+                if name is None:
+                    continue
+                result = fut.result()
+                components[name] = None if result.info.get("no_score") else result.reward
+                if result.info.get("error") and not info.get("error"):
+                    info.update(error=f"{name}: {result.info['error']}", timeout=bool(result.info.get("timeout")))
+            info["components"] = components
+            out.set_result(RewardResult(first.reward, first.format_ok, first.answer_ok, info))
+
+        for fut in futures.values():
+            fut.add_done_callback(done)
+        return out
+
+    def close(self) -> None:
+        for pool in (self.main, *self.others.values()):
+            pool.close()
