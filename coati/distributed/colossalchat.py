@@ -227,11 +227,9 @@ def _model(m: dict, name: str, kw: dict, say) -> dict:
     for key in ("use_flash_attention_2", "attn_implementation", "use_cache"):
         if key in m:
             say(key, m.pop(key))
-    if "torch_dtype" in m:
-        dtype = m.pop("torch_dtype")
-        m.setdefault("dtype", str(dtype).removeprefix("torch.") if dtype is not None else None)
-        if m["dtype"] is None:
-            m.pop("dtype")
+    dtype = m.pop("torch_dtype", None)
+    if dtype is not None:
+        m.setdefault("dtype", str(dtype).removeprefix("torch."))
     if name == "train_model_config":
         extra = sorted(set(m) - {"path"})
         if extra:

@@ -17,7 +17,7 @@ def trl(prompts, completions, **kwargs):
 def test_signature_of_a_native_reward():
     sig = RewardSignature.of(ours, "ours")
     assert sig.required == ("gt_answer",) and sig.options == {"scale": 1.0, "strict": True}
-    assert not sig.wants_prompts
+    assert not sig.wants("prompts")
     sig.check({"gt_answer"}, {"scale": 2, "strict": False})  # an int where a float is expected is fine
 
 
@@ -32,7 +32,7 @@ def test_completions_go_to_the_first_parameter_whatever_its_name():
 
 def test_signature_of_a_trl_reward_gets_prompts_and_completions_by_name():
     sig = RewardSignature.of(trl, "trl")
-    assert sig.completions_by_name and sig.wants_prompts and sig.required == ("prompts",)
+    assert sig.completions_by_name and sig.wants("prompts") and sig.required == ("prompts",)
     sig.check(set(), {})
     assert call_reward(trl, sig, ["a", "b"], {"prompts": ["a", "x"]}, {}) == [1.0, 0.0]
 

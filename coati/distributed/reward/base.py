@@ -80,10 +80,6 @@ class RewardSignature:
         """The function names the parameter ``name`` (one of ``TRAINER_FIELDS``)."""
         return name in self.required or name in self.options
 
-    @property
-    def wants_prompts(self) -> bool:
-        return self.wants("prompts")
-
     def check(self, columns: set[str], kwargs: dict) -> None:
         """Raise naming what is wrong: an unknown or mistyped option, or a required column the data lacks."""
         if not isinstance(kwargs, dict):
