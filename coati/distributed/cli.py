@@ -74,6 +74,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+WEIGHTS = "reward_weights"
+"""the key of ``--reward-weights``: with several functions after ``--reward-fn`` (TRL's reward_funcs and
+reward_weights), a spelling of the reward's components on the command line, not a field of the tree"""
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
     key: str
@@ -88,7 +93,10 @@ class Flag:
 def flags() -> list[Flag]:
     """Every field of the tree as a flag."""
     out = [_flag("algo", Config, "algo", None),
-           Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)")]
+           Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)"),
+           Flag(WEIGHTS, ("--reward-weights",), float, True, None,
+                "weights of the reward functions given to --reward-fn, in order (default: 1 each); sets the reward's "
+                "components, as TRL's reward_weights")]  # fmt: skip
     for section, cls in SECTIONS.items():
         out += _section_flags(section, cls, section in PREFIXED)
     docs = field_docs(AlgorithmConfig)
@@ -172,7 +180,17 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     for f in flags():
         section = f.key.split(".")[0] if "." in f.key else "run"
         group = groups.setdefault(section, parser.add_argument_group(section))
-        default = "" if f.key.startswith("algorithm.") or f.key == "config" else f" (default: {_show(f.default)})"
+        default = ("" if f.key.startswith("algorithm.") or f.key in ("config", WEIGHTS)
+                   else f" (default: {_show(f.default)})")  # fmt: skip
+        if f.key == "reward.fn":
+            help_text = (f.help + "; several, each a further reward function among the components (TRL's list of "
+                         "reward functions, weighted by --reward-weights)" + default).replace("%", "%%")  # fmt: skip
+            group.add_argument(*f.names, dest=f.key, nargs="+", help=help_text, metavar="FN")
+            continue
+        if f.key == WEIGHTS:
+            group.add_argument(*f.names, dest=f.key, nargs="+", type=_parse(float, f.names[-1]), help=f.help,
+                               metavar="W")  # fmt: skip
+            continue
         help_text = (f.help + default).replace("%", "%%")
         if f.kind is bool:
             group.add_argument(*f.names, dest=f.key, action=argparse.BooleanOptionalAction, help=help_text)
@@ -239,12 +257,35 @@ def load_file(path: str) -> dict:
     return tree
 
 
+def _reward_functions(given: dict) -> None:
+    """``--reward-fn f [g ...]`` with ``--reward-weights``: the first is the run's reward function; with several, or
+    with weights, every one is a component with its weight (1 each when none are given)."""
+    fns, weights = given.pop("reward.fn", None), given.pop(WEIGHTS, None)
+    if fns is None:
+        if weights is not None:
+            raise ValueError(f"--reward-weights {' '.join(map(str, weights))} weighs the functions given to "
+                             "--reward-fn, but none were given; name them, e.g. --reward-fn math my_rewards:fmt")
+        return
+    given["reward.fn"] = fns[0]
+    if len(fns) == 1 and weights is None:
+        return
+    weights = [1.0] * len(fns) if weights is None else weights
+    if len(weights) != len(fns) or len(set(fns)) != len(fns):
+        raise ValueError(f"--reward-weights {' '.join(map(str, weights))} must give one weight to each distinct "
+                         f"function of --reward-fn {' '.join(fns)}")  # fmt: skip
+    if "reward.components" in given:
+        raise ValueError("--reward-components and several --reward-fn functions (or --reward-weights) both set the "
+                         "reward's components; use one")  # fmt: skip
+    given["reward.components"] = dict(zip(fns, weights))
+
+
 def parse_config(argv=None, description: str = "") -> Config:
     """The Config of a command line: the tree's defaults, then ``--config`` FILE, then the flags given."""
     parser = build_parser(description)
     given = vars(parser.parse_args(argv))
     try:
         tree = load_file(given.pop("config")) if "config" in given else {}
+        _reward_functions(given)
         for key, value in given.items():
             node = tree
             *parents, leaf = key.split(".")

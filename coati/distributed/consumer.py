@@ -19,6 +19,7 @@ import torch
 
 from coati.distributed import attention
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
+from coati.distributed.algo.grouping import without_unscored
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
 from coati.distributed.forward import (
@@ -41,6 +42,18 @@ from coati.distributed.threads import ThreadLease
 from coati.distributed.wire_layout import cast_for_wire, flatten_parameters, separate_storages
 
 log = logging.getLogger(__name__)
+
+
+def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torch.Tensor:
+    """[B, T] advantages of a batch under ``algo``'s estimator; a completion without a score (its reward function's
+    None) is left out of its group's statistics, and its loss mask is empty."""
+    group_ids = torch.tensor(batch.group_ids)
+    unscored = batch.extras.get("reward_no_score")
+    if unscored is not None and unscored.any():
+        group_ids = without_unscored(group_ids, torch.tensor(~unscored))
+    return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
+        torch.tensor(batch.rewards), group_ids, loss_mask, algo
+    ).advantages
 
 
 class GRPOConsumer(PipelineSteps):
@@ -258,9 +271,7 @@ class GRPOConsumer(PipelineSteps):
         loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)  # sampled tokens only
         if self.algo.mask_truncated:
             loss_mask = mask_truncated(loss_mask, torch.tensor(batch.truncated))
-        adv = ADVANTAGE_ESTIMATORS.get(self.algo.advantage_estimator)(
-            torch.tensor(batch.rewards), torch.tensor(batch.group_ids), loss_mask, self.algo
-        ).advantages
+        adv = batch_advantages(batch, loss_mask, self.algo)
         # DP shard: contiguous whole groups (rows are prompt-major).
         shard = n_rows // self.dp_size
         num_minibatches = self.cfg.train_batch_size // self.cfg.train_minibatch_size

@@ -40,7 +40,7 @@ _GRPO_KEYS = {"lr": "consumer.learning_rate", "num_iterations": "consumer.num_it
               "lora_export_merged": "consumer.lora_export_merged",
               "reward_fn_type": "reward.fn",
               "reward_kwargs": "reward.kwargs", "reward_max_error_fraction": "reward.max_error_fraction",
-              "reward_timeout_s": "reward.item_timeout_s",
+              "reward_timeout_s": "reward.item_timeout_s", "reward_batch_size": "reward.batch_size",
               "reward_stop_on_first_step_error": "reward.stop_on_first_step_error", "env": "reward.env",
               "env_kwargs": "reward.env_kwargs", "env_max_turns": "reward.env_max_turns",
               "env_max_tokens": "reward.env_max_tokens", "env_step_timeout_s": "reward.env_step_timeout_s",

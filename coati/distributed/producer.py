@@ -96,11 +96,13 @@ class Producer:
             from coati.distributed.reward.sandbox import ALLOW_DEGRADED_ENV
 
             os.environ[ALLOW_DEGRADED_ENV] = "1"
-        self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs)
+        self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs,
+                               batch_size=r.calls_of(r.fn, self.n))  # fmt: skip
         if r.other_fns:  # further reward functions among the components (TRL's list), each in its own pool
             from coati.distributed.reward.pool import RewardPools
 
-            self.pool = RewardPools(self.pool, {name: RewardPool(name, r.workers, r.item_timeout_s)
+            self.pool = RewardPools(self.pool, {name: RewardPool(name, r.workers, r.item_timeout_s,
+                                                                 batch_size=r.calls_of(name, self.n))
                                                 for name in r.other_fns})  # fmt: skip
         from coati.distributed.reward.compose import RunningNorm
         from coati.distributed.reward.model_actors import RewardModelClient
@@ -318,7 +320,7 @@ class Producer:
         return batch, scored
 
     def _submit_rewards(self, batch: RolloutBatch, rows: list[dict]):
-        futures = []
+        items = []
         for i in range(len(batch)):
             text = self.tokenizer.decode(
                 batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True
@@ -333,8 +335,8 @@ class Producer:
                 from coati.distributed.reward.base import TrainerState
 
                 fields["trainer_state"] = TrainerState(global_step=self.version)
-            futures.append(self.pool.submit(text, fields, conversational="messages" in row))
-        return futures
+            items.append((text, fields, "messages" in row))
+        return self.pool.submit_many(items)  # together, so that a batched reward function gets them in few calls
 
     def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU

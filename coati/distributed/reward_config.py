@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from coati.distributed.config_checks import finite, positive, require
+from coati.distributed.reward.base import follows_trl
 from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 
 
@@ -20,8 +21,13 @@ class RewardConfig:
     """options passed to the reward function by name; each must be one of its parameters, of its default's type"""
     workers: int = 1
     """reward worker processes per producer"""
+    batch_size: int | None = None
+    """completions per call of a reward function (those scored together; a call that fails is retried one completion
+    per call); None: the group (num_generations) for package.module:function functions, which take lists as TRL
+    calls them, and 1 for the registered ones, whose work is per completion"""
     item_timeout_s: float = 30.0
-    """wall-clock limit for scoring one completion; the worker is killed and the item counted as a timeout"""
+    """wall-clock limit for one call of the reward function (see batch_size); the worker is killed, and the
+    completion counted as a timeout (a call of several is retried one completion per call first)"""
     max_error_fraction: float = 0.1
     """the run stops when more than this fraction of a step's completions fail to score (error or timeout)"""
     stop_on_first_step_error: bool = True
@@ -109,6 +115,8 @@ class RewardConfig:
             f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
         )
         positive(self, "workers")
+        require(self.batch_size is None or (isinstance(self.batch_size, int) and self.batch_size >= 1),
+                f"reward batch_size must be an integer >= 1 or None, got {self.batch_size!r}")  # fmt: skip
         require(self.item_timeout_s > 0, f"reward item_timeout_s must be > 0, got {self.item_timeout_s}")
         require(
             0 <= self.max_error_fraction <= 1,
@@ -162,6 +170,12 @@ class RewardConfig:
         positive(self, "rm_servers")
         positive(self, "rm_batch_size")
         require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")
+
+    def calls_of(self, name: str, group_size: int) -> int:
+        """Completions per call of reward function ``name`` (``batch_size`` resolved)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return group_size if follows_trl(name) else 1
 
     @property
     def other_fns(self) -> tuple[str, ...]:

@@ -58,3 +58,14 @@ def trl_style(prompts, completions, scale: float = 1.0, shout: bool = False, **k
 def gt_as_reward(completions, gt_answer, **fields):
     """The row's reference answer as the reward (to check that a mapped answer column reaches the reward)."""
     return [RewardResult(float(a), True, float(a) > 0) for a in gt_answer]
+
+
+def batch_sizes(completions, **fields):
+    """Each completion's reward is the number of completions in its call ("hang" sleeps a minute, "raise" raises)."""
+    import time
+
+    if "hang" in completions:
+        time.sleep(60)
+    if "raise" in completions:
+        raise ValueError("bad sample")
+    return [float(len(completions))] * len(completions)

@@ -141,6 +141,26 @@ def test_crashed_worker_is_replaced_and_item_scored_zero():
         assert pool.replaced_workers == 1
 
 
+def test_completions_submitted_together_share_calls_and_a_failed_call_is_retried_one_by_one():
+    """TRL calls a reward function with lists: a pool of batch size 4 scores 10 completions submitted together in
+    3 calls (4, 4, 2); a call that raises, hangs or kills its worker is split, so only the completion at fault
+    scores 0 with its reason and the others keep their scores."""
+    fn = "tests.component.reward_fns:batch_sizes"
+    with RewardPool(fn, num_workers=1, batch_size=4) as pool:
+        assert [r.reward for r in pool.score([f"c{i}" for i in range(10)], {})] == [4.0] * 8 + [2.0] * 2
+        assert pool.calls == 3
+    with RewardPool(fn, num_workers=1, item_timeout_s=2.0, batch_size=4) as pool:
+        start = time.monotonic()
+        results = pool.score(["a", "raise", "b", "hang", "c"], {})
+        assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0, 1.0]
+        assert "ValueError: bad sample" in results[1].info["error"] and results[3].info["timeout"]
+        assert time.monotonic() - start < 2 * 2.0 + 10  # the batch's limit, then the hanging one's own
+    with RewardPool("tests.component.reward_fns:crashy", num_workers=1, batch_size=4) as pool:
+        results = pool.score(["fine", "crash", "fine"], {})
+        assert [r.reward for r in results] == [1.0, 0.0, 1.0] and "exit code 3" in results[1].info["error"]
+        assert pool.replaced_workers == 2  # the batch's worker, then the crashing one's own
+
+
 def test_a_worker_runs_the_reward_function_not_its_parents_main_module(tmp_path):
     """A worker process imports the reward function's module only; multiprocessing's spawn re-ran the parent's main
     script in it (in a producer, Ray's worker script: half a second of CPU at every start). The parent here is a

@@ -99,3 +99,30 @@ def test_reinforce_ppb_epsilon_sits_inside_the_root():
     out = ADVANTAGE_ESTIMATORS["reinforce_ppb"](REWARDS, GROUPS, MASK, cfg)
     root = math.sqrt(2.9 / 9 + 0.25)
     assert per_seq(out.advantages) == pytest.approx([0.9 / root, -1.1 / root] + [-0.1 / root] * 4, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo", "reinforce_ppb"])
+def test_a_completion_without_a_score_is_left_out_of_its_groups_statistics(name):
+    """A reward function's None: the other completions' advantages are those of their group without it (the
+    producer fills its reward with the group's mean, which would still shrink the group's std and widen RLOO's
+    baseline), and its own is 0."""
+    import numpy as np
+
+    from coati.distributed.consumer import batch_advantages
+    from coati.distributed.rollout import RolloutBatch
+
+    lengths = np.array([2, 1, 3, 1, 2, 1, 2, 2])
+    mask = np.arange(3)[None, :] < lengths[:, None]
+    rewards = np.array([2.0, 0.0, 1.0, 1.0, 0.0, 3.0, 1.0, 5.0], dtype=np.float32)  # row 2's 1.0: its group's mean
+    unscored = np.array([False, False, True, False, False, False, False, False])
+    batch = RolloutBatch(np.zeros((8, 1), dtype=np.int64), np.ones((8, 1), dtype=bool), np.zeros((8, 3), np.int64),
+                         mask, np.zeros((8, 3), np.float32), lengths, np.zeros(8, dtype=bool),
+                         group_ids=np.repeat([0, 1], 4), rewards=rewards, extras={"reward_no_score": unscored},
+                         loss_mask=mask & ~unscored[:, None])  # fmt: skip
+    loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)
+    adv = batch_advantages(batch, loss_mask, CFG.__class__(advantage_estimator=name))
+    keep = torch.tensor(~unscored)
+    alone = ADVANTAGE_ESTIMATORS.get(name)(torch.tensor(rewards)[keep], torch.tensor([0, 0, 0, 1, 1, 1, 1]),
+                                           loss_mask[keep], CFG.__class__(advantage_estimator=name)).advantages  # fmt: skip
+    assert torch.allclose(adv[keep], alone, atol=1e-6), (adv, alone)
+    assert torch.all(adv[2] == 0)

@@ -28,7 +28,7 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
     by_key = {f.key: f for f in flags()}
     assert leaf_keys() <= set(by_key), sorted(leaf_keys() - set(by_key))
     for key, flag in by_key.items():
-        if key == "config":
+        if key in ("config", "reward_weights"):  # a file of the tree; a spelling of reward.components
             continue
         *parents, name = key.split(".")
         cls = {"algorithm": AlgorithmConfig, "plugin": PluginConfig}.get(parents[-1] if parents else "", None)
@@ -36,6 +36,21 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
         assert flag.help.startswith(field_docs(cls)[name]), key
     text = build_parser().format_help()
     assert "completions sampled per prompt (the group size G) (default: 4)" in " ".join(text.split())
+
+
+def test_several_reward_functions_with_weights_are_the_reward_s_components(capsys):
+    """TRL's reward_funcs and reward_weights on the command line."""
+    acc, fmt = "trl.rewards:accuracy_reward", "tests.component.reward_fns:plain_floats"
+    c = parse_config(["--reward-fn", acc, fmt, "--reward-weights", "1", "0.5"])
+    assert c.reward.fn == acc and c.reward.components == {acc: 1.0, fmt: 0.5}
+    assert parse_config(["-rt", "math", fmt]).reward.components == {"math": 1.0, fmt: 1.0}
+    assert parse_config(["-rt", "boxed"]).reward.components == {}
+    for argv, message in [(["--reward-fn", "math", fmt, "--reward-weights", "1"], "one weight to each distinct"),
+                          (["--reward-weights", "1"], "but none were given"),
+                          (["--reward-fn", "math", fmt, "--reward-components", '{"math": 1}'], "use one")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse_config(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():

@@ -43,3 +43,12 @@ def degenerate_groups(rewards: torch.Tensor, group_ids: torch.Tensor, tol: float
     """
     _, std = group_mean_std(rewards.double(), group_ids)
     return std <= tol
+
+
+def without_unscored(group_ids: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """Group ids [B] with each unscored sample (``scored`` False: its reward function gave no score) moved to a group
+    of its own, so its group's statistics are those of its scored samples alone (and a group of one carries no
+    signal: its advantage is 0)."""
+    assert scored.shape == group_ids.shape, (scored.shape, group_ids.shape)
+    lone = group_ids.max() + 1 + torch.arange(len(group_ids), dtype=group_ids.dtype) if len(group_ids) else group_ids
+    return torch.where(scored.bool(), group_ids, lone)

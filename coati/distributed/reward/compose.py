@@ -29,7 +29,9 @@ def combine(values: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndar
 
 def fill_unscored(rewards: np.ndarray, unscored: np.ndarray, group_size: int) -> np.ndarray:
     """float [N]: ``rewards`` with each unscored completion's (a reward function's None) set to the mean of its
-    group's scored ones (0 when none is), so it moves no group's mean; the caller masks it from the loss."""
+    group's scored ones (0 when none is), so that the rewards the run reports and compares (dynamic sampling's
+    all-equal test) stay finite and move no group's mean; the caller masks it from the loss, and the advantages leave
+    it out of its group (``consumer.batch_advantages``)."""
     out = np.array(rewards, dtype=np.float64)
     groups = out.reshape(-1, group_size)
     missing = np.asarray(unscored, dtype=bool).reshape(-1, group_size)
