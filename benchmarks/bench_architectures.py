@@ -36,7 +36,7 @@ def digit_fraction(completions, **fields):
 
 
 def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
-    from coati.distributed.actor_group import RunError
+    from coati.distributed.driver.actor_group import RunError
     from coati.distributed.guards import EngineMismatch
     from coati.distributed.launch import launch_distributed
 

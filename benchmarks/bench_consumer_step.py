@@ -2,7 +2,7 @@
 coati's gradient clipping and synchronisation against ColossalAI's as shipped, side by side in one run.
 
 coati: the global gradient norm from float32 norms of blocks summed in float64, the clip applied by Adam's update as
-the gradients' divisor (``coati/distributed/grad_clip.py``), and torch DDP's all-reduce skipped where it changes
+the gradients' divisor (``coati/distributed/trainer/grad_clip.py``), and torch DDP's all-reduce skipped where it changes
 nothing (one DP rank) or would repeat (every pass but a minibatch's last). ColossalAI: the norm from float64 copies of
 every gradient, the gradients scaled in a pass of their own, DDP's all-reduce in every backward (the same consumer
 class with those two parts put back, as in tests/e2e/test_training_options.py).
@@ -31,7 +31,7 @@ def rollout_batch(seed: int):
     import numpy as np
 
     from bench_step_profile import batch
-    from coati.distributed.rollout import RolloutBatch
+    from coati.distributed.record import RolloutBatch
 
     (pid, pm, rid, rm), _, _ = batch(seed)
     n, rmask = len(pid), rm.numpy().astype(bool)
@@ -52,14 +52,15 @@ def main() -> None:
     import ray
 
     from coati.default_model import default_model_path
-    from coati.distributed.actor_group import _free_port, cpu_actor_env
+    from coati.distributed.driver.actor_group import _free_port, cpu_actor_env
     from coati.distributed.algo.presets import resolve_algorithm
-    from coati.distributed.config import ConsumerConfig, GenerationConfig
-    from coati.distributed.consumer import GRPOConsumer
+    from coati.distributed.trainer.config import ConsumerConfig
+    from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.trainer.consumer import GRPOConsumer
 
     class ColossalAIConsumer(GRPOConsumer):
         def setup(self):
-            import coati.distributed.consumer as consumer_module
+            import coati.distributed.trainer.consumer as consumer_module
 
             consumer_module.fold_clipping = lambda *a: None
             return super().setup()

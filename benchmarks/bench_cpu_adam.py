@@ -54,7 +54,7 @@ def main():
     parser.add_argument("--params", type=int, default=134_515_008, help="parameters (default: SmolLM2-135M's)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
-    from coati.distributed.colossal_cpu import _TorchFusedCpuAdamKernel, apply_cpu_shims
+    from coati.distributed.trainer.colossal_cpu import _TorchFusedCpuAdamKernel, apply_cpu_shims
 
     if not apply_cpu_shims():
         raise SystemExit("CUDA is present: HybridAdam uses ColossalAI's own kernels and the shim is not applied")

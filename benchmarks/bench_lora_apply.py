@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from coati.distributed.run_config import DEFAULT_TASK
+from coati.distributed.config.tree import DEFAULT_TASK
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -54,8 +54,8 @@ def measure(dtype_name: str, args) -> dict:
     from peft import get_peft_model
 
     from coati.default_model import default_model_path
-    from coati.distributed.config import GenerationConfig
-    from coati.distributed.data import encode_prompt, load_rows
+    from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.rollout.data import encode_prompt, load_rows
     from coati.distributed.inference import backend_class
     from coati.distributed.lora import adapter_tensors, peft_config
 

@@ -51,8 +51,8 @@ def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_token
     import torch
     from transformers import AutoTokenizer
 
-    from coati.distributed.config import GenerationConfig
-    from coati.distributed.data import encode_prompt, reward_fields
+    from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.rollout.data import encode_prompt, reward_fields
     from coati.distributed.inference.transformers_backend import TransformersBackend
     from coati.distributed.reward.math_reward import math_reward
 
@@ -136,8 +136,8 @@ def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags
 
 def held_out_rows(job, size: int) -> list[dict]:
     """``size`` rows of the default job's held-out task, drawn as it draws its own."""
-    from coati.distributed.data import load_rows
-    from coati.distributed.preflight import dataset_kwargs
+    from coati.distributed.rollout.data import load_rows
+    from coati.distributed.driver.preflight import dataset_kwargs
 
     _, spec = job.data.datasets(job.run.seed)
     return load_rows(**dataset_kwargs(dict(spec, size=size)))
@@ -170,9 +170,9 @@ def main():
     sys.path.insert(0, str(ROOT))
     from bench_vs_trl import run_trl, trl_python
     from coati.default_model import default_model_path
-    from coati.distributed.cli import parse_config
-    from coati.distributed.data import load_rows
-    from coati.distributed.preflight import dataset_kwargs
+    from coati.distributed.config.cli import parse_config
+    from coati.distributed.rollout.data import load_rows
+    from coati.distributed.driver.preflight import dataset_kwargs
 
     flags = shlex.split(args.coati_flags)
     try:

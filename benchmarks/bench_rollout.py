@@ -38,8 +38,8 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
 
         torch._dynamo.config.disable = True
     from coati.default_model import default_model_path
-    from coati.distributed.config import GenerationConfig
-    from coati.distributed.data import encode_prompt, load_rows
+    from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.rollout.data import encode_prompt, load_rows
     from coati.distributed.inference import backend_class
 
     path = default_model_path()

@@ -97,8 +97,8 @@ def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tu
     from transformers import AutoModelForCausalLM
 
     from coati.distributed import attention
-    from coati.distributed.colossal_cpu import apply_cpu_shims
-    from coati.distributed.forward import packed_group_logprobs
+    from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
+    from coati.distributed.trainer.forward import packed_group_logprobs
 
     torch.set_num_threads(threads)
     apply_cpu_shims()
@@ -141,8 +141,8 @@ def generation(model_dir: str, threads: int, peak: float) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from coati.distributed.config import GenerationConfig
-    from coati.distributed.data import encode_prompt
+    from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.rollout.data import encode_prompt
     from coati.distributed.inference import backend_class
     from bench_vs_trl import workload_rows
 
@@ -171,7 +171,7 @@ def generation(model_dir: str, threads: int, peak: float) -> None:
 def trainer_child(args, peaks: dict, malloc: str) -> None:
     """The trainer steps of every precision and attention, in a process started under ``malloc``'s settings (glibc
     reads them once, at start-up)."""
-    from coati.distributed.actor_group import KEEP_FREED_MEMORY
+    from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
 
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     if malloc == "kept":

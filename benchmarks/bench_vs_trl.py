@@ -53,7 +53,7 @@ def trl_python() -> str:
 
 
 def workload_rows(n: int, seed: int) -> list[dict]:
-    from coati.distributed.data import load_rows
+    from coati.distributed.rollout.data import load_rows
 
     return load_rows("reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2", size=n, seed=seed)
 

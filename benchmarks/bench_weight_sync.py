@@ -31,7 +31,7 @@ import time
 import ray
 import torch
 
-from coati.distributed.wire_layout import flatten_parameters
+from coati.distributed.transport.wire_layout import flatten_parameters
 
 
 def llama_like_state_dict(layers: int = 30, hidden: int = 576, inter: int = 1536, kv: int = 192, vocab: int = 49152):
@@ -89,7 +89,7 @@ class Endpoint:
         self.flat = torch.randn(numel) if rank == 0 else torch.empty(numel)
 
     def join(self, group: str):
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         init_group(2, self.rank, group)
         nbytes = sum(t.numel() * t.element_size() for t in self.sd.values())
@@ -111,7 +111,7 @@ class Endpoint:
         """One timed push by ``method``; both endpoints call it together."""
         import ray.util.collective as cc
 
-        from coati.distributed.comm import ray_broadcast_object, ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_object, ray_broadcast_tensor_dict
 
         self._barrier(group)
         start = time.perf_counter()

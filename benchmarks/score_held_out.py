@@ -28,7 +28,7 @@ def main():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
     from coati.default_model import default_model_path
-    from coati.distributed.cli import parse_config
+    from coati.distributed.config.cli import parse_config
 
     job = parse_config([])
     held_out = held_out_rows(job, args.eval_rows)

@@ -65,3 +65,18 @@ def peft_config(rank: int, alpha: float, dropout: float, target_modules, base_pa
 
     return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
                       task_type="CAUSAL_LM", base_model_name_or_path=base_path)  # fmt: skip
+
+
+def write_adapter(adapter: dict, lora_config, tokenizer, folder: str) -> None:
+    """Write a LoRA adapter (wire names) into ``folder`` as PEFT lays it out, ``adapter_config.json`` and
+    ``adapter_model.safetensors``, plus the tokenizer when given: what ``PeftModel.from_pretrained(base, folder)``
+    and vLLM's LoRA loader read."""
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    lora_config.save_pretrained(folder)
+    save_file({PREFIX + k: v.contiguous() for k, v in adapter.items()}, os.path.join(folder, "adapter_model.safetensors"))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)

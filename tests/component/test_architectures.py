@@ -11,7 +11,7 @@ import ray
 import torch
 
 from coati.distributed.architectures import TP_FAMILIES, model_type
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.models import ARCHITECTURES, build_tiny_model
 from tests.component.tp_parity import tp_parity
 

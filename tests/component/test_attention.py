@@ -97,8 +97,8 @@ def test_a_model_on_it_trains_every_layout_as_on_sdpa(tmp_path, layout, monkeypa
     parameter's gradient as with SDPA attention, to bf16 rounding, every layer's attention on the bf16 path."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.forward import LAYOUTS
-    from coati.distributed.rollout import batch_from_responses
+    from coati.distributed.trainer.forward import LAYOUTS
+    from coati.distributed.record import batch_from_responses
 
     path = build_tiny_model(tmp_path / "m", vocab_multiple=8)
     responses = [[3, 4, 5], [6], [7, 8, 9, 10, 11], [12, 13], [14], [15, 16, 17, 18]]

@@ -11,7 +11,7 @@ import ray
 import torch
 
 from coati.distributed.attest import compare, fingerprints, tied_weights, transposed_weights
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.models import build_tiny_model
 
 
@@ -36,7 +36,7 @@ class Producer:
 
     def receive_without_loading(self, group, version):
         """The bytes taken off the wire and dropped: the engine keeps its weights (a push that did nothing)."""
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         if hasattr(self.backend, "llm"):  # vLLM's workers hold the group: received into their buffers, no reload
             self.backend.llm.collective_rpc("receive_push", args=(group,))
@@ -68,7 +68,7 @@ class Producer:
 
     def receive_adapter_unapplied(self, group, version):
         """The adapter taken off the wire and dropped: the engine keeps serving the previous one."""
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         if hasattr(self.backend, "llm"):
             self.backend.llm.collective_rpc("receive_adapter", args=(group,))
@@ -101,13 +101,13 @@ class Sender:
         torch.set_num_threads(1)
 
     def join(self, group):
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         init_group(2, 0, group, timeout_s=60.0)
         return True
 
     def push(self, group, tensors, version):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16)
         return True

@@ -7,7 +7,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.comm import CollectiveError
+from coati.distributed.transport import CollectiveError
 
 
 class PeerBase:
@@ -30,7 +30,7 @@ class PeerBase:
         return t.item()
 
     def join(self, world_size, rank, group, timeout_s=60.0):
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         init_group(world_size, rank, group, timeout_s=timeout_s)
         return True
@@ -43,7 +43,7 @@ class PeerBase:
 
     def push(self, group, tensors, version=0, bucket_bytes=1 << 20, direct_bytes=1 << 20, flat=False):
         """Push ``tensors`` (from flat buffers when ``flat``); return the version and the number of transfers."""
-        from coati.distributed.comm.push import _sent_schema, ray_broadcast_tensor_dict
+        from coati.distributed.transport.push import _sent_schema, ray_broadcast_tensor_dict
 
         tensors = flat_copy(tensors) if flat else tensors
         out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes,
@@ -53,7 +53,7 @@ class PeerBase:
     def pull_into(self, group, destinations, stream, flat=False):
         """Receive with ``into=destinations`` (moved into flat buffers when ``flat``); report which tensors landed
         in their destination's storage."""
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         destinations = flat_copy(destinations) if flat else destinations
         ptrs = {k: v.data_ptr() for k, v in destinations.items()}
@@ -72,7 +72,7 @@ class PeerBase:
                 "in_place_bytes": out.in_place_bytes}  # fmt: skip
 
     def pull(self, group, bucket_bytes=1 << 20, stream=False):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         buckets = []
         out = ray_broadcast_tensor_dict(
@@ -88,12 +88,12 @@ class PeerBase:
         return {"version": out.version, "tensors": result, "num_buckets": len(buckets), "keys": list(out)}
 
     def object(self, group, obj=None):
-        from coati.distributed.comm import ray_broadcast_object
+        from coati.distributed.transport import ray_broadcast_object
 
         return ray_broadcast_object(obj, 0, group_name=group)
 
     def pull_timed(self, group):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         start = time.monotonic()
         try:
@@ -103,7 +103,7 @@ class PeerBase:
             return (str(e), time.monotonic() - start)
 
     def push_timed(self, group, tensors):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         start = time.monotonic()
         try:
@@ -118,7 +118,7 @@ Peer = ray.remote(num_cpus=0.1)(PeerBase)
 
 def flat_copy(tensors):
     """``tensors`` moved into flat buffers (``flatten_parameters``) under the same names; non-tensors kept."""
-    from coati.distributed.wire_layout import flatten_parameters
+    from coati.distributed.transport.wire_layout import flatten_parameters
 
     module = torch.nn.Module()
     keys = [k for k, v in tensors.items() if isinstance(v, torch.Tensor)]
@@ -343,14 +343,14 @@ def test_groups_on_rays_own_gloo_backend(ray_cluster):
 
 class GpuPeerBase(PeerBase):
     def join_cuda(self, world_size, rank, group):
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         torch.cuda.set_device(0)
         init_group(world_size, rank, group, backend="nccl", timeout_s=60)
         return True
 
     def push_cuda(self, group, tensors, version=0):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         cuda = {k: v.cuda() for k, v in tensors.items()}
         return ray_broadcast_tensor_dict(cuda, 0, "cuda", group, version=version, direct_bytes=64).version
@@ -361,7 +361,7 @@ class GpuPeerBase(PeerBase):
         return str(cc.collective.get_group_handle(group).device)
 
     def pull_cuda(self, group):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         out = ray_broadcast_tensor_dict(None, 0, "cuda", group)
         assert all(v.is_cuda for v in out.values())

@@ -4,7 +4,7 @@ fresh ones every time."""
 
 import ray
 
-from coati.distributed.actor_group import KEEP_FREED_MEMORY, cpu_actor_env
+from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY, cpu_actor_env
 
 PAGES = 2**16  # a 256 MiB float32 tensor, in 4 KiB pages
 BASE = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}

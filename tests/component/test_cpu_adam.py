@@ -4,7 +4,7 @@ the update ColossalAI's kernels compute — AdamW (or Adam with L2) with bias co
 import pytest
 import torch
 
-from coati.distributed.colossal_cpu import TorchFusedCpuAdam, apply_cpu_shims
+from coati.distributed.trainer.colossal_cpu import TorchFusedCpuAdam, apply_cpu_shims
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, ColossalAI's own CPU-Adam kernel loads")
 

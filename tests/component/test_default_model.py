@@ -49,7 +49,7 @@ def test_a_multi_turn_episode_s_tokens_are_the_chat_template_s_rendering():
 
     from coati.distributed.envs.episodes import TurnTemplate, retokenized_equal, run_episodes
     from coati.distributed.envs.tool_math import ToolMath
-    from coati.distributed.rollout import batch_from_responses
+    from coati.distributed.record import batch_from_responses
 
     tok = AutoTokenizer.from_pretrained(default_model_path())
     template = TurnTemplate(tok)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.models import build_tiny_model
 
 pytestmark = pytest.mark.gpu

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from coati.distributed.forward import sequence_logprobs, trim_padding
-from coati.distributed.rollout import batch_from_responses
+from coati.distributed.trainer.forward import sequence_logprobs, trim_padding
+from coati.distributed.record import batch_from_responses
 from coati.models import build_tiny_model
 
 
@@ -42,7 +42,7 @@ def test_trimmed_micro_batch_gives_the_padded_one_s_logprobs_and_gradients(tmp_p
 def reference_logprobs(model, inputs, temperature):
     """The definition: softmax of the model's own logits over prompt + response, at the temperature."""
     from coati.distributed.algo.logprobs import entropy_from_logits, token_logprobs
-    from coati.distributed.forward import model_inputs, response_logits
+    from coati.distributed.trainer.forward import model_inputs, response_logits
 
     logits = response_logits(model(**model_inputs(**inputs)).logits, inputs["response_ids"].shape[1])
     return (token_logprobs(logits, inputs["response_ids"], temperature),
@@ -58,7 +58,7 @@ def test_every_layout_gives_the_model_s_own_logprobs_entropy_and_gradients(tmp_p
     also runs under gradient checkpointing (layers recomputed in the backward)."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.forward import LAYOUTS
+    from coati.distributed.trainer.forward import LAYOUTS
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", vocab_multiple=8), dtype=torch.float32)
@@ -95,7 +95,7 @@ def test_pair_cost_is_attention_flops_per_pair_over_linear_flops_per_token(tmp_p
     per token: counted here from the layers' own parameters."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.forward import pair_cost
+    from coati.distributed.trainer.forward import pair_cost
 
     for tied in (False, True):
         model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / f"m{tied}", tie_word_embeddings=tied))
@@ -111,7 +111,7 @@ def test_a_model_whose_logits_are_not_its_output_head_s_is_refused_and_soft_capp
     log-probs are the model's own; a Llama-style model passes. A NaN weight is named as such."""
     from transformers import AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
-    from coati.distributed.forward import DecoderStates, check_output_layer
+    from coati.distributed.trainer.forward import DecoderStates, check_output_layer
 
     check_output_layer(AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "llama")))
     scaled = CohereForCausalLM(CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coati.distributed.reporting import PHASES, Reporter, ema, phase
+from coati.distributed.driver.reporting import PHASES, Reporter, ema, phase
 
 
 def steps():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from coati.distributed.config import GenerationConfig
-from coati.distributed.forward import sequence_logprobs
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.trainer.forward import sequence_logprobs
 from coati.distributed.inference.transformers_backend import TransformersBackend
 from coati.models import build_tiny_model
 

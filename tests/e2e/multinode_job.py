@@ -3,7 +3,6 @@ gets no actor, the producer on one node and the consumer on another. Prints wher
 run folder holds."""
 
 import json
-import os
 import sys
 from pathlib import Path
 

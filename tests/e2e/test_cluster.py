@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from coati.distributed.run_folder import submitted_job_folder_error, visible_from
+from coati.distributed.driver.run_folder import submitted_job_folder_error, visible_from
 from coati.models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_a_submitted_jobs_relative_run_folder_is_refused(monkeypatch):
     assert "pass an absolute --save-dir" in submitted_job_folder_error("runs/coati")
     assert submitted_job_folder_error("/shared/runs/coati") is None
     with pytest.raises(ValueError, match="Ray's temporary working directory"):
-        from coati.distributed.job import run_job
-        from coati.distributed.run_config import Config
+        from coati.distributed.driver.job import run_job
+        from coati.distributed.config.tree import Config
 
         run_job(Config())

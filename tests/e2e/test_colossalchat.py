@@ -97,7 +97,7 @@ def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(ray_clus
         rollout_save_dir=str(tmp_path / "rollouts"), tensor_parallel_size=1, pipeline_parallel_size=1, zero_stage=0,
         producer_tensor_parallel_size=1, enable_profiling=False, n_behind=0,
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="coati.distributed.launch"):
+    with caplog.at_level(logging.WARNING, logger="coati.distributed.driver.job"):
         out = launch_distributed(**colossalchat_call(args))
     assert len(out["history"]) == 2, [m["step"] for m in out["history"]]  # 8 prompts, 4 per step
     assert [e["step"] for e in out["evals"]] == [0, 1, 2] and out["evals"][-1]["eval/count"] == 5

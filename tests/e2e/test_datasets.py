@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from coati.distributed.launch import config_from_launch_kwargs, launch
-from coati.distributed.run_config import config_from_dict, config_to_dict
+from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from coati.distributed.config.tree import config_from_dict, config_to_dict
 from tests.e2e.test_launch import run_kwargs, tiny  # noqa: F401 - the module's tiny-model fixture
 
 

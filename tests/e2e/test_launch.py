@@ -10,9 +10,10 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.launch import config_from_launch_kwargs, launch_distributed, plan_run
-from coati.distributed.loop import Run
-from coati.distributed.preflight import preflight
+from coati.distributed.driver.launch import config_from_launch_kwargs, plan_run
+from coati.distributed.launch import launch_distributed
+from coati.distributed.driver.loop import Run
+from coati.distributed.driver.preflight import preflight
 from coati.models import build_tiny_model
 
 REWARD = "tests.component.reward_fns:digit_fraction"
@@ -148,7 +149,7 @@ def test_a_run_joins_past_an_address_an_earlier_run_of_its_name_left(ray_cluster
     must not be sent there."""
     from ray.experimental import internal_kv
 
-    from coati.distributed.comm.group import _kv_key
+    from coati.distributed.transport.group import _kv_key
 
     name = f"t-{uuid.uuid4().hex[:8]}"
     with socket.socket() as s:  # a port nobody serves

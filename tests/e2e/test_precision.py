@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.actor_group import KEEP_FREED_MEMORY
+from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
 from tests.e2e.test_launch import REWARD, start_run
 
 

@@ -14,8 +14,8 @@ import torch
 
 from coati.distributed.guards import RewardFailure
 from coati.distributed.launch import launch_distributed
-from coati.distributed.actor_group import RunError
-from coati.distributed.run_folder import RunFolderError
+from coati.distributed.driver.actor_group import RunError
+from coati.distributed.driver.run_folder import RunFolderError
 from coati.models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,8 +155,8 @@ def test_run_folders_are_protected_and_a_resume_refuses_another_run(ray_cluster,
 
 
 def test_checkpoints_load_no_pickle(tmp_path):
-    from coati.distributed.checkpoint import load_driver_state, save_driver_state
-    from coati.distributed.rollout import RolloutBatch
+    from coati.distributed.driver.checkpoint import load_driver_state, save_driver_state
+    from coati.distributed.record import RolloutBatch
 
     marker = tmp_path / "pwned"
     (tmp_path / "driver.pkl").write_bytes(
@@ -266,7 +266,7 @@ def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster,
 def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
     import re
 
-    from coati.distributed.cli import parse_config
+    from coati.distributed.config.cli import parse_config
 
     with pytest.raises(SystemExit):
         parse_config(argv)
@@ -276,7 +276,7 @@ def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
 def test_unreachable_address_fails_fast():
     import time
 
-    from coati.distributed.job import check_address
+    from coati.distributed.driver.job import check_address
 
     start = time.monotonic()
     with pytest.raises(SystemExit, match=r"--address 127.0.0.1:1: no Ray cluster answers there"):
@@ -292,7 +292,7 @@ def test_an_address_where_something_else_listens_fails_fast(ray_cluster):
 
     import ray
 
-    from coati.distributed.job import check_address
+    from coati.distributed.driver.job import check_address
 
     def serve(server, reply):
         conn, _ = server.accept()
@@ -315,7 +315,7 @@ def test_an_address_where_something_else_listens_fails_fast(ray_cluster):
 
 START_LOCAL = """
 import os, ray
-from coati.distributed.job import start_ray
+from coati.distributed.driver.job import start_ray
 start_ray(None)
 print("nodes", len(ray.nodes()), ray.get_runtime_context().gcs_address != os.environ["RAY_ADDRESS"])
 """
@@ -333,7 +333,7 @@ def test_a_job_without_an_address_starts_its_own_cluster_whatever_ray_address_sa
 
 
 def test_jsonl_is_used_whole_unless_a_size_is_given():
-    from coati.distributed.cli import parse_config
+    from coati.distributed.config.cli import parse_config
 
     def train_size(argv):
         return parse_config(argv).data.datasets(0)[0]["size"]
@@ -374,7 +374,7 @@ def test_custom_reward_recipe_runs_as_documented(ray_cluster, tiny, tmp_path):
 
 
 def test_a_run_folder_claimed_twice_by_one_process_stays_locked_until_both_release(tmp_path):
-    from coati.distributed.run_folder import RunFolder
+    from coati.distributed.driver.run_folder import RunFolder
 
     def locked_elsewhere():
         with open(tmp_path / ".lock", "a+") as other:
@@ -405,9 +405,9 @@ def test_evaluation_with_more_producers_than_held_out_rows(ray_cluster, tiny):
 def test_a_command_line_run_refused_for_bad_input_leaves_its_folder_as_it_found_it(ray_cluster, tiny, tmp_path):
     """A job refused before it starts (here: a dataset path that does not exist) writes no results, so the corrected
     command is not refused as "another run"; with --overwrite, the results it would replace survive the refusal."""
-    from coati.distributed.cli import parse_config
-    from coati.distributed.job import run_job
-    from coati.distributed.run_folder import RUN_FILES, RunFolder
+    from coati.distributed.config.cli import parse_config
+    from coati.distributed.driver.job import run_job
+    from coati.distributed.driver.run_folder import RUN_FILES, RunFolder
 
     folder = tmp_path / "run"
 
@@ -435,7 +435,7 @@ def test_an_overwrite_counts_the_space_its_old_results_free(tmp_path, monkeypatc
     import shutil
     from collections import namedtuple
 
-    from coati.distributed.run_folder import RunFolder
+    from coati.distributed.driver.run_folder import RunFolder
 
     (tmp_path / "checkpoints" / "step-1").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step-1" / "model.bin").write_bytes(b"x" * 3000)

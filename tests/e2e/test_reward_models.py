@@ -23,8 +23,8 @@ def digit_rm(tmp_path_factory):
     return str(train_tiny_reward_model(path, prompts, digits, letters, steps=40))
 
 
-def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(ray_cluster, tiny, digit_rm,
-                                                                           score7_judge, tmp_path):  # noqa: F811
+def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(ray_cluster, tiny, digit_rm,  # noqa: F811
+                                                                           score7_judge, tmp_path):
     """Reward = 0 x rule + 1 x rm + 0.5 x judge over 12 RLOO steps; the reward-model server (beside the producer) is
     killed after step 6: the run's error names it (a RunError: without restarts the run stops with it), the run
     restarts from its last checkpoint with new servers and trains to the end, leaving no actor behind."""

@@ -10,12 +10,13 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.actor_group import _free_port
+from coati.distributed.driver.actor_group import _free_port
 from coati.distributed.algo.presets import resolve_algorithm
-from coati.distributed.config import ConsumerConfig, GenerationConfig
-from coati.distributed.consumer import GRPOConsumer
-from coati.distributed.rollout import RolloutBatch
-from coati.distributed.schedule import lr_factor
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.trainer.consumer import GRPOConsumer
+from coati.distributed.record import RolloutBatch
+from coati.distributed.trainer.schedule import lr_factor
 from tests.e2e.test_launch import REWARD, start_run, tiny  # noqa: F401 - the module's tiny-model fixture
 
 LR = 1e-3
@@ -157,7 +158,7 @@ class ColossalClippingConsumer(MomentsConsumer):
     their own), for comparison."""
 
     def setup(self):
-        import coati.distributed.consumer as consumer_module
+        import coati.distributed.trainer.consumer as consumer_module
 
         consumer_module.fold_clipping = lambda *args: None
         return super().setup()

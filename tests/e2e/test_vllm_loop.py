@@ -80,7 +80,7 @@ def test_streamed_groups_cross_draws_and_pushes_within_the_bound_and_none_is_los
     producer's version at the draw's start, which rounds never return); a checkpoint's state empties the engine and
     hands its prompts back to the cursor, so the prompts drawn plus those handed back are exactly the cursor's order
     from the last state on, none lost or repeated."""
-    from coati.distributed.data import DataCursor
+    from coati.distributed.rollout.data import DataCursor
 
     run = start_run(tiny, backend="vllm", inference_options={"dtype": "float32"}, core_algo="RLOO", num_producers=1,
                     inference_batch_size=4, inference_microbatch_size=4, max_staleness=1, in_flight=True,

@@ -1,6 +1,6 @@
 """How the driver shares a node's CPU cores among the actors working on it."""
 
-from coati.distributed.actor_group import thread_counts
+from coati.distributed.driver.actor_group import thread_counts
 
 
 def test_working_actors_share_their_nodes_cores_and_idle_ones_keep_one():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, ALGO_MAP
-from coati.distributed.config import AlgorithmConfig
+from coati.distributed.algo.config import AlgorithmConfig
 
 REWARDS = torch.tensor([2.0, 0.0, 1.0, 1.0, 1.0, 1.0])
 GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])
@@ -108,8 +108,8 @@ def test_a_completion_without_a_score_is_left_out_of_its_groups_statistics(name)
     baseline), and its own is 0."""
     import numpy as np
 
-    from coati.distributed.consumer import batch_advantages
-    from coati.distributed.rollout import RolloutBatch
+    from coati.distributed.trainer.consumer import batch_advantages
+    from coati.distributed.record import RolloutBatch
 
     lengths = np.array([2, 1, 3, 1, 2, 1, 2, 2])
     mask = np.arange(3)[None, :] < lengths[:, None]

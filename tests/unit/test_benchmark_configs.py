@@ -4,7 +4,7 @@ new default once left bench_vs_trl's config refused at start)."""
 import pytest
 
 from benchmarks.bench_vs_trl import PRECISIONS, coati_kwargs
-from coati.distributed.launch import config_from_launch_kwargs
+from coati.distributed.driver.launch import config_from_launch_kwargs
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -22,7 +22,7 @@ def test_bench_main_job_vs_trl_reruns_into_its_own_folder(at_steps):
     """Without ``--reuse`` the benchmark's job replaces the folder an earlier invocation left (it refused to start
     there, as a run folder holding another run is refused), and checkpoints where asked."""
     from benchmarks.bench_main_job_vs_trl import coati_args
-    from coati.distributed.cli import parse_config
+    from coati.distributed.config.cli import parse_config
 
     run = parse_config(coati_args(3, at_steps, 30, ["--skip-no-signal-after", "0"])).run
     assert run.overwrite and run.seed == 3

@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from coati.distributed.cli import build_parser, flags, parse_config
-from coati.distributed.config import AlgorithmConfig, PluginConfig, field_docs
-from coati.distributed.launch import config_from_launch_kwargs
-from coati.distributed.run_config import SECTIONS, Config, config_from_dict
+from coati.distributed.config.cli import build_parser, flags, parse_config
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.trainer.config import PluginConfig
+from coati.distributed.checks import field_docs
+from coati.distributed.driver.launch import config_from_launch_kwargs
+from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 
 
 def leaf_keys():
@@ -167,7 +169,7 @@ def test_the_readme_comparison_table_names_only_real_flags():
     import re
     from pathlib import Path
 
-    from coati.distributed.cli import build_parser
+    from coati.distributed.config.cli import build_parser
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("### Coming from TRL or verl", 1)[1].split("\n### ", 1)[0]

@@ -4,8 +4,8 @@ equivalent is refused naming it, and the parameters without a field are stated."
 import pytest
 import torch
 
-from coati.distributed.colossalchat import translate
-from coati.distributed.launch import config_from_launch_kwargs
+from coati.distributed.config.colossalchat import translate
+from coati.distributed.driver.launch import config_from_launch_kwargs
 
 
 def base(**over) -> dict:

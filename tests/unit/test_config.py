@@ -5,15 +5,12 @@ import dataclasses
 import pytest
 
 from coati.distributed.algo import ALGO_MAP, resolve_algorithm
-from coati.distributed.config import (
-    AlgorithmConfig,
-    ConsumerConfig,
-    GenerationConfig,
-    LaunchConfig,
-    PluginConfig,
-    ProducerConfig,
-    field_docs,
-)
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.trainer.config import ConsumerConfig, PluginConfig
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.rollout.config import ProducerConfig
+from coati.distributed.checks import field_docs
 from coati.registry import Registry, resolve_callable
 
 BAD = [
@@ -137,7 +134,7 @@ def test_resolve_callable_dotted_path():
 def test_compute_dtype_auto_is_bf16_only_over_fp32_weights_on_native_bf16_hardware():
     import torch
 
-    from coati.distributed.forward import native_bf16, resolve_compute_dtype
+    from coati.distributed.precision import native_bf16, resolve_compute_dtype
 
     cpu = torch.device("cpu")
     assert resolve_compute_dtype("fp32", cpu, "fp32") == "fp32" and resolve_compute_dtype("bf16", cpu, "fp32") == "bf16"
@@ -149,7 +146,7 @@ def test_compute_dtype_auto_is_bf16_only_over_fp32_weights_on_native_bf16_hardwa
 def test_model_paths_and_hub_ids_are_told_apart(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from coati.distributed.preflight import resolve_model_path
+    from coati.distributed.driver.preflight import resolve_model_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and the hub is "
@@ -169,15 +166,15 @@ def test_model_paths_and_hub_ids_are_told_apart(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("weight", [float("nan"), float("inf"), -float("inf"), 1e400, True])
 def test_reward_component_weights_must_be_finite_numbers(weight):
-    from coati.distributed.config import RewardConfig
+    from coati.distributed.reward.config import RewardConfig
 
     with pytest.raises(ValueError, match="reward components"):
         RewardConfig(components={"math": weight})
 
 
 def test_the_math_reward_refuses_a_gold_answer_that_is_not_an_answer_before_the_run(tmp_path):
-    from coati.distributed.data import as_row
-    from coati.distributed.preflight import check_gold_answers
+    from coati.distributed.rollout.data import as_row
+    from coati.distributed.driver.preflight import check_gold_answers
 
     rows = [{"prompt": "p", "gt_answer": "4"}, {"prompt": "q", "gt_answer": 7}]
     check_gold_answers("math", rows, "training set")
@@ -191,7 +188,7 @@ def test_the_math_reward_refuses_a_gold_answer_that_is_not_an_answer_before_the_
 
 
 def test_further_reward_functions_are_components_beside_the_run_s_own():
-    from coati.distributed.reward_config import RewardConfig
+    from coati.distributed.reward.config import RewardConfig
 
     r = RewardConfig(fn="math", components={"math": 1.0, "trl.rewards:think_format_reward": 0.5})
     assert r.other_fns == ("trl.rewards:think_format_reward",) and r.weights["math"] == 1.0

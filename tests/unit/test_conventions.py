@@ -12,15 +12,13 @@ from coati.distributed.algo import (ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATOR
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIR = ROOT / "coati" / "distributed" / "algo"
-PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "distributed" / "config.py", ROOT / "coati" / "registry.py",
-                                            ROOT / "coati" / "distributed" / "config_checks.py",
-                                            ROOT / "coati" / "distributed" / "reward_config.py",
-                                            ROOT / "coati" / "distributed" / "wire_layout.py",
-                                            ROOT / "coati" / "distributed" / "guards.py",
-                                            ROOT / "coati" / "distributed" / "rollout_buffer.py",
-                                            ROOT / "coati" / "distributed" / "step_metrics.py",
-                                            ROOT / "coati" / "distributed" / "reward" / "code_runner.py",
-                                            ROOT / "coati" / "distributed" / "reward" / "compose.py",
+PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "registry.py",
+                                            *(ROOT / "coati" / "distributed" / name for name in (
+                                                "checks.py", "record.py", "guards.py",
+                                                "inference/config.py", "rollout/config.py", "trainer/config.py",
+                                                "reward/config.py", "config/tree.py", "transport/wire_layout.py",
+                                                "driver/rollout_buffer.py", "trainer/step_metrics.py",
+                                                "reward/code_runner.py", "reward/compose.py")),
                                             *sorted((ROOT / "coati" / "distributed" / "envs").glob("*.py"))]
 
 

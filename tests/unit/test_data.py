@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from coati.distributed.data import DataCursor, encode_prompt, load_rows, reward_fields
+from coati.distributed.rollout.data import DataCursor, encode_prompt, load_rows, reward_fields
 from coati.models import char_tokenizer
 
 
@@ -181,7 +181,7 @@ def test_missing_paths_and_offline_hub_ids_say_which(tmp_path, monkeypatch):
 
 
 def test_raw_prompts_skip_the_chat_template():
-    from coati.distributed.data import PromptFormat
+    from coati.distributed.rollout.data import PromptFormat
 
     tok = char_tokenizer()
     assert tok.decode(PromptFormat(raw=True).encode(tok, {"prompt": "2+2="})) == "2+2="
@@ -210,7 +210,7 @@ def test_chat_rows_with_unknown_roles_or_ending_in_an_assistant_turn_are_refused
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_naming_raw_prompt():
-    from coati.distributed.data import PromptFormat
+    from coati.distributed.rollout.data import PromptFormat
 
     tok = char_tokenizer()
     tok.chat_template = None

@@ -52,7 +52,7 @@ def test_vllm_weight_version_spans_become_token_versions():
 
 
 def test_policy_version_is_each_rows_oldest_token_and_concat_keeps_token_versions():
-    from coati.distributed.rollout import RolloutBatch, batch_from_responses, oldest_versions
+    from coati.distributed.record import RolloutBatch, batch_from_responses, oldest_versions
 
     a = batch_from_responses([[1]], 2, [[3, 4, 5], []], None, [True, True], pad_id=0)
     a.token_versions = np.array([[4, 5, 5], [0, 0, 0]])
@@ -143,8 +143,8 @@ def test_engine_options_are_decided_before_any_actor_starts():
 def test_streaming_is_refused_before_any_actor_starts_where_a_run_cannot_stream():
     """``producer.stream_prompts`` > 0 needs an engine that keeps groups across draws, producers that may run ahead,
     full-weight pushes and single completions; each missing one is named."""
-    from coati.distributed.preflight import resolve_stream
-    from coati.distributed.run_config import config_from_dict
+    from coati.distributed.driver.preflight import resolve_stream
+    from coati.distributed.config.tree import config_from_dict
 
     def resolved(backend="vllm", staleness=1, **tree):
         cfg = config_from_dict({"producer": {"backend": backend, **tree.pop("producer", {})}, **tree}).launch_config()

@@ -11,7 +11,7 @@ from coati.distributed.envs import ENVIRONMENTS, Environment, EnvStep, resolve_e
 from coati.distributed.envs.episodes import TurnTemplate, episodes_batch, retokenized_equal, run_episodes
 from coati.distributed.envs.retry import Retry
 from coati.distributed.envs.tool_math import ToolMath
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.record import RolloutBatch
 from coati.models import char_tokenizer
 
 
@@ -213,7 +213,7 @@ def test_the_readme_s_environment_runs_as_written(template):
 
 
 def test_a_data_system_prompt_is_refused_with_an_environment():
-    from coati.distributed.run_config import config_from_dict
+    from coati.distributed.config.tree import config_from_dict
 
     with pytest.raises(ValueError, match="env 'retry' writes each episode's first messages itself"):
         config_from_dict({"reward": {"env": "retry"}, "data": {"system_prompt": "Be brief."}})

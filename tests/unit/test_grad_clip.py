@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from coati.distributed.grad_clip import BLOCK, clip_divisor, global_grad_norm
+from coati.distributed.trainer.grad_clip import BLOCK, clip_divisor, global_grad_norm
 
 
 def grads(seed=0):

@@ -58,7 +58,7 @@ def test_a_gap_beyond_the_tolerance_stops_the_run_naming_the_step(gap, tolerance
 
 
 def test_fresh_rows_are_those_sampled_whole_by_the_step_s_weights():
-    from coati.distributed.rollout import fresh_rows
+    from coati.distributed.record import fresh_rows
 
     versions = np.array([[3, 3, 3, 0], [2, 3, 3, 3], [3, 3, 0, 0], [2, 2, 2, 2], [0, 0, 0, 0], [3, 4, 0, 0]])
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=bool)

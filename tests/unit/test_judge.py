@@ -40,8 +40,8 @@ def test_the_template_shows_question_completion_and_reference():
 
 
 def test_a_rubric_column_reaches_the_template_and_a_row_without_one_is_refused(tmp_path):
-    from coati.distributed.config import RewardConfig
-    from coati.distributed.preflight import check_judge
+    from coati.distributed.reward.config import RewardConfig
+    from coati.distributed.driver.preflight import check_judge
     from coati.distributed.reward.judge import template_fields
 
     template = "Q: {question}\nA: {completion}\nRubric: {rubric}\nScore: 0-10"

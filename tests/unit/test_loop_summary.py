@@ -2,7 +2,7 @@
 
 import math
 
-from coati.distributed.reporting import describe_loop, loop_summary
+from coati.distributed.driver.reporting import describe_loop, loop_summary
 
 
 def history():
@@ -41,14 +41,14 @@ def test_the_printed_lines_name_only_what_was_measured():
 
 
 def test_a_run_whose_responses_are_mostly_cut_says_so_in_its_log_and_report(tmp_path, caplog):
-    from coati.distributed.reporting import Reporter
+    from coati.distributed.driver.reporting import Reporter
 
     steps = [{**m, "response/truncated_frac": f} for m, f in zip(history(), (0.9, 0.75, 0.2), strict=True)]
     lines = describe_loop(loop_summary(steps))
     assert lines[-1].startswith("WARNING: in the median step 75% of the responses were cut at max_new_tokens")
     assert not any("WARNING" in line for line in describe_loop(loop_summary(history())))
     reporter = Reporter(str(tmp_path), progress=False)
-    with caplog.at_level("WARNING", logger="coati.distributed.reporting"):
+    with caplog.at_level("WARNING", logger="coati.distributed.driver.reporting"):
         for m in steps:
             reporter.on_step(dict(m))
     warned = [r.getMessage() for r in caplog.records if "cut at max_new_tokens" in r.getMessage()]
@@ -56,7 +56,7 @@ def test_a_run_whose_responses_are_mostly_cut_says_so_in_its_log_and_report(tmp_
 
 
 def test_a_held_out_set_that_is_the_training_file_is_named_as_such(tmp_path):
-    from coati.distributed.run_config import DataConfig
+    from coati.distributed.config.tree import DataConfig
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "q", "gt_answer": "1"}\n')

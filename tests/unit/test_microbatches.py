@@ -1,7 +1,7 @@
 """Forward/backward passes built by token budget: whole groups, in order, each pass within the budget unless a
 single group exceeds it."""
 
-from coati.distributed.forward import token_budget_chunks
+from coati.distributed.trainer.forward import token_budget_chunks
 
 
 def covered(chunks, n):
@@ -33,7 +33,7 @@ def test_a_group_larger_than_the_budget_still_gets_a_pass_of_its_own():
 
 
 def test_the_layout_of_fewest_estimated_flops_is_chosen_among_the_allowed():
-    from coati.distributed.forward import choose_layout
+    from coati.distributed.trainer.forward import choose_layout
 
     every = ("rows", "prompt_cache", "packed")
     # 2 groups of 4, prompts of 60, responses of 10 but one of 48 (padding): tokens + 0.001 x attention pairs.

@@ -8,7 +8,7 @@ import torch
 from coati.distributed.algo import (KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, LossInput, LossNorm,
                                    compute_policy_loss)
 from coati.distributed.algo.shaping import mask_truncated, overlong_penalty
-from coati.distributed.config import AlgorithmConfig
+from coati.distributed.algo.config import AlgorithmConfig
 
 
 def make_input(ratios, advantages, mask=None):

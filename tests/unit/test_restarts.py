@@ -4,9 +4,9 @@ end to end in tests/e2e.)"""
 
 import pytest
 
-import coati.distributed.launch as launch
+import coati.distributed.driver.launch as launch
 import rl_example
-from coati.distributed.actor_group import RunError
+from coati.distributed.driver.actor_group import RunError
 
 
 def fake_launcher(fail_times):

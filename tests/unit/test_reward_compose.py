@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from coati.distributed.checkpoint import load_driver_state, save_driver_state
+from coati.distributed.driver.checkpoint import load_driver_state, save_driver_state
 
 from coati.distributed.reward.compose import RunningNorm, combine, normalize, normalize_per_group
 

@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from coati.distributed.rollout import batch_from_responses
-from coati.distributed.rollout_buffer import RolloutBuffer
+from coati.distributed.record import batch_from_responses
+from coati.distributed.driver.rollout_buffer import RolloutBuffer
 
 G = 4  # completions per group
 _ids = itertools.count()

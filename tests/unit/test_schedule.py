@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from coati.distributed.schedule import lr_factor
+from coati.distributed.trainer.schedule import lr_factor
 
 
 def test_warmup_rises_to_the_full_rate_at_its_last_step_and_never_starts_at_zero():

@@ -4,7 +4,7 @@ themselves are in tests/component/test_engines_gpu.py (GPU-marked)."""
 
 import pytest
 
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference import sglang_backend
 from coati.distributed.inference.sglang_backend import SGLangBackend, logprobs_valid, sampling_params
 from coati.models import build_tiny_model

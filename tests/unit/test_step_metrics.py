@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coati.distributed.step_metrics import StepMetrics, metric_kind
+from coati.distributed.trainer.step_metrics import StepMetrics, metric_kind
 
 
 def test_kinds():

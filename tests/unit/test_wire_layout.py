@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coati.distributed.wire_layout import (
+from coati.distributed.transport.wire_layout import (
     as_bytes,
     cast_for_wire,
     destination,

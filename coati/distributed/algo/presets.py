@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from coati.distributed.config import AlgorithmConfig
+from coati.distributed.algo.config import AlgorithmConfig
 from coati.registry import Registry
 
 ALGO_MAP: Registry = Registry("algorithm")

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from coati.distributed.config import GenerationConfig
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.record import RolloutBatch
 
 
 def one_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype | None:
@@ -152,7 +152,7 @@ class InferenceBackend:
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Join the weight group ``group_name`` as rank ``rank`` (and the ``weight_ranks - 1`` ranks after it)."""
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         init_group(world_size, rank, group_name, backend=backend, timeout_s=timeout_s)
 
@@ -161,7 +161,7 @@ class InferenceBackend:
         "transfers" (collective calls), "nbytes", "direct_bytes" (sent straight from the consumer's weights, not
         packed), "in_place_bytes" (landed straight in the engine's weights)}. ``threads`` are the cores for loading a
         push once it is whole; here it lands in the weights as it arrives, leaving nothing to load after."""
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         loaded = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name,
                                            on_bucket=self.load_weights, into=self.weight_destinations())  # fmt: skip
@@ -179,7 +179,7 @@ class InferenceBackend:
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Receive one push of a LoRA adapter (wire-named tensors, see ``lora``) and apply it with ``load_adapter``
         (``lora``: rank, alpha, dropout, target_modules); returns what ``receive_weights`` does."""
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         got = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name)
         self.load_adapter({k: v for k, v in got.items() if isinstance(v, torch.Tensor)}, lora["alpha"] / lora["rank"])

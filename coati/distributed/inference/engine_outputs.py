@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coati.distributed.rollout import RolloutBatch, batch_from_responses
+from coati.distributed.record import RolloutBatch, batch_from_responses
 
 
 def _batch(prompts, n, tokens, logprobs, finished, pad_id, logprobs_valid) -> RolloutBatch:

@@ -25,11 +25,11 @@ from collections.abc import Mapping
 
 import torch
 
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
 from coati.distributed.inference.engine_outputs import rollout_from_sglang
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.record import RolloutBatch
 
 DEFAULT_MEM_FRACTION = 0.5
 LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"

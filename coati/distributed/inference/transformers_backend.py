@@ -13,10 +13,10 @@ import torch
 
 from coati.distributed import attention
 from coati.distributed.algo.logprobs import token_logprobs
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.base import InferenceBackend, one_dtype
-from coati.distributed.rollout import RolloutBatch, batch_from_responses, left_pad
-from coati.distributed.wire_layout import flatten_parameters
+from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
+from coati.distributed.transport.wire_layout import flatten_parameters
 
 
 class TransformersBackend(InferenceBackend):

@@ -49,11 +49,11 @@ from collections.abc import Mapping
 
 import torch
 
-from coati.distributed.config import GenerationConfig
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype, one_dtype
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.record import RolloutBatch
 from coati.distributed.threads import cores
 
 EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
@@ -339,7 +339,7 @@ class VLLMBackend(InferenceBackend):
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Every vLLM worker joins the consumer's weight group as rank ``rank + its TP rank``."""
-        from coati.distributed.comm import group_address
+        from coati.distributed.transport import group_address
 
         address = group_address(group_name, timeout_s)
         self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank, group_name, backend, timeout_s))
@@ -388,15 +388,14 @@ class VLLMBackend(InferenceBackend):
         from vllm.lora.request import LoRARequest
 
         from coati.distributed.attest import adapter_fingerprints
-        from coati.distributed.checkpoint import export_adapter
-        from coati.distributed.lora import peft_config
+        from coati.distributed.lora import peft_config, write_adapter
 
         if self.lora_merge:
             return self._receive_merged(group_name, lora)
         with self._engine_lock:
             version, adapter = self.llm.collective_rpc("receive_adapter", args=(group_name,))[0]
             folder = os.path.join(self._lora_dir, f"v{version}")
-            export_adapter(adapter, peft_config(lora["rank"], lora["alpha"], 0.0, lora["target_modules"]), None, folder)
+            write_adapter(adapter, peft_config(lora["rank"], lora["alpha"], 0.0, lora["target_modules"]), None, folder)
             previous, self._lora = self._lora, LoRARequest(f"coati-v{version}", version + 1, folder)
             if previous is not None:
                 self.engine.remove_lora(previous.lora_int_id)

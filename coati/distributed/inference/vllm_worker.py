@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from coati.distributed.comm import TorchGroup, ray_broadcast_tensor_dict
+from coati.distributed.transport import TorchGroup, ray_broadcast_tensor_dict
 
 
 class WeightSyncExtension:

@@ -68,7 +68,7 @@ class JudgeServer:
                  max_new_tokens: int = 32, max_prompt_tokens: int = 1024, threads: int = 1):  # fmt: skip
         import torch
 
-        from coati.distributed.config import GenerationConfig
+        from coati.distributed.inference.config import GenerationConfig
         from coati.distributed.inference import backend_class
 
         torch.set_num_threads(threads)

@@ -25,19 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from coati.distributed.config import AlgorithmConfig
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.algo.config import SIGNALS, AlgorithmConfig
+from coati.distributed.record import RolloutBatch, group_versions
 
-SIGNALS = ("task_reward", "reward")
-"""what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
-
-
-def group_versions(batch: RolloutBatch) -> np.ndarray:
-    """int64 [N]: each row's group's oldest ``policy_version``."""
-    _, inverse = np.unique(batch.group_ids, return_inverse=True)
-    oldest = np.full(int(inverse.max()) + 1 if len(inverse) else 0, np.iinfo(np.int64).max)
-    np.minimum.at(oldest, inverse, batch.policy_version)
-    return oldest[inverse]
 
 
 @dataclass

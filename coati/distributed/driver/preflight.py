@@ -9,7 +9,7 @@ import functools
 import os
 from dataclasses import dataclass
 
-from coati.distributed.config import LaunchConfig
+from coati.distributed.config.tree import LaunchConfig
 
 
 @dataclass
@@ -52,7 +52,7 @@ def resolve_model_path(path: str, what: str) -> str:
     id when the hub is reachable: downloaded here first into the Hugging Face cache, so a missing, gated or
     unreachable model fails before any actor starts (actors load it by id: from that cache on this node, from the
     hub on others)."""
-    from coati.distributed.data import HUB_ID, hub_offline
+    from coati.distributed.rollout.data import HUB_ID, hub_offline
 
     if not isinstance(path, str) or not path:
         raise ValueError(f"{what} path must be a non-empty string, got {path!r}")
@@ -89,7 +89,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     import ray
     from transformers import AutoConfig, AutoTokenizer
 
-    from coati.distributed.data import PromptFormat, load_rows
+    from coati.distributed.rollout.data import PromptFormat, load_rows
     from coati.distributed.inference import backend_class
     from coati.distributed.placement import alive_nodes, check_free, plan_placement
 
@@ -114,7 +114,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
                          f"{str(e).splitlines()[0] if str(e) else ''}); point --model-tokenizer-path at a folder "
                          "with tokenizer files") from None  # fmt: skip
     if not prompt_format.raw:
-        from coati.distributed.data import check_chat_template
+        from coati.distributed.rollout.data import check_chat_template
 
         check_chat_template(tokenizer, f"tokenizer {tokenizer_path}")
     for path in {train_model_path, inference_model_path}:
@@ -169,7 +169,7 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     )  # fmt: skip
     stream = resolve_stream(cfg, backend, max_staleness)
     sandbox, degraded, per_run = check_sandbox(cfg.reward)
-    from coati.distributed.checkpoint import rows_digest
+    from coati.distributed.driver.checkpoint import rows_digest
 
     return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
                 eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
@@ -353,7 +353,7 @@ def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) 
 def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
     """The reward function's options against its signature, and every row against the columns it requires
     (present and not null or blank in every row)."""
-    from coati.distributed.data import reward_fields
+    from coati.distributed.rollout.data import reward_fields
     from coati.distributed.reward import RewardSignature, resolve_reward_fn
 
     from coati.distributed.reward.base import TRAINER_FIELDS

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coati.distributed.config import LaunchConfig
+from coati.distributed.config.tree import LaunchConfig
 
 # Fields that may change on resume without breaking the saved state; others only when named in ``allow``.
 RESUMABLE_CHANGES = {"num_episodes"}
@@ -181,7 +181,7 @@ def _plain_array(value, name: str) -> np.ndarray:
 def load_driver_state(folder: Path) -> dict:
     import torch
 
-    from coati.distributed.rollout import RolloutBatch
+    from coati.distributed.record import RolloutBatch
 
     meta = json.loads((folder / "driver.json").read_text())
     with np.load(folder / "driver.npz", allow_pickle=False) as arrays:
@@ -202,7 +202,7 @@ def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_sta
                      also=None) -> str:  # fmt: skip
     """Consumers save model and optimizer, producers their positions, the driver its buffer (and ``also(folder)``
     whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its path."""
-    from coati.distributed.actor_group import RunError, get
+    from coati.distributed.driver.actor_group import RunError, get
 
     folder = manager.staging(step)
     try:
@@ -220,7 +220,7 @@ def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_sta
 def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
     """Load a checkpoint (already checked against this run) into the running actors; returns its meta and the
     driver's buffer."""
-    from coati.distributed.actor_group import get
+    from coati.distributed.driver.actor_group import get
 
     folder = Path(folder)
     meta = json.loads((folder / "meta.json").read_text())  # checked by ``checkpoint_meta`` before the run started
@@ -240,7 +240,7 @@ def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from coati.distributed.actor_group import RunError
+    from coati.distributed.driver.actor_group import RunError
     from coati.distributed.guards import all_finite
 
     bad = [k for k, v in state.items() if not all_finite([v])]
@@ -259,23 +259,14 @@ def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:
     """Write a LoRA adapter (wire names, see ``lora``) as a PEFT folder, ``adapter_config.json`` and
     ``adapter_model.safetensors`` plus the tokenizer, that ``PeftModel.from_pretrained(base, path)`` loads;
     atomically."""
-    from safetensors.torch import save_file
+    from coati.distributed.lora import write_adapter
 
-    from coati.distributed.lora import PREFIX
-
-    def write(tmp: str) -> None:
-        lora_config.save_pretrained(tmp)
-        tensors = {PREFIX + k: v.contiguous() for k, v in adapter.items()}
-        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-
-    return write_atomically(path, write)
+    return write_atomically(path, lambda tmp: write_adapter(adapter, lora_config, tokenizer, tmp))
 
 
 def write_atomically(path: str, write) -> str:
     """``write(tmp)`` into a temporary folder beside ``path``, then rename it into place (replacing ``path``)."""
-    from coati.distributed.actor_group import RunError
+    from coati.distributed.driver.actor_group import RunError
 
     tmp = f"{path}.tmp-{os.getpid()}"
     try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coati.distributed.config import ConsumerConfig
-from coati.distributed.grad_clip import clip_divisor
-from coati.distributed.schedule import lr_factor
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.trainer.grad_clip import clip_divisor
+from coati.distributed.trainer.schedule import lr_factor
 
 
 class OptimizerSteps:

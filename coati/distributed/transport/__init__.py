@@ -1,7 +1,7 @@
 """Transport between consumers and producers: collective groups (``group.py``) and what is pushed over them
 (``push.py``)."""
 
-from coati.distributed.comm.group import (
+from coati.distributed.transport.group import (
     DEFAULT_TIMEOUT_S,
     CollectiveError,
     TorchGroup,
@@ -11,7 +11,7 @@ from coati.distributed.comm.group import (
     init_group,
     register_backends,
 )
-from coati.distributed.comm.push import VersionedDict, ray_broadcast_object, ray_broadcast_tensor_dict
+from coati.distributed.transport.push import VersionedDict, ray_broadcast_object, ray_broadcast_tensor_dict
 
 __all__ = [
     "DEFAULT_TIMEOUT_S", "CollectiveError", "TorchGroup", "VersionedDict", "destroy_group", "forget_group_address",

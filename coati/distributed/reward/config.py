@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from coati.distributed.config_checks import finite, positive, require
+from coati.distributed.checks import finite, positive, require
 from coati.distributed.reward.base import follows_trl
 from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 

@@ -13,18 +13,74 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from coati.distributed.config import (
-    AlgorithmConfig,
-    ConsumerConfig,
-    GenerationConfig,
-    LaunchConfig,
-    ProducerConfig,
-    RewardConfig,
-)
-from coati.distributed.config_checks import finite, positive, require, seed_in_range
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.rollout.config import ProducerConfig
+from coati.distributed.reward.config import RewardConfig
+from coati.distributed.checks import divides, finite, positive, require, seed_in_range
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
 DEFAULT_TRAIN_ROWS = 512
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A whole run: the component configs plus the checks that span them."""
+
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    """rollout side"""
+    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    """training side"""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """sampling"""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """the algorithm bundle"""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """scoring"""
+    num_episodes: int = 1
+    """passes over the training prompts"""
+
+    def __post_init__(self):
+        positive(self, "num_episodes")
+        if self.consumer.train_microbatch_size is None and self.consumer.plugin.pp_size > 1:
+            object.__setattr__(self, "consumer", dataclasses.replace(
+                self.consumer, train_microbatch_size=self.producer.num_generations))  # fmt: skip
+        p, c = self.producer, self.consumer
+        samples = c.train_minibatch_size * p.num_generations
+        if c.train_microbatch_size is not None:
+            divides("train_microbatch_size", c.train_microbatch_size,
+                    "train_minibatch_size * num_generations", samples)  # fmt: skip
+        produced = p.inference_batch_size * p.num_producers
+        consumed = c.train_batch_size * c.dp_size
+        require(
+            produced % consumed == 0 or consumed % produced == 0,
+            f"producers roll out inference_batch_size * num_producers = {produced} prompts per step and consumers "
+            f"train on train_batch_size * dp_size = {consumed}; one must divide the other "
+            f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
+        )
+        if c.plugin.pp_size > 1:
+            divides("pp_num_microbatches", c.plugin.pp_num_microbatches,
+                    "train_minibatch_size * num_generations", samples)  # fmt: skip
+        buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
+        require(
+            buffer < self.generation.max_new_tokens,
+            f"overlong buffer of {buffer} tokens must be shorter than max_new_tokens={self.generation.max_new_tokens}",
+        )
+        g, r = self.generation, self.reward
+        if r.env is not None:
+            require(r.env_max_tokens <= g.max_prompt_tokens,
+                    f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
+                    f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
+                    "env_max_tokens")  # fmt: skip
+            require(not g.stop_strings,
+                    f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
+                    "token the chat template closes it with; drop the stop strings")  # fmt: skip
+
+    @property
+    def global_train_batch_size(self) -> int:
+        """prompts per training step across all DP ranks"""
+        return self.consumer.train_batch_size * self.consumer.dp_size
 
 
 @dataclass(frozen=True)
@@ -104,7 +160,7 @@ class DataConfig:
         self.prompt_format()  # raw_prompt with a system prompt is refused now
 
     def prompt_format(self):
-        from coati.distributed.data import PromptFormat
+        from coati.distributed.rollout.data import PromptFormat
 
         return PromptFormat(self.system_prompt, self.raw_prompt)
 

@@ -15,10 +15,12 @@ import torch
 
 from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
-from coati.distributed.config import AlgorithmConfig, GenerationConfig, RewardConfig
-from coati.distributed.data import DataCursor, PromptFormat, load_rows, reward_fields
-from coati.distributed.forward import generation_dtype
-from coati.distributed.rollout import RolloutBatch, oldest_versions
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.reward.config import RewardConfig
+from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows, reward_fields
+from coati.distributed.precision import generation_dtype
+from coati.distributed.record import RolloutBatch, oldest_versions
 from coati.distributed.threads import ThreadLease
 
 

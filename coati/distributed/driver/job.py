@@ -6,7 +6,35 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from coati.distributed.run_config import Config
+import logging
+from typing import Callable
+
+from coati.distributed.config.colossalchat import translate
+from coati.distributed.config.tree import Config
+from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+
+log = logging.getLogger(__name__)
+
+
+def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **kwargs) -> dict:
+    """ColossalChat's entry point: its arguments (``config_from_launch_kwargs``) become the config tree, which
+    ``launch`` runs. Checkpoints go to ``<save_dir>/checkpoints`` every ``save_interval`` steps and at the end;
+    ``resume`` ("latest" or a checkpoint folder) continues a run from one, after checking that its config and
+    identity (model, data, reward, seed, staleness) match; ``resume_allow`` names fields that may differ. ``save_dir``
+    is locked for the run; a folder holding another run is refused unless resuming or ``overwrite``. ``colocate`` lets
+    producer i and consumer i share GPU i; ``sleep_while_training`` has producers free their accelerator memory while
+    consumers train (it needs ``max_staleness=0``). With an eval set, the policy is evaluated before training, at the
+    end, and every ``eval_interval`` steps when that is > 0. ColossalChat's own parameters (its ``rl_example.py``
+    call) are translated first (``colossalchat.translate``), each one without a field here stated once in the log.
+    With a ``save_dir`` the run folder is written as the command line writes it (metrics.jsonl, samples.jsonl,
+    evals.json, summary.json, plots)."""
+    kwargs, statements = translate(kwargs)
+    config = config_from_launch_kwargs(*args, **kwargs)
+    for statement in statements:
+        log.warning("ColossalChat parameter %s", statement)
+    if config.run.folder is None:
+        return launch(config, on_step)
+    return run_reported(config, on_step)[0]
 
 
 def run_job(config: Config) -> dict:
@@ -18,9 +46,8 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
     """``launch`` with the run folder claimed and the reporter writing it (metrics.jsonl, samples.jsonl, evals.json,
     summary.json, plots); ``start`` runs once the folder is claimed (joining Ray), ``on_step`` sees each step's
     metrics before the reporter. Returns (launch's result, the summary)."""
-    from coati.distributed.launch import launch
-    from coati.distributed.reporting import Reporter
-    from coati.distributed.run_folder import RunFolder, submitted_job_folder_error
+    from coati.distributed.driver.reporting import Reporter
+    from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
 
     r = config.run
     if r.folder is None:

@@ -17,8 +17,10 @@ import types
 import typing
 from pathlib import Path
 
-from coati.distributed.config import AlgorithmConfig, PluginConfig, field_docs
-from coati.distributed.run_config import SECTIONS, Config, config_from_dict
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.trainer.config import PluginConfig
+from coati.distributed.checks import field_docs
+from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 
 PREFIXED = {"model", "data", "reward"}
 """sections whose flags carry the section name (their field names alone would be unclear)"""

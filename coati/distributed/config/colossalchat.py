@@ -108,7 +108,7 @@ def _datasets(kw: dict) -> int | None:
 def _tasks(tasks: dict[str, dict]) -> dict:
     """ColossalChat's per-task held-out sets ({task: {path, max_length, system_prompt}}) as one held-out set: each
     file's rows with a ``task`` column (one task: its config as it is)."""
-    from coati.distributed.data import read_jsonl
+    from coati.distributed.rollout.data import read_jsonl
 
     if len(tasks) == 1:
         return dict(next(iter(tasks.values())))

@@ -21,25 +21,27 @@ from coati.distributed import attention
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.grouping import without_unscored
 from coati.distributed.algo.shaping import mask_truncated
-from coati.distributed.config import AlgorithmConfig, ConsumerConfig, GenerationConfig
-from coati.distributed.forward import (
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.trainer.forward import (
     LAYOUTS,
     causal_lm,
     check_output_layer,
     choose_layout,
     pair_cost,
-    resolve_compute_dtype,
     token_budget_chunks,
     trim_padding,
 )
-from coati.distributed.grad_clip import fold_clipping
+from coati.distributed.trainer.grad_clip import fold_clipping
+from coati.distributed.precision import resolve_compute_dtype
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
-from coati.distributed.optimizer_step import OptimizerSteps
-from coati.distributed.pipeline_step import PipelineSteps
-from coati.distributed.rollout import RolloutBatch, fresh_rows
-from coati.distributed.step_metrics import StepMetrics
+from coati.distributed.trainer.optimizer_step import OptimizerSteps
+from coati.distributed.trainer.pipeline_step import PipelineSteps
+from coati.distributed.record import RolloutBatch, fresh_rows
+from coati.distributed.trainer.step_metrics import StepMetrics
 from coati.distributed.threads import ThreadLease
-from coati.distributed.wire_layout import cast_for_wire, flatten_parameters, separate_storages
+from coati.distributed.transport.wire_layout import cast_for_wire, flatten_parameters, separate_storages
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +91,8 @@ class GRPOConsumer(PipelineSteps):
         from colossalai.nn.optimizer import HybridAdam
         from transformers import AutoModelForCausalLM
 
-        from coati.distributed.colossal_cpu import apply_cpu_shims
-        from coati.distributed.colossal_policy import DecoderLMPolicy
+        from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
+        from coati.distributed.trainer.colossal_policy import DecoderLMPolicy
 
         on_cpu = apply_cpu_shims()
         backend = "gloo" if on_cpu else "nccl"
@@ -429,7 +431,7 @@ class GRPOConsumer(PipelineSteps):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (TP-gathered) weights under the Hugging Face names; collective over the TP group."""
-        from coati.distributed.colossal_policy import gathered_weights
+        from coati.distributed.trainer.colossal_policy import gathered_weights
 
         return gathered_weights(self.model.unwrap())
 
@@ -437,7 +439,7 @@ class GRPOConsumer(PipelineSteps):
                           wire_dtype: str | None = None) -> bool:  # fmt: skip
         """Join ``group_name`` as its sender; full pushes then travel in ``wire_dtype`` (the engines' weight dtype,
         e.g. "bfloat16"; None: the trainer's own dtypes)."""
-        from coati.distributed.comm import init_group
+        from coati.distributed.transport import init_group
 
         init_group(world_size, 0, group_name, backend=backend, timeout_s=timeout_s)
         self.weight_group = group_name
@@ -449,7 +451,7 @@ class GRPOConsumer(PipelineSteps):
         the push's seconds and, from a sender of full weights, the fingerprints of what it sent (``attest``: each
         tensor as it travelled, and the weights tied to them) for the driver to compare with what engines hold."""
         from coati.distributed.attest import fingerprints
-        from coati.distributed.comm import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
         if self.cfg.lora_rank:

@@ -103,9 +103,9 @@ class ActorGroups:
     def start(self) -> None:
         import ray
 
-        from coati.distributed.consumer import GRPOConsumer
+        from coati.distributed.trainer.consumer import GRPOConsumer
         from coati.distributed.placement import actor_options, reserve_shared_gpus
-        from coati.distributed.producer import Producer
+        from coati.distributed.rollout.producer import Producer
 
         # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -224,7 +224,7 @@ class ActorGroups:
 
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
-        from coati.distributed.comm import forget_group_address
+        from coati.distributed.transport import forget_group_address
         from coati.distributed.inference import backend_class
         from coati.distributed.placement import weight_backend
 
@@ -327,7 +327,7 @@ class ActorGroups:
     def shutdown(self) -> None:
         import ray
 
-        from coati.distributed.comm import forget_group_address
+        from coati.distributed.transport import forget_group_address
 
         for a in self.producers:
             try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from coati.distributed.algo.logprobs import logprobs_and_entropy
-from coati.distributed.forward import model_inputs, response_logits
-from coati.distributed.rollout import RolloutBatch
+from coati.distributed.trainer.forward import model_inputs, response_logits
+from coati.distributed.record import RolloutBatch
 
 
 class PipelineSteps:

@@ -217,3 +217,11 @@ def batch_from_responses(
         group_ids=np.repeat(np.arange(len(prompts), dtype=np.int64), n),
         extras=dict(extras or {}),
     ).validate()
+
+
+def group_versions(batch: RolloutBatch) -> np.ndarray:
+    """int64 [N]: each row's group's oldest ``policy_version``."""
+    _, inverse = np.unique(batch.group_ids, return_inverse=True)
+    oldest = np.full(int(inverse.max()) + 1 if len(inverse) else 0, np.iinfo(np.int64).max)
+    np.minimum.at(oldest, inverse, batch.policy_version)
+    return oldest[inverse]

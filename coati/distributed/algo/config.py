@@ -1,0 +1,110 @@
+"""The algorithm section of the config tree: one RL algorithm as a bundle of registered pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coati.distributed.checks import finite, positive, require
+
+SIGNALS = ("task_reward", "reward")
+"""what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """One RL algorithm as a bundle of pure pieces; ``ALGO_MAP`` holds the named presets."""
+
+    advantage_estimator: str = "grpo"
+    """advantage estimator: grpo, drgrpo, rloo, reinforce_ppb"""
+    policy_loss: str = "ppo_clip"
+    """policy loss: ppo_clip, gspo, cispo"""
+    loss_agg_mode: str = "token-mean"
+    """loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"""
+    clip_eps_low: float = 0.2
+    """lower clip range: ratios below 1 - clip_eps_low are clipped"""
+    clip_eps_high: float = 0.2
+    """upper clip range: ratios above 1 + clip_eps_high are clipped (clip-higher when > clip_eps_low)"""
+    dual_clip_c: float | None = None
+    """dual-clip bound c > 1 for negative advantages (None = off)"""
+    beta: float = 0.0
+    """KL coefficient to the reference policy (0 = no reference model)"""
+    kl_estimator: str = "k3"
+    """KL estimator in the loss: k1, k2, k3"""
+    off_policy_correction: str = "tis"
+    """per-token weight for rows sampled by another policy (stale weights, another engine): tis, icepop, seq_mask,
+    none; see coati/distributed/algo/correction.py"""
+    tis_cap: float = 2.0
+    """truncation of the importance weight pi_prox / mu (tis, seq_mask)"""
+    is_mask_low: float = 0.5
+    """icepop/seq_mask: tokens (icepop) or responses (seq_mask, geometric mean) whose ratio is below this get no loss"""
+    is_mask_high: float = 2.0
+    """icepop/seq_mask: ... or above this"""
+    dynamic_sampling: bool = False
+    """drop groups whose completions all got the same signal and draw more prompts to refill the batch"""
+    dynamic_sampling_max_draws: int = 8
+    """dynamic sampling: a step waits for at most this many times the rounds its batch needs when nothing is dropped
+    (rounds drawn for it while the previous step trains count, and may pass the cap), then fills what is still
+    missing with the zero-signal groups it drew (they train as zero-advantage rows); DAPO's cap on generation batches"""
+    dynamic_sampling_signal: str = "task_reward"
+    """what dynamic sampling compares within a group: task_reward (the reward function's score before length
+    shaping: for a verifier, the accuracy) or reward (the shaped reward the advantages see)"""
+    skip_no_signal_after: int = 0
+    """skip a prompt when its turn comes if its last N groups had no signal (every completion the same task
+    reward: always right or always wrong); 0 = off (DAPO's preset: 1). Needs dynamic_sampling (such groups would be
+    dropped anyway)"""
+    skip_recheck: float = 0.1
+    """probability that a prompt due to be skipped is drawn anyway, so none is starved forever"""
+    overlong_buffer_ratio: float = 0.0
+    """soft overlong punishment over the last ratio * max_new_tokens tokens of the budget (0 = off)"""
+    overlong_penalty_factor: float = 1.0
+    """maximum overlong penalty subtracted from the reward"""
+    mask_truncated: bool = False
+    """truncated responses contribute no loss"""
+    adv_eps: float = 1e-6
+    """epsilon added to standard deviations in advantage normalisation"""
+
+    def __post_init__(self):
+        from coati.distributed.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+        for registry, name in (
+            (ADVANTAGE_ESTIMATORS, self.advantage_estimator),
+            (POLICY_LOSSES, self.policy_loss),
+            (LOSS_AGGREGATIONS, self.loss_agg_mode),
+            (KL_ESTIMATORS, self.kl_estimator),
+        ):
+            require(name in registry, f"unknown {registry.kind} {name!r}; known: {', '.join(registry.names())}")
+        require(0 <= self.clip_eps_low <= 1, f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
+        require(self.clip_eps_high >= 0, f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
+        require(
+            self.dual_clip_c is None or self.dual_clip_c > 1,
+            f"dual_clip_c must be > 1 (or None to disable), got {self.dual_clip_c}",
+        )
+        require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
+
+        require(self.off_policy_correction in OFF_POLICY_CORRECTIONS,
+                f"unknown off-policy correction {self.off_policy_correction!r}; known: "
+                f"{', '.join(OFF_POLICY_CORRECTIONS.names())}")  # fmt: skip
+        require(isinstance(self.tis_cap, (int, float)) and self.tis_cap >= 1,
+                f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}")  # fmt: skip
+        require(0 < self.is_mask_low < 1 < self.is_mask_high,
+                f"need 0 < is_mask_low < 1 < is_mask_high, got {self.is_mask_low} and {self.is_mask_high}")  # fmt: skip
+        require(
+            0 <= self.overlong_buffer_ratio < 1,
+            f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
+        )
+        require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        require(isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
+                f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}")  # fmt: skip
+        require(not self.skip_no_signal_after or self.dynamic_sampling,
+                f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
+                "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0")  # fmt: skip
+        require(isinstance(self.dynamic_sampling_max_draws, int) and self.dynamic_sampling_max_draws >= 1,
+                f"dynamic_sampling_max_draws must be an integer >= 1, got {self.dynamic_sampling_max_draws!r}")  # fmt: skip
+        require(0 < self.skip_recheck <= 1, f"skip_recheck must be in (0, 1], got {self.skip_recheck}")
+        require(self.dynamic_sampling_signal in SIGNALS,
+                f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}")
+
+    def overlong_buffer_len(self, max_new_tokens: int) -> int:
+        return int(round(self.overlong_buffer_ratio * max_new_tokens))
+

@@ -1,0 +1,29 @@
+"""The names scripts import keep their paths: ColossalChat's entry point, the registries, the consumer and the tree."""
+
+import subprocess
+import sys
+
+
+def test_public_names_import_from_their_documented_paths():
+    import coati.distributed as distributed
+    from coati.distributed.algo import ALGO_MAP
+    from coati.distributed.envs import ENVIRONMENTS
+    from coati.distributed.inference import BACKEND_MAP
+    from coati.distributed.launch import ALGO_MAP as LAUNCH_ALGO_MAP
+    from coati.distributed.launch import Config, launch, launch_distributed
+    from coati.distributed.reward import REWARD_FNS
+
+    assert LAUNCH_ALGO_MAP is ALGO_MAP and {"GRPO", "DAPO", "RLOO", "REINFORCE_PPB", "GSPO", "CISPO"} <= set(ALGO_MAP)
+    assert {"transformers", "vllm", "sglang"} <= set(BACKEND_MAP)
+    assert {"math", "code"} <= set(REWARD_FNS) and {"tool_math", "retry"} <= set(ENVIRONMENTS)
+    assert callable(launch_distributed) and callable(launch) and Config().algo == "DAPO"
+    for name in distributed.__all__:  # the package's own list, loaded on first use
+        assert getattr(distributed, name) is not None, name
+    assert distributed.GRPOConsumer.__name__ == "GRPOConsumer" and distributed.launch_distributed is launch_distributed
+
+
+def test_importing_the_package_loads_no_role_folder():
+    """``import coati.distributed`` stays light: its public names load when first used."""
+    code = ("import sys, coati.distributed; "
+            "assert not [m for m in sys.modules if m.startswith('coati.distributed.')], sorted(sys.modules)")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
