@@ -21,8 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYOUTS = {"dp": {"num_consumer_procs": 1, "plugin_config": {}},
-           "tp2": {"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}}  # fmt: skip
+LAYOUTS = {
+    "dp": {"num_consumer_procs": 1, "plugin_config": {}},
+    "tp2": {"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}},
+}
 TOLERANCE = 1e-3
 """fp32 engine and trainer holding the same weights agree to ~1e-5 in mean |log-prob gap|; a stale or diverged
 weight shows as 1e-2 and more"""
@@ -41,16 +43,29 @@ def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
     from coati.distributed.launch import launch_distributed
 
     kw = dict(
-        num_producers=1, num_proc_per_producer=1, num_episodes=1, inference_batch_size=4,
-        inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_episodes=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        train_batch_size=4,
+        train_minibatch_size=4,
         train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(64)]},
-        inference_model_config={"path": path, "dtype": "float32"}, train_model_config={"path": path},
+        inference_model_config={"path": path, "dtype": "float32"},
+        train_model_config={"path": path},
         generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
-        grpo_config={"lr": 3e-3, "reward_fn_type": "benchmarks.bench_architectures:digit_fraction",
-                     "train_microbatch_size": 8},
-        num_generations=4, core_algo="GRPO", max_steps=steps, inference_backend=backend, max_staleness=0,
+        grpo_config={
+            "lr": 3e-3,
+            "reward_fn_type": "benchmarks.bench_architectures:digit_fraction",
+            "train_microbatch_size": 8,
+        },
+        num_generations=4,
+        core_algo="GRPO",
+        max_steps=steps,
+        inference_backend=backend,
+        max_staleness=0,
         **LAYOUTS[layout],
-    )  # fmt: skip
+    )
     start = time.perf_counter()
     try:
         out = launch_distributed(**kw)
@@ -87,12 +102,18 @@ def main(argv=None) -> dict:
             path = str(build_tiny_model(Path(tmp) / arch, arch=arch, hidden_size=128, num_heads=2, vocab_multiple=8))
             for backend in args.backends:
                 for layout in args.layouts:
-                    row = {"arch": arch, "backend": backend, "layout": layout,
-                           **run_one(path, backend, layout, args.steps)}  # fmt: skip
+                    row = {
+                        "arch": arch,
+                        "backend": backend,
+                        "layout": layout,
+                        **run_one(path, backend, layout, args.steps),
+                    }
                     rows.append(row)
                     detail = row.get("reason") or " ".join(f"{g:.1e}" for g in row["gaps"])
-                    print(f"{arch:8} {backend:12} {layout:4} {row['verdict']:8} {row['seconds']:5.0f}s  {detail[:140]}",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"{arch:8} {backend:12} {layout:4} {row['verdict']:8} {row['seconds']:5.0f}s  {detail[:140]}",
+                        flush=True,
+                    )
     result = {"tolerance": TOLERANCE, "steps": args.steps, "rows": rows}
     command = ["benchmarks/bench_architectures.py", *(argv if argv is not None else sys.argv[1:])]
     print(f"wrote {write_result('architectures', result, command)}")

@@ -66,8 +66,10 @@ def main():
 
     torch.set_num_threads(args.threads)
     groups, heads, kv_heads, dim = 4, 9, 3, 64
-    print(f"one layer's attention, forward + backward, bf16 autocast, {groups} packed groups, {heads} heads "
-          f"({kv_heads} key/value) of {dim}, {args.threads} thread(s)")  # fmt: skip
+    print(
+        f"one layer's attention, forward + backward, bf16 autocast, {groups} packed groups, {heads} heads "
+        f"({kv_heads} key/value) of {dim}, {args.threads} thread(s)"
+    )
     print(f"{'row tokens':>10} {'SDPA ms':>9} {'coati ms':>9} {'speed-up':>9} {'max |diff|':>11}  coati's path")
     for width in args.widths:
         g = torch.Generator().manual_seed(width)
@@ -81,8 +83,11 @@ def main():
         ours, got = timed(attention.attention, q, k, v, mask, repeats)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             path = "bf16 matmuls" if attention.takes_bf16_path(q, k, mask, 0.0, False) else "SDPA (too many scores)"
-        print(f"{width:>10} {1e3 * sdpa:>9.2f} {1e3 * ours:>9.2f} {sdpa / ours:>8.2f}x {(got - want).abs().max():>11.4f}  "
-              f"{path}")  # fmt: skip
+        print(
+            f"{width:>10} {1e3 * sdpa:>9.2f} {1e3 * ours:>9.2f} "
+            f"{sdpa / ours:>8.2f}x {(got - want).abs().max():>11.4f}  "
+            f"{path}"
+        )
     decode_steps(heads, kv_heads, dim)
 
 

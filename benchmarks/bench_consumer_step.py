@@ -29,18 +29,26 @@ HERE = Path(__file__).resolve().parent
 
 def rollout_batch(seed: int):
     import numpy as np
-
     from bench_step_profile import batch
+
     from coati.distributed.record import RolloutBatch
 
     (pid, pm, rid, rm), _, _ = batch(seed)
     n, rmask = len(pid), rm.numpy().astype(bool)
     rewards = np.random.default_rng(seed).permuted(np.tile([0.0, 1.0], n // 2)).astype(np.float32)
-    return RolloutBatch(prompt_ids=pid.numpy(), prompt_mask=pm.numpy().astype(bool), response_ids=rid.numpy(),
-                        response_mask=rmask, rollout_logprobs=np.where(rmask, -3.0, 0.0).astype(np.float32),
-                        response_lengths=rmask.sum(1), truncated=np.zeros(n, bool),
-                        group_ids=np.repeat(np.arange(n // 4), 4), policy_version=np.zeros(n, np.int64),
-                        token_versions=np.zeros(rmask.shape, np.int64), rewards=rewards).validate()  # fmt: skip
+    return RolloutBatch(
+        prompt_ids=pid.numpy(),
+        prompt_mask=pm.numpy().astype(bool),
+        response_ids=rid.numpy(),
+        response_mask=rmask,
+        rollout_logprobs=np.where(rmask, -3.0, 0.0).astype(np.float32),
+        response_lengths=rmask.sum(1),
+        truncated=np.zeros(n, bool),
+        group_ids=np.repeat(np.arange(n // 4), 4),
+        policy_version=np.zeros(n, np.int64),
+        token_versions=np.zeros(rmask.shape, np.int64),
+        rewards=rewards,
+    ).validate()
 
 
 def main() -> None:
@@ -52,10 +60,10 @@ def main() -> None:
     import ray
 
     from coati.default_model import default_model_path
-    from coati.distributed.driver.actor_group import _free_port, cpu_actor_env
     from coati.distributed.algo.presets import resolve_algorithm
-    from coati.distributed.trainer.config import ConsumerConfig
+    from coati.distributed.driver.actor_group import _free_port, cpu_actor_env
     from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.trainer.config import ConsumerConfig
     from coati.distributed.trainer.consumer import GRPOConsumer
 
     class ColossalAIConsumer(GRPOConsumer):
@@ -72,9 +80,21 @@ def main() -> None:
     env = {"num_cpus": 1, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}}}
     actors = {}
     for name, cls in (("coati", GRPOConsumer), ("ColossalAI", ColossalAIConsumer)):
-        actors[name] = ray.remote(cls).options(**cpu_actor_env(env, 0)).remote(
-            0, 1, "127.0.0.1", _free_port(), default_model_path(), ConsumerConfig(), resolve_algorithm("DAPO"),
-            GenerationConfig(max_new_tokens=48), 4)  # fmt: skip
+        actors[name] = (
+            ray.remote(cls)
+            .options(**cpu_actor_env(env, 0))
+            .remote(
+                0,
+                1,
+                "127.0.0.1",
+                _free_port(),
+                default_model_path(),
+                ConsumerConfig(),
+                resolve_algorithm("DAPO"),
+                GenerationConfig(max_new_tokens=48),
+                4,
+            )
+        )
         info = ray.get(actors[name].setup.remote())
         print(f"{name}: clipping {info['clipping']}, compute {info['compute_dtype']}")
     batches = [rollout_batch(seed) for seed in range(6)]

@@ -64,7 +64,9 @@ def main():
         old = seconds_per_step(portable_kernel(), args.params, threads)
         new = seconds_per_step(_TorchFusedCpuAdamKernel, args.params, threads)
         gbs = [28 * args.params / s / 1e9 for s in (old, new)]
-        print(f"{threads:>7} {old:>10.3f} ({gbs[0]:>4.0f}) {new:>12.3f} ({gbs[1]:>4.0f}) {old / new:>8.2f}x", flush=True)
+        print(
+            f"{threads:>7} {old:>10.3f} ({gbs[0]:>4.0f}) {new:>12.3f} ({gbs[1]:>4.0f}) {old / new:>8.2f}x", flush=True
+        )
 
 
 if __name__ == "__main__":

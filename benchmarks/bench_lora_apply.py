@@ -1,10 +1,11 @@
-"""How a transformers producer should apply a LoRA push: merged into its weights (what coati does: W = W0 + s B A from
-a kept copy of W0) or served through peft's LoRA layers (x W0 + s (x A) B at every step). Side by side in one process,
-one thread, on the default model (SmolLM2-135M-Instruct) with a random adapter on all seven linear layers of every
-block, prompts of the default task: the time to apply a push and the generation speed afterwards (same prompts, samples and token budget; best of
-``--reps`` timed calls after a warm-up), in each weight dtype.
+"""How a transformers producer should apply a LoRA push: merged into its weights (what coati does: W = W0 + s B A from a
+kept copy of W0) or served through peft's LoRA layers (x W0 + s (x A) B at every step). Side by side in one process, one
+thread, on the default model (SmolLM2-135M-Instruct) with a random adapter on all seven linear layers of every block,
+prompts of the default task: the time to apply a push and the generation speed afterwards (same prompts, samples and
+token budget; best of ``--reps`` timed calls after a warm-up), in each weight dtype.
 
-    python benchmarks/bench_lora_apply.py [--rank 16] [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes bfloat16,float32]
+    python benchmarks/bench_lora_apply.py [--rank 16] [--prompts 8] [--n 4] [--new-tokens 64]
+        [--dtypes bfloat16,float32]
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def measure(dtype_name: str, args) -> dict:
     from peft import get_peft_model
 
     from coati.default_model import default_model_path
-    from coati.distributed.inference.config import GenerationConfig
-    from coati.distributed.rollout.data import encode_prompt, load_rows
     from coati.distributed.inference import backend_class
+    from coati.distributed.inference.config import GenerationConfig
     from coati.distributed.lora import adapter_tensors, peft_config
+    from coati.distributed.rollout.data import encode_prompt, load_rows
 
     dtype = getattr(torch, dtype_name)
     gen = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, max_prompt_tokens=256)
@@ -96,14 +97,21 @@ def main() -> None:
     parser.add_argument("--task", default=DEFAULT_TASK)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"rank {args.rank} on {', '.join(TARGETS)}; {args.prompts} prompts x {args.n} samples x {args.new_tokens} "
-          "tokens; 1 thread")  # fmt: skip
-    print("| weights | apply a push: merge | apply a push: peft | generate merged tok/s | generate peft tok/s | "
-          "peft / merged |\n|---|---|---|---|---|---|")  # fmt: skip
+    print(
+        f"rank {args.rank} on {', '.join(TARGETS)}; {args.prompts} prompts x {args.n} samples x {args.new_tokens} "
+        "tokens; 1 thread"
+    )
+    print(
+        "| weights | apply a push: merge | apply a push: peft | generate merged tok/s | generate peft tok/s | "
+        "peft / merged |\n|---|---|---|---|---|---|"
+    )
     for dtype in args.dtypes.split(","):
         r = measure(dtype, args)
-        print(f"| {r['dtype']} | {r['merge_s']:.3f} s | {r['peft_s']:.3f} s | {r['merged_tok_s']:.1f} | "
-              f"{r['peft_tok_s']:.1f} | {r['peft_tok_s'] / r['merged_tok_s']:.2f}x |", flush=True)  # fmt: skip
+        print(
+            f"| {r['dtype']} | {r['merge_s']:.3f} s | {r['peft_s']:.3f} s | {r['merged_tok_s']:.1f} | "
+            f"{r['peft_tok_s']:.1f} | {r['peft_tok_s'] / r['merged_tok_s']:.2f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

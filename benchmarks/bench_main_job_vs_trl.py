@@ -52,20 +52,23 @@ def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_token
     from transformers import AutoTokenizer
 
     from coati.distributed.inference.config import GenerationConfig
-    from coati.distributed.rollout.data import encode_prompt, reward_fields
     from coati.distributed.inference.transformers_backend import TransformersBackend
     from coati.distributed.reward.math_reward import math_reward
+    from coati.distributed.rollout.data import encode_prompt, reward_fields
 
     torch.set_num_threads(2)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    backend = TransformersBackend(model_dir, GenerationConfig(max_new_tokens=max_new_tokens), device="cpu",
-                                  tokenizer=tokenizer)  # fmt: skip
+    backend = TransformersBackend(
+        model_dir, GenerationConfig(max_new_tokens=max_new_tokens), device="cpu", tokenizer=tokenizer
+    )
     strict = lenient = 0
     for lo in range(0, len(rows), microbatch):
         chunk = rows[lo : lo + microbatch]
         batch = backend.generate([encode_prompt(tokenizer, r) for r in chunk], 1, greedy=True)
-        texts = [tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True)
-                 for i in range(len(batch))]  # fmt: skip
+        texts = [
+            tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True)
+            for i in range(len(batch))
+        ]
         fields = [reward_fields(r) for r in chunk]
         for r in math_reward(texts, [f["gt_answer"] for f in fields], format_gate=False):
             strict += bool(r.answer_ok)
@@ -136,8 +139,8 @@ def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags
 
 def held_out_rows(job, size: int) -> list[dict]:
     """``size`` rows of the default job's held-out task, drawn as it draws its own."""
-    from coati.distributed.rollout.data import load_rows
     from coati.distributed.driver.preflight import dataset_kwargs
+    from coati.distributed.rollout.data import load_rows
 
     _, spec = job.data.datasets(job.run.seed)
     return load_rows(**dataset_kwargs(dict(spec, size=size)))
@@ -158,21 +161,33 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one coati and one TRL run each")
     parser.add_argument("--eval-rows", type=int, default=480, help="held-out rows every model is scored on")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with bf16=True (CPU autocast)")
-    parser.add_argument("--trl-overlong", action="store_true",
-                        help="TRL's reward plus the job's soft overlong punishment (its shaped reward exactly)")
+    parser.add_argument(
+        "--trl-overlong",
+        action="store_true",
+        help="TRL's reward plus the job's soft overlong punishment (its shaped reward exactly)",
+    )
     parser.add_argument("--reuse", action="store_true", help="keep a seed's coati run folder that has a final model")
-    parser.add_argument("--at-steps", type=int, nargs="+", default=[],
-                        help="also score both sides at coati's loop time of these steps (gain against time)")
-    parser.add_argument("--coati-flags", default="", help="rl_example.py flags added to the job, e.g. "
-                        "'--skip-no-signal-after 0' (checked before anything runs)")
+    parser.add_argument(
+        "--at-steps",
+        type=int,
+        nargs="+",
+        default=[],
+        help="also score both sides at coati's loop time of these steps (gain against time)",
+    )
+    parser.add_argument(
+        "--coati-flags",
+        default="",
+        help="rl_example.py flags added to the job, e.g. '--skip-no-signal-after 0' (checked before anything runs)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
     from bench_vs_trl import run_trl, trl_python
+
     from coati.default_model import default_model_path
     from coati.distributed.config.cli import parse_config
-    from coati.distributed.rollout.data import load_rows
     from coati.distributed.driver.preflight import dataset_kwargs
+    from coati.distributed.rollout.data import load_rows
 
     flags = shlex.split(args.coati_flags)
     try:
@@ -190,9 +205,12 @@ def main():
     overlong = (buffer, algorithm.overlong_penalty_factor) if args.trl_overlong else None
     held_out = held_out_rows(job, args.eval_rows)
     shaping = f"soft overlong punishment over the last {overlong[0]} tokens, x{overlong[1]}" if overlong else "none"
-    print(f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
-          f"{'bf16' if args.trl_bf16 else 'fp32'}, length shaping {shaping}; seeds {args.seeds}"
-          f"{'; coati flags ' + args.coati_flags if flags else ''}", flush=True)  # fmt: skip
+    print(
+        f"workload: {job.data.train}, {max_new_tokens} new tokens, lr {lr}; {len(held_out)} held-out rows; TRL "
+        f"{'bf16' if args.trl_bf16 else 'fp32'}, length shaping {shaping}; seeds {args.seeds}"
+        f"{'; coati flags ' + args.coati_flags if flags else ''}",
+        flush=True,
+    )
     bad = [n for n in args.at_steps if not 0 < n < job.run.max_steps]
     if bad:
         parser.error(f"--at-steps {bad}: each must lie between 1 and the job's {job.run.max_steps - 1}th step")
@@ -206,25 +224,50 @@ def main():
         train = load_rows(**dataset_kwargs(train_spec))
         with tempfile.TemporaryDirectory() as d:
             print(f"  seed {seed}: TRL for {seconds:.0f} s of training", flush=True)
-            trl = run_trl(python, model, train, 10**4, max_new_tokens, lr, threads=2, bf16=args.trl_bf16,
-                          max_seconds=seconds, save_at=[*times, seconds], save_dir=d, seed=seed, overlong=overlong)  # fmt: skip
+            trl = run_trl(
+                python,
+                model,
+                train,
+                10**4,
+                max_new_tokens,
+                lr,
+                threads=2,
+                bf16=args.trl_bf16,
+                max_seconds=seconds,
+                save_at=[*times, seconds],
+                save_dir=d,
+                seed=seed,
+                overlong=overlong,
+            )
             *part, save = trl["saves"]
             trl_at = [evaluate(p["path"], model, held_out, max_new_tokens)["lenient"] for p in part]
             trl_after = evaluate(save["path"], model, held_out, max_new_tokens)["lenient"]
-            coati_at = [evaluate(checkpoint_model(folder, n, f"{d}/coati-{n}"), model, held_out,
-                                 max_new_tokens)["lenient"] for n in sorted(args.at_steps)]  # fmt: skip
+            coati_at = [
+                evaluate(checkpoint_model(folder, n, f"{d}/coati-{n}"), model, held_out, max_new_tokens)["lenient"]
+                for n in sorted(args.at_steps)
+            ]
         coati_after = evaluate(str(folder / "final"), str(folder / "final"), held_out, max_new_tokens)["lenient"]
-        rows.append({"seed": seed, "coati": (seconds, steps, coati_after), "trl": (save["seconds"], save["steps"],
-                                                                                    trl_after)})  # fmt: skip
+        rows.append(
+            {"seed": seed, "coati": (seconds, steps, coati_after), "trl": (save["seconds"], save["steps"], trl_after)}
+        )
         waits = checkpoint_waits(folder)
-        marks.append([{"step": n, "coati": (t, n, c, waits[n - 1]), "trl": (p["seconds"], p["steps"], a)}
-                      for n, t, c, p, a in zip(sorted(args.at_steps), times, coati_at, part, trl_at, strict=True)])
+        marks.append(
+            [
+                {"step": n, "coati": (t, n, c, waits[n - 1]), "trl": (p["seconds"], p["steps"], a)}
+                for n, t, c, p, a in zip(sorted(args.at_steps), times, coati_at, part, trl_at, strict=True)
+            ]
+        )
     after = statistics.mean(r[side][2] for r in rows for side in ("coati", "trl"))
     se_item = math.sqrt(after * (1 - after) / len(held_out))
-    print(f"held-out greedy accuracy, lenient, {len(held_out)} rows (an accuracy near {after:.2f} has a standard error of {se_item:.3f}); "
-          f"before training {before:.3f}")  # fmt: skip
-    print(f"  {'seed':>4}  {'coati s':>8}{'steps':>6}{'after':>7}{'gain':>7}   {'TRL s':>6}{'steps':>6}{'after':>7}"
-          f"{'gain':>7}   {'gain ratio':>10}")  # fmt: skip
+    print(
+        f"held-out greedy accuracy, lenient, {len(held_out)} rows (an "
+        f"accuracy near {after:.2f} has a standard error of {se_item:.3f}); "
+        f"before training {before:.3f}"
+    )
+    print(
+        f"  {'seed':>4}  {'coati s':>8}{'steps':>6}{'after':>7}{'gain':>7}   {'TRL s':>6}{'steps':>6}{'after':>7}"
+        f"{'gain':>7}   {'gain ratio':>10}"
+    )
     gains = {"coati": [], "trl": []}
     for r in rows:
         line = f"  {r['seed']:>4}"
@@ -234,29 +277,38 @@ def main():
             line += f"  {seconds:>8.0f}{steps:>6}{after:>7.3f}{after - before:>+7.3f} "
         print(f"{line}  {ratio(gains['coati'][-1], gains['trl'][-1]):>10}")
     ratio_of_means = ratio(statistics.mean(gains["coati"]), statistics.mean(gains["trl"]))
-    print(f"mean gain over {len(rows)} seeds: coati {mean_se(gains['coati'])}, TRL {mean_se(gains['trl'])}; "
-          f"ratio of mean gains {ratio_of_means} (target: >= 2x at equal training time)")  # fmt: skip
+    print(
+        f"mean gain over {len(rows)} seeds: coati {mean_se(gains['coati'])}, TRL {mean_se(gains['trl'])}; "
+        f"ratio of mean gains {ratio_of_means} (target: >= 2x at equal training time)"
+    )
     if args.at_steps:
         print_curve(marks, rows, gains, before)
 
 
 def print_curve(marks: list[list[dict]], rows: list[dict], gains: dict, before: float) -> None:
-    """Both sides' mean gain at each mark (coati's loop time at that step; TRL's first step past it), then at the end."""
+    """Both sides' mean gain at each mark (coati's loop time at that step; TRL's first step past it), then at the
+    end."""
     print("gain against time (means over seeds; coati's checkpoint wait: seconds outside any step after that step)")
-    print(f"  {'coati step':>10}{'coati s':>9}{'wait s':>8}{'gain':>8}   {'TRL s':>7}{'steps':>7}{'gain':>8}   "
-          f"{'gain ratio':>10}")  # fmt: skip
+    print(
+        f"  {'coati step':>10}{'coati s':>9}{'wait s':>8}{'gain':>8}   {'TRL s':>7}{'steps':>7}{'gain':>8}   "
+        f"{'gain ratio':>10}"
+    )
     for i in range(len(marks[0])):
         at = [seed[i] for seed in marks]
         c, t = [m["coati"][2] - before for m in at], [m["trl"][2] - before for m in at]
         mean = statistics.mean
-        print(f"  {at[0]['step']:>10}{mean([m['coati'][0] for m in at]):>9.0f}{mean([m['coati'][3] for m in at]):>8.1f}"
-              f"{mean(c):>+8.3f}   {mean([m['trl'][0] for m in at]):>7.0f}{mean([m['trl'][1] for m in at]):>7.1f}"
-              f"{mean(t):>+8.3f}   {ratio(mean(c), mean(t)):>10}")  # fmt: skip
+        print(
+            f"  {at[0]['step']:>10}{mean([m['coati'][0] for m in at]):>9.0f}{mean([m['coati'][3] for m in at]):>8.1f}"
+            f"{mean(c):>+8.3f}   {mean([m['trl'][0] for m in at]):>7.0f}{mean([m['trl'][1] for m in at]):>7.1f}"
+            f"{mean(t):>+8.3f}   {ratio(mean(c), mean(t)):>10}"
+        )
     seconds = statistics.mean(r["coati"][0] for r in rows)
     trl_s, trl_steps = (statistics.mean(r["trl"][i] for r in rows) for i in (0, 1))
-    print(f"  {rows[0]['coati'][1]:>10}{seconds:>9.0f}{'':>8}{statistics.mean(gains['coati']):>+8.3f}   {trl_s:>7.0f}"
-          f"{trl_steps:>7.1f}{statistics.mean(gains['trl']):>+8.3f}   "
-          f"{ratio(statistics.mean(gains['coati']), statistics.mean(gains['trl'])):>10}")  # fmt: skip
+    print(
+        f"  {rows[0]['coati'][1]:>10}{seconds:>9.0f}{'':>8}{statistics.mean(gains['coati']):>+8.3f}   {trl_s:>7.0f}"
+        f"{trl_steps:>7.1f}{statistics.mean(gains['trl']):>+8.3f}   "
+        f"{ratio(statistics.mean(gains['coati']), statistics.mean(gains['trl'])):>10}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Reward throughput through RewardPool on this machine: math verifications/s and code solutions/s.
 
-    python benchmarks/bench_rewards.py [--workers 2] [--n 400]
+python benchmarks/bench_rewards.py [--workers 2] [--n 400]
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def main():
         math_s = time.perf_counter() - start
     correct = sum(r.answer_ok for r in results)
     n_code = max(args.n // 4, 1)
-    cases = json.dumps({"inputs": [f"{i} {i + 1}\n" for i in range(5)], "outputs": [f"{2 * i + 1}\n" for i in range(5)]})
+    cases = json.dumps(
+        {"inputs": [f"{i} {i + 1}\n" for i in range(5)], "outputs": [f"{2 * i + 1}\n" for i in range(5)]}
+    )
     code = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     with RewardPool("code", num_workers=args.workers) as pool:
         pool.score([code], {"test_cases": [cases]})

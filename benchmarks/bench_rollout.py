@@ -38,9 +38,9 @@ def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None
 
         torch._dynamo.config.disable = True
     from coati.default_model import default_model_path
+    from coati.distributed.inference import backend_class
     from coati.distributed.inference.config import GenerationConfig
     from coati.distributed.rollout.data import encode_prompt, load_rows
-    from coati.distributed.inference import backend_class
 
     path = default_model_path()
     gen = GenerationConfig(max_new_tokens=args["new_tokens"], temperature=1.0, max_prompt_tokens=256)
@@ -87,33 +87,55 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--task", default="reasoning_gym:chain_sum", help="prompts' task; 'random': random token "
-                        "ids, every row running to the token budget")  # fmt: skip
+    parser.add_argument(
+        "--task",
+        default="reasoning_gym:chain_sum",
+        help="prompts' task; 'random': random token ids, every row running to the token budget",
+    )
     parser.add_argument("--vllm-block-sizes", default="32,128", help="KV-cache block sizes vLLM runs with")
-    parser.add_argument("--vllm-samplers", default="inverse_cdf,vllm",
-                        help="samplers vLLM runs with at the first block size (the first also at the others)")
-    parser.add_argument("--transformers-attentions", default="coati_sdpa,sdpa",
-                        help="attentions the transformers backend runs with (coati's CPU attention, the backend's "
-                             "default on CPU; transformers' SDPA)")  # fmt: skip
-    parser.add_argument("--vllm-compile", default="on", help="on,off: vLLM at the first block size also without "
-                        "torch.compile")  # fmt: skip
+    parser.add_argument(
+        "--vllm-samplers",
+        default="inverse_cdf,vllm",
+        help="samplers vLLM runs with at the first block size (the first also at the others)",
+    )
+    parser.add_argument(
+        "--transformers-attentions",
+        default="coati_sdpa,sdpa",
+        help="attentions the transformers backend runs with (coati's CPU attention, the backend's "
+        "default on CPU; transformers' SDPA)",
+    )
+    parser.add_argument(
+        "--vllm-compile", default="on", help="on,off: vLLM at the first block size also without torch.compile"
+    )
     args = parser.parse_args()
     if args.vllm_compile not in ("on", "on,off"):
         parser.error(f"--vllm-compile takes on or on,off, got {args.vllm_compile!r}")
     eager = args.vllm_compile == "on,off"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = "1"
-    settings = {"prompts": args.prompts, "n": args.n, "new_tokens": args.new_tokens, "reps": args.reps, "task": args.task}
-    print(f"SmolLM2-135M-Instruct, {args.task}: {args.prompts} prompts x {args.n} samples x up to {args.new_tokens} "
-          f"new tokens, temperature 1.0, 1 thread, best of {args.reps}")  # fmt: skip
+    settings = {
+        "prompts": args.prompts,
+        "n": args.n,
+        "new_tokens": args.new_tokens,
+        "reps": args.reps,
+        "task": args.task,
+    }
+    print(
+        f"SmolLM2-135M-Instruct, {args.task}: {args.prompts} prompts x {args.n} samples x up to {args.new_tokens} "
+        f"new tokens, temperature 1.0, 1 thread, best of {args.reps}"
+    )
     ctx = mp.get_context("spawn")
     blocks = [int(b) for b in args.vllm_block_sizes.split(",")]
     attentions = args.transformers_attentions.split(",")
     samplers = args.vllm_samplers.split(",")
-    runs = ([("transformers", {"attention": a}) for a in attentions]
-            + [("vllm", {"block_size": b, "sampler": samplers[0], **({"samplers": samplers} if i == 0 else {})})
-               for i, b in enumerate(blocks)]
-            + [("vllm", {"block_size": blocks[0], "sampler": samplers[0], "compile": False})] * eager)  # fmt: skip
+    runs = (
+        [("transformers", {"attention": a}) for a in attentions]
+        + [
+            ("vllm", {"block_size": b, "sampler": samplers[0], **({"samplers": samplers} if i == 0 else {})})
+            for i, b in enumerate(blocks)
+        ]
+        + [("vllm", {"block_size": blocks[0], "sampler": samplers[0], "compile": False})] * eager
+    )
     for dtype in args.dtypes.split(","):
         rates = {}
         for name, options in runs:
@@ -127,23 +149,36 @@ def main():
             label = f"vllm {options['block_size']}" if name == "vllm" else f"{name} {options['attention']}"
             label += " eager" if options.get("compile") is False else ""
             rates[label] = rate
-            print(f"{label:<25}{dtype:<10} load {load_s:6.1f} s  first call {warm_s:5.1f} s  {rate:8.1f} tokens/s  "
-                  f"({tokens} tokens)", flush=True)  # fmt: skip
+            print(
+                f"{label:<25}{dtype:<10} load {load_s:6.1f} s  first call {warm_s:5.1f} s  {rate:8.1f} tokens/s  "
+                f"({tokens} tokens)",
+                flush=True,
+            )
             if "samplers" in options:
                 for sampler, (rate, tokens) in queue.get().items():
                     rates[f"sampler {sampler}"] = rate
-                    print(f"{label + ' ' + sampler:<25}{dtype:<10} {args.reps} calls interleaved {rate:8.1f} "
-                          f"tokens/s  ({tokens} tokens)", flush=True)  # fmt: skip
+                    print(
+                        f"{label + ' ' + sampler:<25}{dtype:<10} {args.reps} calls interleaved {rate:8.1f} "
+                        f"tokens/s  ({tokens} tokens)",
+                        flush=True,
+                    )
         first, hf = f"vllm {blocks[0]}", f"transformers {attentions[0]}"
-        print(f"{'':<25}{dtype:<10} vLLM (block {blocks[0]}) / transformers ({attentions[0]}): "
-              f"{rates[first] / rates[hf]:.2f}x"
-              + "".join(f"; {attentions[0]} / {a}: {rates[hf] / rates[f'transformers {a}']:.2f}x" for a in attentions[1:])
-              + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:])
-              + "".join(f"; {samplers[0]} / {s}: {rates[f'sampler {samplers[0]}'] / rates[f'sampler {s}']:.2f}x"
-                        for s in samplers[1:])
-              + (f"; compiled / eager: {rates[first] / rates[first + ' eager']:.2f}x" if first + " eager" in rates
-                 else ""),
-              flush=True)  # fmt: skip
+        print(
+            f"{'':<25}{dtype:<10} vLLM (block {blocks[0]}) / transformers ({attentions[0]}): "
+            f"{rates[first] / rates[hf]:.2f}x"
+            + "".join(f"; {attentions[0]} / {a}: {rates[hf] / rates[f'transformers {a}']:.2f}x" for a in attentions[1:])
+            + "".join(f"; block {blocks[0]} / block {b}: {rates[first] / rates[f'vllm {b}']:.2f}x" for b in blocks[1:])
+            + "".join(
+                f"; {samplers[0]} / {s}: {rates[f'sampler {samplers[0]}'] / rates[f'sampler {s}']:.2f}x"
+                for s in samplers[1:]
+            )
+            + (
+                f"; compiled / eager: {rates[first] / rates[first + ' eager']:.2f}x"
+                if first + " eager" in rates
+                else ""
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
     project = f"staleness-k{k}" + ("-in-flight" if in_flight else "")
-    cmd = [sys.executable, str(ROOT / "rl_example.py"), "--algo", "DAPO", "-nb", str(k), "--max-steps",
-           str(args.max_steps), "--save-dir", args.out, "-p", project, "--overwrite", "--no-progress", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "rl_example.py"),
+        "--algo",
+        "DAPO",
+        "-nb",
+        str(k),
+        "--max-steps",
+        str(args.max_steps),
+        "--save-dir",
+        args.out,
+        "-p",
+        project,
+        "--overwrite",
+        "--no-progress",
+        *extra,
+    ]
     cmd.append("--in-flight-weight-updates" if in_flight else "--no-in-flight-weight-updates")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
@@ -46,20 +61,33 @@ def summarize(folder: Path, k: int, in_flight: bool) -> dict:
                 j = int(key[len("rollout/lag") : -len("_groups")])
                 lags[j] = lags.get(j, 0) + count
     first, last = summary["evals"][0], summary["evals"][-1]
-    return {"k": k, "mode": "in-flight" if in_flight else "drain", "steps": len(steps),
-            "token_lag": sum(m["rollout/token_lag_mean"] for m in steps) / len(steps),
-            "mixed_rows": sum(m["rollout/mixed_version_rows"] for m in steps),
-            "steps_per_min": 60 * len(steps) / loop_s, "loop_s": loop_s,
-            "lags": dict(sorted(lags.items())), "lag_max": max(m["rollout/policy_lag_max"] for m in steps),
-            "stale_dropped": totals.get("groups_dropped_stale", 0), "drawn": totals["groups_drawn"],
-            "lenient": (first["eval/lenient"], last["eval/lenient"]), "strict": (first["eval/strict"], last["eval/strict"])}  # fmt: skip
+    return {
+        "k": k,
+        "mode": "in-flight" if in_flight else "drain",
+        "steps": len(steps),
+        "token_lag": sum(m["rollout/token_lag_mean"] for m in steps) / len(steps),
+        "mixed_rows": sum(m["rollout/mixed_version_rows"] for m in steps),
+        "steps_per_min": 60 * len(steps) / loop_s,
+        "loop_s": loop_s,
+        "lags": dict(sorted(lags.items())),
+        "lag_max": max(m["rollout/policy_lag_max"] for m in steps),
+        "stale_dropped": totals.get("groups_dropped_stale", 0),
+        "drawn": totals["groups_drawn"],
+        "lenient": (first["eval/lenient"], last["eval/lenient"]),
+        "strict": (first["eval/strict"], last["eval/strict"]),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--modes", nargs="+", choices=["drain", "in-flight"], default=["drain"],
-                        help="how pushes meet a round in flight (in-flight: k >= 1 only)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["drain", "in-flight"],
+        default=["drain"],
+        help="how pushes meet a round in flight (in-flight: k >= 1 only)",
+    )
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench_staleness"))
     args, extra = parser.parse_known_args()
@@ -70,16 +98,20 @@ def main() -> None:
 
 def print_table(results: list[dict], max_steps: int) -> None:
     print(f"\n== default job (DAPO), {max_steps} steps, max_staleness k ==")
-    print(f"{'k':>2} {'push':>9} {'steps/min':>9} {'vs first':>8} {'loop s':>7} {'groups by lag (0,1,2..)':>24} "
-          f"{'lag max':>7} {'token lag':>9} {'mixed rows':>10} {'stale dropped':>13} {'drawn':>6} "
-          f"{'lenient before->after':>22} {'strict':>12}")  # fmt: skip
+    print(
+        f"{'k':>2} {'push':>9} {'steps/min':>9} {'vs first':>8} {'loop s':>7} {'groups by lag (0,1,2..)':>24} "
+        f"{'lag max':>7} {'token lag':>9} {'mixed rows':>10} {'stale dropped':>13} {'drawn':>6} "
+        f"{'lenient before->after':>22} {'strict':>12}"
+    )
     base = results[0]["steps_per_min"]
     for r in results:
         lags = ",".join(str(r["lags"].get(j, 0)) for j in range(max(r["lags"], default=0) + 1))
-        print(f"{r['k']:>2} {r['mode']:>9} {r['steps_per_min']:>9.2f} {r['steps_per_min'] / base:>7.2f}x "
-              f"{r['loop_s']:>7.0f} {lags:>24} {r['lag_max']:>7} {r['token_lag']:>9.3f} {r['mixed_rows']:>10} "
-              f"{r['stale_dropped']:>13} {r['drawn']:>6} "
-              f"{r['lenient'][0]:>10.3f} -> {r['lenient'][1]:.3f} {r['strict'][0]:>5.3f} -> {r['strict'][1]:.3f}")
+        print(
+            f"{r['k']:>2} {r['mode']:>9} {r['steps_per_min']:>9.2f} {r['steps_per_min'] / base:>7.2f}x "
+            f"{r['loop_s']:>7.0f} {lags:>24} {r['lag_max']:>7} {r['token_lag']:>9.3f} {r['mixed_rows']:>10} "
+            f"{r['stale_dropped']:>13} {r['drawn']:>6} "
+            f"{r['lenient'][0]:>10.3f} -> {r['lenient'][1]:.3f} {r['strict'][0]:>5.3f} -> {r['strict'][1]:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,11 @@ def report(title: str, total: float, seconds: dict, mm_flops: float, peak: float
     profiled = sum(seconds.values())
     print(f"{title}: {total:.2f} s (profiled ops {profiled:.2f} s)")
     for c, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        extra = f"; {mm_flops / mm / 1e9:.0f} GFLOP/s = {100 * mm_flops / mm / 1e9 / peak:.0f}% of the peak" if c == "matmul" else ""
+        extra = (
+            f"; {mm_flops / mm / 1e9:.0f} GFLOP/s = {100 * mm_flops / mm / 1e9 / peak:.0f}% of the peak"
+            if c == "matmul"
+            else ""
+        )
         print(f"  {c:<17} {s:6.2f} s {100 * s / profiled:5.1f}%{extra}")
 
 
@@ -87,8 +91,9 @@ def batch(seed: int = 0):
     return (pid, pm, rid, rm), unique, int(rlen.sum())
 
 
-def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tuple[int, int], peak: float,
-            malloc: str) -> None:  # fmt: skip
+def trainer(
+    model_dir: str, precision: str, attn: str, threads: int, weights: tuple[int, int], peak: float, malloc: str
+) -> None:
     import contextlib
 
     import torch
@@ -130,21 +135,28 @@ def trainer(model_dir: str, precision: str, attn: str, threads: int, weights: tu
     body, head = weights
     flops = [6 * (body * unique + head * response) for _, unique, response in batches]
     model_flops = sum(flops) / STEPS
-    report(f"trainer step, {precision}, {attn} attention, {malloc} malloc, {threads} thread(s), mean of {STEPS}", total,
-           seconds, mm_flops, peak)  # fmt: skip
+    report(
+        f"trainer step, {precision}, {attn} attention, {malloc} malloc, {threads} thread(s), mean of {STEPS}",
+        total,
+        seconds,
+        mm_flops,
+        peak,
+    )
     mm = seconds.get("matmul", 0.0) * model_flops / flops[0]  # the profiled step's matmul time, scaled to the mean step
-    print(f"  step: {model_flops / total / 1e9:.0f} GFLOP/s = {100 * model_flops / total / 1e9 / peak:.0f}% of the "
-          f"{precision} peak ({peak:.0f}); if only its matmuls took time: {100 * model_flops / mm / 1e9 / peak:.0f}%")
+    print(
+        f"  step: {model_flops / total / 1e9:.0f} GFLOP/s = {100 * model_flops / total / 1e9 / peak:.0f}% of the "
+        f"{precision} peak ({peak:.0f}); if only its matmuls took time: {100 * model_flops / mm / 1e9 / peak:.0f}%"
+    )
 
 
 def generation(model_dir: str, threads: int, peak: float) -> None:
     import torch
+    from bench_vs_trl import workload_rows
     from torch.profiler import ProfilerActivity, profile
 
+    from coati.distributed.inference import backend_class
     from coati.distributed.inference.config import GenerationConfig
     from coati.distributed.rollout.data import encode_prompt
-    from coati.distributed.inference import backend_class
-    from bench_vs_trl import workload_rows
 
     torch.set_num_threads(threads)  # before the engine starts: vLLM's CPU worker binds its threads then
     gen = GenerationConfig(max_new_tokens=48, temperature=1.0)
@@ -164,8 +176,13 @@ def generation(model_dir: str, threads: int, peak: float) -> None:
     events = prof.key_averages(group_by_input_shape=True)
     seconds, mm_flops = split(events, onednn_flops)
     tokens = int(out.response_lengths.sum())
-    report(f"generation round, vLLM bf16, 8 prompts x 4, {tokens} tokens, {threads} thread(s)", total, seconds,
-           mm_flops, peak)  # fmt: skip
+    report(
+        f"generation round, vLLM bf16, 8 prompts x 4, {tokens} tokens, {threads} thread(s)",
+        total,
+        seconds,
+        mm_flops,
+        peak,
+    )
 
 
 def trainer_child(args, peaks: dict, malloc: str) -> None:
@@ -176,21 +193,46 @@ def trainer_child(args, peaks: dict, malloc: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     if malloc == "kept":
         env["GLIBC_TUNABLES"] = KEEP_FREED_MEMORY
-    cmd = [sys.executable, __file__, "--threads", str(args.threads), "--precisions", *args.precisions,
-           "--attention", *args.attention, "--peaks", str(peaks["bf16"]), str(peaks["fp32"]), "--child", malloc]
-    subprocess.run(cmd, env=env, check=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--threads",
+        str(args.threads),
+        "--precisions",
+        *args.precisions,
+        "--attention",
+        *args.attention,
+        "--peaks",
+        str(peaks["bf16"]),
+        str(peaks["fp32"]),
+        "--child",
+        malloc,
+    ]
+    subprocess.run(cmd, env=env, check=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precisions", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
-    parser.add_argument("--attention", nargs="+", default=["sdpa", "coati_sdpa"], choices=["sdpa", "coati_sdpa"],
-                        help="the trainer's attention: transformers' SDPA, or coati's (what the consumer uses on CPU)")
-    parser.add_argument("--malloc", nargs="+", default=["default", "kept"], choices=["default", "kept"],
-                        help="glibc's default malloc, or the settings of a CPU consumer (freed memory kept mapped)")
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        default=["sdpa", "coati_sdpa"],
+        choices=["sdpa", "coati_sdpa"],
+        help="the trainer's attention: transformers' SDPA, or coati's (what the consumer uses on CPU)",
+    )
+    parser.add_argument(
+        "--malloc",
+        nargs="+",
+        default=["default", "kept"],
+        choices=["default", "kept"],
+        help="glibc's default malloc, or the settings of a CPU consumer (freed memory kept mapped)",
+    )
     parser.add_argument("--no-generation", action="store_true", help="profile the trainer only")
-    parser.add_argument("--peaks", nargs=2, type=float, help=argparse.SUPPRESS)  # bf16, fp32: a child's, from its parent
+    parser.add_argument(
+        "--peaks", nargs=2, type=float, help=argparse.SUPPRESS
+    )  # bf16, fp32: a child's, from its parent
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the malloc setting a child process runs under
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -208,7 +250,9 @@ def main():
                 trainer(model, precision, attn, args.threads, weights, peaks[precision], args.child)
         return
     peaks = {d: matmul_peak(d, args.threads) for d in ("bf16", "fp32")}
-    print("matmul peak, GFLOP/s, " + f"{args.threads} thread(s): " + ", ".join(f"{d} {v:.0f}" for d, v in peaks.items()))
+    print(
+        "matmul peak, GFLOP/s, " + f"{args.threads} thread(s): " + ", ".join(f"{d} {v:.0f}" for d, v in peaks.items())
+    )
     sys.stdout.flush()
     for malloc in args.malloc:
         trainer_child(args, peaks, malloc)

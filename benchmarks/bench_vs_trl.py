@@ -7,9 +7,10 @@ rate, DAPO loss (clip 0.2/0.28, token-mean, no KL), and the same number of steps
 is completions per second of training-loop wall time (model loading excluded on both sides). TRL runs in the same
 environment as coati (TRL 1.16 accepts the transformers coati pins), in a subprocess of its own, with both cores.
 
-Each precision runs all three: ``fp32`` (TRL bf16=False; coati compute_dtype fp32, fp32 generation) and ``best``,
-each side's fastest setting a user would pick on this CPU (TRL bf16=True; coati's defaults: bf16 autocast training
-over fp32 masters, and bf16 engine weights, which follow the trainer's compute dtype). Ratios compare coati with TRL at the same precision.
+Each precision runs all three: ``fp32`` (TRL bf16=False; coati compute_dtype fp32, fp32 generation) and ``best``, each
+side's fastest setting a user would pick on this CPU (TRL bf16=True; coati's defaults: bf16 autocast training over fp32
+masters, and bf16 engine weights, which follow the trainer's compute dtype). Ratios compare coati with TRL at the same
+precision.
 
 The trainer's achieved GFLOP/s counts the matmul FLOPs a training step needs (6 x weights x tokens: each group's
 prompt once, the output layer on response tokens only; attention scores left out, a few % at these lengths) over
@@ -100,47 +101,97 @@ WARMUP_STEPS = 2
 def trainer_gflops(history: list[dict], weights: tuple[int, int]) -> float:
     """Matmul GFLOP/s the trainer achieved over the run's steps (see the module docstring)."""
     body, head = weights
-    flops = sum(6 * (body * m["rollout/trained_tokens_unique"] + head * m["rollout/trained_response_tokens"])
-                for m in history)  # fmt: skip
+    flops = sum(
+        6 * (body * m["rollout/trained_tokens_unique"] + head * m["rollout/trained_response_tokens"]) for m in history
+    )
     return flops / sum(m["time/train_step"] for m in history) / 1e9
 
 
-def run_trl(python: str, model: str, rows, steps: int, max_new_tokens: int, lr: float, threads: int, bf16: bool,
-            max_seconds: float | None = None, save_at: list[float] | None = None, save_dir: str | None = None,
-            seed: int = 0, overlong: tuple[int, float] | None = None) -> dict:  # fmt: skip
+def run_trl(
+    python: str,
+    model: str,
+    rows,
+    steps: int,
+    max_new_tokens: int,
+    lr: float,
+    threads: int,
+    bf16: bool,
+    max_seconds: float | None = None,
+    save_at: list[float] | None = None,
+    save_dir: str | None = None,
+    seed: int = 0,
+    overlong: tuple[int, float] | None = None,
+) -> dict:
     """TRL's run (``trl_side.py``, in a subprocess): its wall time, per-step rewards and, with ``save_at``, the models
     saved under ``save_dir`` at those seconds of training; with ``overlong`` (buffer tokens, factor), DAPO's soft
     overlong punishment added to its reward."""
     with tempfile.TemporaryDirectory() as d:
-        spec = {"model": model, "rows": rows, "steps": steps, "max_new_tokens": max_new_tokens, "lr": lr,
-                "prompts": PROMPTS, "generations": GENERATIONS, "threads": threads, "seed": seed, "out_dir": d,
-                "bench_dir": str(HERE), "bf16": bf16, "max_seconds": max_seconds,
-                "save_at": save_at, "save_dir": save_dir, "overlong": overlong}  # fmt: skip
+        spec = {
+            "model": model,
+            "rows": rows,
+            "steps": steps,
+            "max_new_tokens": max_new_tokens,
+            "lr": lr,
+            "prompts": PROMPTS,
+            "generations": GENERATIONS,
+            "threads": threads,
+            "seed": seed,
+            "out_dir": d,
+            "bench_dir": str(HERE),
+            "bf16": bf16,
+            "max_seconds": max_seconds,
+            "save_at": save_at,
+            "save_dir": save_dir,
+            "overlong": overlong,
+        }
         Path(d, "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads), PYTHONPATH="")
-        out = subprocess.run([python, str(HERE / "trl_side.py"), f"{d}/spec.json", f"{d}/out.json"], env=env,
-                             capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [python, str(HERE / "trl_side.py"), f"{d}/spec.json", f"{d}/out.json"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"TRL run failed:\n{out.stderr[-3000:]}")
         return json.loads(Path(d, "out.json").read_text())
 
 
-def coati_kwargs(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int,
-                 compute_dtype: str) -> dict:  # fmt: skip
+def coati_kwargs(
+    model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str
+) -> dict:
     """coati's side of the comparison, as ``launch_distributed`` arguments: DAPO with dynamic sampling (and with it
     the skipping of signal-less prompts) and overlong shaping off, as TRL's GRPOTrainer has neither."""
     return dict(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-        inference_batch_size=PROMPTS, inference_microbatch_size=PROMPTS, train_batch_size=PROMPTS,
-        train_minibatch_size=PROMPTS, train_dataset_config={"rows": rows},
-        inference_model_config={"path": model}, train_model_config={"path": model},
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=1,
+        inference_batch_size=PROMPTS,
+        inference_microbatch_size=PROMPTS,
+        train_batch_size=PROMPTS,
+        train_minibatch_size=PROMPTS,
+        train_dataset_config={"rows": rows},
+        inference_model_config={"path": model},
+        train_model_config={"path": model},
         generate_config={"max_new_tokens": max_new_tokens, "temperature": 1.0},
-        grpo_config={"lr": lr, "reward_fn_type": "benchmarks.bench_reward:last_number_reward",
-                     "train_microbatch_size": PROMPTS * GENERATIONS, "dynamic_sampling": False,
-                     "skip_no_signal_after": 0, "overlong_buffer_ratio": 0.0, "compute_dtype": compute_dtype},
-        plugin_config={}, num_generations=GENERATIONS, core_algo="DAPO", max_steps=steps, max_staleness=staleness,
-        inference_backend="transformers",  # as TRL generates (and the tiny model's head size is one vLLM's CPU build lacks)
-    )  # fmt: skip
+        grpo_config={
+            "lr": lr,
+            "reward_fn_type": "benchmarks.bench_reward:last_number_reward",
+            "train_microbatch_size": PROMPTS * GENERATIONS,
+            "dynamic_sampling": False,
+            "skip_no_signal_after": 0,
+            "overlong_buffer_ratio": 0.0,
+            "compute_dtype": compute_dtype,
+        },
+        plugin_config={},
+        num_generations=GENERATIONS,
+        core_algo="DAPO",
+        max_steps=steps,
+        max_staleness=staleness,
+        # as TRL generates (and the tiny model's head size is one vLLM's CPU build lacks)
+        inference_backend="transformers",
+    )
 
 
 def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, staleness: int, compute_dtype: str) -> dict:
@@ -155,7 +206,14 @@ def run_coati(model: str, rows, steps: int, max_new_tokens: int, lr: float, stal
 
 
 def breakdown(history: list[dict]) -> dict:
-    keys = ["time/generate", "time/reward_wait", "time/rollout_wait", "time/train_step", "time/train", "time/weight_push"]
+    keys = [
+        "time/generate",
+        "time/reward_wait",
+        "time/rollout_wait",
+        "time/train_step",
+        "time/train",
+        "time/weight_push",
+    ]
     mean = {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in keys + ["time/step"]}
     accounted = mean["time/rollout_wait"] + mean["time/train"] + mean["time/weight_push"]
     mean["overhead"] = max(mean["time/step"] - accounted, 0.0) + max(mean["time/train"] - mean["time/train_step"], 0.0)
@@ -169,12 +227,15 @@ def measure(size: str, model: str, steps: int, args, python: str, rows) -> dict:
         trl_bf16, compute = PRECISIONS[precision]
         print(f"   {precision}: TRL", flush=True)
         try:
-            runs[precision, "TRL GRPOTrainer"] = run_trl(python, model, rows, steps, args.max_new_tokens, args.lr, 2,
-                                                         trl_bf16)  # fmt: skip
+            runs[precision, "TRL GRPOTrainer"] = run_trl(
+                python, model, rows, steps, args.max_new_tokens, args.lr, 2, trl_bf16
+            )
         except RuntimeError as e:  # TRL's best setting is then the one that runs
             if ("fp32", "TRL GRPOTrainer") not in runs:
                 raise
-            print(f"   TRL with bf16={trl_bf16} failed ({str(e).strip().splitlines()[-1][:200]}); its fp32 run stands in")
+            print(
+                f"   TRL with bf16={trl_bf16} failed ({str(e).strip().splitlines()[-1][:200]}); its fp32 run stands in"
+            )
             runs[precision, "TRL GRPOTrainer"] = runs["fp32", "TRL GRPOTrainer"]
         for name, k in (("coati sync", 0), ("coati overlap", 1)):
             print(f"   {precision}: {name}", flush=True)
@@ -190,8 +251,10 @@ def print_size(runs: dict, steps: int, weights, peaks: dict) -> dict:
         curve = " ".join(f"{r:.2f}" for r in runs[precision, name]["rewards"])
         print(f"{precision:<10}{name:<18}{rate:>14.2f}{rate / rates[precision, 'TRL GRPOTrainer']:>7.2f}x   {curve}")
     if ("fp32", "TRL GRPOTrainer") in rates and ("best", "coati overlap") in rates:
-        print(f"coati overlap at its best vs TRL in fp32: "
-              f"{rates['best', 'coati overlap'] / rates['fp32', 'TRL GRPOTrainer']:.2f}x")  # fmt: skip
+        print(
+            f"coati overlap at its best vs TRL in fp32: "
+            f"{rates['best', 'coati overlap'] / rates['fp32', 'TRL GRPOTrainer']:.2f}x"
+        )
     trainer = {}
     for (precision, name), r in runs.items():
         if not name.startswith("coati"):
@@ -202,16 +265,26 @@ def print_size(runs: dict, steps: int, weights, peaks: dict) -> dict:
         achieved, peak = trainer_gflops(h, weights), peaks[dtype, min(threads, 2)]
         steady = trainer_gflops(h[WARMUP_STEPS:], weights) if len(h) > WARMUP_STEPS else None
         trainer[precision, name] = {"gflops": achieved, "steady_gflops": steady, "peak": peak, "threads": threads, **b}
-        print(f"{precision} {name}, mean s per step: " + ", ".join(
-            f"{k.split('/')[-1]} {b[k]:.2f}" for k in ("time/generate", "time/reward_wait", "time/train_step",
-                                                       "time/weight_push", "time/step"))
+        print(
+            f"{precision} {name}, mean s per step: "
+            + ", ".join(
+                f"{k.split('/')[-1]} {b[k]:.2f}"
+                for k in ("time/generate", "time/reward_wait", "time/train_step", "time/weight_push", "time/step")
+            )
             # Synchronous steps are the sum of their parts; the rest is the framework's own time.
-            + (f", overhead {b['overhead']:.2f} ({100 * b['overhead'] / b['time/step']:.1f}%)" if "sync" in name else "")
+            + (
+                f", overhead {b['overhead']:.2f} ({100 * b['overhead'] / b['time/step']:.1f}%)"
+                if "sync" in name
+                else ""
+            )
             + f"; trainer {achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f}% of the {dtype} peak on {threads} "
-              f"thread(s) ({peak:.0f})"
-            + (f", after its first {WARMUP_STEPS} steps {steady:.0f} = {100 * steady / peak:.0f}%" if steady else ""))  # fmt: skip
-    return {"rates": {f"{p}/{n}": v for (p, n), v in rates.items()},
-            "trainer": {f"{p}/{n}": v for (p, n), v in trainer.items()}}
+            f"thread(s) ({peak:.0f})"
+            + (f", after its first {WARMUP_STEPS} steps {steady:.0f} = {100 * steady / peak:.0f}%" if steady else "")
+        )
+    return {
+        "rates": {f"{p}/{n}": v for (p, n), v in rates.items()},
+        "trainer": {f"{p}/{n}": v for (p, n), v in trainer.items()},
+    }
 
 
 def main():
@@ -242,8 +315,10 @@ def main():
             from coati.default_model import default_model_path
 
             model = default_model_path()
-        print(f"\n== {size}: {steps} steps x {PROMPTS * GENERATIONS} completions, {args.max_new_tokens} new tokens ==",
-              flush=True)  # fmt: skip
+        print(
+            f"\n== {size}: {steps} steps x {PROMPTS * GENERATIONS} completions, {args.max_new_tokens} new tokens ==",
+            flush=True,
+        )
         runs = measure(size, model, steps, args, python, rows)
         report[size] = print_size(runs, steps, matmul_weights(model), peaks)
     ray.shutdown()

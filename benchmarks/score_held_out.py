@@ -40,8 +40,9 @@ def main():
     kept = sorted(int(p.name.removeprefix("step-")) for p in (args.run / "checkpoints").glob("step-*"))
     with tempfile.TemporaryDirectory() as d:
         for n in [n for n in kept if n < steps]:
-            after = evaluate(checkpoint_model(args.run, n, f"{d}/step-{n}"), str(args.run / "final"), held_out,
-                             max_new_tokens)["lenient"]  # fmt: skip
+            after = evaluate(
+                checkpoint_model(args.run, n, f"{d}/step-{n}"), str(args.run / "final"), held_out, max_new_tokens
+            )["lenient"]
             print(f"  {n:>5}{loop_seconds(args.run, n)[0]:>8.0f}{after:>7.3f}{after - before:>+8.3f}", flush=True)
     after = evaluate(str(args.run / "final"), str(args.run / "final"), held_out, max_new_tokens)["lenient"]
     print(f"  {steps:>5}{seconds:>8.0f}{after:>7.3f}{after - before:>+8.3f}")

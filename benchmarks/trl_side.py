@@ -34,13 +34,29 @@ if __name__ == "__main__":
         rewards.append(get_soft_overlong_punishment(spec["max_new_tokens"], buffer))
         weights.append(factor)
     config = GRPOConfig(
-        output_dir=spec["out_dir"], per_device_train_batch_size=spec["prompts"] * spec["generations"],
-        num_generations=spec["generations"], max_completion_length=spec["max_new_tokens"],
-        learning_rate=spec["lr"], loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, temperature=1.0,
-        max_steps=spec["steps"], lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=spec["seed"],
-        gradient_accumulation_steps=1, bf16=spec.get("bf16", False), fp16=False, dataloader_num_workers=0,
+        output_dir=spec["out_dir"],
+        per_device_train_batch_size=spec["prompts"] * spec["generations"],
+        num_generations=spec["generations"],
+        max_completion_length=spec["max_new_tokens"],
+        learning_rate=spec["lr"],
+        loss_type="dapo",
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        temperature=1.0,
+        max_steps=spec["steps"],
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=spec["seed"],
+        gradient_accumulation_steps=1,
+        bf16=spec.get("bf16", False),
+        fp16=False,
+        dataloader_num_workers=0,
         reward_weights=weights,
-    )  # fmt: skip
+    )
 
     marks, saves, saving = list(spec.get("save_at") or []), [], [0.0]  # saving[0]: seconds spent saving
 
@@ -55,12 +71,26 @@ if __name__ == "__main__":
             if spec.get("max_seconds") and trained > spec["max_seconds"]:
                 control.should_training_stop = True
 
-    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=config, callbacks=[Budget()],
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=rewards,
+        args=config,
+        callbacks=[Budget()],
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start - saving[0]
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
-    json.dump({"wall": wall, "rewards": rewards, "step_times": step_times, "steps": trainer.state.global_step,
-               "saves": saves}, open(sys.argv[2], "w"))  # fmt: skip
+    json.dump(
+        {
+            "wall": wall,
+            "rewards": rewards,
+            "step_times": step_times,
+            "steps": trainer.state.global_step,
+            "saves": saves,
+        },
+        open(sys.argv[2], "w"),
+    )

@@ -58,7 +58,9 @@ def default_model_path(cache: Path | None = None) -> str:
     model.load_state_dict(loaded.state_dict())
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.eos_token = "<|im_end|>"
-    tokenizer.pad_token = "<|endoftext|>" if tokenizer.convert_tokens_to_ids("<|endoftext|>") is not None else "<|im_end|>"
+    tokenizer.pad_token = (
+        "<|endoftext|>" if tokenizer.convert_tokens_to_ids("<|endoftext|>") is not None else "<|im_end|>"
+    )
     model.config.eos_token_id = im_end
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = im_end

@@ -22,7 +22,7 @@ SPECIAL = ["<pad>", "<eos>", "<bos>"]
 
 def char_tokenizer(path: str | Path | None = None):
     """A character-level PreTrainedTokenizerFast over printable ASCII: pad 0, eos 1, bos 2."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL)}
@@ -75,21 +75,46 @@ def build_tiny_model(
     vocab = -(-len(tokenizer) // vocab_multiple) * vocab_multiple
     if tie_word_embeddings is None:
         tie_word_embeddings = arch in ("gemma2", "gemma3")
-    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                   bos_token_id=tokenizer.bos_token_id)  # fmt: skip
+    special = dict(
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id
+    )
     if arch == "gpt2":
-        config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden_size, n_layer=num_layers, n_head=num_heads,
-                                         n_positions=max_positions, n_inner=intermediate_size, **special)  # fmt: skip
+        config = transformers.GPT2Config(
+            vocab_size=vocab,
+            n_embd=hidden_size,
+            n_layer=num_layers,
+            n_head=num_heads,
+            n_positions=max_positions,
+            n_inner=intermediate_size,
+            **special,
+        )
     else:
-        classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
-                   "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "phi3": "Phi3Config"}  # fmt: skip
-        extra = {} if head_dim is None and arch not in ("qwen3", "gemma2", "gemma3", "llama", "mistral") else {
-            "head_dim": head_dim or hidden_size // num_heads}  # fmt: skip
+        classes = {
+            "llama": "LlamaConfig",
+            "qwen2": "Qwen2Config",
+            "qwen3": "Qwen3Config",
+            "mistral": "MistralConfig",
+            "gemma2": "Gemma2Config",
+            "gemma3": "Gemma3TextConfig",
+            "phi3": "Phi3Config",
+        }
+        extra = (
+            {}
+            if head_dim is None and arch not in ("qwen3", "gemma2", "gemma3", "llama", "mistral")
+            else {"head_dim": head_dim or hidden_size // num_heads}
+        )
         config = getattr(transformers, classes[arch])(
-            vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
-            num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads or num_heads,
-            max_position_embeddings=max_positions, tie_word_embeddings=tie_word_embeddings, **extra, **special,
-        )  # fmt: skip
+            vocab_size=vocab,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size or 2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads or num_heads,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=tie_word_embeddings,
+            **extra,
+            **special,
+        )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -106,17 +131,33 @@ def build_tiny_reward_model(path: str | Path, hidden_size: int = 64, num_layers:
 
     path = Path(path)
     tokenizer = char_tokenizer(path)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=1024, num_labels=1, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     torch.manual_seed(seed)
     LlamaForSequenceClassification(config).save_pretrained(str(path))
     return path
 
 
-def train_tiny_reward_model(path: str | Path, prompts: list, chosen: list[str], rejected: list[str], steps: int = 40,
-                            lr: float = 3e-3, seed: int = 0) -> Path:  # fmt: skip
+def train_tiny_reward_model(
+    path: str | Path,
+    prompts: list,
+    chosen: list[str],
+    rejected: list[str],
+    steps: int = 40,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Path:
     """Fit the reward model at ``path`` in place to score ``chosen[i]`` above ``rejected[i]`` for ``prompts[i]``
     (Bradley-Terry: minimise -log sigmoid(r_chosen - r_rejected), full batch, Adam); returns ``path``."""
     import torch
@@ -127,13 +168,22 @@ def train_tiny_reward_model(path: str | Path, prompts: list, chosen: list[str], 
     model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
 
     def render(prompt, answer):
-        return tok.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
-                                       tokenize=False)  # fmt: skip
+        return tok.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], tokenize=False
+        )
 
-    good = tok([render(p, c) for p, c in zip(prompts, chosen, strict=True)], return_tensors="pt", padding=True,
-               add_special_tokens=False)  # fmt: skip
-    bad = tok([render(p, r) for p, r in zip(prompts, rejected, strict=True)], return_tensors="pt", padding=True,
-              add_special_tokens=False)  # fmt: skip
+    good = tok(
+        [render(p, c) for p, c in zip(prompts, chosen, strict=True)],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
+    bad = tok(
+        [render(p, r) for p, r in zip(prompts, rejected, strict=True)],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):
         margin = model(**good).logits[:, 0] - model(**bad).logits[:, 0]

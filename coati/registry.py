@@ -63,8 +63,10 @@ def resolve_callable(name: str, registry: Registry[Callable]) -> Callable:
     if ":" not in name:
         if "." in name and name not in registry:
             module, _, attr = name.rpartition(".")
-            raise KeyError(f"unknown {registry.kind} {name!r}; a function of a module is named module:function "
-                           f"({module}:{attr}); registered: {', '.join(sorted(registry.names()))}")  # fmt: skip
+            raise KeyError(
+                f"unknown {registry.kind} {name!r}; a function of a module is named module:function "
+                f"({module}:{attr}); registered: {', '.join(sorted(registry.names()))}"
+            )
         return registry.get(name)
     import importlib
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import rl_example
 
-
 HELD_OUT = 8
 """problems after the training ones, evaluated before and after training"""
 
@@ -35,11 +34,16 @@ def humaneval_jsonl(first: int, count: int, name: str) -> str:
                 continue
             p = json.loads(line)
             row = {
-                "messages": [{"role": "user", "content": "Complete this Python function. Reply with one ```python "
-                              "code block containing the whole function.\n\n" + p["prompt"]}],
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "Complete this Python function. Reply with one ```python "
+                        "code block containing the whole function.\n\n" + p["prompt"],
+                    }
+                ],
                 # The prompt's helpers (poly, encode_cyclic, ...) are run before the solution and beside the test.
                 "test_cases": {"test": p["test"], "entry_point": p["entry_point"], "prompt": p["prompt"]},
-            }  # fmt: skip
+            }
             g.write(json.dumps(row) + "\n")
     return str(out)
 
@@ -49,8 +53,30 @@ if __name__ == "__main__":
     parser.add_argument("--problems", type=int, default=32, help="training problems (at most 156)")
     args, rest = parser.parse_known_args()
     train, held_out = humaneval_jsonl(0, args.problems, "train"), humaneval_jsonl(args.problems, HELD_OUT, "held_out")
-    rl_example.main([
-        "--algo", "GRPO", "-kl", "0", "-d", train, "-ed", held_out, "--eval-size", str(HELD_OUT), "-rt", "code",
-        "--reward-kwargs", '{"partial_credit": false}', "-mnt", "128", "-mpt", "512", "--max-steps", "4",
-        "-p", "code_humaneval", *rest,
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "GRPO",
+            "-kl",
+            "0",
+            "-d",
+            train,
+            "-ed",
+            held_out,
+            "--eval-size",
+            str(HELD_OUT),
+            "-rt",
+            "code",
+            "--reward-kwargs",
+            '{"partial_credit": false}',
+            "-mnt",
+            "128",
+            "-mpt",
+            "512",
+            "--max-steps",
+            "4",
+            "-p",
+            "code_humaneval",
+            *rest,
+        ]
+    )

@@ -32,7 +32,22 @@ def ends_with_word(completions, gt_answer, **_fields):
 
 
 if __name__ == "__main__":
-    rl_example.main([
-        "--algo", "RLOO", "-d", "reasoning_gym:spell_backward", "-rt", "examples.custom_reward:ends_with_word",
-        "--reward-kwargs", "{}", "-mnt", "32", "--max-steps", "10", "-p", "custom_reward", *sys.argv[1:],
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "RLOO",
+            "-d",
+            "reasoning_gym:spell_backward",
+            "-rt",
+            "examples.custom_reward:ends_with_word",
+            "--reward-kwargs",
+            "{}",
+            "-mnt",
+            "32",
+            "--max-steps",
+            "10",
+            "-p",
+            "custom_reward",
+            *sys.argv[1:],
+        ]
+    )

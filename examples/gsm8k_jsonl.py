@@ -17,10 +17,30 @@ import rl_example
 HERE = Path(__file__).parent
 
 if __name__ == "__main__":
-    path = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else str(HERE / "data/gsm8k_sample.jsonl")
+    path = (
+        sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else str(HERE / "data/gsm8k_sample.jsonl")
+    )
     rest = sys.argv[2:] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else sys.argv[1:]
-    rl_example.main([
-        "--algo", "DAPO", "-d", path, "-ed", path, "--eval-size", "8", "-mnt", "96", "--max-steps", "10",
-        "-s", "Solve step by step, then write the final answer on its own line as '#### <number>'.",
-        "--reward-kwargs", '{"format_gate": false}', "-p", "gsm8k", *rest,
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "DAPO",
+            "-d",
+            path,
+            "-ed",
+            path,
+            "--eval-size",
+            "8",
+            "-mnt",
+            "96",
+            "--max-steps",
+            "10",
+            "-s",
+            "Solve step by step, then write the final answer on its own line as '#### <number>'.",
+            "--reward-kwargs",
+            '{"format_gate": false}',
+            "-p",
+            "gsm8k",
+            *rest,
+        ]
+    )

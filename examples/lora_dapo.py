@@ -21,7 +21,18 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rank", type=int, default=16)
     args, rest = parser.parse_known_args()
-    rl_example.main([
-        "--algo", "DAPO", "--lora-rank", str(args.rank), "--lora-alpha", str(2 * args.rank), "-lr", "2e-4",
-        "-p", "lora_dapo", *rest,
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "DAPO",
+            "--lora-rank",
+            str(args.rank),
+            "--lora-alpha",
+            str(2 * args.rank),
+            "-lr",
+            "2e-4",
+            "-p",
+            "lora_dapo",
+            *rest,
+        ]
+    )

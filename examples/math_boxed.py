@@ -16,8 +16,24 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
     args, rest = parser.parse_known_args()
-    rl_example.main([
-        "--algo", "GRPO", "-kl", "0", "-s", SYSTEM, "-mnt", "64", "--max-steps", str(args.steps),
-        "-d", "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=2",
-        "--reward-kwargs", '{"format_gate": true, "format_bonus": 0.1}', "-p", "math_boxed", *rest,
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "GRPO",
+            "-kl",
+            "0",
+            "-s",
+            SYSTEM,
+            "-mnt",
+            "64",
+            "--max-steps",
+            str(args.steps),
+            "-d",
+            "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=2",
+            "--reward-kwargs",
+            '{"format_gate": true, "format_bonus": 0.1}',
+            "-p",
+            "math_boxed",
+            *rest,
+        ]
+    )

@@ -22,7 +22,19 @@ if __name__ == "__main__":
     args, rest = parser.parse_known_args()
     components = {"math": 1.0, "rm": 0.5, **({"judge": 0.5} if args.judge_path else {})}
     judge = ["--reward-judge-path", args.judge_path] if args.judge_path else []
-    rl_example.main([
-        "--algo", "GRPO", "--reward-rm-path", args.rm_path, "--reward-rm-normalize", "group",
-        "--reward-components", json.dumps(components), *judge, "-p", "reward_model", *rest,
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "GRPO",
+            "--reward-rm-path",
+            args.rm_path,
+            "--reward-rm-normalize",
+            "group",
+            "--reward-components",
+            json.dumps(components),
+            *judge,
+            "-p",
+            "reward_model",
+            *rest,
+        ]
+    )

@@ -13,7 +13,22 @@ import sys
 import rl_example
 
 if __name__ == "__main__":
-    rl_example.main([
-        "--algo", "GRPO", "--env", "tool_math", "--env-max-turns", "3", "--env-max-tokens", "640", "-mpt", "640",
-        "-mnt", "128", "-p", "tool_math", *sys.argv[1:],
-    ])  # fmt: skip
+    rl_example.main(
+        [
+            "--algo",
+            "GRPO",
+            "--env",
+            "tool_math",
+            "--env-max-turns",
+            "3",
+            "--env-max-tokens",
+            "640",
+            "-mpt",
+            "640",
+            "-mnt",
+            "128",
+            "-p",
+            "tool_math",
+            *sys.argv[1:],
+        ]
+    )

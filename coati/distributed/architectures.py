@@ -63,22 +63,30 @@ def check_layout(config: dict, where: str, tp_size: int, pp_size: int) -> None:
     name = (config.get("architectures") or [family])[0]
     if tp_size > 1:
         if family not in TP_FAMILIES:
-            raise ValueError(f"{where} is {name} (model_type {family!r}), which coati's tensor parallelism does not "
-                             f"cover (it does {', '.join(sorted(TP_FAMILIES))}); use tp_size=1 and more consumers for "
-                             "data parallelism")  # fmt: skip
+            raise ValueError(
+                f"{where} is {name} (model_type {family!r}), which coati's tensor parallelism does not "
+                f"cover (it does {', '.join(sorted(TP_FAMILIES))}); use tp_size=1 and more consumers for "
+                "data parallelism"
+            )
         heads = config.get("num_attention_heads")
         kv = config.get("num_key_value_heads") or heads
         if heads % tp_size or kv % tp_size:
-            raise ValueError(f"tp_size={tp_size} must divide {where}'s attention heads ({heads}) and key/value heads "
-                             f"({kv}); use a tp_size that divides both")  # fmt: skip
+            raise ValueError(
+                f"tp_size={tp_size} must divide {where}'s attention heads ({heads}) and key/value heads "
+                f"({kv}); use a tp_size that divides both"
+            )
     if pp_size > 1 and family not in PP_FAMILIES:
-        raise ValueError(f"{where} is {name} (model_type {family!r}), which coati's pipeline parallelism does not "
-                         f"cover (it does {', '.join(sorted(PP_FAMILIES))}); use pp_size=1")  # fmt: skip
+        raise ValueError(
+            f"{where} is {name} (model_type {family!r}), which coati's pipeline parallelism does not "
+            f"cover (it does {', '.join(sorted(PP_FAMILIES))}); use pp_size=1"
+        )
 
 
 def check_positions(config: dict, where: str, tokens: int, what: str) -> None:
     """Refuse sequences longer than the model's position table."""
     limit = max_positions(config)
     if limit is not None and tokens > limit:
-        raise ValueError(f"{what} = {tokens} tokens, but {where} has positions for {limit}; lower max_prompt_tokens "
-                         "or max_new_tokens")  # fmt: skip
+        raise ValueError(
+            f"{what} = {tokens} tokens, but {where} has positions for {limit}; lower max_prompt_tokens "
+            "or max_new_tokens"
+        )

@@ -53,23 +53,44 @@ def compute_dtype(query: torch.Tensor) -> torch.dtype:
 def takes_bf16_path(query, key, attention_mask, dropout: float, causal: bool) -> bool:
     """Whether a call runs the bf16 matmul path rather than SDPA."""
     b, h, q_len, _ = query.shape
-    return (query.device.type == "cpu" and compute_dtype(query) == torch.bfloat16 and dropout == 0.0
-            and b * h * q_len * key.shape[2] <= MAX_SCORES and h % key.shape[1] == 0
-            and (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1 if attention_mask is not None
-                 else not causal or q_len == key.shape[2]))  # fmt: skip
+    return (
+        query.device.type == "cpu"
+        and compute_dtype(query) == torch.bfloat16
+        and dropout == 0.0
+        and b * h * q_len * key.shape[2] <= MAX_SCORES
+        and h % key.shape[1] == 0
+        and (
+            attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1
+            if attention_mask is not None
+            else not causal or q_len == key.shape[2]
+        )
+    )
 
 
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-              is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
+def attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: query [B, H, Lq, D], key and value [B, Hkv, Lk, D] (Hkv dividing H),
     ``attention_mask`` boolean [B or 1, 1, Lq, Lk] or None; returns ([B, Lq, H, D], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    causal = query.shape[2] > 1 and attention_mask is None and (
-        is_causal if is_causal is not None else getattr(module, "is_causal", True))  # fmt: skip
+    causal = (
+        query.shape[2] > 1
+        and attention_mask is None
+        and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    )
     if not takes_bf16_path(query, key, attention_mask, dropout, causal):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)  # fmt: skip
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     b, h, q_len, d = query.shape
     kv, k_len = key.shape[1], key.shape[2]
     rep = h // kv  # query heads per key/value head: each key/value head serves its queries in one matmul
@@ -81,8 +102,11 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         if attention_mask is None and not causal:
             scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
         else:
-            allowed = (attention_mask if attention_mask is not None
-                       else torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()[None, None])  # fmt: skip
+            allowed = (
+                attention_mask
+                if attention_mask is not None
+                else torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()[None, None]
+            )
             # The dtype's lowest value, not -inf: a query that may attend to nothing (a padding row) gets an even
             # spread instead of NaN, as in transformers' eager attention.
             bias = torch.zeros(allowed.shape, dtype=dtype, device=query.device)

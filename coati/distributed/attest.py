@@ -49,8 +49,12 @@ def fingerprint(name: str, tensor: torch.Tensor, version: int) -> list:
     return [crc(sample(name, tensor, version)), list(tensor.shape)]
 
 
-def fingerprints(state: Mapping[str, torch.Tensor], version: int, tied: Mapping[str, str] | None = None,
-                 transposed: frozenset[str] = frozenset()) -> dict:  # fmt: skip
+def fingerprints(
+    state: Mapping[str, torch.Tensor],
+    version: int,
+    tied: Mapping[str, str] | None = None,
+    transposed: frozenset[str] = frozenset(),
+) -> dict:
     """{name: fingerprint} of a push's tensors, plus the tied weights' (``tied``: {tied weight: the weight it is
     tied to}) that the push does not carry; the ``transposed`` weights (``transposed_weights``) as their transpose."""
 
@@ -86,8 +90,9 @@ def tied_weights(config) -> dict[str, str]:
     return dict(keys) if isinstance(keys, dict) else {}
 
 
-def merged_column(name: str, base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, version: int,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def merged_column(
+    name: str, base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, version: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the sampled column of ``base`` + ``scale`` * B A in ``dtype``, as ``lora.merge`` computes the whole weight,
     and the bound its rounding stays within: fp32 sums of r + 2 terms, then rounding to the base's and to ``dtype``)."""
     j = column(name, version, base.shape[1])
@@ -99,9 +104,13 @@ def merged_column(name: str, base: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     return exact.to(base.dtype).to(dtype), bound
 
 
-def adapter_fingerprints(adapter: Mapping[str, torch.Tensor], version: int, scale: float,
-                         served: Mapping[str, torch.Tensor] | None = None,
-                         bases: Mapping[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
+def adapter_fingerprints(
+    adapter: Mapping[str, torch.Tensor],
+    version: int,
+    scale: float,
+    served: Mapping[str, torch.Tensor] | None = None,
+    bases: Mapping[str, torch.Tensor] | None = None,
+) -> dict:
     """The fingerprints of the LoRA adapter an engine applied (wire names, as ``fingerprints`` of the pushed one),
     with both tensors of a pair marked wrong ([None, shape]) where the engine's ``served`` sampled column of the
     target ({target: values at ``column(target, version, width)``}) is not its ``bases`` value plus ``scale`` * B A

@@ -42,9 +42,10 @@ SEED_MAX = 2**32 - 1
 
 def seed_in_range(name: str, value) -> None:
     """A seed torch, numpy and the engines all accept: an integer in 0..2**32-1."""
-    require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX,
-            f"{name} must be an integer in 0..{SEED_MAX} (numpy and the engines refuse others), "
-            f"got {value!r}")  # fmt: skip
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX,
+        f"{name} must be an integer in 0..{SEED_MAX} (numpy and the engines refuse others), got {value!r}",
+    )
 
 
 def finite(obj, *names: str, low: float | None = None, strict: bool = False) -> None:
@@ -75,5 +76,6 @@ def divides(small_name: str, small: int, big_name: str, big: int) -> None:
         upper = next((m for m in range(small, big + 1) if big % m == 0), None)
         choices = f"{lower} or {upper}" if upper is not None else f"{lower} (at most {big_name})"
         raise ValueError(
-            f"{big_name}={big} is not divisible by {small_name}={small}; use {small_name}={choices}, or change {big_name}"
+            f"{big_name}={big} is not divisible by {small_name}={small}; "
+            f"use {small_name}={choices}, or change {big_name}"
         )

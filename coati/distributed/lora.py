@@ -22,8 +22,11 @@ def hf_name(peft_name: str) -> str:
 
 def adapter_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors of a peft model's named parameters, under wire names (``<module>.lora_A.weight``)."""
-    return {hf_name(k).replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v
-            for k, v in named.items() if ".lora_A." in k or ".lora_B." in k}  # fmt: skip
+    return {
+        hf_name(k).replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v
+        for k, v in named.items()
+        if ".lora_A." in k or ".lora_B." in k
+    }
 
 
 def adapter_pairs(adapter: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -63,8 +66,14 @@ def peft_config(rank: int, alpha: float, dropout: float, target_modules, base_pa
     """peft's LoraConfig of these LoRA settings (``base_path`` recorded as the adapter's base model)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                      task_type="CAUSAL_LM", base_model_name_or_path=base_path)  # fmt: skip
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_path,
+    )
 
 
 def write_adapter(adapter: dict, lora_config, tokenizer, folder: str) -> None:
@@ -77,6 +86,8 @@ def write_adapter(adapter: dict, lora_config, tokenizer, folder: str) -> None:
 
     os.makedirs(folder, exist_ok=True)
     lora_config.save_pretrained(folder)
-    save_file({PREFIX + k: v.contiguous() for k, v in adapter.items()}, os.path.join(folder, "adapter_model.safetensors"))
+    save_file(
+        {PREFIX + k: v.contiguous() for k, v in adapter.items()}, os.path.join(folder, "adapter_model.safetensors")
+    )
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)

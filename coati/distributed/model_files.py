@@ -11,8 +11,23 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}  # fmt: skip
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 MAX_HEADER_BYTES = 100 << 20
 CHECKPOINT_BYTES_PER_PARAM = 12
 """a training checkpoint per parameter: the fp32 master weights the consumers train (4) and Adam's two fp32 moments
@@ -60,13 +75,16 @@ def read_safetensors_header(path: str | Path) -> WeightFile:
         try:
             dtype, shape, (_, stop) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: tensor {name!r} has no dtype, shape and data_offsets; the file is "
-                             "damaged") from None
+            raise ValueError(
+                f"{path}: tensor {name!r} has no dtype, shape and data_offsets; the file is damaged"
+            ) from None
         tensors[name] = (dtype, shape)
         end = max(end, stop)
     if 8 + length + end > size:
-        raise ValueError(f"{path} is truncated: its header describes {8 + length + end} bytes, the file has {size}; "
-                         "copy or download it again")  # fmt: skip
+        raise ValueError(
+            f"{path} is truncated: its header describes {8 + length + end} bytes, the file has {size}; "
+            "copy or download it again"
+        )
     return WeightFile(path, tensors)
 
 

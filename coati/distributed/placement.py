@@ -50,12 +50,17 @@ def check_free(needs: dict[str, float], available, total: dict[str, float], wait
             return
         if time.monotonic() > deadline:
             key, (need, got) = next(iter(short.items()))
-            raise ValueError(f"the run's actors need {need:g} {key}s; the cluster has {total.get(key, 0.0):g}, of "
-                             f"which only {got:g} are free (other jobs or actors hold the rest): wait for them to "
-                             "finish, or lower the number of actors or cpus_per_actor")  # fmt: skip
+            raise ValueError(
+                f"the run's actors need {need:g} {key}s; the cluster has {total.get(key, 0.0):g}, of "
+                f"which only {got:g} are free (other jobs or actors hold the rest): wait for them to "
+                "finish, or lower the number of actors or cpus_per_actor"
+            )
         if not said:
-            logging.getLogger(__name__).warning("waiting up to %.0f s for %s to be free on the cluster", wait_s,
-                                               ", ".join(f"{n:g} {k}s" for k, (n, _) in short.items()))  # fmt: skip
+            logging.getLogger(__name__).warning(
+                "waiting up to %.0f s for %s to be free on the cluster",
+                wait_s,
+                ", ".join(f"{n:g} {k}s" for k, (n, _) in short.items()),
+            )
             said = True
         time.sleep(0.5)
 
@@ -72,8 +77,10 @@ def plan_placement(
     total_gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
     if total_gpus == 0:
         if colocate:
-            raise ValueError("colocate=True shares GPUs between producers and consumers, but the cluster has no GPU; "
-                             "drop colocate (--colocate) to run on CPU")  # fmt: skip
+            raise ValueError(
+                "colocate=True shares GPUs between producers and consumers, but the cluster has no GPU; "
+                "drop colocate (--colocate) to run on CPU"
+            )
         return _plan_cpu(nodes, num_producers, num_consumers, cpus_per_actor)
     if colocate:
         return _plan_colocated(nodes, num_producers, gpus_per_producer, num_consumers, total_gpus)
@@ -129,8 +136,12 @@ def whereabouts() -> dict:
     import ray
 
     ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()],
-            "cores": len(os.sched_getaffinity(0))}  # fmt: skip
+    return {
+        "node_id": ctx.get_node_id(),
+        "pid": os.getpid(),
+        "gpus": [str(g) for g in ray.get_gpu_ids()],
+        "cores": len(os.sched_getaffinity(0)),
+    }
 
 
 def weight_backend(producers: list[Slot], consumers: list[Slot]) -> str:
@@ -173,16 +184,16 @@ PLACEMENTS = ("any", "producer", "node:K")
 
 def check_server_placement(placement: str, what: str) -> None:
     """A placement string is one of PLACEMENTS (K a node index >= 0)."""
-    ok = placement in ("any", "producer") or (
-        placement.startswith("node:") and placement[5:].isdigit()
-    )
+    ok = placement in ("any", "producer") or (placement.startswith("node:") and placement[5:].isdigit())
     if not ok:
-        raise ValueError(f"{what} must be any, producer or node:K (K the index of an alive node, from 0), "
-                         f"got {placement!r}")  # fmt: skip
+        raise ValueError(
+            f"{what} must be any, producer or node:K (K the index of an alive node, from 0), got {placement!r}"
+        )
 
 
-def plan_servers(placement: str, count: int, cpus: float, gpus: float, nodes: list[dict], producers: list[Slot],
-                 what: str) -> tuple[list[Slot | None], list[Slot]]:  # fmt: skip
+def plan_servers(
+    placement: str, count: int, cpus: float, gpus: float, nodes: list[dict], producers: list[Slot], what: str
+) -> tuple[list[Slot | None], list[Slot]]:
     """(server slots, producer slots) for ``count`` servers of ``cpus`` CPUs and ``gpus`` GPUs each. ``any``: no slot
     (None, Ray places them by resources); ``node:K``: the K-th alive node; ``producer``: server i beside producer
     i mod len(producers), and with ``gpus`` > 0 inside that producer's GPU (the producer's share shrinks by the
@@ -193,36 +204,48 @@ def plan_servers(placement: str, count: int, cpus: float, gpus: float, nodes: li
     if placement.startswith("node:"):
         k = int(placement[5:])
         if k >= len(nodes):
-            raise ValueError(f"{what}={placement!r}, but the cluster has {len(nodes)} alive nodes (0 to "
-                             f"{len(nodes) - 1}); pick one of those or use 'any'")  # fmt: skip
+            raise ValueError(
+                f"{what}={placement!r}, but the cluster has {len(nodes)} alive nodes (0 to "
+                f"{len(nodes) - 1}); pick one of those or use 'any'"
+            )
         res = nodes[k]["Resources"]
         if count * cpus > res.get("CPU", 0) + 1e-9 or count * gpus > res.get("GPU", 0) + 1e-9:
-            raise ValueError(f"{what}={placement!r}: {count} servers x ({cpus} CPUs, {gpus} GPUs) do not fit on that "
-                             f"node ({res.get('CPU', 0)} CPUs, {res.get('GPU', 0)} GPUs)")  # fmt: skip
+            raise ValueError(
+                f"{what}={placement!r}: {count} servers x ({cpus} CPUs, {gpus} GPUs) do not fit on that "
+                f"node ({res.get('CPU', 0)} CPUs, {res.get('GPU', 0)} GPUs)"
+            )
         return [Slot(nodes[k]["NodeID"], nodes[k]["NodeManagerAddress"], gpus, cpus)] * count, producers
     producers = list(producers)
     owners = [i % len(producers) for i in range(count)]
     if gpus > 0:
         if any(s.num_gpus == 0 for s in producers):
-            raise ValueError(f"{what}='producer' with {gpus} GPUs per server, but the producers run on CPU; "
-                             "set the server's GPUs to 0 or place it elsewhere")  # fmt: skip
+            raise ValueError(
+                f"{what}='producer' with {gpus} GPUs per server, but the producers run on CPU; "
+                "set the server's GPUs to 0 or place it elsewhere"
+            )
         if any(s.num_gpus > 1 for s in producers):
-            raise ValueError(f"{what}='producer' with GPUs shares one producer's GPU, but each producer has "
-                             f"{producers[0].num_gpus:g} GPUs; set num_proc_per_producer=1 or place the server "
-                             "elsewhere")  # fmt: skip
+            raise ValueError(
+                f"{what}='producer' with GPUs shares one producer's GPU, but each producer has "
+                f"{producers[0].num_gpus:g} GPUs; set num_proc_per_producer=1 or place the server "
+                "elsewhere"
+            )
         shares = [s.share for s in producers if s.share is not None]
         fresh = max(shares, default=-1) + 1
         for j in sorted(set(owners)):
             left = producers[j].num_gpus - owners.count(j) * gpus
             if left <= 0:
-                raise ValueError(f"{what}='producer': {owners.count(j)} servers x {gpus} GPUs leave producer {j} "
-                                 f"nothing of its {producers[j].num_gpus:g} GPU; lower the servers' GPUs")  # fmt: skip
+                raise ValueError(
+                    f"{what}='producer': {owners.count(j)} servers x {gpus} GPUs leave producer {j} "
+                    f"nothing of its {producers[j].num_gpus:g} GPU; lower the servers' GPUs"
+                )
             share = producers[j].share
             if share is None:
                 share, fresh = fresh, fresh + 1
             producers[j] = Slot(producers[j].node_id, producers[j].address, left, producers[j].num_cpus, share)
-    servers = [Slot(producers[j].node_id, producers[j].address, gpus, cpus, producers[j].share if gpus > 0 else None)
-               for j in owners]  # fmt: skip
+    servers = [
+        Slot(producers[j].node_id, producers[j].address, gpus, cpus, producers[j].share if gpus > 0 else None)
+        for j in owners
+    ]
     return servers, producers
 
 
@@ -251,8 +274,9 @@ def reserve_shared_gpus(slots: list[Slot], timeout_s: float = 120.0) -> dict[int
     return groups
 
 
-def actor_options(slot: Slot | None, shared: dict[int, object] | None = None, cpus: float = 0.0,
-                  gpus: float = 0.0) -> dict:  # fmt: skip
+def actor_options(
+    slot: Slot | None, shared: dict[int, object] | None = None, cpus: float = 0.0, gpus: float = 0.0
+) -> dict:
     """``.options(...)`` pinning an actor to its slot's node (hard affinity: no silent fallback), or into its
     shared GPU's placement group; without a slot, just ``cpus`` and ``gpus`` (Ray picks the node)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy

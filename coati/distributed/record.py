@@ -82,8 +82,9 @@ class RolloutBatch:
         if self.token_versions is not None:
             assert self.token_versions.shape == r, (self.token_versions.shape, r)
             if self.policy_version is not None:
-                assert np.array_equal(oldest_versions(self.token_versions, self.trained_mask(), self.policy_version),
-                                      self.policy_version), "policy_version is not each row's oldest token version"
+                assert np.array_equal(
+                    oldest_versions(self.token_versions, self.trained_mask(), self.policy_version), self.policy_version
+                ), "policy_version is not each row's oldest token version"
         for name, value in self.extras.items():
             assert len(value) == n, (name, len(value))
         if self.loss_mask is not None:

@@ -22,8 +22,10 @@ TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    return {a: str(build_tiny_model(root / a, arch=a, hidden_size=128, num_heads=2, vocab_multiple=8))
-            for a in ARCHITECTURES}  # fmt: skip
+    return {
+        a: str(build_tiny_model(root / a, arch=a, hidden_size=128, num_heads=2, vocab_multiple=8))
+        for a in ARCHITECTURES
+    }
 
 
 def test_tensor_parallel_training_is_the_whole_models_for_every_family_it_admits(families):
@@ -65,8 +67,9 @@ class FamilyEngines:
 
         self.engine = None
         gc.collect()
-        self.engine = Engine("vllm", path, GenerationConfig(max_new_tokens=16, max_prompt_tokens=16, temperature=0.7),
-                             dtype="float32")  # fmt: skip
+        self.engine = Engine(
+            "vllm", path, GenerationConfig(max_new_tokens=16, max_prompt_tokens=16, temperature=0.7), dtype="float32"
+        )
         return True
 
     def join(self, group: str) -> bool:

@@ -59,7 +59,9 @@ def test_bf16_path_matches_the_definition_to_bf16_rounding(mask_name, q_len):
     if mask_name == "padded":
         real[0, :3] = False  # padding queries: any finite output will do, the trainer drops them
     torch.testing.assert_close(out.double()[real], want[real], atol=2e-2, rtol=2e-2)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * real[..., None, None]
+    weights = (
+        torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * real[..., None, None]
+    )
     got = torch.autograd.grad((out.double() * weights).sum(), (q, k, v))
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     expected = torch.autograd.grad((reference(qd, kd, vd, mask, causal) * weights).sum(), (qd, kd, vd))
@@ -97,8 +99,8 @@ def test_a_model_on_it_trains_every_layout_as_on_sdpa(tmp_path, layout, monkeypa
     parameter's gradient as with SDPA attention, to bf16 rounding, every layer's attention on the bf16 path."""
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed.trainer.forward import LAYOUTS
     from coati.distributed.record import batch_from_responses
+    from coati.distributed.trainer.forward import LAYOUTS
 
     path = build_tiny_model(tmp_path / "m", vocab_multiple=8)
     responses = [[3, 4, 5], [6], [7, 8, 9, 10, 11], [12, 13], [14], [15, 16, 17, 18]]

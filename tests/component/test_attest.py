@@ -23,8 +23,9 @@ class Producer:
         from coati.distributed.inference import backend_class
 
         options = {"lora_rank": lora_rank} if lora_rank else {}
-        self.backend = backend_class(backend)(path, GenerationConfig(max_new_tokens=8, max_prompt_tokens=16),
-                                              dtype=dtype, **options)  # fmt: skip
+        self.backend = backend_class(backend)(
+            path, GenerationConfig(max_new_tokens=8, max_prompt_tokens=16), dtype=dtype, **options
+        )
 
     def join(self, group):
         self.backend.join_weight_group(2, 1, group, "gloo", 60.0)
@@ -61,7 +62,6 @@ class Producer:
         self.backend.llm.collective_rpc(freeze)
         return True
 
-
     def receive_adapter(self, group, lora):
         """A LoRA push received and applied as a producer does; the engine's fingerprints after it."""
         return self.backend.receive_adapter(group, lora)["fingerprints"]
@@ -88,8 +88,11 @@ class Producer:
         def faulty(base, a, b, scale):
             if fault == "other":
                 return merge(base, a * 1.5, b, scale)
-            return base.clone() if a.shape == self.skip.shape and torch.equal(a.to(self.skip.dtype), self.skip) \
-                else merge(base, a, b, scale)  # fmt: skip
+            return (
+                base.clone()
+                if a.shape == self.skip.shape and torch.equal(a.to(self.skip.dtype), self.skip)
+                else merge(base, a, b, scale)
+            )
 
         self.skip = target
         with unittest.mock.patch.object(lora_module, "merge", faulty):
@@ -123,8 +126,11 @@ def test_an_engine_that_did_not_take_a_push_whole_is_named(ray_cluster, tmp_path
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    path = str(build_tiny_model(tmp_path / arch, arch=arch, hidden_size=128, num_heads=2, vocab_multiple=8,
-                                tie_word_embeddings=True))  # fmt: skip
+    path = str(
+        build_tiny_model(
+            tmp_path / arch, arch=arch, hidden_size=128, num_heads=2, vocab_multiple=8, tie_word_embeddings=True
+        )
+    )
     tied = tied_weights(AutoConfig.from_pretrained(path))
     transposed = transposed_weights(AutoConfig.from_pretrained(path))
     embed = {"llama": "model.embed_tokens.weight", "gpt2": "transformer.wte.weight"}[arch]
@@ -154,8 +160,14 @@ def test_an_engine_that_did_not_take_a_push_whole_is_named(ray_cluster, tmp_path
         assert len(wrong) == n, (wrong, n)
         # A bucket that never arrived: the sender meant to send every tensor, two did not travel.
         state = changed()
-        dropped = sorted([next(k for k in state if k.endswith("1.mlp.c_proj.bias" if arch == "gpt2" else
-                                                              "1.mlp.down_proj.weight")), embed])  # fmt: skip
+        dropped = sorted(
+            [
+                next(
+                    k for k in state if k.endswith("1.mlp.c_proj.bias" if arch == "gpt2" else "1.mlp.down_proj.weight")
+                ),
+                embed,
+            ]
+        )
         partial = {k: v for k, v in state.items() if k not in dropped}
         held = ray.get([sender.push.remote(group, partial, 3), producer.receive.remote(group)])[1]
         assert compare(fingerprints(state, 3, tied, transposed), held)[0] == sorted([*dropped, "lm_head.weight"])
@@ -205,8 +217,9 @@ def test_an_engine_that_did_not_apply_an_adapter_as_sent_is_named(ray_cluster, t
         assert not wrong and n == len(sent) == 12, (wrong, n)
         # Another adapter merged than the one received: every target's pair named.
         sent = adapter()
-        held = ray.get([sender.push.remote(group, sent, 2),
-                        producer.receive_adapter_faulty.remote(group, lora, "other", None)])[1]  # fmt: skip
+        held = ray.get(
+            [sender.push.remote(group, sent, 2), producer.receive_adapter_faulty.remote(group, lora, "other", None)]
+        )[1]
         assert compare(fingerprints(sent, 2), held)[0] == sorted(sent)
         # Received, not applied: the engine still serves push 2's adapter.
         sent = adapter()
@@ -216,8 +229,9 @@ def test_an_engine_that_did_not_apply_an_adapter_as_sent_is_named(ray_cluster, t
         sent = adapter()
         target = "model.layers.1.self_attn.v_proj.weight"
         a = adapter_pairs(sent)[target][0]
-        held = ray.get([sender.push.remote(group, sent, 4),
-                        producer.receive_adapter_faulty.remote(group, lora, "unmerged", a)])[1]  # fmt: skip
+        held = ray.get(
+            [sender.push.remote(group, sent, 4), producer.receive_adapter_faulty.remote(group, lora, "unmerged", a)]
+        )[1]
         module = target.removesuffix(".weight")
         assert compare(fingerprints(sent, 4), held)[0] == [f"{module}.lora_A.weight", f"{module}.lora_B.weight"]
     finally:

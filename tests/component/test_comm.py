@@ -46,8 +46,9 @@ class PeerBase:
         from coati.distributed.transport.push import _sent_schema, ray_broadcast_tensor_dict
 
         tensors = flat_copy(tensors) if flat else tensors
-        out = ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes,
-                                        direct_bytes=direct_bytes)  # fmt: skip
+        out = ray_broadcast_tensor_dict(
+            tensors, 0, group_name=group, version=version, bucket_bytes=bucket_bytes, direct_bytes=direct_bytes
+        )
         return out.version, len(_sent_schema[group][1].sizes)
 
     def pull_into(self, group, destinations, stream, flat=False):
@@ -59,17 +60,25 @@ class PeerBase:
         ptrs = {k: v.data_ptr() for k, v in destinations.items()}
         streamed = {}
         out = ray_broadcast_tensor_dict(
-            None, 0, group_name=group, into=destinations,
+            None,
+            0,
+            group_name=group,
+            into=destinations,
             on_bucket=(lambda b: streamed.update({k: v.clone() for k, v in b.items()})) if stream else None,
-        )  # fmt: skip
+        )
         got = {**dict(out), **streamed}
         if stream:  # what landed in place is neither streamed nor returned
             in_place = sorted(k for k in destinations if k not in got)
             got.update({k: destinations[k] for k in in_place})
         else:  # returned as the destination tensor itself
             in_place = sorted(k for k, v in got.items() if k in ptrs and v.data_ptr() == ptrs[k])
-        return {"tensors": got, "in_place": in_place, "streamed": sorted(streamed), "returned": sorted(out),
-                "in_place_bytes": out.in_place_bytes}  # fmt: skip
+        return {
+            "tensors": got,
+            "in_place": in_place,
+            "streamed": sorted(streamed),
+            "returned": sorted(out),
+            "in_place_bytes": out.in_place_bytes,
+        }
 
     def pull(self, group, bucket_bytes=1 << 20, stream=False):
         from coati.distributed.transport import ray_broadcast_tensor_dict
@@ -174,7 +183,9 @@ def topology(ray_cluster):
         port = s.getsockname()[1]
     assert ray.get([c.init_default_world.remote(i, 2, port) for i, c in enumerate(consumers)]) == [2, 2]
     weights, data = new_group(), new_group()
-    ray.get([consumers[0].join.remote(3, 0, weights)] + [p.join.remote(3, i + 1, weights) for i, p in enumerate(producers)])
+    ray.get(
+        [consumers[0].join.remote(3, 0, weights)] + [p.join.remote(3, i + 1, weights) for i, p in enumerate(producers)]
+    )
     ray.get([p.join.remote(2, i, data) for i, p in enumerate(producers)])
     yield consumers, producers, weights, data
     for a in consumers + producers:
@@ -242,10 +253,12 @@ def test_large_tensors_land_in_their_destinations(topology, stream):
         "step": 3,
     }
     destinations = {
-        "big": torch.zeros(64, 32), "big_bf16": torch.zeros(64, 64, dtype=torch.bfloat16),
-        "big_strided": torch.zeros(60, 40), "wrong_dtype": torch.zeros(50, 50, dtype=torch.float16),
+        "big": torch.zeros(64, 32),
+        "big_bf16": torch.zeros(64, 64, dtype=torch.bfloat16),
+        "big_strided": torch.zeros(60, 40),
+        "wrong_dtype": torch.zeros(50, 50, dtype=torch.float16),
         "small": torch.zeros(3),
-    }  # fmt: skip
+    }
     refs = [consumers[0].push.remote(weights, tensors, direct_bytes=4096)]
     refs += [p.pull_into.remote(weights, destinations, stream) for p in producers]
     _, *received = ray.get(refs, timeout=120)

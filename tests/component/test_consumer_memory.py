@@ -35,9 +35,13 @@ def test_a_cpu_consumer_reuses_the_pages_of_a_freed_tensor(ray_cluster):
 
 def test_the_setting_reaches_cpu_actors_only_and_yields_to_the_drivers(monkeypatch):
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    assert cpu_actor_env(BASE, 0)["runtime_env"]["env_vars"] == {"OMP_NUM_THREADS": "1",
-                                                                "GLIBC_TUNABLES": KEEP_FREED_MEMORY}  # fmt: skip
-    assert cpu_actor_env(BASE, 1) == BASE and cpu_actor_env(BASE, 0.5) == BASE  # an actor on a GPU keeps glibc's defaults
+    assert cpu_actor_env(BASE, 0)["runtime_env"]["env_vars"] == {
+        "OMP_NUM_THREADS": "1",
+        "GLIBC_TUNABLES": KEEP_FREED_MEMORY,
+    }
+    assert (
+        cpu_actor_env(BASE, 1) == BASE and cpu_actor_env(BASE, 0.5) == BASE
+    )  # an actor on a GPU keeps glibc's defaults
     assert BASE["runtime_env"]["env_vars"] == {"OMP_NUM_THREADS": "1"}  # not modified in place
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
     assert cpu_actor_env(BASE, 0)["runtime_env"]["env_vars"]["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"

@@ -22,8 +22,9 @@ def test_converted_tokenizer_round_trips_and_stops_at_im_end():
     assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
     config = json.loads((Path(path) / "config.json").read_text())
     assert "quantization_config" not in config  # dequantised fp32 weights: vLLM would look for GGUF kernels
-    prompt = tok.apply_chat_template([{"role": "user", "content": "2 + 2?"}], add_generation_prompt=True,
-                                     return_dict=False)  # fmt: skip
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "2 + 2?"}], add_generation_prompt=True, return_dict=False
+    )
     assert tok.decode(prompt).endswith("<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n")
 
 

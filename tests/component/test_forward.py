@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from coati.distributed.trainer.forward import sequence_logprobs, trim_padding
 from coati.distributed.record import batch_from_responses
+from coati.distributed.trainer.forward import sequence_logprobs, trim_padding
 from coati.models import build_tiny_model
 
 
@@ -15,13 +15,17 @@ def test_trimmed_micro_batch_gives_the_padded_one_s_logprobs_and_gradients(tmp_p
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", vocab_multiple=8), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        build_tiny_model(tmp_path / "m", vocab_multiple=8), dtype=torch.float32
+    )
     # A step's batch: prompts up to 9 tokens and responses up to 11; the micro-batch takes the two short rows.
     prompts = [[5, 6], [7, 8, 9], list(range(10, 19))]
     batch = batch_from_responses(prompts, 1, [[3, 4], [5], list(range(20, 31))], None, [True] * 3, pad_id=0)
     rows = np.array([0, 1])
-    full = {k: torch.from_numpy(getattr(batch, k)[rows]) for k in ("prompt_ids", "prompt_mask", "response_ids",
-                                                                    "response_mask")}  # fmt: skip
+    full = {
+        k: torch.from_numpy(getattr(batch, k)[rows])
+        for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    }
     trimmed = trim_padding(**full)
     assert trimmed["prompt_ids"].shape == (2, 3) and trimmed["response_ids"].shape == (2, 2)
     results = []
@@ -45,8 +49,10 @@ def reference_logprobs(model, inputs, temperature):
     from coati.distributed.trainer.forward import model_inputs, response_logits
 
     logits = response_logits(model(**model_inputs(**inputs)).logits, inputs["response_ids"].shape[1])
-    return (token_logprobs(logits, inputs["response_ids"], temperature),
-            entropy_from_logits(logits.detach(), temperature))  # fmt: skip
+    return (
+        token_logprobs(logits, inputs["response_ids"], temperature),
+        entropy_from_logits(logits.detach(), temperature),
+    )
 
 
 @pytest.mark.parametrize("layout", ["rows", "prompt_cache", "packed", "packed+checkpointing"])
@@ -61,11 +67,14 @@ def test_every_layout_gives_the_model_s_own_logprobs_entropy_and_gradients(tmp_p
     from coati.distributed.trainer.forward import LAYOUTS
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", vocab_multiple=8), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        build_tiny_model(tmp_path / "m", vocab_multiple=8), dtype=torch.float32
+    )
     responses = [[3, 4, 5], [6], [7, 8, 9, 10, 11], [12, 13], [14], [15, 16, 17, 18]]
     batch = batch_from_responses([[5, 6, 7, 8], [9, 10], [11, 12, 13]], 2, responses, None, [True] * 6, pad_id=0)
-    inputs = {k: torch.from_numpy(getattr(batch, k)) for k in ("prompt_ids", "prompt_mask", "response_ids",
-                                                                "response_mask")}  # fmt: skip
+    inputs = {
+        k: torch.from_numpy(getattr(batch, k)) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    }
     m = inputs["response_mask"]
     layout, checkpointing = layout.partition("+")[::2]
     results = []
@@ -114,13 +123,31 @@ def test_a_model_whose_logits_are_not_its_output_head_s_is_refused_and_soft_capp
     from coati.distributed.trainer.forward import DecoderStates, check_output_layer
 
     check_output_layer(AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "llama")))
-    scaled = CohereForCausalLM(CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                            num_attention_heads=2, num_key_value_heads=1, logit_scale=0.5))  # fmt: skip
+    scaled = CohereForCausalLM(
+        CohereConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            logit_scale=0.5,
+        )
+    )
     with pytest.raises(ValueError, match="CohereForCausalLM.s logits are not its output layer"):
         check_output_layer(scaled)
-    capped = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                            final_logit_softcapping=1.0))  # fmt: skip
+    capped = Gemma2ForCausalLM(
+        Gemma2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            final_logit_softcapping=1.0,
+        )
+    )
     check_output_layer(capped)
     ids = torch.arange(1, 9)[None]
     with torch.no_grad(), DecoderStates(capped) as d:

@@ -24,8 +24,10 @@ def fit_reply(path: str, reply: str, steps: int = 100) -> str:
     rng = random.Random(0)  # questions and answers of every kind: the reply must not depend on them
     chars = string.ascii_letters + string.digits + string.punctuation + " "
     texts_of = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 16))) for _ in range(96)]
-    turns = [[{"role": "user", "content": TEMPLATE.format(question=texts_of[2 * i], completion=texts_of[2 * i + 1])}]
-             for i in range(48)]  # fmt: skip
+    turns = [
+        [{"role": "user", "content": TEMPLATE.format(question=texts_of[2 * i], completion=texts_of[2 * i + 1])}]
+        for i in range(48)
+    ]
     prompts = [tok.apply_chat_template(t, add_generation_prompt=True, tokenize=False) for t in turns]
     texts = [tok.apply_chat_template(t + [{"role": "assistant", "content": reply}], tokenize=False) for t in turns]
     tok.padding_side = "right"

@@ -12,9 +12,16 @@ from coati.distributed.driver.reporting import PHASES, Reporter, ema, phase
 
 def steps():
     for step, reward in [(1, 0.125), (2, 0.375)]:
-        yield {"step": step, "total_steps": 2, "reward/mean": reward, "loss/policy": 0.5, "loss/kl": 0.0,
-               "loss/approx_kl": 0.0, "actor/lr": 1e-5, "samples": [{"prompt": "1+1=", "response": "2|x", "reward": reward,
-                                                                     "policy_version": step - 1}]}  # fmt: skip
+        yield {
+            "step": step,
+            "total_steps": 2,
+            "reward/mean": reward,
+            "loss/policy": 0.5,
+            "loss/kl": 0.0,
+            "loss/approx_kl": 0.0,
+            "actor/lr": 1e-5,
+            "samples": [{"prompt": "1+1=", "response": "2|x", "reward": reward, "policy_version": step - 1}],
+        }
 
 
 def test_every_logger_gets_the_steps_the_completions_and_the_evaluation_before_training(tmp_path, monkeypatch):
@@ -22,16 +29,20 @@ def test_every_logger_gets_the_steps_the_completions_and_the_evaluation_before_t
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    reporter = Reporter(str(tmp_path), report_to=("jsonl", "tensorboard", "wandb"), config={"algo": "DAPO-test"},
-                        progress=False)  # fmt: skip
+    reporter = Reporter(
+        str(tmp_path), report_to=("jsonl", "tensorboard", "wandb"), config={"algo": "DAPO-test"}, progress=False
+    )
     reporter.on_step({"step": 0, "eval/lenient": 0.25, "eval/count": 4})
     for metrics in steps():
         reporter.on_step(metrics)
     summary = reporter.finish({"evals": [{"step": 0, "eval/lenient": 0.25}]})
 
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r.get("reward/mean"), r.get("eval/lenient")) for r in rows] == [(0, None, 0.25), (1, 0.125, None),
-                                                                                       (2, 0.375, None)]  # fmt: skip
+    assert [(r["step"], r.get("reward/mean"), r.get("eval/lenient")) for r in rows] == [
+        (0, None, 0.25),
+        (1, 0.125, None),
+        (2, 0.375, None),
+    ]
     assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 2]
     assert summary["steps"] == 2 and all(Path(p).exists() for p in summary["plots"])
 
@@ -74,8 +85,12 @@ def test_phases_show_on_the_progress_bar_and_nowhere_else(tmp_path, caplog):
 
 
 def _step(step: int, reward: float) -> dict:
-    return {"step": step, "total_steps": 6, "reward/mean": reward,
-            "samples": [{"prompt": "p", "response": f"r{step}", "reward": reward, "policy_version": step - 1}]}  # fmt: skip
+    return {
+        "step": step,
+        "total_steps": 6,
+        "reward/mean": reward,
+        "samples": [{"prompt": "p", "response": f"r{step}", "reward": reward, "policy_version": step - 1}],
+    }
 
 
 def test_a_resume_or_restart_logs_each_step_once(tmp_path):
@@ -98,12 +113,17 @@ def test_a_resume_or_restart_logs_each_step_once(tmp_path):
     summary = resumed.finish({"evals": []})
 
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 4.0), (4, 6.0), (5, 7.0),
-                                                            (6, 8.0)]  # fmt: skip
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 4.0), (4, 6.0), (5, 7.0), (6, 8.0)]
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 2, 3, 4, 5, 6] and samples[2]["response"] == "r3"
     assert summary["steps"] == 4  # this process's steps 3-6, once each
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("reward/mean")] == [
-        (1, 0.1), (2, 0.2), (3, 4.0), (4, 6.0), (5, 7.0), (6, 8.0)]  # fmt: skip
+        (1, 0.1),
+        (2, 0.2),
+        (3, 4.0),
+        (4, 6.0),
+        (5, 7.0),
+        (6, 8.0),
+    ]

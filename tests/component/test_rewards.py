@@ -176,10 +176,16 @@ def test_a_worker_runs_the_reward_function_not_its_parents_main_module(tmp_path)
         "    from coati.distributed.reward import RewardPool\n"
         "    with RewardPool('tests.component.reward_fns:plain_floats', num_workers=1) as pool:\n"
         "        print(pool.score(['abc'], {})[0].reward)\n"
-    )  # fmt: skip
+    )
     root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, str(script)], cwd=root, env={**os.environ, "PYTHONPATH": root},
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "3.0", out
     ran = sorted(p.name for p in tmp_path.glob("ran-*"))
     assert len(ran) == 1, f"the main script ran in {len(ran)} processes: {ran}"
@@ -255,7 +261,9 @@ def test_a_fork_bomb_leaves_nothing_under_the_sandbox_uid():
         assert [uid for uid in uids_in_use() if uid in UID_RANGE] == []
         assert sandbox.run("import os\nos.fork()\nprint('ok')").stdout.startswith("ok")
     # Runs at once (an environment's threads share one sandbox) each get a uid: a bomb beside them starves none.
-    programs = ["import os\nwhile True:\n    os.fork()"] + ["import os, time\nos.fork()\ntime.sleep(0.3)\nprint('ok')"] * 3
+    programs = ["import os\nwhile True:\n    os.fork()"] + [
+        "import os, time\nos.fork()\ntime.sleep(0.3)\nprint('ok')"
+    ] * 3
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(sandbox.run, programs))
     assert [o.stdout.strip()[:2] for o in outs[1:]] == ["ok"] * 3, outs
@@ -286,8 +294,10 @@ def test_a_preload_set_in_this_process_does_not_reach_the_sandbox(monkeypatch):
 def test_each_case_gets_its_own_cpu_budget():
     """A right solution that spends 0.6 s of CPU on each of 4 cases passes (2.4 s in all, past the sandbox's own
     1 s); a case over its per_case_timeout_s still fails."""
-    busy = "import time\ndef f(x):\n    end = time.process_time() + 0.6\n    while time.process_time() < end:\n" \
-           "        pass\n    return x * 2\n"  # fmt: skip
+    busy = (
+        "import time\ndef f(x):\n    end = time.process_time() + 0.6\n    while time.process_time() < end:\n"
+        "        pass\n    return x * 2\n"
+    )
     cases = {"fn_name": "f", "inputs": [[1], [2], [3], [4]], "outputs": [2, 4, 6, 8]}
     out = run_tests(busy, cases, per_case_timeout_s=1.5, sandbox=Sandbox(timeout_s=1.0))
     assert (out["passed"], out["total"]) == (4, 4), out

@@ -44,8 +44,13 @@ def test_a_binary_planted_at_a_shared_path_is_never_run(planted):
     try:
         os.chmod(shared, 0o1777)
         marker = shared / "planted-ran"
-        out = subprocess.run([sys.executable, "-c", PLANT, planted, str(marker)], capture_output=True, text=True,
-                             timeout=120, env={**os.environ, "TMPDIR": str(shared)})  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", PLANT, planted, str(marker)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "TMPDIR": str(shared)},
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == ["bwrap", "False", "0"], out.stdout
         assert not marker.exists()
@@ -151,15 +156,21 @@ while frame is not None and "rep" not in frame.f_locals:  # the runner's reply c
 os.write(frame.f_locals["rep"], REPLY)
 os._exit(0)
 """
-CASES = {"stdio": {"inputs": ["1 2\n"], "outputs": ["3\n"]},
-         "call": {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}}
+CASES = {
+    "stdio": {"inputs": ["1 2\n"], "outputs": ["3\n"]},
+    "call": {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]},
+}
 
 
 @pytest.mark.parametrize("kind", list(CASES))
-@pytest.mark.parametrize("reply", [
-    b'{"ok": true, "stdout": "7", "value": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n",
-    b'{"ok": true, "stdout": "7", "value": {"dict": [[[1], 1]]}}\n',
-], ids=["200k-deep JSON", "unhashable key"])  # fmt: skip
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b'{"ok": true, "stdout": "7", "value": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n",
+        b'{"ok": true, "stdout": "7", "value": {"dict": [[[1], 1]]}}\n',
+    ],
+    ids=["200k-deep JSON", "unhashable key"],
+)
 def test_forged_replies_are_failures_not_errors(kind, reply):
     """A forged reply nested past the parser's depth, or a dict keyed by a list, raised out of the code reward (a
     reward error, stopping the run); each is the candidate's failure."""
@@ -179,11 +190,13 @@ def test_a_datasets_check_runs_sandboxed_not_on_the_host():
     code execution. They run in a sandbox of their own: the host's files are not there, nor is its uid."""
     from coati.distributed.reward.code_reward import code_reward
 
-    test = ("import os\n"
-            "def check(candidate):\n"
-            "    assert not os.path.exists('/etc/passwd'), 'the host filesystem is visible'\n"
-            "    assert os.getuid() != 0 or not os.path.exists('/root'), 'runs as root on the host'\n"
-            "    assert candidate(1) == 2\n")  # fmt: skip
+    test = (
+        "import os\n"
+        "def check(candidate):\n"
+        "    assert not os.path.exists('/etc/passwd'), 'the host filesystem is visible'\n"
+        "    assert os.getuid() != 0 or not os.path.exists('/root'), 'runs as root on the host'\n"
+        "    assert candidate(1) == 2\n"
+    )
     prompt = "import os\nHOST = os.path.exists('/etc/passwd')\ndef inc(x):\n    '''x + 1'''\n"
     [result] = code_reward([SOLUTION], [{"test": test, "entry_point": "inc", "prompt": prompt}])
     assert result.reward == 1.0, result.info

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.trainer.forward import sequence_logprobs
 from coati.distributed.inference.transformers_backend import TransformersBackend
+from coati.distributed.trainer.forward import sequence_logprobs
 from coati.models import build_tiny_model
 
 
@@ -20,7 +20,9 @@ def model_dirs(tmp_path_factory):
 
 def prompts(tok):
     return [
-        tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, return_dict=False),
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, return_dict=False
+        ),
         tok("x")["input_ids"],
         tok("a longer prompt here")["input_ids"],
     ]
@@ -33,7 +35,9 @@ def uniform_next_token(backend):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_rollout_logprobs_equal_teacher_forced_forward(model_dirs, temperature):
-    backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=24, temperature=temperature, top_k=10, top_p=0.9))
+    backend = TransformersBackend(
+        str(model_dirs[0]), GenerationConfig(max_new_tokens=24, temperature=temperature, top_k=10, top_p=0.9)
+    )
     torch.manual_seed(0)
     batch = backend.generate(prompts(backend.tokenizer), n=2)
     t = {k: torch.from_numpy(getattr(batch, k)) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")}

@@ -110,8 +110,9 @@ class Sender:
     def push(self, group, tensors, version, direct_bytes=1 << 20):
         from coati.distributed.transport import ray_broadcast_tensor_dict
 
-        ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16,
-                                  direct_bytes=direct_bytes)  # fmt: skip
+        ray_broadcast_tensor_dict(
+            tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16, direct_bytes=direct_bytes
+        )
         return True
 
 
@@ -136,9 +137,15 @@ def trainer_logprobs(path, batch, temperature, top_k=0):
     from coati.distributed.trainer.forward import model_inputs, response_logits
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    t = {k: torch.from_numpy(v) for k, v in (("prompt_ids", batch.prompt_ids), ("prompt_mask", batch.prompt_mask),
-                                             ("response_ids", batch.response_ids),
-                                             ("response_mask", batch.response_mask))}  # fmt: skip
+    t = {
+        k: torch.from_numpy(v)
+        for k, v in (
+            ("prompt_ids", batch.prompt_ids),
+            ("prompt_mask", batch.prompt_mask),
+            ("response_ids", batch.response_ids),
+            ("response_mask", batch.response_mask),
+        )
+    }
     with torch.no_grad():
         logits = model(**model_inputs(**t)).logits
     logits = response_logits(logits, t["response_ids"].shape[1], model.config.vocab_size) / temperature
@@ -246,11 +253,18 @@ def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray
         assert set(original) <= set(engine_weights)
         assert all(torch.equal(engine_weights[k], v) for k, v in original.items())  # loaded from disk, read back
         before = ray.get(vllm_engine.generate.remote(prompts, 2))
-        ray.get([sender.join.remote(3, group), vllm_engine.join.remote(3, 1, group), hf_engine.join.remote(3, 2, group)])
+        ray.get(
+            [sender.join.remote(3, group), vllm_engine.join.remote(3, 1, group), hf_engine.join.remote(3, 2, group)]
+        )
         torch.manual_seed(3)
         pushed = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
-        got = ray.get([sender.push.remote(group, pushed, 7), vllm_engine.receive.remote(group, 2),
-                       hf_engine.receive.remote(group, 2)])  # fmt: skip
+        got = ray.get(
+            [
+                sender.push.remote(group, pushed, 7),
+                vllm_engine.receive.remote(group, 2),
+                hf_engine.receive.remote(group, 2),
+            ]
+        )
         assert got[1]["version"] == 7 and got[2]["version"] == 7
         assert got[1]["load_threads"] == (2 if torch.cuda.is_available() else 1), got[1]
         engine_weights = ray.get(vllm_engine.weights.remote())
@@ -263,8 +277,9 @@ def test_a_push_is_read_back_bitwise_and_rollouts_use_it_not_cached_prefixes(ray
             ray.kill(actor)
     assert before.extras["logprobs_valid"].all() and before.response_lengths.sum() > 0
     mask = before.response_mask.astype(bool)
-    np.testing.assert_allclose(before.rollout_logprobs[mask], trainer_logprobs(tiny, before, 0.7)[mask], atol=1e-4,
-                               rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        before.rollout_logprobs[mask], trainer_logprobs(tiny, before, 0.7)[mask], atol=1e-4, rtol=0
+    )
     assert greedy[0].response_lengths.sum() > len(PROMPTS)
     for i in range(len(PROMPTS)):
         a = greedy[0].response_ids[i, : greedy[0].response_lengths[i]].tolist()
@@ -293,8 +308,10 @@ def test_pushes_after_the_first_land_in_kept_buffers_the_engine_never_reads(ray_
     original = load_file(f"{tiny}/model.safetensors")
     assert all(v.dtype == torch.float32 for v in original.values())
     torch.manual_seed(5)
-    pushes = [cast_for_wire({k: v + 0.05 * (i + 1) * torch.randn_like(v) for k, v in original.items()}, torch.bfloat16)
-              for i in range(3)]  # fmt: skip
+    pushes = [
+        cast_for_wire({k: v + 0.05 * (i + 1) * torch.randn_like(v) for k, v in original.items()}, torch.bfloat16)
+        for i in range(3)
+    ]
     try:
         assert ray.get(engine.weight_dtype.remote()) == torch.bfloat16
         ray.get([sender.join.remote(2, group), engine.join.remote(2, 1, group)])
@@ -314,8 +331,12 @@ def test_pushes_after_the_first_land_in_kept_buffers_the_engine_never_reads(ray_
     assert first["direct_bytes"] > 0.9 * first["nbytes"], first
     for got in (bytes_only, third):
         assert got["in_place_bytes"] == got["direct_bytes"] == first["direct_bytes"], (first, got)
-    for weights, pushed in ((after_first, pushes[0]), (still_first, pushes[0]), (after_second, pushes[1]),
-                            (after_third, pushes[2])):  # fmt: skip
+    for weights, pushed in (
+        (after_first, pushes[0]),
+        (still_first, pushes[0]),
+        (after_second, pushes[1]),
+        (after_third, pushes[2]),
+    ):
         differ = [k for k, v in pushed.items() if not torch.equal(weights[k], v)]
         assert not differ, differ
 
@@ -324,17 +345,25 @@ def in_flight_engine(tmp_path, threads: int, max_new_tokens: int):
     """A tiny tied model, a vLLM engine on it loading pushes in flight (``threads`` actor threads) at temperature 1,
     a sender, and a fresh weight group's name (neither joined yet)."""
     tiny = str(build_tiny_model(tmp_path / "tied", num_heads=2, vocab_multiple=8, tie_word_embeddings=True))
-    engine = start("vllm", tiny, threads=threads, options={"in_flight_updates": True}, temperature=1.0,
-                   max_prompt_tokens=48, max_new_tokens=max_new_tokens)  # fmt: skip
+    engine = start(
+        "vllm",
+        tiny,
+        threads=threads,
+        options={"in_flight_updates": True},
+        temperature=1.0,
+        max_prompt_tokens=48,
+        max_new_tokens=max_new_tokens,
+    )
     return tiny, engine, ray.remote(num_cpus=0.5)(Sender).remote(), f"vllm-in-flight-{uuid.uuid4().hex[:8]}"
 
 
 def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version(ray_cluster, tmp_path):
     """In-flight updates: a push arrives (on the actor's second thread) while a long batch is being generated. The
     engine keeps stepping while the push's bytes are awaited and stands still only for the reload (on a GPU on the
-    threads it is given, on a CPU on those the engine was built with); the batch keeps going; tokens labelled
-    version 0 are exactly the old weights' (teacher-forced log-probs), tokens labelled 1 are not, and rows span both. After the batch the prefix cache (filled under the old weights and not
-    clearable while requests ran) is cleared: a new batch of the same prompts is exactly the new weights'."""
+    threads it is given, on a CPU on those the engine was built with); the batch keeps going; tokens labelled version 0
+    are exactly the old weights' (teacher-forced log-probs), tokens labelled 1 are not, and rows span both. After the
+    batch the prefix cache (filled under the old weights and not clearable while requests ran) is cleared: a new batch
+    of the same prompts is exactly the new weights'."""
     import time
 
     from safetensors.torch import load_file
@@ -381,7 +410,9 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     assert (old.any(-1) & new.any(-1)).sum() >= 1, "no row spans the push"
     before_push = trainer_logprobs(tiny, during, 1.0)
     np.testing.assert_allclose(during.rollout_logprobs[old], before_push[old], atol=1e-4, rtol=0)
-    assert np.abs(during.rollout_logprobs[new] - before_push[new]).mean() > 1e-2, "tokens after the push used old weights"
+    assert np.abs(during.rollout_logprobs[new] - before_push[new]).mean() > 1e-2, (
+        "tokens after the push used old weights"
+    )
     assert (after.token_versions[after.response_mask.astype(bool)] == 1).all()
     expected = trainer_logprobs(updated, after, 1.0)
     m = after.response_mask.astype(bool)
@@ -409,8 +440,12 @@ def test_streamed_groups_run_across_pushes_and_generate_calls_and_withdraw_empti
         collected = ray.get(engine.stream.remote([("submit", (5, prompts[5], 3)), ("collect", ())]))[-1]
         while len(collected) < 5:
             collected += ray.get(engine.stream.remote([("collect", ())]))[0]
-        *_, greedy, left = ray.get(engine.stream.remote([("submit", (k, prompts[k], 3)) for k in (6, 7, 8)] +
-                                                        [("generate", (PROMPTS[:1], 1, True)), ("withdraw", ())]))  # fmt: skip
+        *_, greedy, left = ray.get(
+            engine.stream.remote(
+                [("submit", (k, prompts[k], 3)) for k in (6, 7, 8)]
+                + [("generate", (PROMPTS[:1], 1, True)), ("withdraw", ())]
+            )
+        )
         unfinished = ray.get(engine.unfinished.remote())
     finally:
         for actor in (engine, sender):
@@ -443,18 +478,20 @@ def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny):
 
     def adapter_and_merge(seed):
         torch.manual_seed(seed)
-        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32),
-                               LoraConfig(r=4, lora_alpha=8, target_modules=list(lora["target_modules"])))  # fmt: skip
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32),
+            LoraConfig(r=4, lora_alpha=8, target_modules=list(lora["target_modules"])),
+        )
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.5)
-        state = {k[len("base_model.model."):]: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+        state = {k[len("base_model.model.") :]: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
         return state, model.merge_and_unload()
 
     def greedy_hf(model):
         out = []
         for p in PROMPTS:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=GEN["max_new_tokens"], do_sample=False)[0, len(p):]
+            ids = model.generate(torch.tensor([p]), max_new_tokens=GEN["max_new_tokens"], do_sample=False)[0, len(p) :]
             out.append(ids.tolist())
         return out
 
@@ -467,8 +504,9 @@ def test_a_lora_push_is_served_as_peft_merges_it(ray_cluster, tiny):
         ray.get([sender.join.remote(3, group)] + [e.join.remote(3, i + 1, group) for i, e in enumerate(engines)])
         for version, seed in ((3, 0), (4, 1)):
             adapter, merged = adapter_and_merge(seed)
-            got = ray.get([sender.push.remote(group, adapter, version)]
-                          + [e.receive_adapter.remote(group, lora) for e in engines])  # fmt: skip
+            got = ray.get(
+                [sender.push.remote(group, adapter, version)] + [e.receive_adapter.remote(group, lora) for e in engines]
+            )
             for info in got[1:]:
                 assert info["version"] == version and info["nbytes"] == sum(t.numel() * 4 for t in adapter.values())
             expected = greedy_hf(merged)

@@ -67,9 +67,16 @@ def _rank(rank: int, world: int, port: int, paths: list[str], steps: int, out: s
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         model.config.use_cache = False
         whole = copy.deepcopy(model)
-        plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", max_norm=1e30,
-                                      make_vocab_size_divisible_by=2, enable_metadata_cache=False,
-                                      parallel_output=False, custom_policy=DecoderLMPolicy())  # fmt: skip
+        plugin = HybridParallelPlugin(
+            tp_size=2,
+            pp_size=1,
+            precision="fp32",
+            max_norm=1e30,
+            make_vocab_size_divisible_by=2,
+            enable_metadata_cache=False,
+            parallel_output=False,
+            custom_policy=DecoderLMPolicy(),
+        )
         try:
             sharded, optimizer, *_ = Booster(plugin=plugin).boost(model, torch.optim.SGD(model.parameters(), lr=LR))
         except (ValueError, NotImplementedError, AttributeError, AssertionError) as e:

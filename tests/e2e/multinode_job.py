@@ -18,18 +18,62 @@ if __name__ == "__main__":
     for _ in range(2):
         cluster.add_node(num_cpus=2)
     root = str(Path(__file__).resolve().parents[2])
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                                                                "PYTHONPATH": root}})  # fmt: skip
+    ray.init(
+        address=cluster.address,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": root}},
+    )
     cluster.wait_for_nodes()
     producers, consumers = plan_placement(alive_nodes(), 1, 1, 1, 0.5)
-    summary = rl_example.main(["-m", tiny, "-b", "transformers", "-d", data, "-ed", data, "--eval-size", "4",
-                               "-mnt", "8", "--max-steps", "2", "-si", "1", "-sd", save_dir, "-p", "job",
-                               "--no-progress", "-tbs", "2", "-ibs", "2", "-imbs", "2", "-lr", "1e-3", "--report-to", "jsonl",
-                               "tensorboard"])  # fmt: skip
+    summary = rl_example.main(
+        [
+            "-m",
+            tiny,
+            "-b",
+            "transformers",
+            "-d",
+            data,
+            "-ed",
+            data,
+            "--eval-size",
+            "4",
+            "-mnt",
+            "8",
+            "--max-steps",
+            "2",
+            "-si",
+            "1",
+            "-sd",
+            save_dir,
+            "-p",
+            "job",
+            "--no-progress",
+            "-tbs",
+            "2",
+            "-ibs",
+            "2",
+            "-imbs",
+            "2",
+            "-lr",
+            "1e-3",
+            "--report-to",
+            "jsonl",
+            "tensorboard",
+        ]
+    )
     run = Path(save_dir) / "job"
     files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
-    print("RESULT " + json.dumps({"driver": ray.get_runtime_context().get_node_id(), "producer": producers[0].node_id,
-                                  "consumer": consumers[0].node_id, "files": files, "steps": summary["steps"],
-                                  "final_model": summary["final_model"]}))  # fmt: skip
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "driver": ray.get_runtime_context().get_node_id(),
+                "producer": producers[0].node_id,
+                "consumer": consumers[0].node_id,
+                "files": files,
+                "steps": summary["steps"],
+                "final_model": summary["final_model"],
+            }
+        )
+    )
     ray.shutdown()
     cluster.shutdown()

@@ -5,8 +5,14 @@ import json
 import ray
 from ray.cluster_utils import Cluster
 
-from coati.distributed.placement import (actor_options, alive_nodes, plan_placement, plan_servers, reserve_shared_gpus,
-                                        weight_backend)
+from coati.distributed.placement import (
+    actor_options,
+    alive_nodes,
+    plan_placement,
+    plan_servers,
+    reserve_shared_gpus,
+    weight_backend,
+)
 
 
 @ray.remote
@@ -46,16 +52,31 @@ if __name__ == "__main__":
     judge, _ = plan_servers(f"node:{len(alive_nodes()) - 1}", 1, 0.5, 0.0, alive_nodes(), producers, "judge")
     shared = reserve_shared_gpus(producers + consumers + rm)
     actors = [Probe.options(**actor_options(s, shared)).remote() for s in producers + rm + judge]
-    beside = {"producers": ray.get([a.where.remote() for a in actors[:2]]),
-              "rm": ray.get([a.where.remote() for a in actors[2:4]]), "judge": ray.get(actors[4].where.remote()),
-              "last_node": alive_nodes()[-1]["NodeID"], "backend": weight_backend(producers, consumers),
-              "colocated_backend": colocated_backend}  # fmt: skip
+    beside = {
+        "producers": ray.get([a.where.remote() for a in actors[:2]]),
+        "rm": ray.get([a.where.remote() for a in actors[2:4]]),
+        "judge": ray.get(actors[4].where.remote()),
+        "last_node": alive_nodes()[-1]["NodeID"],
+        "backend": weight_backend(producers, consumers),
+        "colocated_backend": colocated_backend,
+    }
     try:
         plan_placement(alive_nodes(), num_producers=4, gpus_per_producer=2, num_consumers=1)
         short = "no error"
     except ValueError as e:
         short = str(e)
-    print(json.dumps({"gpu_nodes": order, "producers": where[:2], "consumers": where[2:], "short": short,
-                      "colocated": colocated, "planned": planned, "beside": beside}))
+    print(
+        json.dumps(
+            {
+                "gpu_nodes": order,
+                "producers": where[:2],
+                "consumers": where[2:],
+                "short": short,
+                "colocated": colocated,
+                "planned": planned,
+                "beside": beside,
+            }
+        )
+    )
     ray.shutdown()
     cluster.shutdown()

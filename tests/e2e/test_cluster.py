@@ -1,6 +1,6 @@
 """The cluster path as far as one box allows: a whole job (rl_example.py, the main job's path) on a simulated 3-node
-cluster leaves its outputs where the README says, holding what they should, the run folder's visibility from other nodes is probed, and a submitted job's relative run folder is
-refused."""
+cluster leaves its outputs where the README says, holding what they should, the run folder's visibility from other nodes
+is probed, and a submitted job's relative run folder is refused."""
 
 import json
 import os
@@ -23,21 +23,39 @@ def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "gt_answer": str(2 * i)}) + "\n" for i in range(8)))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, str(ROOT / "tests/e2e/multinode_job.py"), str(tiny), str(data),
-                          str(tmp_path / "runs")], capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests/e2e/multinode_job.py"), str(tiny), str(data), str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert len({result["driver"], result["producer"], result["consumer"]}) == 3  # three nodes, one role each
     assert result["steps"] == 2
     files = set(result["files"])
     # The driver's files: logs, evaluations, summary, plots, the final model, and each checkpoint's driver part.
-    for name in ("metrics.jsonl", "samples.jsonl", "evals.json", "summary.json", "plots/reward.png",
-                 "final/config.json", "final/model.safetensors", "checkpoints/latest"):  # fmt: skip
+    for name in (
+        "metrics.jsonl",
+        "samples.jsonl",
+        "evals.json",
+        "summary.json",
+        "plots/reward.png",
+        "final/config.json",
+        "final/model.safetensors",
+        "checkpoints/latest",
+    ):
         assert name in files, name
     assert any(f.startswith("tensorboard/events.out.tfevents") for f in files)
     for step in (1, 2):  # the consumer's shards (written on its node) beside the driver's part (written on its own)
-        for name in ("meta.json", "driver.json", "rng-consumer-0.pt", "model/pytorch_model.bin.index.json",
-                     "optimizer/pytorch_optim.bin.index.json"):  # fmt: skip
+        for name in (
+            "meta.json",
+            "driver.json",
+            "rng-consumer-0.pt",
+            "model/pytorch_model.bin.index.json",
+            "optimizer/pytorch_optim.bin.index.json",
+        ):
             assert f"checkpoints/step-{step}/{name}" in files, (step, name)
     # What the files hold (this job is also the main job's path, rl_example.py, end to end).
     run = tmp_path / "runs" / "job"
@@ -83,7 +101,7 @@ def test_a_submitted_jobs_relative_run_folder_is_refused(monkeypatch):
     assert "pass an absolute --save-dir" in submitted_job_folder_error("runs/coati")
     assert submitted_job_folder_error("/shared/runs/coati") is None
     with pytest.raises(ValueError, match="Ray's temporary working directory"):
-        from coati.distributed.driver.job import run_job
         from coati.distributed.config.tree import Config
+        from coati.distributed.driver.job import run_job
 
         run_job(Config())

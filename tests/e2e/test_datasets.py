@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from coati.distributed.driver.launch import config_from_launch_kwargs, launch
 from coati.distributed.config.tree import config_from_dict, config_to_dict
-from tests.e2e.test_launch import run_kwargs, tiny  # noqa: F401 - the module's tiny-model fixture
+from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from tests.e2e.test_launch import run_kwargs
 
 
 def parquet_folder(tmp_path, n_train=12, n_test=5, long_row=3):
@@ -16,29 +16,53 @@ def parquet_folder(tmp_path, n_train=12, n_test=5, long_row=3):
     folder = tmp_path / "verl"
     folder.mkdir()
     for split, n in (("train", n_train), ("test", n_test)):
-        rows = [{"prompt": [{"role": "user", "content": f"{split} q{i}"}], "reward_model": {"ground_truth": 1 + i % 2}}
-                for i in range(n)]  # fmt: skip
+        rows = [
+            {"prompt": [{"role": "user", "content": f"{split} q{i}"}], "reward_model": {"ground_truth": 1 + i % 2}}
+            for i in range(n)
+        ]
         if split == "train":
             rows[long_row]["prompt"][0]["content"] = "x" * 200
         datasets.Dataset.from_list(rows).to_parquet(str(folder / f"{split}.parquet"))
     return folder
 
 
-def config(tiny, folder, tmp_path, **data):  # noqa: F811
-    tree = config_to_dict(config_from_launch_kwargs(**run_kwargs(
-        tiny, max_steps=2, train_batch_size=2, train_minibatch_size=2, inference_batch_size=2, inference_microbatch_size=2,
-        grpo_config={"lr": 1e-3, "reward_fn_type": "tests.component.reward_fns:gt_as_reward", "lr_schedule": "cosine",
-                     "min_lr_ratio": 0.1}, save_dir=str(tmp_path / "run"),
-        generate_config={"max_new_tokens": 4, "max_prompt_tokens": 64})))  # fmt: skip
-    tree["data"] = {"train": str(folder), "eval": str(folder), "eval_size": None, "answer_column": "reward_model.ground_truth",
-                    **data}  # fmt: skip
+def config(tiny, folder, tmp_path, **data):
+    tree = config_to_dict(
+        config_from_launch_kwargs(
+            **run_kwargs(
+                tiny,
+                max_steps=2,
+                train_batch_size=2,
+                train_minibatch_size=2,
+                inference_batch_size=2,
+                inference_microbatch_size=2,
+                grpo_config={
+                    "lr": 1e-3,
+                    "reward_fn_type": "tests.component.reward_fns:gt_as_reward",
+                    "lr_schedule": "cosine",
+                    "min_lr_ratio": 0.1,
+                },
+                save_dir=str(tmp_path / "run"),
+                generate_config={"max_new_tokens": 4, "max_prompt_tokens": 64},
+            )
+        )
+    )
+    tree["data"] = {
+        "train": str(folder),
+        "eval": str(folder),
+        "eval_size": None,
+        "answer_column": "reward_model.ground_truth",
+        **data,
+    }
     tree["run"]["progress"] = False
     return config_from_dict({k: v for k, v in tree.items() if k != "algorithm"} | {"algorithm": {}})
 
 
-def test_parquet_folder_trains_with_mapped_columns_and_overlong_prompts_dropped(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_parquet_folder_trains_with_mapped_columns_and_overlong_prompts_dropped(ray_cluster, tiny, tmp_path):
     folder = parquet_folder(tmp_path)
-    with pytest.raises(ValueError, match=r"train row 3's prompt has \d+ tokens > max_prompt_tokens=64.*--filter-overlong"):
+    with pytest.raises(
+        ValueError, match=r"train row 3's prompt has \d+ tokens > max_prompt_tokens=64.*--filter-overlong"
+    ):
         launch(config(tiny, folder, tmp_path))
     out = launch(config(tiny, folder, tmp_path, filter_overlong_prompts=True))
     assert [m["step"] for m in out["history"]] == [1, 2]
@@ -48,5 +72,9 @@ def test_parquet_folder_trains_with_mapped_columns_and_overlong_prompts_dropped(
     assert [m["actor/lr"] for m in out["history"]] == pytest.approx([1e-3, 1e-3 * (0.1 + 0.9 * 0.5)])
     assert [e["eval/count"] for e in out["evals"]] == [5, 5]  # the test split, whole
     meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("*/meta.json")).read_text())
-    assert meta["dataset"] == {"source": str(folder), "answer_column": "reward_model.ground_truth", "rows": 11,
-                               "overlong_dropped": 1}  # fmt: skip
+    assert meta["dataset"] == {
+        "source": str(folder),
+        "answer_column": "reward_model.ground_truth",
+        "rows": 11,
+        "overlong_dropped": 1,
+    }

@@ -22,8 +22,9 @@ def skew_final_norm(producer) -> None:
     def install(self):
         backend = self.backend
         if hasattr(backend, "llm"):  # vLLM: the in-process worker's model
-            backend.llm.collective_rpc(lambda worker: worker.model_runner.model.model.norm.register_forward_hook(hook)
-                                       and None)  # fmt: skip
+            backend.llm.collective_rpc(
+                lambda worker: worker.model_runner.model.model.norm.register_forward_hook(hook) and None
+            )
         else:
             backend.model.model.norm.register_forward_hook(hook)
 
@@ -42,20 +43,37 @@ def test_an_engine_computing_another_model_stops_the_run_at_the_next_step(ray_cl
         if metrics.get("step") != 1:
             return
         gaps.append(metrics["rollout/engine_trainer_gap_abs"])
-        name = next(n for n in ray.util.list_named_actors() if n.startswith(f"{project}-") and
-                    n.endswith("-producer-0"))  # fmt: skip
+        name = next(
+            n for n in ray.util.list_named_actors() if n.startswith(f"{project}-") and n.endswith("-producer-0")
+        )
         skew_final_norm(ray.get_actor(name))
 
-    with pytest.raises(EngineMismatch, match=r"^step 2: the engines' log-probs .* from the trainer's on average "
-                                             r"\(tolerance 0.005 for these precisions\)"):  # fmt: skip
+    with pytest.raises(
+        EngineMismatch,
+        match=r"^step 2: the engines' log-probs .* from the trainer's on average "
+        r"\(tolerance 0.005 for these precisions\)",
+    ):
         launch_distributed(
-            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-            inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+            num_producers=1,
+            num_proc_per_producer=1,
+            num_consumer_procs=1,
+            num_episodes=1,
+            inference_batch_size=4,
+            inference_microbatch_size=4,
+            train_batch_size=4,
+            train_minibatch_size=4,
             train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(64)]},
-            inference_model_config={"path": path, "dtype": "float32"}, train_model_config={"path": path},
+            inference_model_config={"path": path, "dtype": "float32"},
+            train_model_config={"path": path},
             generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
             grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
-            num_generations=4, core_algo="GRPO", max_steps=3, inference_backend=backend, max_staleness=0,
-            plugin_config={}, project_name=project, on_step=on_step,
-        )  # fmt: skip
+            num_generations=4,
+            core_algo="GRPO",
+            max_steps=3,
+            inference_backend=backend,
+            max_staleness=0,
+            plugin_config={},
+            project_name=project,
+            on_step=on_step,
+        )
     assert len(gaps) == 1 and gaps[0] < 1e-4, gaps  # a correct engine and trainer: float tolerance

@@ -10,8 +10,11 @@ import pytest
 from coati.models import build_tiny_model
 
 ELSEWHERE = {"custom_reward.py": "test_reliability.py runs it from another folder, in a process of its own"}
-EXAMPLES = sorted(p.name for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py")
-                  if p.name != "__init__.py" and p.name not in ELSEWHERE)  # fmt: skip
+EXAMPLES = sorted(
+    p.name
+    for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py")
+    if p.name != "__init__.py" and p.name not in ELSEWHERE
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +26,25 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     root = Path(__file__).resolve().parents[2]
-    args = ["-m", tiny, "-b", "transformers", "--max-steps", "1", "-sd", str(tmp_path), "--no-progress", "-mnt", "8", "-mpt", "4096",
-            "--eval-size", "2", "--train-size", "16"]  # fmt: skip
+    args = [
+        "-m",
+        tiny,
+        "-b",
+        "transformers",
+        "--max-steps",
+        "1",
+        "-sd",
+        str(tmp_path),
+        "--no-progress",
+        "-mnt",
+        "8",
+        "-mpt",
+        "4096",
+        "--eval-size",
+        "2",
+        "--train-size",
+        "16",
+    ]
     if name == "code_humaneval.py":
         args = ["--problems", "8"] + args
     if name == "reward_model.py":  # a tiny reward model of the policy's tokenizer

@@ -33,15 +33,25 @@ def test_colocated_reward_rises_on_one_gpu(ray_cluster, tiny):
 
 @pytest.mark.parametrize(
     "plugin, sleep",
-    [({"precision": "bf16"}, False), ({"precision": "bf16", "zero_stage": 2}, False), ({"precision": "bf16"}, True),
-     ({"precision": "fp32"}, False)],
+    [
+        ({"precision": "bf16"}, False),
+        ({"precision": "bf16", "zero_stage": 2}, False),
+        ({"precision": "bf16"}, True),
+        ({"precision": "fp32"}, False),
+    ],
     ids=["bf16", "zero2", "bf16-sleep", "fp32-masters-bf16-engine"],
 )
 def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, tiny, plugin, sleep):
     # The engine follows a bf16 trainer; under an fp32 trainer it is asked for bf16, so pushes are cast on the GPU.
     options = None if plugin["precision"] == "bf16" else {"dtype": "bfloat16"}
-    run = start_run(tiny, colocate=True, sleep_while_training=sleep, plugin_config=plugin, core_algo="RLOO",
-                    inference_options=options)  # fmt: skip
+    run = start_run(
+        tiny,
+        colocate=True,
+        sleep_while_training=sleep,
+        plugin_config=plugin,
+        core_algo="RLOO",
+        inference_options=options,
+    )
     try:
         (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
         assert producer["device"].startswith("cuda") and consumer["device"].startswith("cuda")
@@ -50,7 +60,9 @@ def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, ti
         history = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=None, on_step=None)["history"]
         if sleep:  # the producer's CUDA memory is given back while the consumer trains
             for m in history:
-                assert m["inference/mem_awake_mb"] > 0 and m["inference/mem_asleep_mb"] < 0.1 * m["inference/mem_awake_mb"]
+                assert (
+                    m["inference/mem_awake_mb"] > 0 and m["inference/mem_asleep_mb"] < 0.1 * m["inference/mem_awake_mb"]
+                )
         # The consumer's CUDA weights stay in one flat buffer through the bf16 optimizer steps (ZeRO-2's gathers
         # included), so each push is one span sent as it lies (copied to host memory once: the colocated wire is gloo).
         last = history[-1]

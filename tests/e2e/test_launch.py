@@ -11,9 +11,9 @@ import ray
 import torch
 
 from coati.distributed.driver.launch import config_from_launch_kwargs, plan_run
-from coati.distributed.launch import launch_distributed
 from coati.distributed.driver.loop import Run
 from coati.distributed.driver.preflight import preflight
+from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
 
 REWARD = "tests.component.reward_fns:digit_fraction"
@@ -22,22 +22,28 @@ FP32 = {"dtype": "float32"}
 compute dtype: bf16 on a CPU with native bf16)"""
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("e2e_model"), vocab_multiple=8))
-
-
 def run_kwargs(tiny, **over):
     kw = dict(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-        inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        train_batch_size=4,
+        train_minibatch_size=4,
         train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(64)]},
-        inference_model_config={"path": tiny}, train_model_config={"path": tiny},
+        inference_model_config={"path": tiny},
+        train_model_config={"path": tiny},
         generate_config={"max_new_tokens": 12, "temperature": 1.0},
         grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8},
-        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=2, inference_backend="transformers",
+        plugin_config={},
+        num_generations=4,
+        core_algo="GRPO",
+        max_steps=2,
+        inference_backend="transformers",
         max_staleness=0,
-    )  # fmt: skip
+    )
     kw.update(over)
     return kw
 
@@ -45,8 +51,9 @@ def run_kwargs(tiny, **over):
 def test_reward_rises_while_producers_sleep_and_threads_stay_single(ray_cluster, tiny):
     """12 RLOO steps raise the reward, with the producers put to sleep while the consumer trains (on CPU sleeping frees
     nothing, but every step sleeps and wakes) and threads not following the work (one per actor, always)."""
-    out = launch_distributed(**run_kwargs(tiny, core_algo="RLOO", max_steps=12, sleep_while_training=True,
-                                          threads_follow_work=False))  # fmt: skip
+    out = launch_distributed(
+        **run_kwargs(tiny, core_algo="RLOO", max_steps=12, sleep_while_training=True, threads_follow_work=False)
+    )
     rewards = [m["reward/mean"] for m in out["history"]]
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
     assert last > first + 0.05, rewards
@@ -55,19 +62,48 @@ def test_reward_rises_while_producers_sleep_and_threads_stay_single(ray_cluster,
         assert m["actor/threads"] == m["rollout/threads"] == 1
 
 
-def new_run(tiny, colocate=False, sleep_while_training=False, inference_options=FP32, backend="transformers",
-            max_staleness=0, in_flight=False, follow_work=True, run_name=None, **over):  # fmt: skip
+def new_run(
+    tiny,
+    colocate=False,
+    sleep_while_training=False,
+    inference_options=FP32,
+    backend="transformers",
+    max_staleness=0,
+    in_flight=False,
+    follow_work=True,
+    run_name=None,
+    **over,
+):
     """A Run with its actors started, not yet joined to the weight group."""
     config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
     cfg = config.launch_config()
     train, _ = config.data.datasets(0)
-    plan = preflight(cfg, train_model_path=tiny, inference_model_path=tiny, tokenizer_path=tiny,
-                     train_dataset=train, eval_dataset=None, cpus_per_actor=0.5, colocate=colocate,
-                     inference_options=inference_options, in_flight_weight_updates=in_flight,
-                     max_staleness=max_staleness)  # fmt: skip
-    run = Run(cfg, plan, seed=0, weight_sync_timeout_s=60, max_staleness=max_staleness,
-              master_addr=None, master_port=None, run_name=run_name or f"t-{uuid.uuid4().hex[:8]}",
-              sleep_while_training=sleep_while_training, in_flight=in_flight, follow_work=follow_work)  # fmt: skip
+    plan = preflight(
+        cfg,
+        train_model_path=tiny,
+        inference_model_path=tiny,
+        tokenizer_path=tiny,
+        train_dataset=train,
+        eval_dataset=None,
+        cpus_per_actor=0.5,
+        colocate=colocate,
+        inference_options=inference_options,
+        in_flight_weight_updates=in_flight,
+        max_staleness=max_staleness,
+    )
+    run = Run(
+        cfg,
+        plan,
+        seed=0,
+        weight_sync_timeout_s=60,
+        max_staleness=max_staleness,
+        master_addr=None,
+        master_port=None,
+        run_name=run_name or f"t-{uuid.uuid4().hex[:8]}",
+        sleep_while_training=sleep_while_training,
+        in_flight=in_flight,
+        follow_work=follow_work,
+    )
     run.start_actors()
     return run
 
@@ -96,9 +132,18 @@ ZERO = {"precision": "bf16"}
         # ZeRO: flattened before the optimizer is wrapped
         ({**DP2, "core_algo": "GRPO", "plugin_config": {"zero_stage": 1, **ZERO}}, True),
         ({**DP2, "core_algo": "DR_GRPO", "plugin_config": {"zero_stage": 2, **ZERO}}, True),
-        ({"num_consumer_procs": 2, "core_algo": "GSPO", "plugin_config": {"tp_size": 2}}, False),  # gathered from shards
-        ({"num_consumer_procs": 2, "core_algo": "REINFORCE_PPB",
-          "plugin_config": {"pp_size": 2, "pp_num_microbatches": 4}}, True),
+        (
+            {"num_consumer_procs": 2, "core_algo": "GSPO", "plugin_config": {"tp_size": 2}},
+            False,
+        ),  # gathered from shards
+        (
+            {
+                "num_consumer_procs": 2,
+                "core_algo": "REINFORCE_PPB",
+                "plugin_config": {"pp_size": 2, "pp_num_microbatches": 4},
+            },
+            True,
+        ),
     ],
     ids=["dp1-CISPO", "dp2-RLOO", "zero1-GRPO", "zero2-DR_GRPO", "tp2-GSPO", "pp2-REINFORCE_PPB"],
 )
@@ -135,7 +180,9 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         # transfer per stage; else the weights are packed into a bucket and copied out.
         last = out["history"][-1]
         if in_place:
-            assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == len(run.actors.senders), last
+            assert last["weights/in_place_fraction"] == 1.0 and last["weights/transfers"] == len(run.actors.senders), (
+                last
+            )
             assert last["weights/direct_fraction"] == 1.0, last
         else:
             assert last["weights/in_place_fraction"] < 0.5 and last["weights/direct_fraction"] < 0.5, last
@@ -177,11 +224,17 @@ def test_pipeline_matches_one_stage_with_kl_and_two_minibatches(ray_cluster, tin
     pipeline, forward only) gives the same first step as one stage: same rollouts (one seeded producer), same
     losses."""
     # fp32: one stage shares each prompt's forward, the pipeline cannot; in bf16 the two roundings differ more.
-    common = dict(core_algo="GRPO", train_batch_size=4, train_minibatch_size=2, max_steps=1,
-                  grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"})
+    common = dict(
+        core_algo="GRPO",
+        train_batch_size=4,
+        train_minibatch_size=2,
+        max_steps=1,
+        grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
+    )
     one = launch_distributed(**run_kwargs(tiny, **common))["history"][0]
-    two = launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"pp_size": 2, "pp_num_microbatches": 2},
-                                          **common))["history"][0]  # fmt: skip
+    two = launch_distributed(
+        **run_kwargs(tiny, num_consumer_procs=2, plugin_config={"pp_size": 2, "pp_num_microbatches": 2}, **common)
+    )["history"][0]
     assert one["reward/mean"] == two["reward/mean"]  # the same rollouts
     for key in ("loss/policy", "loss/kl", "loss/clipfrac", "loss/ratio_mean", "actor/entropy"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
@@ -215,11 +268,17 @@ def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_clust
     assert planned(vllm, max_staleness=2) == (True, True)
     assert planned(vllm, max_staleness=0) == (False, False)
     assert planned(vllm, max_staleness=1, grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4}) == (
-        False, False)  # fmt: skip
+        False,
+        False,
+    )
     assert planned("transformers", max_staleness=1) == (False, False)
     assert planned(vllm, max_staleness=1, in_flight_weight_updates=False) == (False, False)
     with pytest.raises(ValueError, match="in_flight_weight_updates=True, but the TransformersBackend engine loads"):
         planned("transformers", max_staleness=1, in_flight_weight_updates=True)
     with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
-        planned(vllm, max_staleness=1, in_flight_weight_updates=True,
-                grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4})  # fmt: skip
+        planned(
+            vllm,
+            max_staleness=1,
+            in_flight_weight_updates=True,
+            grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4},
+        )

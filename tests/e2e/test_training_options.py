@@ -10,27 +10,37 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.driver.actor_group import _free_port
 from coati.distributed.algo.presets import resolve_algorithm
-from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.driver.actor_group import _free_port
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.trainer.consumer import GRPOConsumer
 from coati.distributed.record import RolloutBatch
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.trainer.consumer import GRPOConsumer
 from coati.distributed.trainer.schedule import lr_factor
-from tests.e2e.test_launch import REWARD, start_run, tiny  # noqa: F401 - the module's tiny-model fixture
+from tests.e2e.test_launch import REWARD, start_run
 
 LR = 1e-3
 
 
-def one_step(tiny, checkpointing: bool):  # noqa: F811
+def one_step(tiny, checkpointing: bool):
     # Both compute every row in full, so that the step is the same to float rounding (Adam's first step moves a weight
     # by about lr x the sign of its gradient: a gradient near 0 that rounds differently flips it). Checkpointing alone
     # would pack each group in one row (its recompute keeps no KV cache); that layout under checkpointing is checked
     # against the model's own gradients in test_forward.py.
     shared = {"share_prompt_forward": False}
     options = {"gradient_checkpointing": True, **shared} if checkpointing else shared
-    run = start_run(tiny, core_algo="GRPO", grpo_config={"lr": LR, "reward_fn_type": REWARD, "compute_dtype": "fp32",
-                                                         "lr_schedule": "linear", "warmup_steps": 2, **options})  # fmt: skip
+    run = start_run(
+        tiny,
+        core_algo="GRPO",
+        grpo_config={
+            "lr": LR,
+            "reward_fn_type": REWARD,
+            "compute_dtype": "fp32",
+            "lr_schedule": "linear",
+            "warmup_steps": 2,
+            **options,
+        },
+    )
     try:
         (info,) = run.actors.consumer_info
         assert info["gradient_checkpointing"] is checkpointing
@@ -42,7 +52,7 @@ def one_step(tiny, checkpointing: bool):  # noqa: F811
         run.shutdown()
 
 
-def test_gradient_checkpointing_trains_the_same_step(ray_cluster, tiny):  # noqa: F811
+def test_gradient_checkpointing_trains_the_same_step(ray_cluster, tiny):
     (kept, d_kept), (recomputed, d_recomputed) = one_step(tiny, False), one_step(tiny, True)
     assert kept["reward/mean"] == recomputed["reward/mean"]  # the same rollouts
     for key in ("loss/policy", "actor/grad_norm", "actor/entropy"):
@@ -70,12 +80,17 @@ class CountingConsumer(GRPOConsumer):
         return self.forwarded_rows
 
 
-def consumer_after_one_step(tiny, batch, **consumer):  # noqa: F811
+def consumer_after_one_step(tiny, batch, **consumer):
     """A real consumer actor's metrics (with ``forwarded_rows``: rows its policy's forwards covered) and weights
     after one training step on ``batch`` (two completions per prompt, GRPO)."""
     cfg = ConsumerConfig(learning_rate=LR, lr_schedule="linear", warmup_steps=2, compute_dtype="fp32", **consumer)
-    actor = ray.remote(CountingConsumer).options(num_cpus=0.5).remote(
-        0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
+    actor = (
+        ray.remote(CountingConsumer)
+        .options(num_cpus=0.5)
+        .remote(
+            0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2
+        )
+    )
     try:
         ray.get(actor.setup.remote())
         metrics = ray.get(actor.train_step.remote(batch, total_steps=4))
@@ -91,22 +106,33 @@ def rollouts(groups: int, seed: int = 0):
     lengths = rng.integers(2, r + 1, n)
     response_mask = np.arange(r)[None] < lengths[:, None]
     return RolloutBatch(
-        prompt_ids=np.repeat(rng.integers(4, 60, (groups, p)), 2, axis=0), prompt_mask=np.ones((n, p), bool),
-        response_ids=rng.integers(4, 60, (n, r)) * response_mask, response_mask=response_mask,
-        rollout_logprobs=np.where(response_mask, -3.0, 0.0).astype(np.float32), response_lengths=lengths,
-        truncated=np.zeros(n, bool), group_ids=np.repeat(np.arange(groups), 2), policy_version=np.zeros(n, np.int64),
-        token_versions=np.zeros((n, r), np.int64), rewards=rng.permuted(np.tile([0.0, 1.0], groups)).astype(np.float32),
-    ).validate()  # fmt: skip
+        prompt_ids=np.repeat(rng.integers(4, 60, (groups, p)), 2, axis=0),
+        prompt_mask=np.ones((n, p), bool),
+        response_ids=rng.integers(4, 60, (n, r)) * response_mask,
+        response_mask=response_mask,
+        rollout_logprobs=np.where(response_mask, -3.0, 0.0).astype(np.float32),
+        response_lengths=lengths,
+        truncated=np.zeros(n, bool),
+        group_ids=np.repeat(np.arange(groups), 2),
+        policy_version=np.zeros(n, np.int64),
+        token_versions=np.zeros((n, r), np.int64),
+        rewards=rng.permuted(np.tile([0.0, 1.0], groups)).astype(np.float32),
+    ).validate()
 
 
-def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tiny):  # noqa: F811
+def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tiny):
     """num_iterations=2 over a batch makes the same two optimizer steps as one pass over the batch written out twice,
     in two minibatches: each pass's ratios against the trainer's log-probs from before the step's first update, the
     learning-rate schedule counting both optimizer steps."""
     once = rollouts(2)
-    twice = dataclasses.replace(once, **{f.name: np.concatenate([getattr(once, f.name)] * 2)
-                                         for f in dataclasses.fields(once) if f.name not in ("extras", "loss_mask",
-                                                                                              "turn_index")})  # fmt: skip
+    twice = dataclasses.replace(
+        once,
+        **{
+            f.name: np.concatenate([getattr(once, f.name)] * 2)
+            for f in dataclasses.fields(once)
+            if f.name not in ("extras", "loss_mask", "turn_index")
+        },
+    )
     twice.group_ids[4:] += 2
     passes, w_passes = consumer_after_one_step(tiny, once, train_batch_size=2, num_iterations=2)
     copies, w_copies = consumer_after_one_step(tiny, twice.validate(), train_batch_size=4, train_minibatch_size=2)
@@ -164,14 +190,19 @@ class ColossalClippingConsumer(MomentsConsumer):
         return super().setup()
 
 
-def one_step_of(tiny, cls, dp: int = 1, **consumer):  # noqa: F811
+def one_step_of(tiny, cls, dp: int = 1, **consumer):
     """One GRPO step of ``dp`` consumers of class ``cls`` over 2 groups each (4 rows): the setup's clipping, each
     rank's all-reduce count, the gradient norm, and rank 0's Adam first moments."""
     cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2, **consumer)
     port = _free_port()
-    actors = [ray.remote(cls).options(num_cpus=0.5).remote(
-        rank, dp, "127.0.0.1", port, tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2)
-        for rank in range(dp)]  # fmt: skip
+    actors = [
+        ray.remote(cls)
+        .options(num_cpus=0.5)
+        .remote(
+            rank, dp, "127.0.0.1", port, tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2
+        )
+        for rank in range(dp)
+    ]
     try:
         (info, *_) = ray.get([a.setup.remote() for a in actors])
         metrics = ray.get([a.train_step.remote(rollouts(2 * dp), total_steps=4) for a in actors])
@@ -182,7 +213,7 @@ def one_step_of(tiny, cls, dp: int = 1, **consumer):  # noqa: F811
             ray.kill(a)
 
 
-def test_clipping_in_the_update_trains_as_colossalai_clipping_does(ray_cluster, tiny):  # noqa: F811
+def test_clipping_in_the_update_trains_as_colossalai_clipping_does(ray_cluster, tiny):
     """The norm measured in float32 blocks and the clip applied by Adam's update as it reads the gradients give the
     update ColossalAI's own clipping gives, checked where a clip shows: Adam's first moments, (1 - beta1) x the
     clipped gradients. (Unclipped, the divisor is 1 and the update is Adam's as before.) One DP rank never
@@ -197,7 +228,7 @@ def test_clipping_in_the_update_trains_as_colossalai_clipping_does(ray_cluster, 
     assert counts == [0]
 
 
-def test_ddp_all_reduces_once_per_minibatch(ray_cluster, tiny):  # noqa: F811
+def test_ddp_all_reduces_once_per_minibatch(ray_cluster, tiny):
     """With two DP ranks, passes before a minibatch's last accumulate their gradients unsynchronised: 4 passes per
     rank all-reduce as often as 1, and train the same gradients."""
     _, passes, norm, m_passes = one_step_of(tiny, MomentsConsumer, dp=2, train_microbatch_size=1)

@@ -23,8 +23,15 @@ def tiny(tmp_path_factory):
 
 
 def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
-    run = start_run(tiny, backend="vllm", inference_options={"dtype": "float32"}, core_algo="RLOO", num_producers=2,
-                    inference_batch_size=2, inference_microbatch_size=2)  # fmt: skip
+    run = start_run(
+        tiny,
+        backend="vllm",
+        inference_options={"dtype": "float32"},
+        core_algo="RLOO",
+        num_producers=2,
+        inference_batch_size=2,
+        inference_microbatch_size=2,
+    )
     mismatches = []
 
     def producers_hold_consumer_weights(metrics):
@@ -36,8 +43,9 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
     try:
         before = run.full_weights()
         producers_hold_consumer_weights({"step": 0})
-        out = run.loop(max_steps=12, eval_interval=0, save_interval=0, save_dir=None,
-                       on_step=producers_hold_consumer_weights)  # fmt: skip
+        out = run.loop(
+            max_steps=12, eval_interval=0, save_interval=0, save_dir=None, on_step=producers_hold_consumer_weights
+        )
         after = run.full_weights()
         # Given the cores, the engine generates with them (vLLM's CPU worker turns torch.set_num_threads into a no-op).
         cores = len(os.sched_getaffinity(0))
@@ -54,9 +62,18 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
 
 def test_in_flight_updates_land_mid_round_and_keep_the_bound(ray_cluster, tiny):
     k = 2
-    run = start_run(tiny, backend="vllm", inference_options={"dtype": "float32"}, core_algo="RLOO", num_producers=1,
-                    inference_batch_size=4, inference_microbatch_size=4, max_staleness=k, in_flight=True,
-                    generate_config={"max_new_tokens": 48, "temperature": 1.0})  # fmt: skip
+    run = start_run(
+        tiny,
+        backend="vllm",
+        inference_options={"dtype": "float32"},
+        core_algo="RLOO",
+        num_producers=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        max_staleness=k,
+        in_flight=True,
+        generate_config={"max_new_tokens": 48, "temperature": 1.0},
+    )
     try:
         out = run.loop(max_steps=6, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
         consumer, engine = run.full_weights(), ray.get(run.producers[0].weights.remote())
@@ -82,10 +99,19 @@ def test_streamed_groups_cross_draws_and_pushes_within_the_bound_and_none_is_los
     from the last state on, none lost or repeated."""
     from coati.distributed.rollout.data import DataCursor
 
-    run = start_run(tiny, backend="vllm", inference_options={"dtype": "float32"}, core_algo="RLOO", num_producers=1,
-                    inference_batch_size=4, inference_microbatch_size=4, max_staleness=1, in_flight=True,
-                    stream_prompts=8, generate_config={"max_new_tokens": 48, "temperature": 1.0,
-                                                       "stop_strings": list("0123456789")})  # fmt: skip
+    run = start_run(
+        tiny,
+        backend="vllm",
+        inference_options={"dtype": "float32"},
+        core_algo="RLOO",
+        num_producers=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        max_staleness=1,
+        in_flight=True,
+        stream_prompts=8,
+        generate_config={"max_new_tokens": 48, "temperature": 1.0, "stop_strings": list("0123456789")},
+    )
     producer = run.producers[0]
     try:
         out = run.loop(max_steps=6, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
@@ -101,8 +127,11 @@ def test_streamed_groups_cross_draws_and_pushes_within_the_bound_and_none_is_los
         assert m["rollout/policy_lag_max"] <= 1, m
     assert len(first) >= 16 and len(second) >= 16 and (first.policy_version == 6).all()
     assert (second.policy_version == 6).any(), "no group begun before the push was returned after it"
-    drawn = [(int(b.extras["episode"][i]), int(b.extras["prompt_index"][i])) for b in (first, second)
-             for i in range(0, len(b), 4)]  # fmt: skip
+    drawn = [
+        (int(b.extras["episode"][i]), int(b.extras["prompt_index"][i]))
+        for b in (first, second)
+        for i in range(0, len(b), 4)
+    ]
     returned = [tuple(p) for p in after["cursor"]["returned"]]
     assert 0 < len(returned) <= 8
     cursor = DataCursor(64, 0, 1, seed=0)

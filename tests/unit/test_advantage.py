@@ -108,21 +108,34 @@ def test_a_completion_without_a_score_is_left_out_of_its_groups_statistics(name)
     baseline), and its own is 0."""
     import numpy as np
 
-    from coati.distributed.trainer.consumer import batch_advantages
     from coati.distributed.record import RolloutBatch
+    from coati.distributed.trainer.consumer import batch_advantages
 
     lengths = np.array([2, 1, 3, 1, 2, 1, 2, 2])
     mask = np.arange(3)[None, :] < lengths[:, None]
     rewards = np.array([2.0, 0.0, 1.0, 1.0, 0.0, 3.0, 1.0, 5.0], dtype=np.float32)  # row 2's 1.0: its group's mean
     unscored = np.array([False, False, True, False, False, False, False, False])
-    batch = RolloutBatch(np.zeros((8, 1), dtype=np.int64), np.ones((8, 1), dtype=bool), np.zeros((8, 3), np.int64),
-                         mask, np.zeros((8, 3), np.float32), lengths, np.zeros(8, dtype=bool),
-                         group_ids=np.repeat([0, 1], 4), rewards=rewards, extras={"reward_no_score": unscored},
-                         loss_mask=mask & ~unscored[:, None])  # fmt: skip
+    batch = RolloutBatch(
+        np.zeros((8, 1), dtype=np.int64),
+        np.ones((8, 1), dtype=bool),
+        np.zeros((8, 3), np.int64),
+        mask,
+        np.zeros((8, 3), np.float32),
+        lengths,
+        np.zeros(8, dtype=bool),
+        group_ids=np.repeat([0, 1], 4),
+        rewards=rewards,
+        extras={"reward_no_score": unscored},
+        loss_mask=mask & ~unscored[:, None],
+    )
     loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)
     adv = batch_advantages(batch, loss_mask, CFG.__class__(advantage_estimator=name))
     keep = torch.tensor(~unscored)
-    alone = ADVANTAGE_ESTIMATORS.get(name)(torch.tensor(rewards)[keep], torch.tensor([0, 0, 0, 1, 1, 1, 1]),
-                                           loss_mask[keep], CFG.__class__(advantage_estimator=name)).advantages  # fmt: skip
+    alone = ADVANTAGE_ESTIMATORS.get(name)(
+        torch.tensor(rewards)[keep],
+        torch.tensor([0, 0, 0, 1, 1, 1, 1]),
+        loss_mask[keep],
+        CFG.__class__(advantage_estimator=name),
+    ).advantages
     assert torch.allclose(adv[keep], alone, atol=1e-6), (adv, alone)
     assert torch.all(adv[2] == 0)

@@ -5,8 +5,14 @@ import itertools
 import pytest
 import torch
 
-from coati.distributed.algo import LOSS_AGGREGATIONS, POLICY_LOSSES, LossInput, LossNorm, compute_policy_loss
-from coati.distributed.algo import aggregate_loss
+from coati.distributed.algo import (
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    LossInput,
+    LossNorm,
+    aggregate_loss,
+    compute_policy_loss,
+)
 from coati.distributed.algo.config import AlgorithmConfig
 
 B, T, MAX_LEN = 8, 6, 6

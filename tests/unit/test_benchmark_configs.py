@@ -13,7 +13,11 @@ def test_bench_vs_trl_runs_a_config_coati_accepts(precision, staleness):
     rows = [{"question": f"{i} + 1 =", "answer": str(i + 1)} for i in range(8)]
     config = config_from_launch_kwargs(**coati_kwargs("model", rows, 6, 32, 1e-5, staleness, PRECISIONS[precision][1]))
     algorithm = config.launch_config().algorithm
-    assert (algorithm.dynamic_sampling, algorithm.skip_no_signal_after, algorithm.overlong_buffer_ratio) == (False, 0, 0)
+    assert (algorithm.dynamic_sampling, algorithm.skip_no_signal_after, algorithm.overlong_buffer_ratio) == (
+        False,
+        0,
+        0,
+    )
     assert config.run.max_staleness == staleness
 
 
@@ -36,10 +40,14 @@ def test_the_trainers_rate_counts_each_prompt_once_and_the_head_on_response_toke
     the steady-state rate is the same sum over the steps after the warm-up."""
     from benchmarks.bench_vs_trl import WARMUP_STEPS, trainer_gflops
 
-    steps = [{"rollout/trained_tokens_unique": 100, "rollout/trained_response_tokens": 40, "time/train_step": 4.0},
-             {"rollout/trained_tokens_unique": 200, "rollout/trained_response_tokens": 80, "time/train_step": 1.0},
-             {"rollout/trained_tokens_unique": 300, "rollout/trained_response_tokens": 60, "time/train_step": 2.0}]  # fmt: skip
+    steps = [
+        {"rollout/trained_tokens_unique": 100, "rollout/trained_response_tokens": 40, "time/train_step": 4.0},
+        {"rollout/trained_tokens_unique": 200, "rollout/trained_response_tokens": 80, "time/train_step": 1.0},
+        {"rollout/trained_tokens_unique": 300, "rollout/trained_response_tokens": 60, "time/train_step": 2.0},
+    ]
     body, head = 2_000_000, 500_000
     flops = [6 * (body * 100 + head * 40), 6 * (body * 200 + head * 80), 6 * (body * 300 + head * 60)]
     assert trainer_gflops(steps, (body, head)) == pytest.approx(sum(flops) / 7.0 / 1e9)
-    assert WARMUP_STEPS == 2 and trainer_gflops(steps[WARMUP_STEPS:], (body, head)) == pytest.approx(flops[2] / 2.0 / 1e9)
+    assert WARMUP_STEPS == 2 and trainer_gflops(steps[WARMUP_STEPS:], (body, head)) == pytest.approx(
+        flops[2] / 2.0 / 1e9
+    )

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from coati.distributed.config.cli import build_parser, flags, parse_config
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.trainer.config import PluginConfig
 from coati.distributed.checks import field_docs
-from coati.distributed.driver.launch import config_from_launch_kwargs
+from coati.distributed.config.cli import build_parser, flags, parse_config
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
+from coati.distributed.driver.launch import config_from_launch_kwargs
+from coati.distributed.trainer.config import PluginConfig
 
 
 def leaf_keys():
@@ -47,9 +47,11 @@ def test_several_reward_functions_with_weights_are_the_reward_s_components(capsy
     assert c.reward.fn == acc and c.reward.components == {acc: 1.0, fmt: 0.5}
     assert parse_config(["-rt", "math", fmt]).reward.components == {"math": 1.0, fmt: 1.0}
     assert parse_config(["-rt", "boxed"]).reward.components == {}
-    for argv, message in [(["--reward-fn", "math", fmt, "--reward-weights", "1"], "one weight to each distinct"),
-                          (["--reward-weights", "1"], "but none were given"),
-                          (["--reward-fn", "math", fmt, "--reward-components", '{"math": 1}'], "use one")]:  # fmt: skip
+    for argv, message in [
+        (["--reward-fn", "math", fmt, "--reward-weights", "1"], "one weight to each distinct"),
+        (["--reward-weights", "1"], "but none were given"),
+        (["--reward-fn", "math", fmt, "--reward-components", '{"math": 1}'], "use one"),
+    ]:
         with pytest.raises(SystemExit):
             parse_config(argv)
         assert message in capsys.readouterr().err
@@ -59,26 +61,64 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
     cli = parse_config([])
     assert cli == Config()
     launch = config_from_launch_kwargs(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=16,
-        inference_microbatch_size=16, train_batch_size=4, train_minibatch_size=4, train_dataset_config={"path": "x.jsonl"},
-        inference_model_config={"path": "m"}, generate_config={}, train_model_config={"path": "m"}, grpo_config={},
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=1,
+        inference_batch_size=16,
+        inference_microbatch_size=16,
+        train_batch_size=4,
+        train_minibatch_size=4,
+        train_dataset_config={"path": "x.jsonl"},
+        inference_model_config={"path": "m"},
+        generate_config={},
+        train_model_config={"path": "m"},
+        grpo_config={},
         plugin_config={},
-    )  # fmt: skip
+    )
     for field in ("producer", "consumer", "generation", "reward", "algo", "algorithm"):
         assert getattr(launch, field) == getattr(cli, field), field
     for name in ("max_staleness", "eval_interval", "seed", "keep_checkpoints", "weight_sync_timeout_s"):
         assert getattr(launch.run, name) == getattr(cli.run, name), name
     lc = cli.launch_config()
-    assert (lc.producer.backend, lc.producer.num_generations, lc.producer.inference_batch_size, lc.consumer.train_microbatch_size,
-            lc.consumer.learning_rate, lc.generation.max_new_tokens, cli.run.max_staleness) == ("vllm", 4, 16, None, 2e-5, 48, 1)
+    assert (
+        lc.producer.backend,
+        lc.producer.num_generations,
+        lc.producer.inference_batch_size,
+        lc.consumer.train_microbatch_size,
+        lc.consumer.learning_rate,
+        lc.generation.max_new_tokens,
+        cli.run.max_staleness,
+    ) == ("vllm", 4, 16, None, 2e-5, 48, 1)
     a = lc.algorithm  # the default job is DAPO with dynamic sampling and signal-less prompts skipped after one group
     assert (a.dynamic_sampling, a.skip_no_signal_after, a.skip_recheck) == (True, 1, 0.1)
     assert parse_config(["--skip-no-signal-after", "0"]).launch_config().algorithm.skip_no_signal_after == 0
 
 
 def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset():
-    c = parse_config(["-g", "8", "-tbs", "2", "--n-behind", "0", "-kl", "0.1", "-a", "GRPO", "--clip-eps-high", "0.3",
-                      "-t", "2", "-tp", "2", "--inference-options", '{"dtype": "bfloat16"}', "--no-progress"])  # fmt: skip
+    c = parse_config(
+        [
+            "-g",
+            "8",
+            "-tbs",
+            "2",
+            "--n-behind",
+            "0",
+            "-kl",
+            "0.1",
+            "-a",
+            "GRPO",
+            "--clip-eps-high",
+            "0.3",
+            "-t",
+            "2",
+            "-tp",
+            "2",
+            "--inference-options",
+            '{"dtype": "bfloat16"}',
+            "--no-progress",
+        ]
+    )
     assert c.producer.num_generations == 8 and c.consumer.train_batch_size == 2 and c.run.max_staleness == 0
     assert c.consumer.plugin.tp_size == 2 and c.model.inference_options == {"dtype": "bfloat16"} and not c.run.progress
     algo = c.launch_config().algorithm
@@ -87,9 +127,14 @@ def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_config_file_then_flags(tmp_path, suffix):
-    tree = {"algo": "RLOO", "producer": {"num_generations": 6, "backend": "transformers"},
-            "consumer": {"learning_rate": 1e-4, "plugin": {"precision": "bf16"}}, "algorithm": {"beta": 0.05},
-            "run": {"max_steps": 7, "resume_allow": ["consumer.learning_rate"]}, "data": {"train": "a.jsonl"}}  # fmt: skip
+    tree = {
+        "algo": "RLOO",
+        "producer": {"num_generations": 6, "backend": "transformers"},
+        "consumer": {"learning_rate": 1e-4, "plugin": {"precision": "bf16"}},
+        "algorithm": {"beta": 0.05},
+        "run": {"max_steps": 7, "resume_allow": ["consumer.learning_rate"]},
+        "data": {"train": "a.jsonl"},
+    }
     path = tmp_path / f"c{suffix}"
     if suffix == ".yaml":
         import yaml
@@ -108,30 +153,50 @@ def test_config_file_then_flags(tmp_path, suffix):
     "tree, match",
     [
         ({"producers": {}}, r"unknown config section\(s\) \['producers'\]; known: \['algo', 'algorithm', 'model'"),
-        ({"producer": {"num_generation": 4}}, r"unknown field\(s\) \['num_generation'\] in config section producer; "
-                                              r"known: \['backend', 'inference_batch_size'"),
+        (
+            {"producer": {"num_generation": 4}},
+            r"unknown field\(s\) \['num_generation'\] in config section producer; "
+            r"known: \['backend', 'inference_batch_size'",
+        ),
         ({"consumer": {"plugin": {"tp": 2}}}, r"unknown field\(s\) \['tp'\] in config section consumer.plugin"),
         ({"algorithm": {"clip_high": 0.3}}, r"unknown algorithm field\(s\) \['clip_high'\]"),
         ({"run": {"max_staleness": -1}}, r"max_staleness must be a non-negative integer, got -1"),
         ({"run": {"sleep_while_training": True}}, r"sleep_while_training=True .* set max_staleness=0"),
         ({"run": {"resume": "latest", "save_dir": None}}, r"resume needs a run folder"),
         ({"consumer": {"compute_dtype": "fp16"}}, r"compute_dtype must be auto, fp32 or bf16, got 'fp16'"),
-        ({"consumer": {"compute_dtype": "bf16", "plugin": {"precision": "bf16"}}},
-         r"compute_dtype=bf16 autocasts over fp32 weights, but plugin precision=bf16 .* use one of the two"),
-        ({"consumer": {"num_consumer_procs": 2, "compute_dtype": "bf16", "plugin": {"tp_size": 2}}},
-         r"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers \(tp_size=2\) .* use compute_dtype"),
-        ({"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},
-         r"skip_no_signal_after=2 skips prompts .* dynamic_sampling is off; turn it on"),
-        ({"algorithm": {"dynamic_sampling": False}},  # DAPO's preset skips signal-less prompts: the error names it
-         r"skip_no_signal_after=1 skips prompts .* dynamic_sampling is off; .* or set skip_no_signal_after=0"),
-        ({"algorithm": {"dynamic_sampling_max_draws": 0}}, r"dynamic_sampling_max_draws must be an integer >= 1, got 0"),
-        ({"run": {"in_flight_weight_updates": True, "max_staleness": 0}},
-         r"in_flight_weight_updates=True .* max_staleness=0 has them idle at every push; set max_staleness >= 1"),
-        ({"producer": {"stream_prompts": 8}},
-         r"stream_prompts=8: a draw keeps all its inference_batch_size=16 prompts in the engine; use 0 \(rounds\) "
-         r"or an integer >= 16"),
-        ({"run": {"in_flight_weight_updates": "yes"}},
-         r"in_flight_weight_updates must be true, false or null \(auto\), got 'yes'"),
+        (
+            {"consumer": {"compute_dtype": "bf16", "plugin": {"precision": "bf16"}}},
+            r"compute_dtype=bf16 autocasts over fp32 weights, but plugin precision=bf16 .* use one of the two",
+        ),
+        (
+            {"consumer": {"num_consumer_procs": 2, "compute_dtype": "bf16", "plugin": {"tp_size": 2}}},
+            r"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers \(tp_size=2\) .* use compute_dtype",
+        ),
+        (
+            {"algo": "GRPO", "algorithm": {"skip_no_signal_after": 2}},
+            r"skip_no_signal_after=2 skips prompts .* dynamic_sampling is off; turn it on",
+        ),
+        (
+            {"algorithm": {"dynamic_sampling": False}},  # DAPO's preset skips signal-less prompts: the error names it
+            r"skip_no_signal_after=1 skips prompts .* dynamic_sampling is off; .* or set skip_no_signal_after=0",
+        ),
+        (
+            {"algorithm": {"dynamic_sampling_max_draws": 0}},
+            r"dynamic_sampling_max_draws must be an integer >= 1, got 0",
+        ),
+        (
+            {"run": {"in_flight_weight_updates": True, "max_staleness": 0}},
+            r"in_flight_weight_updates=True .* max_staleness=0 has them idle at every push; set max_staleness >= 1",
+        ),
+        (
+            {"producer": {"stream_prompts": 8}},
+            r"stream_prompts=8: a draw keeps all its inference_batch_size=16 prompts in the engine; use 0 \(rounds\) "
+            r"or an integer >= 16",
+        ),
+        (
+            {"run": {"in_flight_weight_updates": "yes"}},
+            r"in_flight_weight_updates must be true, false or null \(auto\), got 'yes'",
+        ),
     ],
 )
 def test_unknown_or_bad_keys_are_errors(tree, match):
@@ -140,27 +205,52 @@ def test_unknown_or_bad_keys_are_errors(tree, match):
 
 
 def test_launch_distributed_refuses_what_has_no_field():
-    base = dict(num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
-                inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4, inference_model_config={"path": "m"},
-                generate_config={}, train_model_config={"path": "m"}, plugin_config={})  # fmt: skip
+    base = dict(
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        train_batch_size=4,
+        train_minibatch_size=4,
+        inference_model_config={"path": "m"},
+        generate_config={},
+        train_model_config={"path": "m"},
+        plugin_config={},
+    )
     with pytest.raises(ValueError, match=r"unknown grpo_config key\(s\) \['learning_rate'\]"):
         config_from_launch_kwargs(**base, train_dataset_config={"path": "x"}, grpo_config={"learning_rate": 1})
     with pytest.raises(ValueError, match=r"unknown dataset config key\(s\) \['shuffle'\]"):
         config_from_launch_kwargs(**base, train_dataset_config={"path": "x", "shuffle": True}, grpo_config={})
     with pytest.raises(ValueError, match="dataloaders_config is not supported"):
-        config_from_launch_kwargs(**base, train_dataset_config={"path": "x"}, grpo_config={}, dataloaders_config={"a": 1})
-    c = config_from_launch_kwargs(**base, train_dataset_config={"rows": [{"prompt": "q"}], "seed": 5, "size": 1},
-                                  grpo_config={"lr": 1e-3, "reward_kwargs": {"a": 1}}, save_dir="out/run")  # fmt: skip
+        config_from_launch_kwargs(
+            **base, train_dataset_config={"path": "x"}, grpo_config={}, dataloaders_config={"a": 1}
+        )
+    c = config_from_launch_kwargs(
+        **base,
+        train_dataset_config={"rows": [{"prompt": "q"}], "seed": 5, "size": 1},
+        grpo_config={"lr": 1e-3, "reward_kwargs": {"a": 1}},
+        save_dir="out/run",
+    )
     assert c.data.datasets(0)[0] == {"rows": [{"prompt": "q"}], "seed": 5, "size": 1}
     assert c.consumer.learning_rate == 1e-3 and c.reward.kwargs == {"a": 1} and c.run.folder == "out/run"
     # A dataset dict's split and column options reach the data section (none is dropped) ...
-    c = config_from_launch_kwargs(**base, train_dataset_config={"path": "d", "split": "dev", "answer_column": "a.b"},
-                                  eval_dataset_config={"path": "d", "split": "val", "answer_column": "a.b"}, grpo_config={})  # fmt: skip
+    c = config_from_launch_kwargs(
+        **base,
+        train_dataset_config={"path": "d", "split": "dev", "answer_column": "a.b"},
+        eval_dataset_config={"path": "d", "split": "val", "answer_column": "a.b"},
+        grpo_config={},
+    )
     assert (c.data.train_split, c.data.eval_split, c.data.answer_column) == ("dev", "val", "a.b")
     # ... and the shared column options must agree.
     with pytest.raises(ValueError, match=r"disagree on \{'prompt_column': \('q', 'question'\)\}"):
-        config_from_launch_kwargs(**base, train_dataset_config={"path": "d", "prompt_column": "q"},
-                                  eval_dataset_config={"path": "d", "prompt_column": "question"}, grpo_config={})  # fmt: skip
+        config_from_launch_kwargs(
+            **base,
+            train_dataset_config={"path": "d", "prompt_column": "q"},
+            eval_dataset_config={"path": "d", "prompt_column": "question"},
+            grpo_config={},
+        )
 
 
 def test_the_readme_comparison_table_names_only_real_flags():
@@ -183,20 +273,23 @@ def test_the_readme_comparison_table_names_only_real_flags():
         assert not unknown, f"row {setting.strip()!r}: {unknown} are not flags of rl_example.py"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--seed", "-1"], "run.seed must be an integer in 0..4294967295"),
-    (["--seed", str(2**32)], "run.seed must be an integer in 0..4294967295"),
-    (["--data-train-seed", "-3"], "data.train_seed must be an integer in 0..4294967295"),
-    (["--stop-strings", ""], "stop_strings must be non-empty strings"),
-    (["-m", ""], "model path must be a model folder or hub id, got ''"),
-    (["-lr", "inf"], "learning_rate must be a finite number > 0, got inf"),
-    (["-lr", "nan"], "learning_rate must be a finite number > 0, got nan"),
-    (["--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0, got -0.1"),
-    (["--cpus-per-actor", "-1"], "cpus_per_actor must be a finite number > 0, got -1.0"),
-    (["--reward-rm-cpus", "-2"], "rm_cpus must be a finite number >= 0, got -2.0"),
-    (["--reward-components", '{"math": NaN}'], "reward components need finite weights, got {'math': nan}"),
-    (["--reward-components", '{"math": 1e400}'], "reward components need finite weights, got {'math': inf}"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seed", "-1"], "run.seed must be an integer in 0..4294967295"),
+        (["--seed", str(2**32)], "run.seed must be an integer in 0..4294967295"),
+        (["--data-train-seed", "-3"], "data.train_seed must be an integer in 0..4294967295"),
+        (["--stop-strings", ""], "stop_strings must be non-empty strings"),
+        (["-m", ""], "model path must be a model folder or hub id, got ''"),
+        (["-lr", "inf"], "learning_rate must be a finite number > 0, got inf"),
+        (["-lr", "nan"], "learning_rate must be a finite number > 0, got nan"),
+        (["--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0, got -0.1"),
+        (["--cpus-per-actor", "-1"], "cpus_per_actor must be a finite number > 0, got -1.0"),
+        (["--reward-rm-cpus", "-2"], "rm_cpus must be a finite number >= 0, got -2.0"),
+        (["--reward-components", '{"math": NaN}'], "reward components need finite weights, got {'math': nan}"),
+        (["--reward-components", '{"math": 1e400}'], "reward components need finite weights, got {'math': inf}"),
+    ],
+)
 def test_values_the_workers_would_refuse_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_config(argv)
@@ -205,17 +298,27 @@ def test_values_the_workers_would_refuse_are_usage_errors(argv, message, capsys)
     assert message in err and "Traceback" not in err, err[-400:]
 
 
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8)
-) + "run: {seed: *i}\n"
+BOMB = (
+    "a: &a [x, x, x, x, x, x, x, x, x]\n"
+    + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8)
+    )
+    + "run: {seed: *i}\n"
+)
 
 
-@pytest.mark.parametrize("text, message", [
-    (BOMB, r"config.yaml, line 2: the YAML alias \*a is not read .* write the value out"),
-    ("run: {seed: 1\n", r"config.yaml: not valid YAML \(.*line \d+\)"),
-    ("run:\n  project: " + "x" * (1 << 20) + "\n", r"config.yaml has \d+ bytes, over the 1048576"),
-], ids=["alias bomb", "malformed YAML", "over 1 MiB"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (BOMB, r"config.yaml, line 2: the YAML alias \*a is not read .* write the value out"),
+        ("run: {seed: 1\n", r"config.yaml: not valid YAML \(.*line \d+\)"),
+        ("run:\n  project: " + "x" * (1 << 20) + "\n", r"config.yaml has \d+ bytes, over the 1048576"),
+    ],
+    ids=["alias bomb", "malformed YAML", "over 1 MiB"],
+)
 def test_config_files_that_would_blow_up_or_do_not_parse_are_usage_errors(tmp_path, capsys, text, message):
     """A 2 KB YAML alias bomb took 15 s and 1.6 GB to parse; malformed YAML printed a traceback."""
     import re

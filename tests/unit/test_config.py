@@ -6,11 +6,11 @@ import pytest
 
 from coati.distributed.algo import ALGO_MAP, resolve_algorithm
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.trainer.config import ConsumerConfig, PluginConfig
-from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.config.tree import LaunchConfig
-from coati.distributed.rollout.config import ProducerConfig
 from coati.distributed.checks import field_docs
+from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.rollout.config import ProducerConfig
+from coati.distributed.trainer.config import ConsumerConfig, PluginConfig
 from coati.registry import Registry, resolve_callable
 
 BAD = [
@@ -23,7 +23,10 @@ BAD = [
     (lambda: AlgorithmConfig(kl_estimator="k4"), "unknown KL estimator 'k4'; known: k1, k2, k3"),
     (lambda: AlgorithmConfig(dual_clip_c=0.5), "dual_clip_c must be > 1"),
     (lambda: AlgorithmConfig(beta=-1), "beta must be >= 0, got -1"),
-    (lambda: AlgorithmConfig(off_policy_correction="is"), "unknown off-policy correction 'is'; known: none, tis, icepop"),
+    (
+        lambda: AlgorithmConfig(off_policy_correction="is"),
+        "unknown off-policy correction 'is'; known: none, tis, icepop",
+    ),
     (lambda: AlgorithmConfig(tis_cap=None), r"tis_cap must be a number >= 1 \(off: off_policy_correction='none'\)"),
     (lambda: AlgorithmConfig(is_mask_low=1.5), "need 0 < is_mask_low < 1 < is_mask_high, got 1.5 and 2.0"),
     (lambda: ProducerConfig(num_generations=1), "num_generations must be >= 2"),
@@ -86,8 +89,13 @@ def test_configs_are_frozen():
 def test_derived_values():
     cfg = LaunchConfig(
         producer=ProducerConfig(num_producers=2, inference_batch_size=4, inference_microbatch_size=2),
-        consumer=ConsumerConfig(num_consumer_procs=4, train_batch_size=2, train_minibatch_size=1,
-                                train_microbatch_size=4, plugin=PluginConfig(tp_size=2)),  # fmt: skip
+        consumer=ConsumerConfig(
+            num_consumer_procs=4,
+            train_batch_size=2,
+            train_minibatch_size=1,
+            train_microbatch_size=4,
+            plugin=PluginConfig(tp_size=2),
+        ),
     )
     assert cfg.consumer.dp_size == 2
     assert cfg.global_train_batch_size == 4
@@ -149,8 +157,11 @@ def test_model_paths_and_hub_ids_are_told_apart(tmp_path, monkeypatch):
     from coati.distributed.driver.preflight import resolve_model_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and the hub is "
-                                                r"offline \(HF_HUB_OFFLINE=1\)"):  # fmt: skip
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and the hub is "
+        r"offline \(HF_HUB_OFFLINE=1\)",
+    ):
         resolve_model_path("HuggingFaceTB/SmolLM2-135M", "train model")
     with pytest.raises(FileNotFoundError, match=r"'\./models/x' is not a local folder \(nor a hub id"):
         resolve_model_path("./models/x", "train model")
@@ -159,8 +170,11 @@ def test_model_paths_and_hub_ids_are_told_apart(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and fetching it "
-                                                r"from the hub failed: \w+"):  # fmt: skip
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"'HuggingFaceTB/SmolLM2-135M' is not a local folder, and fetching it "
+        r"from the hub failed: \w+",
+    ):
         resolve_model_path("HuggingFaceTB/SmolLM2-135M", "train model")
 
 
@@ -173,8 +187,8 @@ def test_reward_component_weights_must_be_finite_numbers(weight):
 
 
 def test_the_math_reward_refuses_a_gold_answer_that_is_not_an_answer_before_the_run(tmp_path):
-    from coati.distributed.rollout.data import as_row
     from coati.distributed.driver.preflight import check_gold_answers
+    from coati.distributed.rollout.data import as_row
 
     rows = [{"prompt": "p", "gt_answer": "4"}, {"prompt": "q", "gt_answer": 7}]
     check_gold_answers("math", rows, "training set")

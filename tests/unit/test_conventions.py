@@ -7,23 +7,44 @@ from pathlib import Path
 
 import pytest
 
-from coati.distributed.algo import (ADVANTAGE_ESTIMATORS, ALGO_MAP, KL_ESTIMATORS, LOSS_AGGREGATIONS,
-                                   OFF_POLICY_CORRECTIONS, POLICY_LOSSES)
+from coati.distributed.algo import (
+    ADVANTAGE_ESTIMATORS,
+    ALGO_MAP,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    OFF_POLICY_CORRECTIONS,
+    POLICY_LOSSES,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIR = ROOT / "coati" / "distributed" / "algo"
-PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [ROOT / "coati" / "registry.py",
-                                            *(ROOT / "coati" / "distributed" / name for name in (
-                                                "checks.py", "record.py", "guards.py",
-                                                "inference/config.py", "rollout/config.py", "trainer/config.py",
-                                                "reward/config.py", "config/tree.py", "transport/wire_layout.py",
-                                                "driver/rollout_buffer.py", "trainer/step_metrics.py",
-                                                "reward/code_runner.py", "reward/compose.py")),
-                                            *sorted((ROOT / "coati" / "distributed" / "envs").glob("*.py"))]
+PURE_MODULES = sorted(PURE_DIR.glob("*.py")) + [
+    ROOT / "coati" / "registry.py",
+    *(
+        ROOT / "coati" / "distributed" / name
+        for name in (
+            "checks.py",
+            "record.py",
+            "guards.py",
+            "inference/config.py",
+            "rollout/config.py",
+            "trainer/config.py",
+            "reward/config.py",
+            "config/tree.py",
+            "transport/wire_layout.py",
+            "driver/rollout_buffer.py",
+            "trainer/step_metrics.py",
+            "reward/code_runner.py",
+            "reward/compose.py",
+        )
+    ),
+    *sorted((ROOT / "coati" / "distributed" / "envs").glob("*.py")),
+]
 
 
-@pytest.mark.parametrize("registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS,
-                                      OFF_POLICY_CORRECTIONS])
+@pytest.mark.parametrize(
+    "registry", [ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS]
+)
 def test_registered_functions_have_docstrings(registry):
     for name, fn in registry.items():
         assert fn.__doc__ and len(fn.__doc__.strip()) > 20, f"{registry.kind} {name!r} has no docstring"

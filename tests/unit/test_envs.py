@@ -27,8 +27,12 @@ def test_tool_math_runs_the_call_in_the_sandbox_and_scores_the_answer():
     step = env.step("Let me compute. <tool>print(6 * 7)</tool>")
     assert not step.done and step.observation == [{"role": "user", "content": "<output>\n42\n</output>"}]
     assert "Error" in env.step("<tool>1 / 0</tool>").observation[0]["content"]  # the error's last line comes back
-    assert "timed out" in ToolMath({"prompt": "", "gt_answer": "1"}, timeout_s=0.5).step(
-        "<tool>while True: pass</tool>").observation[0]["content"]  # fmt: skip
+    assert (
+        "timed out"
+        in ToolMath({"prompt": "", "gt_answer": "1"}, timeout_s=0.5)
+        .step("<tool>while True: pass</tool>")
+        .observation[0]["content"]
+    )
     assert "<tool>" in env.step("Hmm, let me think.").observation[0]["content"]  # neither: a reminder, no score yet
     done = env.step("So the answer is \\boxed{42}.")
     assert done.done and done.reward == 1.0 and done.answer_ok and done.info["tool_calls"] == 2
@@ -38,12 +42,15 @@ def test_tool_math_runs_the_call_in_the_sandbox_and_scores_the_answer():
         ToolMath({"prompt": "x"})
 
 
-@pytest.mark.parametrize("turn", [
-    "<tool>x = 6 * 7\n#### compute the answer\nprint(x)</tool>",  # a '####' comment inside the code
-    "<tool>print('\\\\boxed{42}')</tool>",  # a box printed by the code is the code's business
-    "<tool>print(6 * 7)</tool> and then \\boxed{}",  # a call beside an empty box
-    "<tool>print(6 * 7)</tool><answer></answer>",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "turn",
+    [
+        "<tool>x = 6 * 7\n#### compute the answer\nprint(x)</tool>",  # a '####' comment inside the code
+        "<tool>print('\\\\boxed{42}')</tool>",  # a box printed by the code is the code's business
+        "<tool>print(6 * 7)</tool> and then \\boxed{}",  # a call beside an empty box
+        "<tool>print(6 * 7)</tool><answer></answer>",
+    ],
+)
 def test_tool_math_ends_an_episode_only_on_a_final_answer_outside_the_tool_call(turn):
     step = ToolMath({"prompt": "6*7?", "gt_answer": "42"}).step(turn)
     assert not step.done and step.observation[0]["content"].startswith("<output>"), step
@@ -117,10 +124,15 @@ def scripted_policy(tokenizer, replies: dict[str, list[str]], limit: int = 10**6
             ids[i, : len(t)] = t
         lengths = np.array([len(t) for t in rows])
         mask = np.arange(r)[None, :] < lengths[:, None]
-        return RolloutBatch(prompt_ids=np.zeros((len(rows), 0), dtype=np.int64),
-                            prompt_mask=np.zeros((len(rows), 0), dtype=bool), response_ids=ids, response_mask=mask,
-                            rollout_logprobs=np.where(mask, -0.5, 0.0).astype(np.float32), response_lengths=lengths,
-                            truncated=np.array([len(t) >= limit for t in rows]))  # fmt: skip
+        return RolloutBatch(
+            prompt_ids=np.zeros((len(rows), 0), dtype=np.int64),
+            prompt_mask=np.zeros((len(rows), 0), dtype=bool),
+            response_ids=ids,
+            response_mask=mask,
+            rollout_logprobs=np.where(mask, -0.5, 0.0).astype(np.float32),
+            response_lengths=lengths,
+            truncated=np.array([len(t) >= limit for t in rows]),
+        )
 
     return generate
 
@@ -148,13 +160,17 @@ def test_a_tool_call_runs_and_its_output_is_in_the_record_but_masked(template):
     batch = episodes_batch([first, second], n=1, pad_id=tok.pad_token_id)
     assert tok.decode(batch.prompt_ids[0][batch.prompt_mask[0]]) == "user: 6*7?\nassistant: "
     assert batch.loss_mask[0, : len(first.ids)].tolist() == first.loss_mask and batch.response_lengths.tolist() == [
-        len(first.ids), len(second.ids)]  # fmt: skip
+        len(first.ids),
+        len(second.ids),
+    ]
     assert batch.rewards.tolist() == [1.0, 1.0] and batch.extras["turns"].tolist() == [2, 1]
     assert batch.extras["tool_calls"].tolist() == [1, 0] and batch.group_ids.tolist() == [0, 1]
     assert not batch.rollout_logprobs[~batch.loss_mask].any() and not batch.token_versions[~batch.loss_mask].any()
     turn_of = batch.turn_index[0, : len(first.ids)]
     assert [tok.decode([first.ids[j] for j in np.flatnonzero(turn_of == k)]) for k in (1, 2)] == [
-        "<tool>print(6*7)</tool><eos>", "\\boxed{42}<eos>"]  # fmt: skip
+        "<tool>print(6*7)</tool><eos>",
+        "\\boxed{42}<eos>",
+    ]
 
 
 def test_environment_faults_fail_only_their_episode(template):
@@ -167,11 +183,14 @@ def test_environment_faults_fail_only_their_episode(template):
     def boom():
         raise RuntimeError("tool server down")
 
-    envs = [Script({"prompt": "raises"}, [boom]), Script({"prompt": "hangs"}, [hang]),
-            Script({"prompt": "malformed"}, [lambda: {"done": True}]),
-            Script({"prompt": "bad observation"}, [EnvStep(observation=[{"role": "user"}])]),
-            Script({"prompt": "talks forever"}, [EnvStep(observation=[{"role": "user", "content": "more"}])] * 9),
-            Script({"prompt": "fine"}, [EnvStep(done=True, reward=1.0, answer_ok=True)])]  # fmt: skip
+    envs = [
+        Script({"prompt": "raises"}, [boom]),
+        Script({"prompt": "hangs"}, [hang]),
+        Script({"prompt": "malformed"}, [lambda: {"done": True}]),
+        Script({"prompt": "bad observation"}, [EnvStep(observation=[{"role": "user"}])]),
+        Script({"prompt": "talks forever"}, [EnvStep(observation=[{"role": "user", "content": "more"}])] * 9),
+        Script({"prompt": "fine"}, [EnvStep(done=True, reward=1.0, answer_ok=True)]),
+    ]
     replies = {e.row["prompt"]: ["ok"] * 9 for e in envs}
     start = time.monotonic()
     eps = run_episodes(scripted_policy(tok, replies), template, envs, max_turns=3, max_tokens=1000, step_timeout_s=0.5)

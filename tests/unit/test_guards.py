@@ -20,8 +20,11 @@ def extras(failing_rows: dict[int, str], rows: int = 16, per_row: int = 4, timeo
 
 def test_any_error_on_the_first_step_stops_the_run_naming_the_first_one():
     step = extras({1: "ZeroDivisionError: division by zero", 5: "KeyError: 'gold'"})
-    with pytest.raises(RewardFailure, match=r"train: reward function f failed on 8 of 64 completions \(on the run's "
-                       r"first step\); first error, dataset row 1: ZeroDivisionError"):  # fmt: skip
+    with pytest.raises(
+        RewardFailure,
+        match=r"train: reward function f failed on 8 of 64 completions \(on the run's "
+        r"first step\); first error, dataset row 1: ZeroDivisionError",
+    ):
         check_reward_failures(step, "f", max_fraction=0.5, first_step=True, where="train")
 
 
@@ -44,8 +47,17 @@ def test_the_engine_trainer_tolerance_follows_the_two_precisions():
     assert gap_tolerance(0.02, "float32", True) == 0.02 and gap_tolerance(0.0, "float32", True) == 0.0
 
 
-@pytest.mark.parametrize("gap, tolerance, stops", [(1e-5, 5e-3, False), (5e-3, 5e-3, False), (6e-3, 5e-3, True),
-                                                   (float("nan"), 5e-3, True), (0.9, 0.0, False), (None, 5e-3, False)])
+@pytest.mark.parametrize(
+    "gap, tolerance, stops",
+    [
+        (1e-5, 5e-3, False),
+        (5e-3, 5e-3, False),
+        (6e-3, 5e-3, True),
+        (float("nan"), 5e-3, True),
+        (0.9, 0.0, False),
+        (None, 5e-3, False),
+    ],
+)
 def test_a_gap_beyond_the_tolerance_stops_the_run_naming_the_step(gap, tolerance, stops):
     from coati.distributed.guards import EngineMismatch, check_engine_trainer_gap
 

@@ -1,4 +1,5 @@
-"""summary.json's account of the training loop: totals and medians over the steps, by hand, and the lines a run prints."""
+"""summary.json's account of the training loop: totals and medians over the steps, by hand, and the lines a run
+prints."""
 
 import math
 
@@ -7,27 +8,68 @@ from coati.distributed.driver.reporting import describe_loop, loop_summary
 
 def history():
     return [
-        {"step": 1, "time/step": 4.0, "time/train": 2.0, "time/rollout_wait": 1.5, "time/weight_push": 0.5,
-         "rollout/drawn_groups": 20, "rollout/dropped_zero_signal_groups": 16, "rollout/skipped_prompts": 3,
-         "rollout/engine_trainer_gap_abs": math.nan, "reward/errors": 0},
-        {"step": 2, "time/step": 6.0, "time/train": 3.0, "time/rollout_wait": 2.5, "time/weight_push": 0.5,
-         "rollout/drawn_groups": 12, "rollout/dropped_zero_signal_groups": 8, "rollout/skipped_prompts": 0,
-         "rollout/stale_dropped_groups": 2, "rollout/engine_trainer_gap_abs": 0.04, "reward/errors": 1},
-        {"step": 3, "time/step": 5.0, "time/train": 4.0, "time/rollout_wait": 0.5, "time/weight_push": 0.5,
-         "rollout/drawn_groups": 4, "rollout/dropped_zero_signal_groups": 0, "rollout/skipped_prompts": 5,
-         "rollout/engine_trainer_gap_abs": 0.02, "reward/errors": 0},
-    ]  # fmt: skip
+        {
+            "step": 1,
+            "time/step": 4.0,
+            "time/train": 2.0,
+            "time/rollout_wait": 1.5,
+            "time/weight_push": 0.5,
+            "rollout/drawn_groups": 20,
+            "rollout/dropped_zero_signal_groups": 16,
+            "rollout/skipped_prompts": 3,
+            "rollout/engine_trainer_gap_abs": math.nan,
+            "reward/errors": 0,
+        },
+        {
+            "step": 2,
+            "time/step": 6.0,
+            "time/train": 3.0,
+            "time/rollout_wait": 2.5,
+            "time/weight_push": 0.5,
+            "rollout/drawn_groups": 12,
+            "rollout/dropped_zero_signal_groups": 8,
+            "rollout/skipped_prompts": 0,
+            "rollout/stale_dropped_groups": 2,
+            "rollout/engine_trainer_gap_abs": 0.04,
+            "reward/errors": 1,
+        },
+        {
+            "step": 3,
+            "time/step": 5.0,
+            "time/train": 4.0,
+            "time/rollout_wait": 0.5,
+            "time/weight_push": 0.5,
+            "rollout/drawn_groups": 4,
+            "rollout/dropped_zero_signal_groups": 0,
+            "rollout/skipped_prompts": 5,
+            "rollout/engine_trainer_gap_abs": 0.02,
+            "reward/errors": 0,
+        },
+    ]
 
 
 def test_totals_sum_the_steps_and_medians_skip_what_a_step_did_not_measure():
     loop = loop_summary(history())
     assert loop["steps"] == 3
-    assert loop["totals"] == {"loop_s": 15.0, "train_s": 9.0, "rollout_wait_s": 4.5, "weight_push_s": 1.5,
-                              "groups_drawn": 36, "groups_dropped_no_signal": 24, "groups_dropped_stale": 2,
-                              "prompts_skipped": 8, "reward_errors": 1}  # fmt: skip
+    assert loop["totals"] == {
+        "loop_s": 15.0,
+        "train_s": 9.0,
+        "rollout_wait_s": 4.5,
+        "weight_push_s": 1.5,
+        "groups_drawn": 36,
+        "groups_dropped_no_signal": 24,
+        "groups_dropped_stale": 2,
+        "prompts_skipped": 8,
+        "reward_errors": 1,
+    }
     # The NaN gap of step 1 is left out (median of 0.04 and 0.02); unmeasured metrics (weights/paused_s) are absent.
-    assert loop["medians"] == {"step_s": 5.0, "train_s": 3.0, "rollout_wait_s": 1.5, "weight_push_s": 0.5,
-                               "engine_trainer_gap_abs": 0.03}  # fmt: skip
+    assert loop["medians"] == {
+        "step_s": 5.0,
+        "train_s": 3.0,
+        "rollout_wait_s": 1.5,
+        "weight_push_s": 0.5,
+        "engine_trainer_gap_abs": 0.03,
+    }
 
 
 def test_the_printed_lines_name_only_what_was_measured():

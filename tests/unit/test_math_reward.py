@@ -130,12 +130,43 @@ def test_missing_gold_is_a_data_error_not_a_string(gold):
 
 # ---- what a careful grader gives: the final answer, read as a value -------------------------------------------------
 
-RELATIONS = ["43 \\mid 42", "43 \\nmid 42", "43 \\subset 42", "43 \\subseteq 42", "43 \\supset 42", "43 \\in 42",
-             "43 \\ni 42", "43 \\prec 42", "43 \\succ 42", "43 \\perp 42", "43 \\parallel 42", "43 \\models 42",
-             "43 \\vdash 42", "43 \\asymp 42", "43 \\doteq 42", "43 \\lessgtr 42", "43 \\ll 42", "43 \\gg 42",
-             "43 \\nless 42", "43 \\sqsubset 42", "43 := 42", "43 == 42", "43 ∣ 42", "43 ⊂ 42", "43 ≡ 42", "43 ≺ 42",
-             "43 ⊢ 42", "43 : 42", "43 | 42", "\\pm 42", "42 \\text{ or } 43", "43 \\text{ and } 42",
-             "\\text{either } 43 \\text{ or } 42", "43 \\;\\text{vs}\\; 42", "\\neg 43, 42"]  # fmt: skip
+RELATIONS = [
+    "43 \\mid 42",
+    "43 \\nmid 42",
+    "43 \\subset 42",
+    "43 \\subseteq 42",
+    "43 \\supset 42",
+    "43 \\in 42",
+    "43 \\ni 42",
+    "43 \\prec 42",
+    "43 \\succ 42",
+    "43 \\perp 42",
+    "43 \\parallel 42",
+    "43 \\models 42",
+    "43 \\vdash 42",
+    "43 \\asymp 42",
+    "43 \\doteq 42",
+    "43 \\lessgtr 42",
+    "43 \\ll 42",
+    "43 \\gg 42",
+    "43 \\nless 42",
+    "43 \\sqsubset 42",
+    "43 := 42",
+    "43 == 42",
+    "43 ∣ 42",
+    "43 ⊂ 42",
+    "43 ≡ 42",
+    "43 ≺ 42",
+    "43 ⊢ 42",
+    "43 : 42",
+    "43 | 42",
+    "\\pm 42",
+    "42 \\text{ or } 43",
+    "43 \\text{ and } 42",
+    "\\text{either } 43 \\text{ or } 42",
+    "43 \\;\\text{vs}\\; 42",
+    "\\neg 43, 42",
+]
 
 
 @pytest.mark.parametrize("answer", RELATIONS)
@@ -145,58 +176,123 @@ def test_relations_and_alternatives_of_every_form_match_nothing(answer):
         assert r.reward == 0.0 and not r.answer_ok, (completion, r)
 
 
-@pytest.mark.parametrize("text, gold", [
-    ("The answer is 2^{10}.", "10"), ("so it is 2^10", "10"), ("x_{10} is the term", "10"), ("so 3^ {2}", "2"),
-    ("−42", "42"), ("The answer: \u221242.", "42"), ("Answer: 41 or 42", "42"), ("either 41 or 42", "42"),
-    ("between 40 and 42", "42"), ("not 41, not 42", "42"), ("it is 4200%", "4200"), ("it is 42 percent", "42"),
-    ("42\\% of them", "42"), ("0x2A", "42"), ("0x2", "2"), ("0b101", "101"), ("the 42nd one", "42"),
-    ("the 2nd", "2"), ("10^2 apples", "10"), ("x < 42", "42"), ("x \\leq 42", "42"), ("42!", "42"),
-    ("42/7", "42"), ("6 \\times 7", "7"), ("call 555-1234", "1234"), ("v2", "2"), ("1.2.3", "3"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, gold",
+    [
+        ("The answer is 2^{10}.", "10"),
+        ("so it is 2^10", "10"),
+        ("x_{10} is the term", "10"),
+        ("so 3^ {2}", "2"),
+        ("−42", "42"),
+        ("The answer: \u221242.", "42"),
+        ("Answer: 41 or 42", "42"),
+        ("either 41 or 42", "42"),
+        ("between 40 and 42", "42"),
+        ("not 41, not 42", "42"),
+        ("it is 4200%", "4200"),
+        ("it is 42 percent", "42"),
+        ("42\\% of them", "42"),
+        ("0x2A", "42"),
+        ("0x2", "2"),
+        ("0b101", "101"),
+        ("the 42nd one", "42"),
+        ("the 2nd", "2"),
+        ("10^2 apples", "10"),
+        ("x < 42", "42"),
+        ("x \\leq 42", "42"),
+        ("42!", "42"),
+        ("42/7", "42"),
+        ("6 \\times 7", "7"),
+        ("call 555-1234", "1234"),
+        ("v2", "2"),
+        ("1.2.3", "3"),
+    ],
+)
 def test_the_lenient_score_reads_a_final_answer_not_any_last_number(text, gold):
     [r] = math_reward([text], gt_answer=[gold])
     assert r.reward == 0.0 and not r.info["lenient_ok"], (text, r)
 
 
-@pytest.mark.parametrize("text, gold", [
-    ("−42", "-42"), ("the answer is \u221242.", "\u221242"), ("So the total is 42 apples.", "42"),
-    ("3 + 4 = 7", "7"), ("x = -3", "-3"), ("it is 1,000.", "1000"), ("it is 1\u2009000", "1000"), ("**42**", "42"),
-    ("$42$", "42"), ("\\(42\\)", "42"), ("it is ４２", "42"), ("it is ٤٢", "42"), ("we get 0.5", "1/2"),
-    ("4200%", "4200\\%"), ("so 3/4", "3/4"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, gold",
+    [
+        ("−42", "-42"),
+        ("the answer is \u221242.", "\u221242"),
+        ("So the total is 42 apples.", "42"),
+        ("3 + 4 = 7", "7"),
+        ("x = -3", "-3"),
+        ("it is 1,000.", "1000"),
+        ("it is 1\u2009000", "1000"),
+        ("**42**", "42"),
+        ("$42$", "42"),
+        ("\\(42\\)", "42"),
+        ("it is ４２", "42"),
+        ("it is ٤٢", "42"),
+        ("we get 0.5", "1/2"),
+        ("4200%", "4200\\%"),
+        ("so 3/4", "3/4"),
+    ],
+)
 def test_the_lenient_score_reads_a_final_answer_in_its_plain_forms(text, gold):
     [r] = math_reward([text], gt_answer=[gold])
     assert r.reward == 1.0 and r.info["lenient_ok"], (text, r)
 
 
-@pytest.mark.parametrize("answer, gold", [
-    ("4.2e1", "42"), ("4.2E+1", "42"), ("-1.5e-3", "-0.0015"), ("1\\,000", "1000"), ("1{,}000", "1000"),
-    ("1\\ 000\\ 000", "1000000"), ("1\u202f000", "1000"), ("１２３", "123"), ("٤٢", "42"), ("४२", "42"),
-    ("\u221242", "-42"), ("-42", "\u221242"), ("\\frac{84}{2}", "42"), ("x = 42", "42"), ("x \\in (0, 1]", "(0,1]"),
-    ("42 \\text{ apples}", "42"), ("\\sqrt{2}\\pi", "\\pi\\sqrt{2}"), ("|-42|", "42"), ("\\pm 3", "\\pm 3"),
-    ("4.2 \\times 10^{1}", "42"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ("4.2e1", "42"),
+        ("4.2E+1", "42"),
+        ("-1.5e-3", "-0.0015"),
+        ("1\\,000", "1000"),
+        ("1{,}000", "1000"),
+        ("1\\ 000\\ 000", "1000000"),
+        ("1\u202f000", "1000"),
+        ("１２３", "123"),
+        ("٤٢", "42"),
+        ("४२", "42"),
+        ("\u221242", "-42"),
+        ("-42", "\u221242"),
+        ("\\frac{84}{2}", "42"),
+        ("x = 42", "42"),
+        ("x \\in (0, 1]", "(0,1]"),
+        ("42 \\text{ apples}", "42"),
+        ("\\sqrt{2}\\pi", "\\pi\\sqrt{2}"),
+        ("|-42|", "42"),
+        ("\\pm 3", "\\pm 3"),
+        ("4.2 \\times 10^{1}", "42"),
+    ],
+)
 def test_right_answers_in_other_notations_and_scripts_match(answer, gold):
     [r] = math_reward([f"\\boxed{{{answer}}}"], gt_answer=[gold])
     assert r.reward == 1.0 and r.answer_ok, (answer, gold, r)
 
 
-@pytest.mark.parametrize("completion", [
-    "<answer>\\boxed{43} \\boxed{42}</answer>",  # every box inside a tag counts
-    "<answer>\\boxed{42} then \\boxed{43}</answer>",
-    "\\boxed{43}\n<answer>42</answer>",  # a tag does not hide a contradicting box
-    "<answer>42</answer> and finally \\boxed{43}",
-    "#### 43\n<answer>42</answer>", "\\boxed{42}\n#### 43",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<answer>\\boxed{43} \\boxed{42}</answer>",  # every box inside a tag counts
+        "<answer>\\boxed{42} then \\boxed{43}</answer>",
+        "\\boxed{43}\n<answer>42</answer>",  # a tag does not hide a contradicting box
+        "<answer>42</answer> and finally \\boxed{43}",
+        "#### 43\n<answer>42</answer>",
+        "\\boxed{42}\n#### 43",
+    ],
+)
 def test_every_final_answer_counts_and_contradictions_match_nothing(completion):
     [r] = math_reward([completion], gt_answer=["42"])
     assert r.reward == 0.0 and not r.answer_ok, (completion, r)
 
 
-@pytest.mark.parametrize("completion", [
-    "<answer>\\boxed{42} \\boxed{42}</answer>", "\\boxed{42}\n<answer>42</answer>", "<think>\\boxed{43}</think>\\boxed{42}",
-    "\\boxed{42}\n#### 42",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<answer>\\boxed{42} \\boxed{42}</answer>",
+        "\\boxed{42}\n<answer>42</answer>",
+        "<think>\\boxed{43}</think>\\boxed{42}",
+        "\\boxed{42}\n#### 42",
+    ],
+)
 def test_consistent_final_answers_across_formats_still_match(completion):
     [r] = math_reward([completion], gt_answer=["42"])
     assert r.reward == 1.0 and r.answer_ok, (completion, r)
@@ -214,12 +310,24 @@ def test_gold_answers_as_numbers_are_compared_as_values(gold):
     assert r.reward == 1.0
 
 
-@pytest.mark.parametrize("answer, costly", [
-    ("9^{9^{9}}", True), ("9^9^9", True), ("2**3**4", True), ("9^{ 9^{9} }", True), ("2^(3^4)", True),
-    ("10^{100001}", True), ("100001!", True),
-    ("2^{10}", False), ("10^{100000}", False), ("x^2 + 3", False), ("(2^3)^2", False), ("5!", False),
-    ("e^{i\\pi}", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer, costly",
+    [
+        ("9^{9^{9}}", True),
+        ("9^9^9", True),
+        ("2**3**4", True),
+        ("9^{ 9^{9} }", True),
+        ("2^(3^4)", True),
+        ("10^{100001}", True),
+        ("100001!", True),
+        ("2^{10}", False),
+        ("10^{100000}", False),
+        ("x^2 + 3", False),
+        ("(2^3)^2", False),
+        ("5!", False),
+        ("e^{i\\pi}", False),
+    ],
+)
 def test_answers_whose_evaluation_has_no_bound_are_compared_as_text(answer, costly):
     from coati.distributed.reward.math_reward import answers_match, too_costly
 
@@ -245,16 +353,19 @@ def test_a_tower_of_powers_as_a_final_answer_does_not_freeze_the_scorer():
     assert out.returncode == 0 and out.stdout.split() == ["True", "0.0"], (out.stdout, out.stderr[-800:])
 
 
-@pytest.mark.parametrize("text, ok, format_ok", [
-    ("<think>2+2</think><answer>4</answer>", True, True),
-    ("<think>2+2</think>\n<answer>\\boxed{4}</answer>", True, True),
-    ("<think>2+2</think><answer>5</answer>", False, True),
-    ("<answer>4</answer>", False, False),  # no think block
-    ("<think>a</think><think>b</think><answer>4</answer>", False, False),  # a tag twice
-    ("<answer>4</answer><think>a</think>", False, False),  # out of order
-    ("<think>a</think><answer>4</answer><answer>4</answer>", False, False),
-    ("<think>a</think> the answer is 4", False, False),  # no answer tag: nothing lenient here
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, ok, format_ok",
+    [
+        ("<think>2+2</think><answer>4</answer>", True, True),
+        ("<think>2+2</think>\n<answer>\\boxed{4}</answer>", True, True),
+        ("<think>2+2</think><answer>5</answer>", False, True),
+        ("<answer>4</answer>", False, False),  # no think block
+        ("<think>a</think><think>b</think><answer>4</answer>", False, False),  # a tag twice
+        ("<answer>4</answer><think>a</think>", False, False),  # out of order
+        ("<think>a</think><answer>4</answer><answer>4</answer>", False, False),
+        ("<think>a</think> the answer is 4", False, False),  # no answer tag: nothing lenient here
+    ],
+)
 def test_think_answer_tags_is_strict_about_its_format(text, ok, format_ok):
     from coati.distributed.reward.math_reward import think_answer_tags
 
@@ -269,9 +380,17 @@ def test_think_answer_tags_follows_the_run_s_tags():
     assert think_answer_tags(["<answer>4</answer>"], ["4"], tags=tags)[0].reward == 1.0
 
 
-@pytest.mark.parametrize("text, ok", [("so \\boxed{4}", True), ("\\boxed{4} or \\boxed{5}", False), ("4", False),
-                                      ("<answer>\\boxed{4}</answer>", True), ("\\boxed{5}", False),
-                                      ("<answer>4</answer>", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("so \\boxed{4}", True),
+        ("\\boxed{4} or \\boxed{5}", False),
+        ("4", False),
+        ("<answer>\\boxed{4}</answer>", True),
+        ("\\boxed{5}", False),
+        ("<answer>4</answer>", False),
+    ],
+)
 def test_boxed_needs_its_answer_in_a_box(text, ok):
     from coati.distributed.reward.math_reward import boxed
 

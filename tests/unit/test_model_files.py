@@ -5,8 +5,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from coati.distributed.model_files import (CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count,
-                                           read_safetensors_header, run_disk_bytes)  # fmt: skip
+from coati.distributed.model_files import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    checkpoint_bytes,
+    parameter_count,
+    read_safetensors_header,
+    run_disk_bytes,
+)
 
 
 def model_bytes(folder) -> int:
@@ -16,8 +21,15 @@ def model_bytes(folder) -> int:
 def bf16_model(folder):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder)
     return model

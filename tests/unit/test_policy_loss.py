@@ -5,10 +5,16 @@ import math
 import pytest
 import torch
 
-from coati.distributed.algo import (KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, LossInput, LossNorm,
-                                   compute_policy_loss)
-from coati.distributed.algo.shaping import mask_truncated, overlong_penalty
+from coati.distributed.algo import (
+    KL_ESTIMATORS,
+    OFF_POLICY_CORRECTIONS,
+    POLICY_LOSSES,
+    LossInput,
+    LossNorm,
+    compute_policy_loss,
+)
 from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.algo.shaping import mask_truncated, overlong_penalty
 
 
 def make_input(ratios, advantages, mask=None):
@@ -196,9 +202,13 @@ def test_decoupled_objective_clips_against_the_proximal_policy_and_weights_by_th
     moved to 0.6. The clip sees pi_theta / pi_prox = 1.2 (inside 0.8..1.28); the weight is pi_prox / mu = 2."""
     cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28, off_policy_correction="tis", tis_cap=4.0)
     logprobs = torch.tensor([[math.log(0.6)]], dtype=torch.float64, requires_grad=True)
-    inp = LossInput(logprobs=logprobs, old_logprobs=torch.tensor([[math.log(0.5)]], dtype=torch.float64),
-                    advantages=torch.ones(1, 1, dtype=torch.float64), mask=torch.ones(1, 1, dtype=torch.float64),
-                    rollout_logprobs=torch.tensor([[math.log(0.25)]], dtype=torch.float64))  # fmt: skip
+    inp = LossInput(
+        logprobs=logprobs,
+        old_logprobs=torch.tensor([[math.log(0.5)]], dtype=torch.float64),
+        advantages=torch.ones(1, 1, dtype=torch.float64),
+        mask=torch.ones(1, 1, dtype=torch.float64),
+        rollout_logprobs=torch.tensor([[math.log(0.25)]], dtype=torch.float64),
+    )
     loss, metrics = compute_policy_loss(inp, cfg, LossNorm.from_mask(inp.mask, 1))
     assert loss.item() == pytest.approx(-1.2 * 2.0)
     assert metrics["loss/clipfrac"].item() == 0 and metrics["loss/is_weight_mean"].item() == pytest.approx(2.0)

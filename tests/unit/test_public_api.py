@@ -24,6 +24,8 @@ def test_public_names_import_from_their_documented_paths():
 
 def test_importing_the_package_loads_no_role_folder():
     """``import coati.distributed`` stays light: its public names load when first used."""
-    code = ("import sys, coati.distributed; "
-            "assert not [m for m in sys.modules if m.startswith('coati.distributed.')], sorted(sys.modules)")  # fmt: skip
+    code = (
+        "import sys, coati.distributed; "
+        "assert not [m for m in sys.modules if m.startswith('coati.distributed.')], sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from coati.distributed.driver.checkpoint import load_driver_state, save_driver_state
-
 from coati.distributed.reward.compose import RunningNorm, combine, normalize, normalize_per_group
 
 

@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from coati.distributed.record import batch_from_responses
 from coati.distributed.driver.rollout_buffer import RolloutBuffer
+from coati.distributed.record import batch_from_responses
 
 G = 4  # completions per group
 _ids = itertools.count()
@@ -59,7 +59,9 @@ def test_take_is_oldest_first_whole_groups_and_within_the_bound():
     buf.admit(draw(mixed(2), version=2), for_step=4)
     batch = buf.take(trained_version=3)
     assert batch.policy_version.tolist() == [2] * 8
-    assert len(np.unique(batch.group_ids)) == 2 and all((batch.group_ids == g).sum() == G for g in np.unique(batch.group_ids))
+    assert len(np.unique(batch.group_ids)) == 2 and all(
+        (batch.group_ids == g).sum() == G for g in np.unique(batch.group_ids)
+    )
     assert buf.groups() == 2
 
 

@@ -4,22 +4,37 @@ themselves are in tests/component/test_engines_gpu.py (GPU-marked)."""
 
 import pytest
 
-from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference import sglang_backend
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.sglang_backend import SGLangBackend, logprobs_valid, sampling_params
 from coati.models import build_tiny_model
 
 
 def test_sampling_params_follow_the_generation_config():
     g = GenerationConfig(temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=12, stop_strings=("</answer>",))
-    assert sampling_params(g, greedy=False) == {"temperature": 0.7, "top_k": -1, "top_p": 1.0, "max_new_tokens": 12,
-                                                "stop": ["</answer>"]}  # fmt: skip
+    assert sampling_params(g, greedy=False) == {
+        "temperature": 0.7,
+        "top_k": -1,
+        "top_p": 1.0,
+        "max_new_tokens": 12,
+        "stop": ["</answer>"],
+    }
     g = GenerationConfig(temperature=1.2, top_k=5, top_p=0.9, max_new_tokens=3)
-    assert sampling_params(g, greedy=False) == {"temperature": 1.2, "top_k": 5, "top_p": 0.9, "max_new_tokens": 3,
-                                                "stop": None}  # fmt: skip
+    assert sampling_params(g, greedy=False) == {
+        "temperature": 1.2,
+        "top_k": 5,
+        "top_p": 0.9,
+        "max_new_tokens": 3,
+        "stop": None,
+    }
     # Greedy ignores the sampling knobs (SGLang runs temperature 0 as top-k 1).
-    assert sampling_params(g, greedy=True) == {"temperature": 0.0, "top_k": -1, "top_p": 1.0, "max_new_tokens": 3,
-                                               "stop": None}  # fmt: skip
+    assert sampling_params(g, greedy=True) == {
+        "temperature": 0.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "max_new_tokens": 3,
+        "stop": None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -52,9 +67,19 @@ def test_launch_options_and_engine_arguments(tmp_path):
     path = build_tiny_model(tmp_path / "m")
     g = GenerationConfig(max_prompt_tokens=100, max_new_tokens=28)
     kwargs = SGLangBackend.engine_kwargs(str(path), {"mem_fraction_static": 0.3, "seed": 7}, 2, True, g)
-    assert kwargs == {"model_path": str(path), "tp_size": 2, "mem_fraction_static": 0.3, "dtype": "float32",
-                      "random_seed": 7, "enable_memory_saver": True, "context_length": 128,
-                      "log_level": "error"}  # fmt: skip
+    assert kwargs == {
+        "model_path": str(path),
+        "tp_size": 2,
+        "mem_fraction_static": 0.3,
+        "dtype": "float32",
+        "random_seed": 7,
+        "enable_memory_saver": True,
+        "context_length": 128,
+        "log_level": "error",
+    }
     # The checkpoint's dtype, not SGLang's "auto" (which would run a float32 checkpoint in float16); a user's wins.
     assert SGLangBackend.engine_kwargs(str(path), {"dtype": "bfloat16"}, 1, False, g)["dtype"] == "bfloat16"
-    assert SGLangBackend.engine_kwargs(str(path), {}, 1, False, g)["mem_fraction_static"] == sglang_backend.DEFAULT_MEM_FRACTION
+    assert (
+        SGLangBackend.engine_kwargs(str(path), {}, 1, False, g)["mem_fraction_static"]
+        == sglang_backend.DEFAULT_MEM_FRACTION
+    )

@@ -62,8 +62,14 @@ def test_a_lend_is_taken_up_at_the_next_layer_forward_and_backward():
     model.layers[0].register_forward_hook(lambda *_: lease.lend(2, 7))
     with lease.running(7, 1):
         model(torch.randn(2, 4, requires_grad=True)).sum().backward()
-    assert log == [(0, "forward", 1), (1, "forward", 2), (2, "forward", 2),
-                   (2, "backward", 2), (1, "backward", 2), (0, "backward", 2)]  # fmt: skip
+    assert log == [
+        (0, "forward", 1),
+        (1, "forward", 2),
+        (2, "forward", 2),
+        (2, "backward", 2),
+        (1, "backward", 2),
+        (0, "backward", 2),
+    ]
     assert lease.used == 2 and torch.get_num_threads() == 1  # given back at the call's end
 
 
@@ -117,8 +123,14 @@ def test_cores_sets_the_calling_threads_count_inside_only():
 
 
 def test_a_transformers_model_has_its_decoder_layers_followed():
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
-                         num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     model, lease = LlamaForCausalLM(config), ThreadLease(1)
     assert lease.follow_layers(model) == 3
     model.model.layers[0].register_forward_hook(lambda *_: lease.lend(2, 1))

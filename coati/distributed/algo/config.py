@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coati.distributed.checks import finite, positive, require
+from coati.distributed.checks import require
 
 SIGNALS = ("task_reward", "reward")
 """what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
@@ -82,29 +82,42 @@ class AlgorithmConfig:
         require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
         from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 
-        require(self.off_policy_correction in OFF_POLICY_CORRECTIONS,
-                f"unknown off-policy correction {self.off_policy_correction!r}; known: "
-                f"{', '.join(OFF_POLICY_CORRECTIONS.names())}")  # fmt: skip
-        require(isinstance(self.tis_cap, (int, float)) and self.tis_cap >= 1,
-                f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}")  # fmt: skip
-        require(0 < self.is_mask_low < 1 < self.is_mask_high,
-                f"need 0 < is_mask_low < 1 < is_mask_high, got {self.is_mask_low} and {self.is_mask_high}")  # fmt: skip
+        require(
+            self.off_policy_correction in OFF_POLICY_CORRECTIONS,
+            f"unknown off-policy correction {self.off_policy_correction!r}; known: "
+            f"{', '.join(OFF_POLICY_CORRECTIONS.names())}",
+        )
+        require(
+            isinstance(self.tis_cap, (int, float)) and self.tis_cap >= 1,
+            f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}",
+        )
+        require(
+            0 < self.is_mask_low < 1 < self.is_mask_high,
+            f"need 0 < is_mask_low < 1 < is_mask_high, got {self.is_mask_low} and {self.is_mask_high}",
+        )
         require(
             0 <= self.overlong_buffer_ratio < 1,
             f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
         )
         require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
-        require(isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
-                f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}")  # fmt: skip
-        require(not self.skip_no_signal_after or self.dynamic_sampling,
-                f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
-                "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0")  # fmt: skip
-        require(isinstance(self.dynamic_sampling_max_draws, int) and self.dynamic_sampling_max_draws >= 1,
-                f"dynamic_sampling_max_draws must be an integer >= 1, got {self.dynamic_sampling_max_draws!r}")  # fmt: skip
+        require(
+            isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
+            f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}",
+        )
+        require(
+            not self.skip_no_signal_after or self.dynamic_sampling,
+            f"skip_no_signal_after={self.skip_no_signal_after} skips prompts whose groups dynamic sampling would "
+            "drop, but dynamic_sampling is off; turn it on (DAPO) or set skip_no_signal_after=0",
+        )
+        require(
+            isinstance(self.dynamic_sampling_max_draws, int) and self.dynamic_sampling_max_draws >= 1,
+            f"dynamic_sampling_max_draws must be an integer >= 1, got {self.dynamic_sampling_max_draws!r}",
+        )
         require(0 < self.skip_recheck <= 1, f"skip_recheck must be in (0, 1], got {self.skip_recheck}")
-        require(self.dynamic_sampling_signal in SIGNALS,
-                f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}")
+        require(
+            self.dynamic_sampling_signal in SIGNALS,
+            f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}",
+        )
 
     def overlong_buffer_len(self, max_new_tokens: int) -> int:
         return int(round(self.overlong_buffer_ratio * max_new_tokens))
-

@@ -9,8 +9,8 @@ optimization"; as AReaL uses it for asynchronous RL):
 - pi_theta, being trained. The policy loss clips the ratio pi_theta / pi_prox, never against mu, so a stale row does
   not make the clip range meaningless; the correction below reweights each token's loss by rho = pi_prox / mu.
 
-``fn(old_logprobs, rollout_logprobs, mask, cfg) -> (weight [B, T], metrics)``; the weight has no gradient. All log-ratios
-are clamped to +-20 before they are exponentiated.
+``fn(old_logprobs, rollout_logprobs, mask, cfg) -> (weight [B, T], metrics)``; the weight has no gradient. All
+log-ratios are clamped to +-20 before they are exponentiated.
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ def log_rho(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor) -> torch
 
 
 def _metrics(rho: torch.Tensor, weight: torch.Tensor, changed: torch.Tensor, mask: torch.Tensor) -> dict:
-    return {"loss/is_weight_mean": _masked_mean(weight, mask), "loss/is_weight_max": _masked_max(weight, mask),
-            "loss/is_ratio_max": _masked_max(rho, mask),
-            "loss/is_corrected_frac": _masked_mean(changed.to(mask.dtype), mask)}  # fmt: skip
+    return {
+        "loss/is_weight_mean": _masked_mean(weight, mask),
+        "loss/is_weight_max": _masked_max(weight, mask),
+        "loss/is_ratio_max": _masked_max(rho, mask),
+        "loss/is_corrected_frac": _masked_mean(changed.to(mask.dtype), mask),
+    }
 
 
 @OFF_POLICY_CORRECTIONS.register("none")

@@ -32,8 +32,13 @@ LOGIT_BLOCK = 64
 """positions per block in ``logprobs_and_entropy`` (a float32 block of a 50k vocabulary is ~13 MB, cache-sized)"""
 
 
-def logprobs_and_entropy(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0,
-                         with_entropy: bool = False, block: int = LOGIT_BLOCK):  # fmt: skip
+def logprobs_and_entropy(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    block: int = LOGIT_BLOCK,
+):
     """(``token_logprobs``, ``entropy_from_logits`` of the detached logits, or None): logits [B, T, V] (any float
     dtype; computed in float32), token_ids [B, T] -> [B, T] float32 each. Equal to the two functions up to float
     rounding, gradients included (a custom backward: d log p_y / d z = (onehot_y - softmax(z / temperature)) /

@@ -18,9 +18,9 @@ import typing
 from pathlib import Path
 
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.trainer.config import PluginConfig
 from coati.distributed.checks import field_docs
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
+from coati.distributed.trainer.config import PluginConfig
 
 PREFIXED = {"model", "data", "reward"}
 """sections whose flags carry the section name (their field names alone would be unclear)"""
@@ -94,18 +94,34 @@ class Flag:
 
 def flags() -> list[Flag]:
     """Every field of the tree as a flag."""
-    out = [_flag("algo", Config, "algo", None),
-           Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)"),
-           Flag(WEIGHTS, ("--reward-weights",), float, True, None,
-                "weights of the reward functions given to --reward-fn, in order (default: 1 each); sets the reward's "
-                "components, as TRL's reward_weights")]  # fmt: skip
+    out = [
+        _flag("algo", Config, "algo", None),
+        Flag("config", ("--config",), str, True, None, "a YAML or JSON file of config sections (flags override it)"),
+        Flag(
+            WEIGHTS,
+            ("--reward-weights",),
+            float,
+            True,
+            None,
+            "weights of the reward functions given to --reward-fn, in order (default: 1 each); sets the reward's "
+            "components, as TRL's reward_weights",
+        ),
+    ]
     for section, cls in SECTIONS.items():
         out += _section_flags(section, cls, section in PREFIXED)
     docs = field_docs(AlgorithmConfig)
     for f in dataclasses.fields(AlgorithmConfig):
         kind, _ = _kind(f.type)
-        out.append(Flag(f"algorithm.{f.name}", _names(f"algorithm.{f.name}", f.name), kind, True, None,
-                        f"{docs[f.name]} (default: the preset's)"))  # fmt: skip
+        out.append(
+            Flag(
+                f"algorithm.{f.name}",
+                _names(f"algorithm.{f.name}", f.name),
+                kind,
+                True,
+                None,
+                f"{docs[f.name]} (default: the preset's)",
+            )
+        )
     return out
 
 
@@ -130,8 +146,11 @@ def _flag(key: str, cls, name: str, prefix: str | None) -> Flag:
 def _names(key: str, field_name: str | None, long: str | None = None) -> tuple[str, ...]:
     long = long or f"--{field_name.replace('_', '-')}"
     aliases = ALIASES.get(key, ())
-    return tuple(dict.fromkeys([*[a for a in aliases if not a.startswith("--")], long,
-                                *[a for a in aliases if a.startswith("--")]]))  # fmt: skip
+    return tuple(
+        dict.fromkeys(
+            [*[a for a in aliases if not a.startswith("--")], long, *[a for a in aliases if a.startswith("--")]]
+        )
+    )
 
 
 def _kind(annotation) -> tuple[type, bool]:
@@ -160,38 +179,51 @@ def _parse(kind: type, flag: str):
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
-                raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at character {e.pos}) in {text!r}; write "
-                                                 f"an object, e.g. {flag} '{{\"key\": true}}'") from None  # fmt: skip
+                raise argparse.ArgumentTypeError(
+                    f"not valid JSON ({e.msg} at character {e.pos}) in {text!r}; write "
+                    f"an object, e.g. {flag} '{{\"key\": true}}'"
+                ) from None
             if not isinstance(value, dict):
-                raise argparse.ArgumentTypeError(f"must be a JSON object ({{...}}), got a {type(value).__name__}: {text!r}")
+                raise argparse.ArgumentTypeError(
+                    f"must be a JSON object ({{...}}), got a {type(value).__name__}: {text!r}"
+                )
             return value
         if kind in (int, float):
             try:
                 return kind(text)
             except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+                ) from None
         return text
 
     return parse
 
 
 def build_parser(description: str = "") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     argument_default=argparse.SUPPRESS)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in flags():
         section = f.key.split(".")[0] if "." in f.key else "run"
         group = groups.setdefault(section, parser.add_argument_group(section))
-        default = ("" if f.key.startswith("algorithm.") or f.key in ("config", WEIGHTS)
-                   else f" (default: {_show(f.default)})")  # fmt: skip
+        default = (
+            "" if f.key.startswith("algorithm.") or f.key in ("config", WEIGHTS) else f" (default: {_show(f.default)})"
+        )
         if f.key == "reward.fn":
-            help_text = (f.help + "; several, each a further reward function among the components (TRL's list of "
-                         "reward functions, weighted by --reward-weights)" + default).replace("%", "%%")  # fmt: skip
+            help_text = (
+                f.help + "; several, each a further reward function among the components (TRL's list of "
+                "reward functions, weighted by --reward-weights)" + default
+            ).replace("%", "%%")
             group.add_argument(*f.names, dest=f.key, nargs="+", help=help_text, metavar="FN")
             continue
         if f.key == WEIGHTS:
-            group.add_argument(*f.names, dest=f.key, nargs="+", type=_parse(float, f.names[-1]), help=f.help,
-                               metavar="W")  # fmt: skip
+            group.add_argument(
+                *f.names, dest=f.key, nargs="+", type=_parse(float, f.names[-1]), help=f.help, metavar="W"
+            )
             continue
         help_text = (f.help + default).replace("%", "%%")
         if f.kind is bool:
@@ -237,9 +269,11 @@ def load_file(path: str) -> dict:
             def compose_node(self, parent, index):
                 if self.check_event(yaml.AliasEvent):
                     event = self.peek_event()
-                    raise ValueError(f"config file {path}, line {event.start_mark.line + 1}: the YAML alias "
-                                     f"*{event.anchor} is not read (aliases can nest into a tree of any size); "
-                                     "write the value out")  # fmt: skip
+                    raise ValueError(
+                        f"config file {path}, line {event.start_mark.line + 1}: the YAML alias "
+                        f"*{event.anchor} is not read (aliases can nest into a tree of any size); "
+                        "write the value out"
+                    )
                 return super().compose_node(parent, index)
 
         try:
@@ -253,7 +287,9 @@ def load_file(path: str) -> dict:
         try:
             tree = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"config file {path}: not valid JSON ({e.msg}, line {e.lineno}); YAML files end in .yaml") from None
+            raise ValueError(
+                f"config file {path}: not valid JSON ({e.msg}, line {e.lineno}); YAML files end in .yaml"
+            ) from None
     if not isinstance(tree, dict):
         raise ValueError(f"config file {path} must hold a mapping of config sections, got {type(tree).__name__}")
     return tree
@@ -265,19 +301,25 @@ def _reward_functions(given: dict) -> None:
     fns, weights = given.pop("reward.fn", None), given.pop(WEIGHTS, None)
     if fns is None:
         if weights is not None:
-            raise ValueError(f"--reward-weights {' '.join(map(str, weights))} weighs the functions given to "
-                             "--reward-fn, but none were given; name them, e.g. --reward-fn math my_rewards:fmt")
+            raise ValueError(
+                f"--reward-weights {' '.join(map(str, weights))} weighs the functions given to "
+                "--reward-fn, but none were given; name them, e.g. --reward-fn math my_rewards:fmt"
+            )
         return
     given["reward.fn"] = fns[0]
     if len(fns) == 1 and weights is None:
         return
     weights = [1.0] * len(fns) if weights is None else weights
     if len(weights) != len(fns) or len(set(fns)) != len(fns):
-        raise ValueError(f"--reward-weights {' '.join(map(str, weights))} must give one weight to each distinct "
-                         f"function of --reward-fn {' '.join(fns)}")  # fmt: skip
+        raise ValueError(
+            f"--reward-weights {' '.join(map(str, weights))} must give one weight to each distinct "
+            f"function of --reward-fn {' '.join(fns)}"
+        )
     if "reward.components" in given:
-        raise ValueError("--reward-components and several --reward-fn functions (or --reward-weights) both set the "
-                         "reward's components; use one")  # fmt: skip
+        raise ValueError(
+            "--reward-components and several --reward-fn functions (or --reward-weights) both set the "
+            "reward's components; use one"
+        )
     given["reward.components"] = dict(zip(fns, weights))
 
 

@@ -43,9 +43,20 @@ STATEMENTS = {
 """what each ColossalChat parameter without a field of its own does here"""
 
 _LOSS_VARIATION = {"sample_level": "seq-mean-token-mean", "token_level": "token-mean"}
-_GRPO_MOVED = ("algo", "loss_variation", "max_length", "max_new_tokens", "response_format_tags", "filter_range",
-               "dynamic_batching", "skip_threshold", "soft_over_length_punishment", "cache_length",
-               "filter_truncated_response", "code_verifier_api_url")  # fmt: skip
+_GRPO_MOVED = (
+    "algo",
+    "loss_variation",
+    "max_length",
+    "max_new_tokens",
+    "response_format_tags",
+    "filter_range",
+    "dynamic_batching",
+    "skip_threshold",
+    "soft_over_length_punishment",
+    "cache_length",
+    "filter_truncated_response",
+    "code_verifier_api_url",
+)
 
 
 def translate(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -58,8 +69,13 @@ def translate(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if STATEMENTS.get(key):
             said.setdefault(key, f"{key}={value!r}: {STATEMENTS[key]}")
 
-    for key in ("eval_save_dir", "rollout_save_dir", "log_rollout_interval", "enable_profiling",
-                "eval_generation_config"):  # fmt: skip
+    for key in (
+        "eval_save_dir",
+        "rollout_save_dir",
+        "log_rollout_interval",
+        "enable_profiling",
+        "eval_generation_config",
+    ):
         if key in kw:
             value = kw.pop(key)
             if value not in (None, False, {}):
@@ -67,8 +83,10 @@ def translate(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if "n_behind" in kw:
         n_behind = kw.pop("n_behind")
         if "max_staleness" in kw and kw["max_staleness"] != n_behind:
-            raise ValueError(f"n_behind={n_behind} and max_staleness={kw['max_staleness']} say the same thing twice, "
-                             "differently; give one")  # fmt: skip
+            raise ValueError(
+                f"n_behind={n_behind} and max_staleness={kw['max_staleness']} say the same thing twice, "
+                "differently; give one"
+            )
         kw["max_staleness"] = n_behind
     prompt_tokens = _datasets(kw)
     grpo = dict(kw.get("grpo_config") or {})
@@ -100,8 +118,10 @@ def _datasets(kw: dict) -> int | None:
             spec.pop("system_prompt", None)
         kw[name] = spec
     if len(budgets) > 1:
-        raise ValueError(f"dataset configs give max_length {sorted(budgets)}; prompts share one budget "
-                         "(max_prompt_tokens): give one value")  # fmt: skip
+        raise ValueError(
+            f"dataset configs give max_length {sorted(budgets)}; prompts share one budget "
+            "(max_prompt_tokens): give one value"
+        )
     return budgets.pop() if budgets else None
 
 
@@ -117,8 +137,10 @@ def _tasks(tasks: dict[str, dict]) -> dict:
     for task, spec in tasks.items():
         if {k: v for k, v in spec.items() if k != "path"} != shared:
             differ = sorted(set(spec) ^ set(shared)) or "values"
-            raise ValueError(f"eval_dataset_config tasks differ in {differ}; the held-out tasks are evaluated "
-                             "together and share max_length and system_prompt")  # fmt: skip
+            raise ValueError(
+                f"eval_dataset_config tasks differ in {differ}; the held-out tasks are evaluated "
+                "together and share max_length and system_prompt"
+            )
         rows += [{**row, "task": task} for row in read_jsonl(spec["path"])]
     return {"rows": rows, **shared}
 
@@ -148,15 +170,19 @@ def _generation(g: dict, backend: str | None, say) -> dict:
         g.pop("max_new_tokens", None)
     if "do_sample" in g:
         if not g.pop("do_sample"):
-            raise ValueError("generate_config do_sample=False: rollouts must sample (GRPO compares several samples of "
-                             "one prompt); remove do_sample")  # fmt: skip
+            raise ValueError(
+                "generate_config do_sample=False: rollouts must sample (GRPO compares several samples of "
+                "one prompt); remove do_sample"
+            )
         say("do_sample", True)
     for key in ("early_stopping", "include_stop_str_in_output", "ignore_eos"):
         if key in g:
             value = g.pop(key)
             if key == "include_stop_str_in_output" and not value:
-                raise ValueError("include_stop_str_in_output=False: a response keeps its stop string's tokens here "
-                                 "(rewards read the closing tag); remove it")  # fmt: skip
+                raise ValueError(
+                    "include_stop_str_in_output=False: a response keeps its stop string's tokens here "
+                    "(rewards read the closing tag); remove it"
+                )
             if key != "ignore_eos" or value:
                 say(key, value)
     return g
@@ -177,8 +203,9 @@ def _grpo(grpo: dict, generation: dict, prompt_tokens: int | None, kw: dict, say
         grpo["loss_agg_mode"] = _LOSS_VARIATION[variation]
     new = moved.get("max_new_tokens")
     if new is not None and generation.get("max_new_tokens", new) != new:
-        raise ValueError(f"grpo_config max_new_tokens={new} but the generation budget is "
-                         f"{generation['max_new_tokens']}; give one")  # fmt: skip
+        raise ValueError(
+            f"grpo_config max_new_tokens={new} but the generation budget is {generation['max_new_tokens']}; give one"
+        )
     total = moved.get("max_length") or generation.pop("max_length", None)
     generation.pop("max_length", None)
     if new is None and "max_new_tokens" not in generation and total is not None and prompt_tokens is not None:
@@ -189,8 +216,10 @@ def _grpo(grpo: dict, generation: dict, prompt_tokens: int | None, kw: dict, say
         generation["max_prompt_tokens"] = prompt_tokens
     budget = generation.get("max_new_tokens")
     if total is not None and prompt_tokens is not None and budget is not None and total < prompt_tokens + budget:
-        raise ValueError(f"max_length={total} is less than the prompt budget {prompt_tokens} plus the response "
-                         f"budget {budget}; raise max_length or lower max_new_tokens")  # fmt: skip
+        raise ValueError(
+            f"max_length={total} is less than the prompt budget {prompt_tokens} plus the response "
+            f"budget {budget}; raise max_length or lower max_new_tokens"
+        )
     tags = moved.get("response_format_tags")
     if tags is not None:
         grpo["reward_kwargs"] = {**grpo.get("reward_kwargs", {}), "tags": tags}
@@ -198,17 +227,21 @@ def _grpo(grpo: dict, generation: dict, prompt_tokens: int | None, kw: dict, say
         low, high = moved.get("filter_range") or (0.0, 1.0)
         g = kw.get("num_generations", 8)
         if not (0 <= low < 1 / g and 1 - 1 / g < high <= 1) or not moved.get("dynamic_batching", True):
-            raise ValueError(f"filter_range={[low, high]} with dynamic_batching={moved.get('dynamic_batching')}: "
-                             f"only dropping the groups whose {g} answers are all wrong or all right (and drawing "
-                             f"more to fill the batch) is supported: a range within (0, {1 / g:.3g}) and "
-                             f"({1 - 1 / g:.3g}, 1) with dynamic_batching=True")  # fmt: skip
+            raise ValueError(
+                f"filter_range={[low, high]} with dynamic_batching={moved.get('dynamic_batching')}: "
+                f"only dropping the groups whose {g} answers are all wrong or all right (and drawing "
+                f"more to fill the batch) is supported: a range within (0, {1 / g:.3g}) and "
+                f"({1 - 1 / g:.3g}, 1) with dynamic_batching=True"
+            )
         grpo["dynamic_sampling"] = True
     if moved.get("soft_over_length_punishment"):
         budget = generation.get("max_new_tokens")
         cache = moved.get("cache_length")
         if budget is None or cache is None:
-            raise ValueError("soft_over_length_punishment needs cache_length and max_new_tokens (the penalty ramps "
-                             "over the budget's last cache_length tokens)")  # fmt: skip
+            raise ValueError(
+                "soft_over_length_punishment needs cache_length and max_new_tokens (the penalty ramps "
+                "over the budget's last cache_length tokens)"
+            )
         grpo["overlong_buffer_ratio"] = cache / budget
     if moved.get("filter_truncated_response"):
         grpo["mask_truncated"] = True
@@ -221,8 +254,10 @@ def _grpo(grpo: dict, generation: dict, prompt_tokens: int | None, kw: dict, say
 def _model(m: dict, name: str, kw: dict, say) -> dict:
     """An inference or train model config of ColossalChat's (``path`` plus loader and engine options)."""
     if m.get("checkpoint_path") is not None:
-        raise ValueError(f"{name} checkpoint_path={m['checkpoint_path']!r}: weights load from path (a Hugging Face "
-                         "folder); to continue a run use resume='latest' or a checkpoint folder")  # fmt: skip
+        raise ValueError(
+            f"{name} checkpoint_path={m['checkpoint_path']!r}: weights load from path (a Hugging Face "
+            "folder); to continue a run use resume='latest' or a checkpoint folder"
+        )
     m.pop("checkpoint_path", None)
     for key in ("use_flash_attention_2", "attn_implementation", "use_cache"):
         if key in m:
@@ -233,13 +268,17 @@ def _model(m: dict, name: str, kw: dict, say) -> dict:
     if name == "train_model_config":
         extra = sorted(set(m) - {"path"})
         if extra:
-            raise ValueError(f"train_model_config keys {extra} are not supported: the trainer loads path in fp32 "
-                             "masters (the plugin's precision sets its compute); remove them")  # fmt: skip
+            raise ValueError(
+                f"train_model_config keys {extra} are not supported: the trainer loads path in fp32 "
+                "masters (the plugin's precision sets its compute); remove them"
+            )
         return m
     tp = m.pop("tensor_parallel_size", None)
     if tp is not None and tp != kw.get("num_proc_per_producer", tp):
-        raise ValueError(f"inference_model_config tensor_parallel_size={tp} but num_proc_per_producer="
-                         f"{kw['num_proc_per_producer']}; an engine's TP size is its processes")  # fmt: skip
+        raise ValueError(
+            f"inference_model_config tensor_parallel_size={tp} but num_proc_per_producer="
+            f"{kw['num_proc_per_producer']}; an engine's TP size is its processes"
+        )
     if "max_model_len" in m:
         length = m.pop("max_model_len")
         g = kw.get("generate_config") or {}

@@ -14,11 +14,11 @@ import os
 from dataclasses import dataclass, field
 
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.trainer.config import ConsumerConfig
-from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.rollout.config import ProducerConfig
-from coati.distributed.reward.config import RewardConfig
 from coati.distributed.checks import divides, finite, positive, require, seed_in_range
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.reward.config import RewardConfig
+from coati.distributed.rollout.config import ProducerConfig
+from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
 DEFAULT_TRAIN_ROWS = 512
@@ -44,13 +44,15 @@ class LaunchConfig:
     def __post_init__(self):
         positive(self, "num_episodes")
         if self.consumer.train_microbatch_size is None and self.consumer.plugin.pp_size > 1:
-            object.__setattr__(self, "consumer", dataclasses.replace(
-                self.consumer, train_microbatch_size=self.producer.num_generations))  # fmt: skip
+            object.__setattr__(
+                self,
+                "consumer",
+                dataclasses.replace(self.consumer, train_microbatch_size=self.producer.num_generations),
+            )
         p, c = self.producer, self.consumer
         samples = c.train_minibatch_size * p.num_generations
         if c.train_microbatch_size is not None:
-            divides("train_microbatch_size", c.train_microbatch_size,
-                    "train_minibatch_size * num_generations", samples)  # fmt: skip
+            divides("train_microbatch_size", c.train_microbatch_size, "train_minibatch_size * num_generations", samples)
         produced = p.inference_batch_size * p.num_producers
         consumed = c.train_batch_size * c.dp_size
         require(
@@ -60,8 +62,9 @@ class LaunchConfig:
             f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
         )
         if c.plugin.pp_size > 1:
-            divides("pp_num_microbatches", c.plugin.pp_num_microbatches,
-                    "train_minibatch_size * num_generations", samples)  # fmt: skip
+            divides(
+                "pp_num_microbatches", c.plugin.pp_num_microbatches, "train_minibatch_size * num_generations", samples
+            )
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
         require(
             buffer < self.generation.max_new_tokens,
@@ -69,13 +72,17 @@ class LaunchConfig:
         )
         g, r = self.generation, self.reward
         if r.env is not None:
-            require(r.env_max_tokens <= g.max_prompt_tokens,
-                    f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
-                    f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
-                    "env_max_tokens")  # fmt: skip
-            require(not g.stop_strings,
-                    f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
-                    "token the chat template closes it with; drop the stop strings")  # fmt: skip
+            require(
+                r.env_max_tokens <= g.max_prompt_tokens,
+                f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
+                f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
+                "env_max_tokens",
+            )
+            require(
+                not g.stop_strings,
+                f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
+                "token the chat template closes it with; drop the stop strings",
+            )
 
     @property
     def global_train_batch_size(self) -> int:
@@ -100,11 +107,14 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("path", "inference_path", "tokenizer_path"):
             value = getattr(self, name)
-            require(value is None or (isinstance(value, str) and value.strip()),
-                    f"model {name} must be a model folder or hub id, got {value!r}; leave it out for the default "
-                    "model")  # fmt: skip
-        require(isinstance(self.inference_options, dict),
-                f"inference_options must be a JSON object (dict), got {self.inference_options!r}")  # fmt: skip
+            require(
+                value is None or (isinstance(value, str) and value.strip()),
+                f"model {name} must be a model folder or hub id, got {value!r}; leave it out for the default model",
+            )
+        require(
+            isinstance(self.inference_options, dict),
+            f"inference_options must be a JSON object (dict), got {self.inference_options!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -149,8 +159,10 @@ class DataConfig:
     """system prompt added to every prompt"""
 
     def __post_init__(self):
-        require(isinstance(self.train, (str, list)) and len(self.train) > 0,
-                f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}")  # fmt: skip
+        require(
+            isinstance(self.train, (str, list)) and len(self.train) > 0,
+            f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}",
+        )
         for name in ("train_size", "eval_size"):
             if getattr(self, name) is not None:
                 positive(self, name)
@@ -177,10 +189,21 @@ class DataConfig:
         """(the training set, the held-out set or None) as the preflight reads them."""
         gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")
         seed = run_seed if self.train_seed is None else self.train_seed
-        columns = {k: v for k, v in (("subset", self.subset), ("prompt_column", self.prompt_column),
-                                     ("answer_column", self.answer_column)) if v is not None}  # fmt: skip
-        train = {"rows" if isinstance(self.train, list) else "path": self.train, "seed": seed,
-                 "size": DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size, **columns}  # fmt: skip
+        columns = {
+            k: v
+            for k, v in (
+                ("subset", self.subset),
+                ("prompt_column", self.prompt_column),
+                ("answer_column", self.answer_column),
+            )
+            if v is not None
+        }
+        train = {
+            "rows" if isinstance(self.train, list) else "path": self.train,
+            "seed": seed,
+            "size": DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size,
+            **columns,
+        }
         if self.train_split != "train":
             train["split"] = self.train_split
         if self.system_prompt is not None:
@@ -188,9 +211,13 @@ class DataConfig:
         source = self.eval if self.eval is not None else (self.train if gym else None)
         if source is None:
             return train, None
-        held_out = {"rows" if isinstance(source, list) else "path": source, "size": self.eval_size,
-                    "seed": seed + 10_000 if self.eval_seed is None else self.eval_seed, "split": self.eval_split,
-                    **columns}  # fmt: skip
+        held_out = {
+            "rows" if isinstance(source, list) else "path": source,
+            "size": self.eval_size,
+            "seed": seed + 10_000 if self.eval_seed is None else self.eval_seed,
+            "split": self.eval_split,
+            **columns,
+        }
         return train, held_out
 
 
@@ -262,31 +289,43 @@ class RunConfig:
         from coati.distributed.loggers import LOGGERS
 
         unknown = [name for name in self.report_to if name not in LOGGERS]
-        require(not unknown and len(set(self.report_to)) == len(self.report_to),
-                f"report_to={list(self.report_to)}: each of {sorted(LOGGERS)} at most once"
-                + (f" ({unknown} unknown)" if unknown else ""))  # fmt: skip
+        require(
+            not unknown and len(set(self.report_to)) == len(self.report_to),
+            f"report_to={list(self.report_to)}: each of {sorted(LOGGERS)} at most once"
+            + (f" ({unknown} unknown)" if unknown else ""),
+        )
         if self.max_steps is not None:
             positive(self, "max_steps")
         positive(self, "num_episodes", "keep_checkpoints")
         for name in ("max_staleness", "eval_interval", "save_interval", "max_restarts"):
             value = getattr(self, name)
-            require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                    f"{name} must be a non-negative integer, got {value!r}")  # fmt: skip
-        require(not (self.sleep_while_training and self.max_staleness),
-                f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
-                f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
-                "sleep_while_training off")  # fmt: skip
-        require(self.in_flight_weight_updates is None or isinstance(self.in_flight_weight_updates, bool),
-                f"in_flight_weight_updates must be true, false or null (auto), got {self.in_flight_weight_updates!r}")
-        require(not (self.in_flight_weight_updates is True and not self.max_staleness),
-                "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
-                "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off")  # fmt: skip
+            require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                f"{name} must be a non-negative integer, got {value!r}",
+            )
+        require(
+            not (self.sleep_while_training and self.max_staleness),
+            f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
+            f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
+            "sleep_while_training off",
+        )
+        require(
+            self.in_flight_weight_updates is None or isinstance(self.in_flight_weight_updates, bool),
+            f"in_flight_weight_updates must be true, false or null (auto), got {self.in_flight_weight_updates!r}",
+        )
+        require(
+            not (self.in_flight_weight_updates is True and not self.max_staleness),
+            "in_flight_weight_updates=True loads pushes while producers generate, but max_staleness=0 has them "
+            "idle at every push; set max_staleness >= 1 or turn in_flight_weight_updates off",
+        )
         seed_in_range("run.seed", self.seed)
         finite(self, "cpus_per_actor", low=0, strict=True)
         finite(self, "weight_sync_timeout_s", low=0, strict=True)
         require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
-        require(not (self.resume and self.folder is None),
-                "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir")  # fmt: skip
+        require(
+            not (self.resume and self.folder is None),
+            "resume needs a run folder (checkpoints live in <run folder>/checkpoints); set save_dir",
+        )
 
     @property
     def folder(self) -> str | None:
@@ -322,21 +361,34 @@ class Config:
     def __post_init__(self):
         self.launch_config()  # every cross-section check, now
         if self.reward.env is not None and (self.data.system_prompt or self.data.raw_prompt):
-            raise ValueError(f"env {self.reward.env!r} writes each episode's first messages itself: drop "
-                             "data.system_prompt/raw_prompt (an environment may take a system_prompt in env_kwargs)")
+            raise ValueError(
+                f"env {self.reward.env!r} writes each episode's first messages itself: drop "
+                "data.system_prompt/raw_prompt (an environment may take a system_prompt in env_kwargs)"
+            )
 
     def launch_config(self) -> LaunchConfig:
         """The training subtree, with the algorithm resolved from its preset (checked as it is built)."""
         from coati.distributed.algo.presets import resolve_algorithm
 
-        return LaunchConfig(producer=self.producer, consumer=self.consumer, generation=self.generation,
-                            algorithm=resolve_algorithm(self.algo, **self.algorithm), reward=self.reward,
-                            num_episodes=self.run.num_episodes)  # fmt: skip
+        return LaunchConfig(
+            producer=self.producer,
+            consumer=self.consumer,
+            generation=self.generation,
+            algorithm=resolve_algorithm(self.algo, **self.algorithm),
+            reward=self.reward,
+            num_episodes=self.run.num_episodes,
+        )
 
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "producer": ProducerConfig,
-                             "consumer": ConsumerConfig, "generation": GenerationConfig, "reward": RewardConfig,
-                             "run": RunConfig}  # fmt: skip
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "producer": ProducerConfig,
+    "consumer": ConsumerConfig,
+    "generation": GenerationConfig,
+    "reward": RewardConfig,
+    "run": RunConfig,
+}
 """the tree's dataclass sections (consumer holds plugin); ``algorithm`` is a dict of AlgorithmConfig fields"""
 
 

@@ -69,8 +69,12 @@ def cpu_actor_env(env: dict, gpus: float) -> dict:
     if gpus > 0:
         return env
     tunables = os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)
-    return {"runtime_env": {**env["runtime_env"], "env_vars": {**env["runtime_env"]["env_vars"],
-                                                               "GLIBC_TUNABLES": tunables}}}  # fmt: skip
+    return {
+        "runtime_env": {
+            **env["runtime_env"],
+            "env_vars": {**env["runtime_env"]["env_vars"], "GLIBC_TUNABLES": tunables},
+        }
+    }
 
 
 def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) -> list[int]:
@@ -86,8 +90,18 @@ def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) 
 class ActorGroups:
     """Producers (on the low-index nodes) and consumers (on the high-index ones), as the plan placed them."""
 
-    def __init__(self, cfg, plan, *, seed: int, run_name: str, master_addr=None, master_port=None,
-                 in_flight: bool = False, follow_work: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        cfg,
+        plan,
+        *,
+        seed: int,
+        run_name: str,
+        master_addr=None,
+        master_port=None,
+        in_flight: bool = False,
+        follow_work: bool = False,
+    ):
         self.cfg, self.plan, self.seed, self.run_name = cfg, plan, seed, run_name
         self.master_addr, self.master_port, self.in_flight = master_addr, master_port, in_flight
         self.follow_work = follow_work
@@ -103,14 +117,22 @@ class ActorGroups:
     def start(self) -> None:
         import ray
 
-        from coati.distributed.trainer.consumer import GRPOConsumer
         from coati.distributed.placement import actor_options, reserve_shared_gpus
         from coati.distributed.rollout.producer import Producer
+        from coati.distributed.trainer.consumer import GRPOConsumer
 
         # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-        env = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
-                                            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}  # fmt: skip
+        env = {
+            "runtime_env": {
+                "env_vars": {
+                    "OMP_NUM_THREADS": "1",
+                    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "PYTHONPATH": path,
+                }
+            }
+        }
         c, p = self.cfg, self.plan
         # With in-flight updates a push is received on a second thread while the first one generates; with threads
         # following the work, an actor is lent cores on another thread while the first one trains or generates.
@@ -122,27 +144,63 @@ class ActorGroups:
         self.reward_servers = self._start_reward_servers(env)
         for i, slot in enumerate(p.producer_slots):
             options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(Producer).options(**options, **cpu_actor_env(env, slot.num_gpus), **threads,
-                                                 name=f"{self.run_name}-producer-{i}")  # fmt: skip
-            self.producers.append(actor.remote(
-                i, c.producer.num_producers, p.inference_model_path, c.producer.backend, c.generation, c.algorithm,
-                p.train_dataset, c.reward, c.producer.num_generations, c.producer.inference_microbatch_size,
-                prompt_format=p.prompt_format, eval_dataset=p.eval_dataset, seed=self.seed,
-                backend_options=p.inference_options,
-                trainer_precision=(c.consumer.compute_dtype, c.consumer.plugin.precision, c.consumer.plugin.tp_size),
-                reward_servers=self.reward_servers, stream_prompts=p.stream_prompts,
-                lora={"rank": c.consumer.lora_rank, "alpha": c.consumer.lora_alpha,
-                      "target_modules": c.consumer.lora_target_modules} if c.consumer.lora_rank else None,
-            ))  # fmt: skip
+            actor = ray.remote(Producer).options(
+                **options, **cpu_actor_env(env, slot.num_gpus), **threads, name=f"{self.run_name}-producer-{i}"
+            )
+            self.producers.append(
+                actor.remote(
+                    i,
+                    c.producer.num_producers,
+                    p.inference_model_path,
+                    c.producer.backend,
+                    c.generation,
+                    c.algorithm,
+                    p.train_dataset,
+                    c.reward,
+                    c.producer.num_generations,
+                    c.producer.inference_microbatch_size,
+                    prompt_format=p.prompt_format,
+                    eval_dataset=p.eval_dataset,
+                    seed=self.seed,
+                    backend_options=p.inference_options,
+                    trainer_precision=(
+                        c.consumer.compute_dtype,
+                        c.consumer.plugin.precision,
+                        c.consumer.plugin.tp_size,
+                    ),
+                    reward_servers=self.reward_servers,
+                    stream_prompts=p.stream_prompts,
+                    lora={
+                        "rank": c.consumer.lora_rank,
+                        "alpha": c.consumer.lora_alpha,
+                        "target_modules": c.consumer.lora_target_modules,
+                    }
+                    if c.consumer.lora_rank
+                    else None,
+                )
+            )
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address
         port = self.master_port or _free_port()
         for rank, slot in enumerate(p.consumer_slots):
             options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(GRPOConsumer).options(**options, **cpu_actor_env(env, slot.num_gpus), **lend,
-                                                     name=f"{self.run_name}-consumer-{rank}")  # fmt: skip
-            self.consumers.append(actor.remote(rank, world, addr, port, p.train_model_path, c.consumer, c.algorithm,
-                                               c.generation, c.producer.num_generations, seed=self.seed))  # fmt: skip
+            actor = ray.remote(GRPOConsumer).options(
+                **options, **cpu_actor_env(env, slot.num_gpus), **lend, name=f"{self.run_name}-consumer-{rank}"
+            )
+            self.consumers.append(
+                actor.remote(
+                    rank,
+                    world,
+                    addr,
+                    port,
+                    p.train_model_path,
+                    c.consumer,
+                    c.algorithm,
+                    c.generation,
+                    c.producer.num_generations,
+                    seed=self.seed,
+                )
+            )
         for kind, group in (("producer", self.producers), ("consumer", self.consumers)):
             for i, a in enumerate(group):
                 ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
@@ -170,21 +228,42 @@ class ActorGroups:
         r = self.cfg.reward
         wanted = {}
         if r.rm_path is not None:
-            wanted["rm"] = (RewardModelServer, r.rm_servers, r.rm_cpus, r.rm_gpus,
-                            dict(path=r.rm_path, batch_size=r.rm_batch_size))  # fmt: skip
+            wanted["rm"] = (
+                RewardModelServer,
+                r.rm_servers,
+                r.rm_cpus,
+                r.rm_gpus,
+                dict(path=r.rm_path, batch_size=r.rm_batch_size),
+            )
         if r.judge_path is not None:
-            wanted["judge"] = (JudgeServer, r.judge_servers, r.judge_cpus, r.judge_gpus,
-                               dict(path=r.judge_path, backend=r.judge_backend, template=r.judge_template,
-                                    max_score=r.judge_max_score, max_new_tokens=r.judge_max_new_tokens,
-                                    max_prompt_tokens=r.judge_max_prompt_tokens))  # fmt: skip
+            wanted["judge"] = (
+                JudgeServer,
+                r.judge_servers,
+                r.judge_cpus,
+                r.judge_gpus,
+                dict(
+                    path=r.judge_path,
+                    backend=r.judge_backend,
+                    template=r.judge_template,
+                    max_score=r.judge_max_score,
+                    max_new_tokens=r.judge_max_new_tokens,
+                    max_prompt_tokens=r.judge_max_prompt_tokens,
+                ),
+            )
         servers: dict[str, list] = {}
         for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
             remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
             names = [f"{self.run_name}-{component}-{i}" for i in range(count)]
             slots = self.plan.server_slots[component]
-            servers[component] = [(name, remote.options(name=name, **actor_options(slot, self.shared_gpus, cpus, gpus),
-                                                        **env).remote(**kwargs))
-                                  for name, slot in zip(names, slots, strict=True)]  # fmt: skip
+            servers[component] = [
+                (
+                    name,
+                    remote.options(name=name, **actor_options(slot, self.shared_gpus, cpus, gpus), **env).remote(
+                        **kwargs
+                    ),
+                )
+                for name, slot in zip(names, slots, strict=True)
+            ]
             for name, a in servers[component]:
                 ACTOR_NAMES[a._actor_id.hex()] = name
         get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")
@@ -224,17 +303,20 @@ class ActorGroups:
 
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
-        from coati.distributed.transport import forget_group_address
         from coati.distributed.inference import backend_class
         from coati.distributed.placement import weight_backend
+        from coati.distributed.transport import forget_group_address
 
         backend = weight_backend(self.plan.producer_slots, self.plan.consumer_slots)
         stages = sorted({info["pp_rank"] for info in self.consumer_info})
         self.senders = [
-            next(i for i, info in enumerate(self.consumer_info)
-                 if info["pp_rank"] == s and info["dp_rank"] == 0 and info["tp_rank"] == 0)
+            next(
+                i
+                for i, info in enumerate(self.consumer_info)
+                if info["pp_rank"] == s and info["dp_rank"] == 0 and info["tp_rank"] == 0
+            )
             for s in stages
-        ]  # fmt: skip
+        ]
         self.weight_groups = groups = [f"{self.run_name}-weights-stage{s}" for s in stages]
         for g in groups:  # members look rank 0 up by name: none may find one an earlier run of this name left
             forget_group_address(g)
@@ -244,10 +326,14 @@ class ActorGroups:
         # Full pushes travel in the engines' weight dtype where they all hold one (they cast to it on arrival).
         dtypes = {info["weight_dtype"] for info in self.producer_info}
         wire = dtypes.pop() if len(dtypes) == 1 else None
-        refs = [self.consumers[i].join_weight_group.remote(world, g, backend, timeout_s, wire)
-                for i, g in zip(self.senders, groups)]  # fmt: skip
-        refs += [p.join_weight_groups.remote(world, 1 + i * per, groups, backend, timeout_s)
-                 for i, p in enumerate(self.producers)]  # fmt: skip
+        refs = [
+            self.consumers[i].join_weight_group.remote(world, g, backend, timeout_s, wire)
+            for i, g in zip(self.senders, groups)
+        ]
+        refs += [
+            p.join_weight_groups.remote(world, 1 + i * per, groups, backend, timeout_s)
+            for i, p in enumerate(self.producers)
+        ]
         get(refs, "joining the weight groups")
 
     def push_weights(self, version: int) -> dict:
@@ -276,10 +362,12 @@ class ActorGroups:
                 continue  # an engine that cannot read its weights back
             wrong, n = compare(sent, held)
             if wrong:
-                raise RunError(f"weight push {version}: producer {i}'s engine holds {len(wrong)} of the {n} tensors "
-                               f"compared unlike the consumers sent them ({', '.join(wrong[:5])}"
-                               f"{', ...' if len(wrong) > 5 else ''}); it did not load the push whole, so it would "
-                               "generate from other weights than those trained")  # fmt: skip
+                raise RunError(
+                    f"weight push {version}: producer {i}'s engine holds {len(wrong)} of the {n} tensors "
+                    f"compared unlike the consumers sent them ({', '.join(wrong[:5])}"
+                    f"{', ...' if len(wrong) > 5 else ''}); it did not load the push whole, so it would "
+                    "generate from other weights than those trained"
+                )
             compared.append(n)
         return {"weights/attested": min(compared)} if compared else {}
 
@@ -288,16 +376,21 @@ class ActorGroups:
         (``training``) or alone; returns the refs."""
         threads = self.threads(True, training)[0]
         self.generate_calls += 1
-        return [p.generate.remote(k, t, self.generate_calls)
-                for p, k, t in zip(self.producers, sizes, threads, strict=True) if k > 0]  # fmt: skip
+        return [
+            p.generate.remote(k, t, self.generate_calls)
+            for p, k, t in zip(self.producers, sizes, threads, strict=True)
+            if k > 0
+        ]
 
     def train(self, batch_ref, generating: bool, total_steps: int | None = None) -> list:
         """Start a training step of a run of ``total_steps``, alongside rollouts (``generating``) or alone; returns
         the refs."""
         threads = self.threads(generating, True)[1]
         self.train_calls += 1
-        return [c.train_step.remote(batch_ref, t, self.train_calls, total_steps)
-                for c, t in zip(self.consumers, threads, strict=True)]  # fmt: skip
+        return [
+            c.train_step.remote(batch_ref, t, self.train_calls, total_steps)
+            for c, t in zip(self.consumers, threads, strict=True)
+        ]
 
     def evaluate(self) -> list[dict]:
         threads = self.threads(True, False)[0]
@@ -307,9 +400,11 @@ class ActorGroups:
         """Producers free accelerator memory before consumers start training (they may share the GPUs)."""
         start = time.perf_counter()
         mem = get([p.sleep.remote() for p in self.producers], "producers going to sleep")
-        return {"time/sleep": time.perf_counter() - start,
-                "inference/mem_awake_mb": max(m[0] for m in mem) / 2**20,
-                "inference/mem_asleep_mb": max(m[1] for m in mem) / 2**20}  # fmt: skip
+        return {
+            "time/sleep": time.perf_counter() - start,
+            "inference/mem_awake_mb": max(m[0] for m in mem) / 2**20,
+            "inference/mem_asleep_mb": max(m[1] for m in mem) / 2**20,
+        }
 
     def wake(self) -> float:
         start = time.perf_counter()

@@ -47,8 +47,11 @@ def check_compatible(saved: dict, current: dict, where: str, allow=()) -> None:
     that may change (``RESUMABLE_CHANGES``) and those the caller allows (a field name or a prefix of one)."""
     a, b = _flatten(saved), _flatten(current)
     allowed = set(RESUMABLE_CHANGES) | set(allow)
-    diffs = [k for k in sorted(set(a) | set(b))
-             if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in allowed)]  # fmt: skip
+    diffs = [
+        k
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in allowed)
+    ]
     if diffs:
         detail = "; ".join(f"{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in diffs)
         raise ValueError(
@@ -138,15 +141,21 @@ def checkpoint_meta(folder: Path) -> dict:
     meta = json.loads((folder / "meta.json").read_text())
     step = meta.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"checkpoint {folder}: meta.json's step is {step!r}, not a step number; the checkpoint is "
-                         "damaged: resume from another one (--resume <folder>)")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {folder}: meta.json's step is {step!r}, not a step number; the checkpoint is "
+            "damaged: resume from another one (--resume <folder>)"
+        )
     named = re.fullmatch(r"step-(\d+)", folder.name)
     saved = {p.name: torch.load(p, weights_only=True).get("step") for p in sorted(folder.glob("rng-consumer-*.pt"))}
-    disagree = {**({"folder name": int(named.group(1))} if named and int(named.group(1)) != step else {}),
-                **{name: s for name, s in saved.items() if s != step}}  # fmt: skip
+    disagree = {
+        **({"folder name": int(named.group(1))} if named and int(named.group(1)) != step else {}),
+        **{name: s for name, s in saved.items() if s != step},
+    }
     if disagree:
-        raise ValueError(f"checkpoint {folder}: meta.json says step {step} but {disagree} say otherwise; the "
-                         "checkpoint is damaged or edited: resume from another one (--resume <folder>)")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {folder}: meta.json says step {step} but {disagree} say otherwise; the "
+            "checkpoint is damaged or edited: resume from another one (--resume <folder>)"
+        )
     return meta
 
 
@@ -190,16 +199,17 @@ def load_driver_state(folder: Path) -> dict:
             kw = {name: arrays[f"buffer/{k}/{name}"] for name in entry["fields"]}
             kw["extras"] = {name: arrays[f"buffer/{k}/extras/{name}"] for name in entry["extras"]}
             buffer.append(RolloutBatch(**kw))
-        producers = [{**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}
-                     for i, state in enumerate(meta["producers"])]  # fmt: skip
+        producers = [
+            {**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}
+            for i, state in enumerate(meta["producers"])
+        ]
     return {"buffer": buffer, "producers": producers}
 
 
 # ---- the run's actors <-> a checkpoint folder, and the final export ----------------------------------------------
 
 
-def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict,
-                     also=None) -> str:  # fmt: skip
+def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict, also=None) -> str:
     """Consumers save model and optimizer, producers their positions, the driver its buffer (and ``also(folder)``
     whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its path."""
     from coati.distributed.driver.actor_group import RunError, get

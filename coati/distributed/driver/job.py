@@ -4,9 +4,8 @@ the reporter (progress bar, plots, the loggers of ``run.report_to``), then ``lau
 from __future__ import annotations
 
 import dataclasses
-import os
-
 import logging
+import os
 from typing import Callable
 
 from coati.distributed.config.colossalchat import translate
@@ -60,8 +59,14 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
     try:
         if start is not None:
             start()
-        reporter = Reporter(r.folder, report_to=r.report_to, project=r.project, config=dataclasses.asdict(config),
-                            progress=r.progress, append=bool(r.resume))  # fmt: skip
+        reporter = Reporter(
+            r.folder,
+            report_to=r.report_to,
+            project=r.project,
+            config=dataclasses.asdict(config),
+            progress=r.progress,
+            append=bool(r.resume),
+        )
 
         def step(metrics: dict) -> None:
             if on_step is not None:
@@ -121,5 +126,6 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     except (OSError, ValueError) as e:
         raise SystemExit(f"--address {address}: no Ray cluster answers there ({e}); {fix}") from None
     if len(frame) < 9 or frame[3] != 4:  # a gRPC server answers with its own SETTINGS frame (type 4)
-        raise SystemExit(f"--address {address}: something that is not a Ray cluster listens there (no gRPC reply); "
-                         f"{fix}")  # fmt: skip
+        raise SystemExit(
+            f"--address {address}: something that is not a Ray cluster listens there (no gRPC reply); {fix}"
+        )

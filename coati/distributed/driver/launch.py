@@ -6,20 +6,18 @@ anything.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
 from typing import Any, Callable
 
-import dataclasses
-
-from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
+from coati.distributed.config.tree import Config, LaunchConfig, config_from_dict
 from coati.distributed.driver.actor_group import RunError
 from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.run_folder import check_shared
-from coati.distributed.config.tree import Config, config_from_dict
 
 __all__ = ["ALGO_MAP", "Config", "launch", "resolve_algorithm"]
 log = logging.getLogger(__name__)
@@ -27,31 +25,63 @@ _ALGO_FIELDS = set(AlgorithmConfig.__dataclass_fields__)
 _DEFAULTS = Config()
 
 
-_GRPO_KEYS = {"lr": "consumer.learning_rate", "num_iterations": "consumer.num_iterations",
-              "train_microbatch_size": "consumer.train_microbatch_size",
-              "train_microbatch_tokens": "consumer.train_microbatch_tokens",
-              "weight_decay": "consumer.weight_decay", "max_grad_norm": "consumer.max_grad_norm",
-              "max_skipped_steps": "consumer.max_skipped_steps",
-              "max_engine_trainer_gap": "consumer.max_engine_trainer_gap", "compute_dtype": "consumer.compute_dtype",
-              "lr_schedule": "consumer.lr_schedule", "warmup_steps": "consumer.warmup_steps",
-              "min_lr_ratio": "consumer.min_lr_ratio", "gradient_checkpointing": "consumer.gradient_checkpointing",
-              "share_prompt_forward": "consumer.share_prompt_forward", "lora_rank": "consumer.lora_rank",
-              "lora_alpha": "consumer.lora_alpha", "lora_dropout": "consumer.lora_dropout",
-              "lora_target_modules": "consumer.lora_target_modules",
-              "lora_export_merged": "consumer.lora_export_merged",
-              "reward_fn_type": "reward.fn",
-              "reward_kwargs": "reward.kwargs", "reward_max_error_fraction": "reward.max_error_fraction",
-              "reward_timeout_s": "reward.item_timeout_s", "reward_batch_size": "reward.batch_size",
-              "reward_stop_on_first_step_error": "reward.stop_on_first_step_error", "env": "reward.env",
-              "env_kwargs": "reward.env_kwargs", "env_max_turns": "reward.env_max_turns",
-              "env_max_tokens": "reward.env_max_tokens", "env_step_timeout_s": "reward.env_step_timeout_s",
-              "reward_components": "reward.components", "rm_path": "reward.rm_path", "rm_servers": "reward.rm_servers",
-              "rm_cpus": "reward.rm_cpus", "rm_gpus": "reward.rm_gpus", "rm_batch_size": "reward.rm_batch_size",
-              "rm_normalize": "reward.rm_normalize", "rm_placement": "reward.rm_placement",
-              "rm_timeout_s": "reward.rm_timeout_s",
-              **{f"judge_{k}": f"reward.judge_{k}" for k in ("path", "backend", "template", "max_score",
-                                                           "max_new_tokens", "max_prompt_tokens", "servers", "cpus", "gpus",
-                                                           "placement", "timeout_s")}}  # fmt: skip
+_GRPO_KEYS = {
+    "lr": "consumer.learning_rate",
+    "num_iterations": "consumer.num_iterations",
+    "train_microbatch_size": "consumer.train_microbatch_size",
+    "train_microbatch_tokens": "consumer.train_microbatch_tokens",
+    "weight_decay": "consumer.weight_decay",
+    "max_grad_norm": "consumer.max_grad_norm",
+    "max_skipped_steps": "consumer.max_skipped_steps",
+    "max_engine_trainer_gap": "consumer.max_engine_trainer_gap",
+    "compute_dtype": "consumer.compute_dtype",
+    "lr_schedule": "consumer.lr_schedule",
+    "warmup_steps": "consumer.warmup_steps",
+    "min_lr_ratio": "consumer.min_lr_ratio",
+    "gradient_checkpointing": "consumer.gradient_checkpointing",
+    "share_prompt_forward": "consumer.share_prompt_forward",
+    "lora_rank": "consumer.lora_rank",
+    "lora_alpha": "consumer.lora_alpha",
+    "lora_dropout": "consumer.lora_dropout",
+    "lora_target_modules": "consumer.lora_target_modules",
+    "lora_export_merged": "consumer.lora_export_merged",
+    "reward_fn_type": "reward.fn",
+    "reward_kwargs": "reward.kwargs",
+    "reward_max_error_fraction": "reward.max_error_fraction",
+    "reward_timeout_s": "reward.item_timeout_s",
+    "reward_batch_size": "reward.batch_size",
+    "reward_stop_on_first_step_error": "reward.stop_on_first_step_error",
+    "env": "reward.env",
+    "env_kwargs": "reward.env_kwargs",
+    "env_max_turns": "reward.env_max_turns",
+    "env_max_tokens": "reward.env_max_tokens",
+    "env_step_timeout_s": "reward.env_step_timeout_s",
+    "reward_components": "reward.components",
+    "rm_path": "reward.rm_path",
+    "rm_servers": "reward.rm_servers",
+    "rm_cpus": "reward.rm_cpus",
+    "rm_gpus": "reward.rm_gpus",
+    "rm_batch_size": "reward.rm_batch_size",
+    "rm_normalize": "reward.rm_normalize",
+    "rm_placement": "reward.rm_placement",
+    "rm_timeout_s": "reward.rm_timeout_s",
+    **{
+        f"judge_{k}": f"reward.judge_{k}"
+        for k in (
+            "path",
+            "backend",
+            "template",
+            "max_score",
+            "max_new_tokens",
+            "max_prompt_tokens",
+            "servers",
+            "cpus",
+            "gpus",
+            "placement",
+            "timeout_s",
+        )
+    },
+}
 """ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
 
@@ -70,8 +100,9 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dic
             if attempt == config.run.max_restarts:
                 raise
             restarts.append(str(e))
-            log.warning("run failed (%s); restarting from the last checkpoint (%d/%d)", e, attempt + 1,
-                        config.run.max_restarts)  # fmt: skip
+            log.warning(
+                "run failed (%s); restarting from the last checkpoint (%d/%d)", e, attempt + 1, config.run.max_restarts
+            )
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="latest", overwrite=False))
     raise AssertionError("unreachable")
 
@@ -84,12 +115,17 @@ def _launch_once(config: Config, on_step) -> dict:
     plan = plan_run(config)
     for what, n in plan.overlong.items():
         if n:
-            log.warning("dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens "
-                        "(filter_overlong_prompts)", n, what, cfg.generation.max_prompt_tokens)  # fmt: skip
+            log.warning(
+                "dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens (filter_overlong_prompts)",
+                n,
+                what,
+                cfg.generation.max_prompt_tokens,
+            )
     total_steps = min(cfg.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
     record = run_record(cfg, plan, r.seed, r.max_staleness)
-    folder, checkpoint = claim_save_dir(r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps,
-                                        plan.train_model_path, r.keep_checkpoints)  # fmt: skip
+    folder, checkpoint = claim_save_dir(
+        r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps, plan.train_model_path, r.keep_checkpoints
+    )
     if folder is not None:
         try:
             check_shared(r.folder, [slot.node_id for slot in plan.consumer_slots])
@@ -98,24 +134,41 @@ def _launch_once(config: Config, on_step) -> dict:
             raise
         if r.overwrite:  # every check that needs no actor has passed: the results this run replaces go now
             folder.clear()
-    run = Run(cfg, plan, seed=r.seed, weight_sync_timeout_s=r.weight_sync_timeout_s, max_staleness=r.max_staleness,
-              master_addr=r.master_addr, master_port=r.master_port, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
-              sleep_while_training=r.sleep_while_training, in_flight=plan.in_flight,
-              follow_work=r.threads_follow_work)  # fmt: skip
+    run = Run(
+        cfg,
+        plan,
+        seed=r.seed,
+        weight_sync_timeout_s=r.weight_sync_timeout_s,
+        max_staleness=r.max_staleness,
+        master_addr=r.master_addr,
+        master_port=r.master_port,
+        run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
+        sleep_while_training=r.sleep_while_training,
+        in_flight=plan.in_flight,
+        follow_work=r.threads_follow_work,
+    )
     run.record = record
     try:
-        phase(f"starting {cfg.producer.num_producers} producer(s) and {cfg.consumer.num_consumer_procs} consumer(s): "
-              "loading models")  # fmt: skip
-        log.info("weight pushes %s (in_flight_weight_updates=%s)", "load while producers generate" if plan.in_flight
-                 else "wait for the producers' batch", r.in_flight_weight_updates)  # fmt: skip
+        phase(
+            f"starting {cfg.producer.num_producers} producer(s) and {cfg.consumer.num_consumer_procs} consumer(s): "
+            "loading models"
+        )
+        log.info(
+            "weight pushes %s (in_flight_weight_updates=%s)",
+            "load while producers generate" if plan.in_flight else "wait for the producers' batch",
+            r.in_flight_weight_updates,
+        )
         if plan.stream_prompts:
             log.info("producers keep %d groups generating across draws", plan.stream_prompts)
         if plan.sandbox_degraded:
-            log.warning("SANDBOX DEGRADED (allow_degraded_sandbox): model-written code runs without filesystem "
-                        "isolation: %s", plan.sandbox)  # fmt: skip
+            log.warning(
+                "SANDBOX DEGRADED (allow_degraded_sandbox): model-written code runs without filesystem isolation: %s",
+                plan.sandbox,
+            )
         elif plan.sandbox is not None and not plan.sandbox_per_run:
-            log.warning("code sandbox without a control group per run (its memory bound is per process): %s",
-                        plan.sandbox)  # fmt: skip
+            log.warning(
+                "code sandbox without a control group per run (its memory bound is per process): %s", plan.sandbox
+            )
         elif plan.sandbox is not None:
             log.info("code sandbox: %s", plan.sandbox)
         run.start_actors()
@@ -125,8 +178,14 @@ def _launch_once(config: Config, on_step) -> dict:
             run.restore(str(checkpoint))
         phase("first weight push")
         run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
-        result = run.loop(max_steps=r.max_steps, eval_interval=r.eval_interval, save_interval=r.save_interval,
-                          save_dir=r.folder, on_step=on_step, keep_checkpoints=r.keep_checkpoints)  # fmt: skip
+        result = run.loop(
+            max_steps=r.max_steps,
+            eval_interval=r.eval_interval,
+            save_interval=r.save_interval,
+            save_dir=r.folder,
+            on_step=on_step,
+            keep_checkpoints=r.keep_checkpoints,
+        )
         return {**result, "sandbox": record.get("sandbox")}
     finally:
         run.shutdown()
@@ -141,12 +200,22 @@ def plan_run(config: Config):
     r, m = config.run, config.model
     model = m.path or _default_model()
     train_dataset, eval_dataset = config.data.datasets(r.seed)
-    return preflight(config.launch_config(), train_model_path=model, inference_model_path=m.inference_path or model,
-                     tokenizer_path=m.tokenizer_path or model, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                     cpus_per_actor=r.cpus_per_actor, colocate=r.colocate, inference_options=m.inference_options,
-                     sleep_while_training=r.sleep_while_training, in_flight_weight_updates=r.in_flight_weight_updates,
-                     max_staleness=r.max_staleness, raw_prompt=config.data.raw_prompt,
-                     filter_overlong=config.data.filter_overlong_prompts)  # fmt: skip
+    return preflight(
+        config.launch_config(),
+        train_model_path=model,
+        inference_model_path=m.inference_path or model,
+        tokenizer_path=m.tokenizer_path or model,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        cpus_per_actor=r.cpus_per_actor,
+        colocate=r.colocate,
+        inference_options=m.inference_options,
+        sleep_while_training=r.sleep_while_training,
+        in_flight_weight_updates=r.in_flight_weight_updates,
+        max_staleness=r.max_staleness,
+        raw_prompt=config.data.raw_prompt,
+        filter_overlong=config.data.filter_overlong_prompts,
+    )
 
 
 def _default_model() -> str:
@@ -216,30 +285,61 @@ def config_from_launch_kwargs(
     train, held_out = _dataset_fields(train_dataset_config, "train"), _dataset_fields(eval_dataset_config, "eval")
     system_prompt = (train_dataset_config or {}).get("system_prompt")
     inference = dict(inference_model_config)
-    return config_from_dict({
-        "algo": core_algo, "algorithm": algorithm,
-        "model": {"path": train_model_config["path"], "inference_path": inference.pop("path"),
-                  "tokenizer_path": (tokenizer_config or {}).get("path"), "inference_options": inference},
-        "data": {**_merge_datasets(train, held_out), "system_prompt": system_prompt},
-        "producer": {"num_producers": num_producers, "num_proc_per_producer": num_proc_per_producer,
-                     "inference_batch_size": inference_batch_size, "inference_microbatch_size": inference_microbatch_size,
-                     "num_generations": num_generations, "backend": inference_backend,
-                     "stream_prompts": stream_prompts},
-        "consumer": {"num_consumer_procs": num_consumer_procs, "train_batch_size": train_batch_size,
-                     "train_minibatch_size": train_minibatch_size, "plugin": dict(plugin_config or {}),
-                     **tree["consumer"]},
-        "generation": dict(generate_config or {}),
-        "reward": {"workers": reward_workers, **tree["reward"]},
-        "run": {"project": project_name, "save_dir": None if save_dir is None else os.path.dirname(save_dir) or ".",
-                "run_dir": save_dir, "max_steps": max_steps, "num_episodes": num_episodes,
-                "max_staleness": max_staleness, "in_flight_weight_updates": in_flight_weight_updates,
-                "threads_follow_work": threads_follow_work, "eval_interval": eval_interval, "save_interval": save_interval,
-                "keep_checkpoints": keep_checkpoints, "resume": resume, "resume_allow": tuple(resume_allow),
-                "overwrite": overwrite, "max_restarts": max_restarts, "seed": seed, "colocate": colocate,
-                "sleep_while_training": sleep_while_training, "cpus_per_actor": cpus_per_actor,
-                "weight_sync_timeout_s": weight_sync_timeout_s, "master_addr": master_addr,
-                "master_port": master_port},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "algo": core_algo,
+            "algorithm": algorithm,
+            "model": {
+                "path": train_model_config["path"],
+                "inference_path": inference.pop("path"),
+                "tokenizer_path": (tokenizer_config or {}).get("path"),
+                "inference_options": inference,
+            },
+            "data": {**_merge_datasets(train, held_out), "system_prompt": system_prompt},
+            "producer": {
+                "num_producers": num_producers,
+                "num_proc_per_producer": num_proc_per_producer,
+                "inference_batch_size": inference_batch_size,
+                "inference_microbatch_size": inference_microbatch_size,
+                "num_generations": num_generations,
+                "backend": inference_backend,
+                "stream_prompts": stream_prompts,
+            },
+            "consumer": {
+                "num_consumer_procs": num_consumer_procs,
+                "train_batch_size": train_batch_size,
+                "train_minibatch_size": train_minibatch_size,
+                "plugin": dict(plugin_config or {}),
+                **tree["consumer"],
+            },
+            "generation": dict(generate_config or {}),
+            "reward": {"workers": reward_workers, **tree["reward"]},
+            "run": {
+                "project": project_name,
+                "save_dir": None if save_dir is None else os.path.dirname(save_dir) or ".",
+                "run_dir": save_dir,
+                "max_steps": max_steps,
+                "num_episodes": num_episodes,
+                "max_staleness": max_staleness,
+                "in_flight_weight_updates": in_flight_weight_updates,
+                "threads_follow_work": threads_follow_work,
+                "eval_interval": eval_interval,
+                "save_interval": save_interval,
+                "keep_checkpoints": keep_checkpoints,
+                "resume": resume,
+                "resume_allow": tuple(resume_allow),
+                "overwrite": overwrite,
+                "max_restarts": max_restarts,
+                "seed": seed,
+                "colocate": colocate,
+                "sleep_while_training": sleep_while_training,
+                "cpus_per_actor": cpus_per_actor,
+                "weight_sync_timeout_s": weight_sync_timeout_s,
+                "master_addr": master_addr,
+                "master_port": master_port,
+            },
+        }
+    )
 
 
 def _dataset_fields(spec: dict | None, prefix: str) -> dict:
@@ -263,8 +363,10 @@ def _merge_datasets(train: dict, held_out: dict) -> dict:
     configs must agree on them."""
     clash = {k: (train[k], v) for k, v in held_out.items() if k in train and train[k] != v}
     if clash:
-        raise ValueError(f"train and eval dataset configs disagree on {clash} (train, eval); the column options are "
-                         "shared: set them once")  # fmt: skip
+        raise ValueError(
+            f"train and eval dataset configs disagree on {clash} (train, eval); the column options are "
+            "shared: set them once"
+        )
     return train | held_out
 
 
@@ -281,15 +383,21 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
         "max_staleness": max_staleness,
         "system_prompt": plan.prompt_format.system_prompt,
         "raw_prompt": plan.prompt_format.raw,
-    }  # fmt: skip
+    }
     spec = plan.train_dataset
-    dataset = {"source": spec["source"] if isinstance(spec["source"], str) else f"{len(spec['source'])} rows given",
-               **{k: spec[k] for k in ("split", "subset", "prompt_column", "answer_column", "size") if spec.get(k)},
-               "rows": plan.num_rows, "overlong_dropped": plan.overlong.get("train", 0)}  # fmt: skip
+    dataset = {
+        "source": spec["source"] if isinstance(spec["source"], str) else f"{len(spec['source'])} rows given",
+        **{k: spec[k] for k in ("split", "subset", "prompt_column", "answer_column", "size") if spec.get(k)},
+        "rows": plan.num_rows,
+        "overlong_dropped": plan.overlong.get("train", 0),
+    }
     record = {"config": config_dict(cfg), "identity": identity, "dataset": dataset}
     if plan.sandbox is not None:  # how model-written code is isolated (not part of what a resume must match)
-        record["sandbox"] = {"isolation": plan.sandbox, "degraded": plan.sandbox_degraded,
-                             "per_run_bounds": plan.sandbox_per_run}  # fmt: skip
+        record["sandbox"] = {
+            "isolation": plan.sandbox,
+            "degraded": plan.sandbox_degraded,
+            "per_run_bounds": plan.sandbox_per_run,
+        }
     return record
 
 
@@ -298,8 +406,8 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
     and, when resuming, find the checkpoint and check it matches this run; returns (folder or None, checkpoint path or
     None)."""
     from coati.distributed.driver.checkpoint import CheckpointManager, check_compatible, checkpoint_meta
-    from coati.distributed.model_files import run_disk_bytes
     from coati.distributed.driver.run_folder import RunFolder
+    from coati.distributed.model_files import run_disk_bytes
 
     if resume and not save_dir:
         raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
@@ -309,8 +417,11 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
         return None, None
     folder = RunFolder.claim(save_dir, "resume" if resume else "overwrite" if overwrite else "new")
     try:
-        folder.check_space(run_disk_bytes(model_path, keep_checkpoints), f"{keep_checkpoints} checkpoints",
-                           freed_bytes=folder.results_bytes() if overwrite else 0)  # fmt: skip
+        folder.check_space(
+            run_disk_bytes(model_path, keep_checkpoints),
+            f"{keep_checkpoints} checkpoints",
+            freed_bytes=folder.results_bytes() if overwrite else 0,
+        )
         if not resume:
             return folder, None
         checkpoint = CheckpointManager(os.path.join(save_dir, "checkpoints")).resolve(resume)

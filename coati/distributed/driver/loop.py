@@ -19,13 +19,13 @@ import os
 import time
 from dataclasses import dataclass
 
-from coati.distributed.driver.actor_group import ActorGroups, RunError, get, ready, wait_any
 from coati.distributed.config.tree import LaunchConfig
-from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, check_reward_failures, gap_tolerance
+from coati.distributed.driver.actor_group import ActorGroups, RunError, get, ready, wait_any
 from coati.distributed.driver.preflight import Plan
 from coati.distributed.driver.reporting import phase
-from coati.distributed.record import RolloutBatch
 from coati.distributed.driver.rollout_buffer import RolloutBuffer
+from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, check_reward_failures, gap_tolerance
+from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.step_metrics import rollout_metrics
 
 log = logging.getLogger(__name__)
@@ -42,21 +42,48 @@ class Round:
 
 
 class Run:
-    def __init__(self, cfg: LaunchConfig, plan: Plan, *, seed, weight_sync_timeout_s, max_staleness, master_addr,
-                 master_port, run_name, sleep_while_training=False, in_flight=False, follow_work):  # fmt: skip
+    def __init__(
+        self,
+        cfg: LaunchConfig,
+        plan: Plan,
+        *,
+        seed,
+        weight_sync_timeout_s,
+        max_staleness,
+        master_addr,
+        master_port,
+        run_name,
+        sleep_while_training=False,
+        in_flight=False,
+        follow_work,
+    ):
         self.cfg, self.plan, self.seed = cfg, plan, seed
         self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
         self.sleep_while_training, self.in_flight = sleep_while_training, in_flight
-        self.actors = ActorGroups(cfg, plan, seed=seed, run_name=run_name, master_addr=master_addr,
-                                  master_port=master_port, in_flight=in_flight, follow_work=follow_work)  # fmt: skip
+        self.actors = ActorGroups(
+            cfg,
+            plan,
+            seed=seed,
+            run_name=run_name,
+            master_addr=master_addr,
+            master_port=master_port,
+            in_flight=in_flight,
+            follow_work=follow_work,
+        )
         self.run_name = run_name
         self.version = 0
         self.push_stats: dict = {}
         self.start_step = 0
         self.last_checkpoint: str | None = None
         a = cfg.algorithm
-        self.buffer = RolloutBuffer(cfg.global_train_batch_size, cfg.producer.num_generations, max_staleness,
-                                    a.dynamic_sampling, a.dynamic_sampling_signal, a.dynamic_sampling_max_draws)  # fmt: skip
+        self.buffer = RolloutBuffer(
+            cfg.global_train_batch_size,
+            cfg.producer.num_generations,
+            max_staleness,
+            a.dynamic_sampling,
+            a.dynamic_sampling_signal,
+            a.dynamic_sampling_max_draws,
+        )
         self.round: Round | None = None
         self.reported_step = 0
         self.record: dict = {}
@@ -98,8 +125,14 @@ class Run:
         from coati.distributed.driver.checkpoint import config_dict, write_checkpoint
 
         self._settle()  # a round in flight lands in the buffer, which the checkpoint holds
-        meta = {"version": self.version, "config": config_dict(self.cfg), "run_name": self.run_name,
-                "identity": self.record.get("identity", {}), "dataset": self.record.get("dataset", {})}  # fmt: skip
+        meta = {
+            "version": self.version,
+            "config": config_dict(self.cfg),
+            "run_name": self.run_name,
+            "identity": self.record.get("identity", {}),
+            "dataset": self.record.get("dataset", {}),
+        }
+
         def adapter(folder: str) -> None:  # a LoRA run's checkpoint holds its adapter as a PEFT folder too
             self.save_adapter(os.path.join(folder, "adapter"))
 
@@ -138,8 +171,9 @@ class Run:
 
         adapter = get(self.actors.consumers[0].adapter.remote(), "gathering the adapter")
         c = self.cfg.consumer
-        config = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules,
-                             self.plan.train_model_path)  # fmt: skip
+        config = peft_config(
+            c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules, self.plan.train_model_path
+        )
         return export_adapter(adapter, config, self.tokenizer, path)
 
     # ---- rollouts --------------------------------------------------------------------------------------------
@@ -165,9 +199,13 @@ class Run:
         r, self.round = self.round, None
         for_step = max(r.for_step, self.reported_step + 1)
         for batch in get(r.refs, "rollout"):
-            check_reward_failures(batch.extras, self.cfg.reward.fn, self.cfg.reward.max_error_fraction,
-                                  self.cfg.reward.stop_on_first_step_error and self.version == self.start_step,
-                                  f"rollout for step {for_step}")  # fmt: skip
+            check_reward_failures(
+                batch.extras,
+                self.cfg.reward.fn,
+                self.cfg.reward.max_error_fraction,
+                self.cfg.reward.stop_on_first_step_error and self.version == self.start_step,
+                f"rollout for step {for_step}",
+            )
             self.buffer.admit(batch, for_step)
 
     def _settle(self) -> None:
@@ -187,8 +225,12 @@ class Run:
             if draws.draws >= buf.draws_allowed(per_draw):
                 short = need - buf.groups()
                 buf.fill_short(draws)
-                log.warning("dynamic sampling: %d draws left step %d short; filled with %d zero-signal groups",
-                            draws.draws, step, short)  # fmt: skip
+                log.warning(
+                    "dynamic sampling: %d draws left step %d short; filled with %d zero-signal groups",
+                    draws.draws,
+                    step,
+                    short,
+                )
                 break
             self._start_round(step, need - buf.groups(), training=False)
             self._collect()
@@ -235,11 +277,16 @@ class Run:
         errors = sum(r["reward_errors"] for r in results)
         if errors > self.cfg.reward.max_error_fraction * count:
             first = next(r["first_error"] for r in results if r["first_error"])
-            raise RewardFailure(f"evaluation: reward function {self.cfg.reward.fn} failed on {errors} of {count} "
-                                f"held-out items; first error: {first}")  # fmt: skip
-        return {"eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
-                "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count, "eval/count": count,
-                "eval/reward_errors": errors}  # fmt: skip
+            raise RewardFailure(
+                f"evaluation: reward function {self.cfg.reward.fn} failed on {errors} of {count} "
+                f"held-out items; first error: {first}"
+            )
+        return {
+            "eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
+            "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count,
+            "eval/count": count,
+            "eval/reward_errors": errors,
+        }
 
     def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints: int = 2) -> dict:
         try:
@@ -258,10 +305,11 @@ class Run:
         history, evals = [], []
         info = self.actors.producer_info, self.actors.consumer_info
         engine_dtypes = {i["weight_dtype"] for i in info[0]}
-        tolerance = gap_tolerance(self.cfg.consumer.max_engine_trainer_gap,
-                                  engine_dtypes.pop() if len(engine_dtypes) == 1 else None,
-                                  self.cfg.consumer.plugin.precision == "fp32"
-                                  and all(i["compute_dtype"] == "fp32" for i in info[1]))  # fmt: skip
+        tolerance = gap_tolerance(
+            self.cfg.consumer.max_engine_trainer_gap,
+            engine_dtypes.pop() if len(engine_dtypes) == 1 else None,
+            self.cfg.consumer.plugin.precision == "fp32" and all(i["compute_dtype"] == "fp32" for i in info[1]),
+        )
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
         if self.plan.eval_dataset and self.start_step == 0:
             phase("evaluating before training")
@@ -290,9 +338,16 @@ class Run:
             t_push = self.push_weights()
             if self.round is not None:  # pushed mid-round: the round still in flight takes the idle consumers' cores
                 self.actors.lend_to_producers()
-            metrics = {"step": step, "total_steps": total, **self._step_metrics(step, batch),
-                       "time/rollout_wait": t_rollout, "time/train": t_train, "time/weight_push": t_push,
-                       "time/step": time.perf_counter() - t0, **self.push_stats}  # fmt: skip
+            metrics = {
+                "step": step,
+                "total_steps": total,
+                **self._step_metrics(step, batch),
+                "time/rollout_wait": t_rollout,
+                "time/train": t_train,
+                "time/weight_push": t_push,
+                "time/step": time.perf_counter() - t0,
+                **self.push_stats,
+            }
             # Driver time that is none of: waiting for rollouts, training, pushing weights (batching, object store
             # puts, metrics). Rollout wait itself is generation + reward + transfer, reported by the producers.
             metrics["time/overhead"] = max(metrics["time/step"] - t_rollout - t_train - t_push, 0.0)
@@ -314,5 +369,11 @@ class Run:
 
     def _step_metrics(self, step: int, batch: RolloutBatch) -> dict:
         self.reported_step = step
-        return rollout_metrics(step, batch, self.buffer.logs.pop(step), self.cfg.producer.num_generations,
-                               self.max_staleness, self.tokenizer)  # fmt: skip
+        return rollout_metrics(
+            step,
+            batch,
+            self.buffer.logs.pop(step),
+            self.cfg.producer.num_generations,
+            self.max_staleness,
+            self.tokenizer,
+        )

@@ -63,13 +63,17 @@ def resolve_model_path(path: str, what: str) -> str:
     if not HUB_ID.match(path):
         raise FileNotFoundError(f"{what} {path!r} is not a local folder (nor a hub id, owner/name); check the path")
     if hub_offline():
-        raise FileNotFoundError(f"{what} {path!r} is not a local folder, and the hub is offline (HF_HUB_OFFLINE=1): "
-                                "unset HF_HUB_OFFLINE to download it, or pass a local folder")  # fmt: skip
+        raise FileNotFoundError(
+            f"{what} {path!r} is not a local folder, and the hub is offline (HF_HUB_OFFLINE=1): "
+            "unset HF_HUB_OFFLINE to download it, or pass a local folder"
+        )
     try:
         _fetch(path)
     except Exception as e:  # network, gated, missing: all end here, before any actor starts
-        raise FileNotFoundError(f"{what} {path!r} is not a local folder, and fetching it from the hub failed: "
-                                f"{type(e).__name__}: {str(e).splitlines()[0]}") from e  # fmt: skip
+        raise FileNotFoundError(
+            f"{what} {path!r} is not a local folder, and fetching it from the hub failed: "
+            f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        ) from e
     return path
 
 
@@ -81,17 +85,30 @@ def _fetch(repo_id: str) -> str:
     return snapshot_download(repo_id)
 
 
-def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-              eval_dataset, cpus_per_actor, colocate=False, inference_options=None,
-              sleep_while_training=False, in_flight_weight_updates=False, max_staleness=0, raw_prompt=False,
-              filter_overlong=False) -> Plan:  # fmt: skip
+def preflight(
+    cfg: LaunchConfig,
+    *,
+    train_model_path,
+    inference_model_path,
+    tokenizer_path,
+    train_dataset,
+    eval_dataset,
+    cpus_per_actor,
+    colocate=False,
+    inference_options=None,
+    sleep_while_training=False,
+    in_flight_weight_updates=False,
+    max_staleness=0,
+    raw_prompt=False,
+    filter_overlong=False,
+) -> Plan:
     """Every check that needs no actor, so bad input fails before anything starts."""
     import ray
     from transformers import AutoConfig, AutoTokenizer
 
-    from coati.distributed.rollout.data import PromptFormat, load_rows
     from coati.distributed.inference import backend_class
     from coati.distributed.placement import alive_nodes, check_free, plan_placement
+    from coati.distributed.rollout.data import PromptFormat, load_rows
 
     train_model_path = resolve_model_path(train_model_path, "train model")
     inference_model_path = resolve_model_path(inference_model_path, "inference model")
@@ -110,9 +127,11 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"tokenizer {tokenizer_path} cannot be loaded ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); point --model-tokenizer-path at a folder "
-                         "with tokenizer files") from None  # fmt: skip
+        raise ValueError(
+            f"tokenizer {tokenizer_path} cannot be loaded ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); point --model-tokenizer-path at a folder "
+            "with tokenizer files"
+        ) from None
     if not prompt_format.raw:
         from coati.distributed.rollout.data import check_chat_template
 
@@ -133,8 +152,9 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
             spec["exclude"], drop = tuple(over), set(over)
             data[:] = [row for i, row in enumerate(data) if i not in drop]
             if not data:
-                raise ValueError(f"every {what} row's prompt is over max_prompt_tokens="
-                                 f"{cfg.generation.max_prompt_tokens}; raise it")  # fmt: skip
+                raise ValueError(
+                    f"every {what} row's prompt is over max_prompt_tokens={cfg.generation.max_prompt_tokens}; raise it"
+                )
         overlong[what] = len(over)
     if cfg.reward.rm_path is not None:
         check_reward_model(cfg.reward.rm_path)
@@ -154,26 +174,59 @@ def preflight(cfg: LaunchConfig, *, train_model_path, inference_model_path, toke
     if not ray.is_initialized():
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
     producers, consumers = plan_placement(
-        alive_nodes(), cfg.producer.num_producers, cfg.producer.num_proc_per_producer,
-        cfg.consumer.num_consumer_procs, cpus_per_actor, colocate,
-    )  # fmt: skip
+        alive_nodes(),
+        cfg.producer.num_producers,
+        cfg.producer.num_proc_per_producer,
+        cfg.consumer.num_consumer_procs,
+        cpus_per_actor,
+        colocate,
+    )
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
     check_free(resources_needed(cfg.reward, producers + consumers), ray.available_resources, ray.cluster_resources())
     backend = backend_class(cfg.producer.backend)
-    check_models(cfg, train_model_path, inference_model_path, backend, inference_options or {},
-                 producer_gpu=producers[0].num_gpus > 0, consumer_gpu=consumers[0].num_gpus > 0)  # fmt: skip
+    check_models(
+        cfg,
+        train_model_path,
+        inference_model_path,
+        backend,
+        inference_options or {},
+        producer_gpu=producers[0].num_gpus > 0,
+        consumer_gpu=consumers[0].num_gpus > 0,
+    )
     in_flight = resolve_in_flight(in_flight_weight_updates, backend, max_staleness, cfg.consumer.lora_rank)
     inference_options = backend.engine_options(
-        inference_options or {}, processes=cfg.producer.num_proc_per_producer, sleep=sleep_while_training,
-        gpu=producers[0].num_gpus > 0, in_flight=in_flight, lora_rank=cfg.consumer.lora_rank,
-    )  # fmt: skip
+        inference_options or {},
+        processes=cfg.producer.num_proc_per_producer,
+        sleep=sleep_while_training,
+        gpu=producers[0].num_gpus > 0,
+        in_flight=in_flight,
+        lora_rank=cfg.consumer.lora_rank,
+    )
     stream = resolve_stream(cfg, backend, max_staleness)
     sandbox, degraded, per_run = check_sandbox(cfg.reward)
     from coati.distributed.driver.checkpoint import rows_digest
 
-    return Plan(producers, consumers, train_model_path, inference_model_path, tokenizer_path, train_dataset,
-                eval_dataset, len(rows), len(rows) // per_step, prompt_format, dict(inference_options or {}),
-                rows_digest(rows), overlong, server_slots, in_flight, stream, sandbox, degraded, per_run)  # fmt: skip
+    return Plan(
+        producers,
+        consumers,
+        train_model_path,
+        inference_model_path,
+        tokenizer_path,
+        train_dataset,
+        eval_dataset,
+        len(rows),
+        len(rows) // per_step,
+        prompt_format,
+        dict(inference_options or {}),
+        rows_digest(rows),
+        overlong,
+        server_slots,
+        in_flight,
+        stream,
+        sandbox,
+        degraded,
+        per_run,
+    )
 
 
 def resources_needed(r, slots: list) -> dict[str, float]:
@@ -227,22 +280,32 @@ def check_model_files(path: str, what: str) -> None:
         return  # a hub id: fetched and checked by the hub client
     files = weight_files(folder)
     if not files:
-        raise FileNotFoundError(f"{what} folder {path} has no weights (*.safetensors or *.bin); pass a folder "
-                                "written by save_pretrained")  # fmt: skip
+        raise FileNotFoundError(
+            f"{what} folder {path} has no weights (*.safetensors or *.bin); pass a folder written by save_pretrained"
+        )
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
         missing = [s for s in shards if not (folder / s).exists()]
         if missing:
-            raise FileNotFoundError(f"{what} folder {path}: its index names weight files that are not there: "
-                                    f"{missing}; copy or download them")  # fmt: skip
+            raise FileNotFoundError(
+                f"{what} folder {path}: its index names weight files that are not there: "
+                f"{missing}; copy or download them"
+            )
     for f in files:
         if f.suffix == ".safetensors":
             read_safetensors_header(f)
 
 
-def check_models(cfg: LaunchConfig, train_path: str, inference_path: str, backend, options: dict,
-                 producer_gpu: bool, consumer_gpu: bool) -> None:  # fmt: skip
+def check_models(
+    cfg: LaunchConfig,
+    train_path: str,
+    inference_path: str,
+    backend,
+    options: dict,
+    producer_gpu: bool,
+    consumer_gpu: bool,
+) -> None:
     """What the workers would refuse, decided from the models' config.json: the parallel layout (architectures),
     the rollout engine on this device (``check_model``), sequences past the position table, fp16 training on CPU."""
     from coati.distributed.architectures import check_layout, check_positions, load_config
@@ -259,8 +322,9 @@ def check_models(cfg: LaunchConfig, train_path: str, inference_path: str, backen
     if inference:
         backend.check_model(inference, f"inference model {inference_path}", options, producer_gpu)
     if p.precision == "fp16" and not consumer_gpu:
-        raise ValueError("plugin precision fp16 needs a GPU (its loss scaler is CUDA's); on CPU use precision "
-                         "bf16 or fp32")  # fmt: skip
+        raise ValueError(
+            "plugin precision fp16 needs a GPU (its loss scaler is CUDA's); on CPU use precision bf16 or fp32"
+        )
 
 
 def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_rank: int) -> bool:
@@ -280,9 +344,15 @@ def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, li
     slots = {}
     for c, path in (("rm", r.rm_path), ("judge", r.judge_path)):
         if path is not None:
-            slots[c], producers = plan_servers(getattr(r, f"{c}_placement"), getattr(r, f"{c}_servers"),
-                                               getattr(r, f"{c}_cpus"), getattr(r, f"{c}_gpus"), nodes, producers,
-                                               f"{c}_placement")  # fmt: skip
+            slots[c], producers = plan_servers(
+                getattr(r, f"{c}_placement"),
+                getattr(r, f"{c}_servers"),
+                getattr(r, f"{c}_cpus"),
+                getattr(r, f"{c}_gpus"),
+                nodes,
+                producers,
+                f"{c}_placement",
+            )
     return slots, producers
 
 
@@ -292,9 +362,11 @@ def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: 
     for i, row in enumerate(rows):
         n = len(prompt_format.encode(tokenizer, row))
         if n > limit and not drop:
-            raise ValueError(f"{what} row {i}'s prompt has {n} tokens > max_prompt_tokens={limit}; raise "
-                             "max_prompt_tokens, or drop such rows with filter_overlong_prompts "
-                             "(--filter-overlong-prompts)")  # fmt: skip
+            raise ValueError(
+                f"{what} row {i}'s prompt has {n} tokens > max_prompt_tokens={limit}; raise "
+                "max_prompt_tokens, or drop such rows with filter_overlong_prompts "
+                "(--filter-overlong-prompts)"
+            )
         if n > limit:
             over.append(i)
     return over
@@ -305,12 +377,16 @@ def check_reward_model(path: str) -> None:
     from transformers import AutoConfig
 
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"reward model {path} is not a model folder (no config.json); rm_path takes a local "
-                                "AutoModelForSequenceClassification folder")  # fmt: skip
+        raise FileNotFoundError(
+            f"reward model {path} is not a model folder (no config.json); rm_path takes a local "
+            "AutoModelForSequenceClassification folder"
+        )
     config = AutoConfig.from_pretrained(path)
     if config.num_labels != 1 or not any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
-        raise ValueError(f"reward model {path} is {config.architectures} with {config.num_labels} outputs; a reward "
-                         "model is a ...ForSequenceClassification with one (num_labels=1)")  # fmt: skip
+        raise ValueError(
+            f"reward model {path} is {config.architectures} with {config.num_labels} outputs; a reward "
+            "model is a ...ForSequenceClassification with one (num_labels=1)"
+        )
 
 
 def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> None:
@@ -318,15 +394,18 @@ def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> No
     from coati.distributed.reward.judge import template_fields
 
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"judge {path} is not a model folder (no config.json); judge_path takes a local "
-                                "generative model folder")  # fmt: skip
+        raise FileNotFoundError(
+            f"judge {path} is not a model folder (no config.json); judge_path takes a local generative model folder"
+        )
     if "rubric" in template_fields(template):
         for what, rows in row_sets.items():
             missing = [i for i, row in enumerate(rows) if row.get("rubric") in (None, "")]
             if missing:
-                raise ValueError(f"judge_template shows {{rubric}}, but {what} row {missing[0]} ({len(missing)} rows "
-                                 "in all) has no 'rubric' column value; add one to every row or drop {rubric} from "
-                                 "the template")  # fmt: skip
+                raise ValueError(
+                    f"judge_template shows {{rubric}}, but {what} row {missing[0]} ({len(missing)} rows "
+                    "in all) has no 'rubric' column value; add one to every row or drop {rubric} from "
+                    "the template"
+                )
 
 
 def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:
@@ -342,21 +421,24 @@ def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) 
         try:
             messages = check_messages(env_cls(row, **r.env_kwargs).reset(), "reset()")
         except (TypeError, ValueError, KeyError) as e:
-            raise ValueError(f"{what} row {i}: env {r.env!r} with env_kwargs {r.env_kwargs} cannot start an episode: "
-                             f"{type(e).__name__}: {e}") from e  # fmt: skip
+            raise ValueError(
+                f"{what} row {i}: env {r.env!r} with env_kwargs {r.env_kwargs} cannot start an episode: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         n = len(template.prompt(messages))
         if n >= r.env_max_tokens:
-            raise ValueError(f"{what} row {i}: the episode's first messages take {n} tokens, env_max_tokens is "
-                             f"{r.env_max_tokens}; raise env_max_tokens (and max_prompt_tokens)")  # fmt: skip
+            raise ValueError(
+                f"{what} row {i}: the episode's first messages take {n} tokens, env_max_tokens is "
+                f"{r.env_max_tokens}; raise env_max_tokens (and max_prompt_tokens)"
+            )
 
 
 def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
     """The reward function's options against its signature, and every row against the columns it requires
     (present and not null or blank in every row)."""
-    from coati.distributed.rollout.data import reward_fields
     from coati.distributed.reward import RewardSignature, resolve_reward_fn
-
     from coati.distributed.reward.base import TRAINER_FIELDS
+    from coati.distributed.rollout.data import reward_fields
 
     columns = set.intersection(*(set(reward_fields(r)) for r in rows))
     for fn in (cfg.reward.fn, *cfg.reward.other_fns):  # reward_kwargs are the run's own function's options
@@ -401,8 +483,18 @@ def _row_excerpt(row: dict, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "...}"
 
 
-DATASET_KEYS = ("path", "rows", "size", "seed", "system_prompt", "split", "subset", "prompt_column",
-                "answer_column", "exclude")  # fmt: skip
+DATASET_KEYS = (
+    "path",
+    "rows",
+    "size",
+    "seed",
+    "system_prompt",
+    "split",
+    "subset",
+    "prompt_column",
+    "answer_column",
+    "exclude",
+)
 
 
 def dataset_kwargs(spec: dict) -> dict:
@@ -411,8 +503,9 @@ def dataset_kwargs(spec: dict) -> dict:
     source = spec.pop("path", None) or spec.pop("rows", None) or spec.pop("source", None)
     out = {"source": source, "size": spec.pop("size", None), "seed": spec.pop("seed", 0)}
     if out["source"] is None:
-        raise ValueError("dataset config needs 'path' (a dataset file, folder, hub id or reasoning_gym:<task>) or "
-                         "'rows' (a list)")  # fmt: skip
+        raise ValueError(
+            "dataset config needs 'path' (a dataset file, folder, hub id or reasoning_gym:<task>) or 'rows' (a list)"
+        )
     for key in ("split", "subset", "prompt_column", "answer_column", "exclude"):
         if spec.get(key) is not None:
             out[key] = spec.pop(key)
@@ -435,8 +528,10 @@ def resolve_stream(cfg: LaunchConfig, backend, max_staleness: int) -> int:
     if not backend.STREAMS:
         why = f"the {backend.__name__} engine generates rounds only; use the vllm backend"
     elif max_staleness < 1:
-        why = ("max_staleness=0 trains only rows of the weights being trained, and groups left in the engine "
-               "would be sampled by older ones; set max_staleness >= 1")  # fmt: skip
+        why = (
+            "max_staleness=0 trains only rows of the weights being trained, and groups left in the engine "
+            "would be sampled by older ones; set max_staleness >= 1"
+        )
     elif lora:
         why = f"lora_rank={lora}: an adapter loads between rounds; use lora_rank 0"
     elif env is not None:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 PLOTS = {
     "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),
-    "accuracy": ("fraction correct", ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict",
-                                      "eval/lenient"]),  # fmt: skip
+    "accuracy": (
+        "fraction correct",
+        ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient"],
+    ),
     "kl": ("KL (nats per token)", ["loss/approx_kl", "loss/kl"]),
     "entropy": ("entropy (nats per token)", ["actor/entropy"]),
     "response_length": ("response length (tokens)", ["response/length_mean"]),
@@ -25,20 +27,32 @@ KL with beta 0, say), and a plot with no series is not written"""
 SMOOTHING = 0.6
 """weight of the past in the exponential moving average drawn over series of 10 points or more"""
 LOOP_TOTALS = {
-    "loop_s": "time/step", "train_s": "time/train", "rollout_wait_s": "time/rollout_wait",
-    "weight_push_s": "time/weight_push", "groups_drawn": "rollout/drawn_groups",
-    "groups_dropped_no_signal": "rollout/dropped_zero_signal_groups", "groups_dropped_stale": "rollout/stale_dropped_groups",
-    "groups_filled_zero_signal": "rollout/filled_zero_signal_groups", "prompts_skipped": "rollout/skipped_prompts",
-    "trained_tokens": "rollout/trained_tokens", "trained_tokens_unique": "rollout/trained_tokens_unique",
-    "reward_errors": "reward/errors", "reward_timeouts": "reward/timeouts", "skipped_optimizer_steps": "actor/skipped_steps",
-}  # fmt: skip
+    "loop_s": "time/step",
+    "train_s": "time/train",
+    "rollout_wait_s": "time/rollout_wait",
+    "weight_push_s": "time/weight_push",
+    "groups_drawn": "rollout/drawn_groups",
+    "groups_dropped_no_signal": "rollout/dropped_zero_signal_groups",
+    "groups_dropped_stale": "rollout/stale_dropped_groups",
+    "groups_filled_zero_signal": "rollout/filled_zero_signal_groups",
+    "prompts_skipped": "rollout/skipped_prompts",
+    "trained_tokens": "rollout/trained_tokens",
+    "trained_tokens_unique": "rollout/trained_tokens_unique",
+    "reward_errors": "reward/errors",
+    "reward_timeouts": "reward/timeouts",
+    "skipped_optimizer_steps": "actor/skipped_steps",
+}
 """summary.json's ``loop.totals``: name -> the per-step metric summed over the steps (the loop's seconds are its steps'
 seconds: evaluations and checkpoints between steps are not in them)"""
 LOOP_MEDIANS = {
-    "step_s": "time/step", "train_s": "time/train", "rollout_wait_s": "time/rollout_wait",
-    "weight_push_s": "time/weight_push", "push_paused_s": "weights/paused_s",
-    "engine_trainer_gap_abs": "rollout/engine_trainer_gap_abs", "truncated_frac": "response/truncated_frac",
-}  # fmt: skip
+    "step_s": "time/step",
+    "train_s": "time/train",
+    "rollout_wait_s": "time/rollout_wait",
+    "weight_push_s": "time/weight_push",
+    "push_paused_s": "weights/paused_s",
+    "engine_trainer_gap_abs": "rollout/engine_trainer_gap_abs",
+    "truncated_frac": "response/truncated_frac",
+}
 """summary.json's ``loop.medians``: name -> the per-step metric whose median over the steps is reported"""
 log = logging.getLogger(__name__)
 PHASES = logging.getLogger("coati.phase")
@@ -56,13 +70,23 @@ MOSTLY_TRUNCATED = 0.5
 
 def truncation_warning(fraction: float, where: str) -> str:
     """What a run says when ``fraction`` of its responses ran out of tokens."""
-    return (f"{where} {fraction:.0%} of the responses were cut at max_new_tokens before they ended: the budget is "
-            "too small for this task (raise --max-new-tokens; truncated responses rarely reach an answer)")
+    return (
+        f"{where} {fraction:.0%} of the responses were cut at max_new_tokens before they ended: the budget is "
+        "too small for this task (raise --max-new-tokens; truncated responses rarely reach an answer)"
+    )
 
 
 class Reporter:
-    def __init__(self, out_dir: str, total_steps: int | None = None, report_to: tuple[str, ...] = ("jsonl",),
-                 project: str = "coati", config: dict | None = None, progress: bool = True, append: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        out_dir: str,
+        total_steps: int | None = None,
+        report_to: tuple[str, ...] = ("jsonl",),
+        project: str = "coati",
+        config: dict | None = None,
+        progress: bool = True,
+        append: bool = False,
+    ):
         from coati.distributed.loggers import logger_class
         from coati.distributed.loggers.base import require
 
@@ -132,9 +156,12 @@ class Reporter:
             self.bar.total = metrics["total_steps"]
         self.bar.set_description("RL steps")
         tok_s = metrics.get("response/tokens", 0) / max(metrics.get("time/step", 1e-9), 1e-9)
-        post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
-                "train_lenient": f"{metrics.get('reward/lenient_accuracy', float('nan')):.2f}",
-                "train_strict": f"{metrics.get('reward/strict_accuracy', float('nan')):.2f}", "tok/s": f"{tok_s:.0f}"}  # fmt: skip
+        post = {
+            "reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
+            "train_lenient": f"{metrics.get('reward/lenient_accuracy', float('nan')):.2f}",
+            "train_strict": f"{metrics.get('reward/strict_accuracy', float('nan')):.2f}",
+            "tok/s": f"{tok_s:.0f}",
+        }
         post["reward_err"] = f"{metrics.get('reward/errors', 0)}/{metrics.get('reward/timeouts', 0)}t"
         if metrics.get("actor/skipped_steps"):
             post["skipped"] = metrics["actor/skipped_steps"]
@@ -155,10 +182,16 @@ class Reporter:
         self.close_bar()
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
-        summary = {"steps": len(self.history), "wall_s": time.perf_counter() - self.start,
-                   "loop": loop_summary(self.history), "evals": result.get("evals", []),
-                   "final_model": result.get("final_model"), "plots": plots, "restarts": result.get("restarts", []),
-                   "sandbox": result.get("sandbox")}  # fmt: skip
+        summary = {
+            "steps": len(self.history),
+            "wall_s": time.perf_counter() - self.start,
+            "loop": loop_summary(self.history),
+            "evals": result.get("evals", []),
+            "final_model": result.get("final_model"),
+            "plots": plots,
+            "restarts": result.get("restarts", []),
+            "sandbox": result.get("sandbox"),
+        }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         for logger in self.loggers or []:
             logger.close()
@@ -205,10 +238,19 @@ def describe_loop(loop: dict) -> list[str]:
     return lines
 
 
-_DRAWN = (("groups_drawn", "groups drawn"), ("groups_dropped_no_signal", "dropped for no signal"),
-          ("groups_dropped_stale", "dropped as stale"), ("prompts_skipped", "prompts skipped"))
-_TIMED = (("step_s", "step"), ("train_s", "training"), ("rollout_wait_s", "waiting for rollouts"),
-          ("weight_push_s", "weight push"), ("push_paused_s", "engine paused by it"))
+_DRAWN = (
+    ("groups_drawn", "groups drawn"),
+    ("groups_dropped_no_signal", "dropped for no signal"),
+    ("groups_dropped_stale", "dropped as stale"),
+    ("prompts_skipped", "prompts skipped"),
+)
+_TIMED = (
+    ("step_s", "step"),
+    ("train_s", "training"),
+    ("rollout_wait_s", "waiting for rollouts"),
+    ("weight_push_s", "weight push"),
+    ("push_paused_s", "engine paused by it"),
+)
 
 
 def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> list[str]:
@@ -225,8 +267,11 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
         series = {}
         for key in keys:
             source = evals if key.startswith("eval/") and evals else history
-            pts = [(m["step"], m[key]) for m in source if key in m and isinstance(m[key], (int, float))
-                   and math.isfinite(m[key])]  # fmt: skip
+            pts = [
+                (m["step"], m[key])
+                for m in source
+                if key in m and isinstance(m[key], (int, float)) and math.isfinite(m[key])
+            ]
             if any(v != 0 for _, v in pts):
                 series[key] = pts
         if not series:

@@ -29,7 +29,6 @@ from coati.distributed.algo.config import SIGNALS, AlgorithmConfig
 from coati.distributed.record import RolloutBatch, group_versions
 
 
-
 @dataclass
 class DrawLog:
     """What was drawn for one step."""
@@ -46,9 +45,15 @@ class DrawLog:
 
 
 class RolloutBuffer:
-    def __init__(self, groups_per_step: int, group_size: int, max_staleness: int, dynamic_sampling: bool,
-                 signal: str = AlgorithmConfig.dynamic_sampling_signal,
-                 max_draws: int = AlgorithmConfig.dynamic_sampling_max_draws):  # fmt: skip
+    def __init__(
+        self,
+        groups_per_step: int,
+        group_size: int,
+        max_staleness: int,
+        dynamic_sampling: bool,
+        signal: str = AlgorithmConfig.dynamic_sampling_signal,
+        max_draws: int = AlgorithmConfig.dynamic_sampling_max_draws,
+    ):
         if signal not in SIGNALS:
             raise ValueError(f"dynamic sampling signal {signal!r} is not one of {SIGNALS}")
         if max_staleness < 0:
@@ -73,8 +78,9 @@ class RolloutBuffer:
 
             values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
             # Copies: arrays from the object store are read-only.
-            degenerate = degenerate_groups(torch.tensor(values, dtype=torch.float64),
-                                           torch.tensor(batch.group_ids)).numpy()
+            degenerate = degenerate_groups(
+                torch.tensor(values, dtype=torch.float64), torch.tensor(batch.group_ids)
+            ).numpy()
             log.dropped_zero_signal_groups += int(degenerate.sum()) // self.group_size
             log.zero_signal.append(batch.select(np.flatnonzero(degenerate)))
             batch = batch.select(np.flatnonzero(~degenerate))
@@ -83,8 +89,12 @@ class RolloutBuffer:
 
     def groups(self, trained_version: int | None = None) -> int:
         """Groups held (only those still trainable by a step starting from ``trained_version``, when given)."""
-        rows = sum(len(b) if trained_version is None else int((trained_version - group_versions(b) <= self.max_staleness).sum())
-                   for b in self.batches)  # fmt: skip
+        rows = sum(
+            len(b)
+            if trained_version is None
+            else int((trained_version - group_versions(b) <= self.max_staleness).sum())
+            for b in self.batches
+        )
         return rows // self.group_size
 
     def draws_allowed(self, per_draw_groups: int) -> int:
@@ -116,8 +126,10 @@ class RolloutBuffer:
         pool = RolloutBatch.concat(log.zero_signal) if log.zero_signal else None
         if pool is None or len(pool) < missing:
             have = 0 if pool is None else len(pool) // self.group_size
-            raise RuntimeError(f"dynamic sampling: {log.draws} draws left the batch {missing // self.group_size} groups "
-                               f"short and only {have} zero-signal groups were drawn")  # fmt: skip
+            raise RuntimeError(
+                f"dynamic sampling: {log.draws} draws left the batch {missing // self.group_size} groups "
+                f"short and only {have} zero-signal groups were drawn"
+            )
         log.filled_zero_signal_groups += missing // self.group_size
         self.batches.append(pool.select(np.arange(missing)))
 

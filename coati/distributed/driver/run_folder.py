@@ -1,9 +1,9 @@
-"""A run folder belongs to one run at a time. ``RunFolder.claim`` takes an exclusive lock (``<folder>/.lock``, held
-by the driver process while the run lives), refuses a folder that holds another run's results unless the run
-resumes it or is told to overwrite it, and checks, before any actor starts, that the folder is writable and its
-disk has room for the checkpoints the run will keep. An overwritten run's results are deleted (``clear``) only once
-the new run has passed every check that needs no actor, so a run refused for bad input loses nothing. On a cluster, ``check_shared`` makes sure the consumers' nodes
-see the folder too (they write their checkpoint shards into it).
+"""A run folder belongs to one run at a time. ``RunFolder.claim`` takes an exclusive lock (``<folder>/.lock``, held by
+the driver process while the run lives), refuses a folder that holds another run's results unless the run resumes it or
+is told to overwrite it, and checks, before any actor starts, that the folder is writable and its disk has room for the
+checkpoints the run will keep. An overwritten run's results are deleted (``clear``) only once the new run has passed
+every check that needs no actor, so a run refused for bad input loses nothing. On a cluster, ``check_shared`` makes sure
+the consumers' nodes see the folder too (they write their checkpoint shards into it).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class RunFolder:
             folder.mkdir(parents=True, exist_ok=True)
             lock_file = open(folder / ".lock", "a+")  # noqa: SIM115 - held for the run's life
         except OSError as e:
-            raise RunFolderError(f"run folder {folder} is not writable ({e.strerror}); choose another --save-dir") from e
+            raise RunFolderError(
+                f"run folder {folder} is not writable ({e.strerror}); choose another --save-dir"
+            ) from e
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -145,8 +147,10 @@ def visible_from(node_ids, path: str) -> dict[str, bool]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     probe = ray.remote(num_cpus=0)(os.path.exists)
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(path)
-            for node in node_ids]  # fmt: skip
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(path)
+        for node in node_ids
+    ]
     return dict(zip(node_ids, ray.get(refs, timeout=120), strict=True))
 
 
@@ -156,6 +160,8 @@ def submitted_job_folder_error(path: str) -> str | None:
     vanish with it."""
     if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ or os.path.isabs(path):
         return None
-    return (f"run folder {path!r} is relative, and this job runs in Ray's temporary working directory "
-            f"({os.getcwd()}), which is deleted with the Ray session; pass an absolute --save-dir (or --run-dir), on "
-            "storage every consumer node mounts")  # fmt: skip
+    return (
+        f"run folder {path!r} is relative, and this job runs in Ray's temporary working directory "
+        f"({os.getcwd()}), which is deleted with the Ray session; pass an absolute --save-dir (or --run-dir), on "
+        "storage every consumer node mounts"
+    )

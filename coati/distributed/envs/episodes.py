@@ -71,10 +71,12 @@ class TurnTemplate:
         self.end_text = tokenizer.decode([self.end_of_turn])
         closed = self.render(self.PROBE)
         if self.end_text not in closed:
-            raise ValueError(f"the chat template does not end an assistant turn with {self.end_text!r} (token "
-                             f"{self.end_of_turn}); pass the end-of-turn token it uses")  # fmt: skip
+            raise ValueError(
+                f"the chat template does not end an assistant turn with {self.end_text!r} (token "
+                f"{self.end_of_turn}); pass the end-of-turn token it uses"
+            )
         self._closed = closed
-        self._after_end = closed[closed.rindex(self.end_text) + len(self.end_text):]
+        self._after_end = closed[closed.rindex(self.end_text) + len(self.end_text) :]
 
     def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
@@ -90,9 +92,11 @@ class TurnTemplate:
         of the closed turn (e.g. a newline), ``messages``, and the generation prompt."""
         opened = self.render(self.PROBE + messages, generation_prompt=True)
         if not opened.startswith(self._closed):
-            raise ValueError("the chat template renders earlier turns differently once more messages follow; "
-                             "multi-turn episodes need a template that only appends")  # fmt: skip
-        return self.encode(self._after_end + opened[len(self._closed):])
+            raise ValueError(
+                "the chat template renders earlier turns differently once more messages follow; "
+                "multi-turn episodes need a template that only appends"
+            )
+        return self.encode(self._after_end + opened[len(self._closed) :])
 
 
 def start_episode(env: Environment, template: TurnTemplate) -> Episode:
@@ -109,9 +113,15 @@ def start_episode(env: Environment, template: TurnTemplate) -> Episode:
 
 
 def run_episodes(
-    generate: Callable, template: TurnTemplate, envs: list[Environment], max_turns: int, max_tokens: int,
-    step_timeout_s: float = 30.0, pool: ThreadPoolExecutor | None = None, version: int = 0,
-) -> list[Episode]:  # fmt: skip
+    generate: Callable,
+    template: TurnTemplate,
+    envs: list[Environment],
+    max_turns: int,
+    max_tokens: int,
+    step_timeout_s: float = 30.0,
+    pool: ThreadPoolExecutor | None = None,
+    version: int = 0,
+) -> list[Episode]:
     """Play every environment's episode to its end. ``generate(contexts)`` is one engine call: token id lists in, a
     RolloutBatch out (one row each, ``response_ids``/``response_lengths``/``rollout_logprobs``/``truncated``, and
     ``token_versions`` when the engine records them; else its tokens are labelled ``version``)."""
@@ -203,7 +213,7 @@ def retokenized_equal(episode: Episode, template: TurnTemplate) -> bool:
         return False
     rendered = template.encode(template.render(episode.messages))
     trained = episode.context()
-    return rendered[: len(trained)] == trained and template.encode(template._after_end) == rendered[len(trained):]
+    return rendered[: len(trained)] == trained and template.encode(template._after_end) == rendered[len(trained) :]
 
 
 def episodes_batch(episodes: list[Episode], n: int, pad_id: int) -> RolloutBatch:
@@ -217,7 +227,8 @@ def episodes_batch(episodes: list[Episode], n: int, pad_id: int) -> RolloutBatch
     assert len(episodes) % n == 0, (len(episodes), n)
     p_ids, p_mask = left_pad([e.prompt_ids for e in episodes], pad_id)
     ids, mask, lps, lengths, truncated = responses_from_token_lists(
-        [e.ids for e in episodes], [e.logprobs for e in episodes], [not e.truncated for e in episodes], pad_id)
+        [e.ids for e in episodes], [e.logprobs for e in episodes], [not e.truncated for e in episodes], pad_id
+    )
     loss, versions = np.zeros_like(mask), np.zeros(mask.shape, dtype=np.int64)
     turns = np.zeros(mask.shape, dtype=np.int64)
     for i, e in enumerate(episodes):
@@ -227,9 +238,17 @@ def episodes_batch(episodes: list[Episode], n: int, pad_id: int) -> RolloutBatch
             turns[i, start:end] = k
     info = [e.info for e in episodes]
     batch = RolloutBatch(
-        prompt_ids=p_ids, prompt_mask=p_mask, response_ids=ids, response_mask=mask, rollout_logprobs=lps,
-        response_lengths=lengths, truncated=truncated, group_ids=np.arange(len(episodes), dtype=np.int64) // n,
-        token_versions=versions, rewards=np.array([e.reward for e in episodes], dtype=np.float32), loss_mask=loss,
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        response_ids=ids,
+        response_mask=mask,
+        rollout_logprobs=lps,
+        response_lengths=lengths,
+        truncated=truncated,
+        group_ids=np.arange(len(episodes), dtype=np.int64) // n,
+        token_versions=versions,
+        rewards=np.array([e.reward for e in episodes], dtype=np.float32),
+        loss_mask=loss,
         turn_index=turns,
         extras={
             "answer_ok": np.array([e.answer_ok for e in episodes]),
@@ -240,15 +259,22 @@ def episodes_batch(episodes: list[Episode], n: int, pad_id: int) -> RolloutBatch
             "env_error": np.array([bool(i.get("error")) for i in info]),
             "env_error_msg": np.array([str(i.get("error") or "")[:300] for i in info], dtype="<U300"),
         },
-    )  # fmt: skip
+    )
     return batch.validate()
 
 
 class EpisodeRunner:
     """A producer's episodes: the environment class and its settings, and the pool its steps run in."""
 
-    def __init__(self, env_cls: type[Environment], env_kwargs: dict, template: TurnTemplate, max_turns: int | None,
-                 max_tokens: int, step_timeout_s: float):  # fmt: skip
+    def __init__(
+        self,
+        env_cls: type[Environment],
+        env_kwargs: dict,
+        template: TurnTemplate,
+        max_turns: int | None,
+        max_tokens: int,
+        step_timeout_s: float,
+    ):
         self.env_cls, self.env_kwargs, self.template = env_cls, dict(env_kwargs), template
         self.max_turns = max_turns or env_cls.max_turns
         self.max_tokens, self.step_timeout_s = max_tokens, step_timeout_s
@@ -257,8 +283,16 @@ class EpisodeRunner:
     def rollouts(self, generate: Callable, rows: list[dict], n: int, pad_id: int, version: int) -> RolloutBatch:
         """``n`` episodes of each row (one group each), played to their ends; their record."""
         envs = [self.env_cls(row, **self.env_kwargs) for row in rows for _ in range(n)]
-        episodes = run_episodes(generate, self.template, envs, self.max_turns, self.max_tokens, self.step_timeout_s,
-                                pool=self.pool, version=version)  # fmt: skip
+        episodes = run_episodes(
+            generate,
+            self.template,
+            envs,
+            self.max_turns,
+            self.max_tokens,
+            self.step_timeout_s,
+            pool=self.pool,
+            version=version,
+        )
         return episodes_batch(episodes, n, pad_id)
 
     def close(self) -> None:

@@ -28,8 +28,11 @@ class Retry(Environment):
         self.attempt = 0
 
     def reset(self) -> list[dict]:
-        messages = list(self.row["messages"]) if "messages" in self.row else [
-            {"role": "user", "content": str(self.row["prompt"])}]  # fmt: skip
+        messages = (
+            list(self.row["messages"])
+            if "messages" in self.row
+            else [{"role": "user", "content": str(self.row["prompt"])}]
+        )
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages

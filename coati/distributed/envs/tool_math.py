@@ -27,8 +27,15 @@ class ToolMath(Environment):
     name = "tool_math"
     max_turns = 4
 
-    def __init__(self, row: dict, system_prompt: str = SYSTEM, timeout_s: float = 5.0, max_output_chars: int = 600,
-                 observation_role: str = "user", nudge: str = NUDGE):  # fmt: skip
+    def __init__(
+        self,
+        row: dict,
+        system_prompt: str = SYSTEM,
+        timeout_s: float = 5.0,
+        max_output_chars: int = 600,
+        observation_role: str = "user",
+        nudge: str = NUDGE,
+    ):
         super().__init__(row)
         if "gt_answer" not in row:
             raise ValueError(f"tool_math needs a gt_answer column; the row has {sorted(row)}")
@@ -42,8 +49,11 @@ class ToolMath(Environment):
     def reset(self) -> list[dict]:
         if "messages" in self.row:
             messages = list(self.row["messages"])
-            return messages if messages and messages[0]["role"] == "system" else [
-                {"role": "system", "content": self.system_prompt}, *messages]  # fmt: skip
+            return (
+                messages
+                if messages and messages[0]["role"] == "system"
+                else [{"role": "system", "content": self.system_prompt}, *messages]
+            )
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": str(self.row["prompt"])}]
 
     def step(self, text: str) -> EnvStep:
@@ -60,14 +70,23 @@ class ToolMath(Environment):
             message = {"role": self.observation_role, "content": f"<output>\n{output}\n</output>"}
             return EnvStep(observation=[message], info={"tool_calls": self.tool_calls})
         if not answered:
-            return EnvStep(observation=[{"role": self.observation_role, "content": self.nudge}],
-                           info={"tool_calls": self.tool_calls})  # fmt: skip
+            return EnvStep(
+                observation=[{"role": self.observation_role, "content": self.nudge}],
+                info={"tool_calls": self.tool_calls},
+            )
         # math_verify's own timeout sets SIGALRM, which only a main thread may: steps run on the producer's pool
         # threads, bounded by the step deadline instead.
         result = math_reward([outside], [self.row["gt_answer"]], timeout_s=0)[0]
-        return EnvStep(done=True, reward=result.reward, answer_ok=result.answer_ok,
-                       info={"tool_calls": self.tool_calls, "answer": result.info.get("answer", ""),
-                             "lenient_ok": result.info.get("lenient_ok", False)})  # fmt: skip
+        return EnvStep(
+            done=True,
+            reward=result.reward,
+            answer_ok=result.answer_ok,
+            info={
+                "tool_calls": self.tool_calls,
+                "answer": result.info.get("answer", ""),
+                "lenient_ok": result.info.get("lenient_ok", False),
+            },
+        )
 
 
 def run_python(code: str, timeout_s: float, max_chars: int) -> str:

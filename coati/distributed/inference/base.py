@@ -2,14 +2,14 @@
 backend's class, before any actor starts, what the engine needs.
 
 Class side (launch): ``engine_options`` turns the user's options plus the launch's choices (engine processes per
-producer, sleeping while consumers train, loading pushes while a batch is being generated) into the constructor's keyword arguments, refusing what the backend cannot
-do; ``weight_ranks`` says how many members of each weight group one producer brings.
-Instance side (producer): ``generate(prompts, n, greedy)`` takes tokenised prompts and returns a ``RolloutBatch`` (rows
-prompt-major: the n completions of prompt i are rows i*n .. i*n+n-1, ``group_ids`` = i) with the loss mask and the
-rollout log-probs already filled in. ``join_weight_group``/``receive_weights`` take part in the consumers' pushes;
-the default receives in the producer process into ``weight_destinations`` and ``load_weights`` (a dict of named
-tensors, a partial dict for one pipeline stage, or buckets as they land). ``sleep``/``wake`` free and retake
-accelerator memory while consumers train.
+producer, sleeping while consumers train, loading pushes while a batch is being generated) into the constructor's
+keyword arguments, refusing what the backend cannot do; ``weight_ranks`` says how many members of each weight group one
+producer brings. Instance side (producer): ``generate(prompts, n, greedy)`` takes tokenised prompts and returns a
+``RolloutBatch`` (rows prompt-major: the n completions of prompt i are rows i*n .. i*n+n-1, ``group_ids`` = i) with the
+loss mask and the rollout log-probs already filled in. ``join_weight_group``/``receive_weights`` take part in the
+consumers' pushes; the default receives in the producer process into ``weight_destinations`` and ``load_weights`` (a
+dict of named tensors, a partial dict for one pipeline stage, or buckets as they land). ``sleep``/``wake`` free and
+retake accelerator memory while consumers train.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ class InferenceBackend:
         """Raise ImportError, with the install command, when the engine is not installed."""
 
     @classmethod
-    def engine_options(cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False,
-                       lora_rank: int = 0) -> dict:  # fmt: skip
+    def engine_options(
+        cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False, lora_rank: int = 0
+    ) -> dict:
         """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
         producer (``num_proc_per_producer``), whether producers sleep while consumers train, whether pushes load
         while a batch is being generated (``in_flight_weight_updates``), and whether they are placed on GPUs."""
@@ -93,14 +94,20 @@ class InferenceBackend:
         if sleep and (reason := cls.cannot_sleep(options, gpu)):
             raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
         if in_flight and not cls.IN_FLIGHT_UPDATES:
-            raise ValueError(f"in_flight_weight_updates=True, but the {cls.__name__} engine loads weights only "
-                             "between batches; use the vllm backend or turn in_flight_weight_updates off")
+            raise ValueError(
+                f"in_flight_weight_updates=True, but the {cls.__name__} engine loads weights only "
+                "between batches; use the vllm backend or turn in_flight_weight_updates off"
+            )
         if lora_rank and not cls.LORA:
-            raise ValueError(f"lora_rank={lora_rank}, but the {cls.__name__} engine cannot apply LoRA pushes yet; use "
-                             "the transformers or vllm backend, or lora_rank 0")  # fmt: skip
+            raise ValueError(
+                f"lora_rank={lora_rank}, but the {cls.__name__} engine cannot apply LoRA pushes yet; use "
+                "the transformers or vllm backend, or lora_rank 0"
+            )
         if lora_rank and in_flight:
-            raise ValueError("in_flight_weight_updates with LoRA is not supported yet: an adapter loads between "
-                             "batches; turn one of them off")  # fmt: skip
+            raise ValueError(
+                "in_flight_weight_updates with LoRA is not supported yet: an adapter loads between "
+                "batches; turn one of them off"
+            )
         options = cls.launch_options(options, processes, sleep)
         if lora_rank:
             options["lora_rank"] = lora_rank
@@ -163,13 +170,25 @@ class InferenceBackend:
         push once it is whole; here it lands in the weights as it arrives, leaving nothing to load after."""
         from coati.distributed.transport import ray_broadcast_tensor_dict
 
-        loaded = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name,
-                                           on_bucket=self.load_weights, into=self.weight_destinations())  # fmt: skip
+        loaded = ray_broadcast_tensor_dict(
+            None,
+            0,
+            getattr(self, "device", "cpu"),
+            group_name,
+            on_bucket=self.load_weights,
+            into=self.weight_destinations(),
+        )
         start = time.perf_counter()
         fingerprints = self.fingerprints(loaded.version)
-        return {"version": loaded.version, "transfers": loaded.transfers, "nbytes": loaded.nbytes,
-                "direct_bytes": loaded.direct_bytes, "in_place_bytes": loaded.in_place_bytes,
-                "fingerprints": fingerprints, "attest_s": time.perf_counter() - start}  # fmt: skip
+        return {
+            "version": loaded.version,
+            "transfers": loaded.transfers,
+            "nbytes": loaded.nbytes,
+            "direct_bytes": loaded.direct_bytes,
+            "in_place_bytes": loaded.in_place_bytes,
+            "fingerprints": fingerprints,
+            "attest_s": time.perf_counter() - start,
+        }
 
     def fingerprints(self, version: int) -> dict[str, list] | None:
         """{name: [CRC of its sample, shape]} of the weights the engine computes with, for push ``version``
@@ -185,9 +204,15 @@ class InferenceBackend:
         self.load_adapter({k: v for k, v in got.items() if isinstance(v, torch.Tensor)}, lora["alpha"] / lora["rank"])
         start = time.perf_counter()
         fingerprints = self.fingerprints(got.version)
-        return {"version": got.version, "transfers": got.transfers, "nbytes": got.nbytes,
-                "direct_bytes": got.direct_bytes, "in_place_bytes": 0, "fingerprints": fingerprints,
-                "attest_s": time.perf_counter() - start}  # fmt: skip
+        return {
+            "version": got.version,
+            "transfers": got.transfers,
+            "nbytes": got.nbytes,
+            "direct_bytes": got.direct_bytes,
+            "in_place_bytes": 0,
+            "fingerprints": fingerprints,
+            "attest_s": time.perf_counter() - start,
+        }
 
     def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float) -> None:
         """Serve the base weights plus ``scale`` * B A of every adapter pair (the base itself kept intact)."""

@@ -30,7 +30,8 @@ class GenerationConfig:
         require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         positive(self, "max_new_tokens", "max_prompt_tokens")
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
-        require(all(isinstance(x, str) and x for x in self.stop_strings),
-                f"stop_strings must be non-empty strings (an empty one would end every response at once), got "
-                f"{list(self.stop_strings)}; leave the empty one out")  # fmt: skip
-
+        require(
+            all(isinstance(x, str) and x for x in self.stop_strings),
+            f"stop_strings must be non-empty strings (an empty one would end every response at once), got "
+            f"{list(self.stop_strings)}; leave the empty one out",
+        )

@@ -31,8 +31,9 @@ def inverse_cdf_forward(sampler, own):
     that draws plain-temperature rows with ``inverse_cdf_sample``; anything else (top-k, top-p, seeded requests, fp64
     Gumbel noise) goes to ``own``, the sampler's own forward."""
     if sampler.logprobs_mode != "processed_logprobs":
-        raise ValueError(f"the inverse-CDF sampler needs logprobs_mode='processed_logprobs', got "
-                         f"{sampler.logprobs_mode!r}")  # fmt: skip
+        raise ValueError(
+            f"the inverse-CDF sampler needs logprobs_mode='processed_logprobs', got {sampler.logprobs_mode!r}"
+        )
 
     def forward(logits, generators, k, p):
         if k is not None or p is not None or generators or sampler.use_fp64_gumbel:

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 
 import torch
 
-from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_sglang
 from coati.distributed.record import RolloutBatch
 
@@ -69,8 +69,9 @@ class SGLangBackend(InferenceBackend):
     def check_options(cls, options: Mapping) -> None:
         super().check_options(options)
         fraction = options.get("mem_fraction_static")
-        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-                                     or not 0 < fraction < 1):  # fmt: skip
+        if fraction is not None and (
+            isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1
+        ):
             raise ValueError(f"inference option mem_fraction_static must be in (0, 1), got {fraction!r}")
 
     @classmethod
@@ -86,8 +87,13 @@ class SGLangBackend(InferenceBackend):
         return {**options, "tensor_parallel_size": processes, "enable_memory_saver": sleep}
 
     @staticmethod
-    def engine_kwargs(model_path: str, options: Mapping, tensor_parallel_size: int, enable_memory_saver: bool,
-                      generation: GenerationConfig) -> dict:  # fmt: skip
+    def engine_kwargs(
+        model_path: str,
+        options: Mapping,
+        tensor_parallel_size: int,
+        enable_memory_saver: bool,
+        generation: GenerationConfig,
+    ) -> dict:
         """``sglang.Engine`` keyword arguments (ServerArgs fields) for one producer's engine."""
         return {
             "model_path": model_path,

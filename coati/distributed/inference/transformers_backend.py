@@ -1,9 +1,9 @@
 """Rollouts with Hugging Face transformers ``generate``: runs everywhere, the only backend that runs on CPU.
 
-Batched generation with KV cache and left padding, n samples per prompt, temperature/top-k/top-p, stop strings,
-greedy mode for evaluation. Each prompt is prefilled once: all but its last token go through the model once per
-prompt, the cache is repeated for its n samples, and ``generate`` continues from it. Rollout log-probs come from the raw logits of each step scaled by the temperature, the
-same formula (``token_logprobs``) the trainer uses.
+Batched generation with KV cache and left padding, n samples per prompt, temperature/top-k/top-p, stop strings, greedy
+mode for evaluation. Each prompt is prefilled once: all but its last token go through the model once per prompt, the
+cache is repeated for its n samples, and ``generate`` continues from it. Rollout log-probs come from the raw logits of
+each step scaled by the temperature, the same formula (``token_logprobs``) the trainer uses.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 from coati.distributed import attention
 from coati.distributed.algo.logprobs import token_logprobs
-from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.base import InferenceBackend, one_dtype
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.wire_layout import flatten_parameters
 
@@ -41,7 +41,9 @@ class TransformersBackend(InferenceBackend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        torch_dtype = (
+            getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        )
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
@@ -100,8 +102,11 @@ class TransformersBackend(InferenceBackend):
         if n > 1 and ids.shape[1] > 1:
             kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=attention, generation_config=self._generation_config(greedy),
-            logits_processor=LogitsProcessorList([_EachStep(self.between_steps)]), **kwargs,
+            input_ids=input_ids,
+            attention_mask=attention,
+            generation_config=self._generation_config(greedy),
+            logits_processor=LogitsProcessorList([_EachStep(self.between_steps)]),
+            **kwargs,
         )
         new = out.sequences[:, ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1)
@@ -120,8 +125,9 @@ class TransformersBackend(InferenceBackend):
         """The KV cache of each prompt but its last token, computed once and repeated for the prompt's n samples
         (``generate`` then feeds only the last prompt token, at the positions it computes from the mask)."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                           logits_to_keep=1).past_key_values  # fmt: skip
+        cache = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        ).past_key_values
         cache.batch_repeat_interleave(n)
         return cache
 

@@ -49,9 +49,9 @@ from collections.abc import Mapping
 
 import torch
 
-from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype, one_dtype
+from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.record import RolloutBatch
 from coati.distributed.threads import cores
@@ -129,9 +129,11 @@ class VLLMBackend(InferenceBackend):
 
         size = head_size(config)
         if not gpu and size is not None and size not in CPU_HEAD_SIZES:
-            raise ValueError(f"{where} has attention heads of size {size}, which vLLM's CPU attention does not "
-                             f"support (it does {', '.join(map(str, CPU_HEAD_SIZES))}); use the transformers backend "
-                             "(-b transformers) on this machine")  # fmt: skip
+            raise ValueError(
+                f"{where} has attention heads of size {size}, which vLLM's CPU attention does not "
+                f"support (it does {', '.join(map(str, CPU_HEAD_SIZES))}); use the transformers backend "
+                "(-b transformers) on this machine"
+            )
 
     @classmethod
     def check_processes(cls, processes: int, gpu: bool) -> None:
@@ -146,8 +148,10 @@ class VLLMBackend(InferenceBackend):
         options = super().engine_options(options, gpu=gpu, **launch)
         block = options.get("block_size")
         if not gpu and block is not None and block % CPU_BLOCK_SIZE:
-            raise ValueError(f"inference option block_size={block}: vLLM's CPU attention takes multiples of "
-                             f"{CPU_BLOCK_SIZE} tokens; use {CPU_BLOCK_SIZE * max(1, round(block / CPU_BLOCK_SIZE))}")
+            raise ValueError(
+                f"inference option block_size={block}: vLLM's CPU attention takes multiples of "
+                f"{CPU_BLOCK_SIZE} tokens; use {CPU_BLOCK_SIZE * max(1, round(block / CPU_BLOCK_SIZE))}"
+            )
         return options
 
     @classmethod
@@ -194,8 +198,11 @@ class VLLMBackend(InferenceBackend):
         if lora_rank and not self.lora_merge:  # one adapter at a time, replaced by each push
             from vllm.config.lora import MaxLoRARanks
 
-            engine.update(enable_lora=True, max_loras=1,
-                          max_lora_rank=min(r for r in typing.get_args(MaxLoRARanks) if r >= lora_rank))  # fmt: skip
+            engine.update(
+                enable_lora=True,
+                max_loras=1,
+                max_lora_rank=min(r for r in typing.get_args(MaxLoRARanks) if r >= lora_rank),
+            )
             self._lora_dir = tempfile.mkdtemp(prefix="coati-lora-")
         self._lora = None
         kv = options.get("kv_cache_gib", None if cuda else CPU_KV_CACHE_GIB)
@@ -299,8 +306,10 @@ class VLLMBackend(InferenceBackend):
                 if self._clear_prefix_cache:
                     self._clear_prefix_cache = not self.llm.reset_prefix_cache()
                 if awaited:
-                    raise RuntimeError(f"the vLLM engine has no unfinished request but never reported "
-                                       f"{len(awaited)} awaited one(s), e.g. {sorted(awaited)[:3]}")  # fmt: skip
+                    raise RuntimeError(
+                        f"the vLLM engine has no unfinished request but never reported "
+                        f"{len(awaited)} awaited one(s), e.g. {sorted(awaited)[:3]}"
+                    )
                 return []
             return [out for out in self.engine.step() if out.finished]
 
@@ -354,6 +363,7 @@ class VLLMBackend(InferenceBackend):
         (each worker receives into buffers of its own), and generation pauses only for the reload; on a GPU it pauses
         for the whole push (the receive's collectives and the engine's kernels would share the device, not yet
         measured there)."""
+
         def receive() -> dict:
             return self.llm.collective_rpc("receive_push", args=(group_name,))[0]
 
@@ -379,8 +389,15 @@ class VLLMBackend(InferenceBackend):
         finally:
             self._no_push.set()
         end = time.perf_counter()
-        return {**got, "version": version, "receive_s": end - start, "paused_s": end - paused,
-                "load_threads": load_threads, "fingerprints": fingerprints, "attest_s": attest_s}  # fmt: skip
+        return {
+            **got,
+            "version": version,
+            "receive_s": end - start,
+            "paused_s": end - paused,
+            "load_threads": load_threads,
+            "fingerprints": fingerprints,
+            "attest_s": attest_s,
+        }
 
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Worker 0 receives one LoRA push; it is written as a PEFT folder and served under a new name and id
@@ -405,8 +422,12 @@ class VLLMBackend(InferenceBackend):
         start = time.perf_counter()
         # Served apart from the weights: the adapter as written for vLLM to load (its load is not read back).
         fingerprints = adapter_fingerprints(adapter, version, lora["alpha"] / lora["rank"])
-        return {"version": version, "nbytes": sum(t.numel() * t.element_size() for t in adapter.values()),
-                "fingerprints": fingerprints, "attest_s": time.perf_counter() - start}  # fmt: skip
+        return {
+            "version": version,
+            "nbytes": sum(t.numel() * t.element_size() for t in adapter.values()),
+            "fingerprints": fingerprints,
+            "attest_s": time.perf_counter() - start,
+        }
 
     def _receive_merged(self, group_name: str, lora: dict) -> dict:
         """Every worker receives the adapter and reloads the weights of the layers it targets with it merged into
@@ -414,8 +435,9 @@ class VLLMBackend(InferenceBackend):
         with self._engine_lock:
             scale = lora["alpha"] / lora["rank"]
             with cores(self._build_threads):  # repacked as the engine was built (see the module's notes)
-                version, nbytes = self.llm.collective_rpc("receive_adapter_merged",
-                                                          args=(group_name, self.model_path, scale))[0]  # fmt: skip
+                version, nbytes = self.llm.collective_rpc(
+                    "receive_adapter_merged", args=(group_name, self.model_path, scale)
+                )[0]
             start = time.perf_counter()
             fingerprints = self.llm.collective_rpc("fingerprints", args=(version,))[0]
             attest_s = time.perf_counter() - start
@@ -434,7 +456,9 @@ class VLLMBackend(InferenceBackend):
         """Worker 0's weights as the engine computes with them, under the Hugging Face names (one engine process
         only: with tensor parallelism each worker holds a shard)."""
         if self.tensor_parallel_size != 1:
-            raise NotImplementedError("reading weights back from a tensor-parallel vLLM engine (each worker has a shard)")
+            raise NotImplementedError(
+                "reading weights back from a tensor-parallel vLLM engine (each worker has a shard)"
+            )
         return self.llm.collective_rpc("hf_weights")[0]
 
     def sleep(self) -> None:

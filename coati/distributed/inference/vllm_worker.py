@@ -29,8 +29,9 @@ class WeightSyncExtension:
 
     def weight_dtypes(self) -> list[str]:
         """The dtypes of this worker's floating model parameters, by name (``float32``, ``bfloat16``)."""
-        return sorted({str(p.dtype).removeprefix("torch.") for p in self.model_runner.model.parameters()
-                       if p.is_floating_point()})  # fmt: skip
+        return sorted(
+            {str(p.dtype).removeprefix("torch.") for p in self.model_runner.model.parameters() if p.is_floating_point()}
+        )
 
     def receive_push(self, group_name: str) -> dict:
         """Receive one push whole into buffers of this worker's own, leaving the engine's weights untouched (the
@@ -49,8 +50,13 @@ class WeightSyncExtension:
         if group.device.type == "cpu":
             self._coati_kept[group_name] = dict(received)
         self._coati_push = (received, group.device)
-        return {"version": got.version, "transfers": got.transfers, "nbytes": got.nbytes,
-                "direct_bytes": got.direct_bytes, "in_place_bytes": got.in_place_bytes}  # fmt: skip
+        return {
+            "version": got.version,
+            "transfers": got.transfers,
+            "nbytes": got.nbytes,
+            "direct_bytes": got.direct_bytes,
+            "in_place_bytes": got.in_place_bytes,
+        }
 
     def load_push(self) -> int:
         """Reload the push ``receive_push`` kept into the engine's weights (called between two engine steps); returns
@@ -78,8 +84,11 @@ class WeightSyncExtension:
             from coati.distributed.attest import tied_weights
 
             modules = dict(self.model_runner.model.named_modules())
-            self._coati_tied = {target: source for target, source in tied_weights(self.model_config.hf_config).items()
-                                if target.rpartition(".")[0] in modules}  # fmt: skip
+            self._coati_tied = {
+                target: source
+                for target, source in tied_weights(self.model_config.hf_config).items()
+                if target.rpartition(".")[0] in modules
+            }
         return self._coati_tied
 
     def receive_adapter(self, group_name: str) -> tuple[int, dict[str, torch.Tensor]]:
@@ -97,17 +106,21 @@ class WeightSyncExtension:
 
         version, adapter = self.receive_adapter(group_name)
         if not hasattr(self, "_coati_base"):
-            from safetensors.torch import load_file
             import glob
             import os
+
+            from safetensors.torch import load_file
 
             self._coati_base = {}
             for f in sorted(glob.glob(os.path.join(model_path, "*.safetensors"))):
                 self._coati_base.update(load_file(f))
         pairs = adapter_pairs(adapter)
         layers = {name.rsplit(".", 2)[0] for name in pairs}  # model.layers.<i>.<block>
-        weights = [(name, merge(base, *pairs[name], scale) if name in pairs else base)
-                   for name, base in self._coati_base.items() if name.rsplit(".", 2)[0] in layers]  # fmt: skip
+        weights = [
+            (name, merge(base, *pairs[name], scale) if name in pairs else base)
+            for name, base in self._coati_base.items()
+            if name.rsplit(".", 2)[0] in layers
+        ]
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         self._coati_adapter = (adapter, scale)
         return version, sum(t.numel() * t.element_size() for t in adapter.values())
@@ -154,15 +167,25 @@ class WeightSyncExtension:
                 if param.ndim == 0:
                     continue
                 prefix, _, leaf = module_name.rpartition(".")
-                names = [f"{prefix}.{part}.{param_name}" for part in packed[leaf]] if leaf in packed else [
-                    f"{module_name}.{param_name}"]  # fmt: skip
-                sizes = list(getattr(module, "output_partition_sizes", None) or module.output_sizes) if len(names) > 1 \
-                    else None  # fmt: skip
+                names = (
+                    [f"{prefix}.{part}.{param_name}" for part in packed[leaf]]
+                    if leaf in packed
+                    else [f"{module_name}.{param_name}"]
+                )
+                sizes = (
+                    list(getattr(module, "output_partition_sizes", None) or module.output_sizes)
+                    if len(names) > 1
+                    else None
+                )
                 value = param.detach()
                 # A CPU linear layer computes with its own packed copy (kept beside the weight for an LM head):
                 # read through its kernel what it computes with. An embedding's lookup reads the weight itself.
-                through_kernel = param_name == "weight" and (value.ndim == 2 or value.numel() == 0) and \
-                    hasattr(module, "cpu_linear") and leaf not in ("embed_tokens", "wte")  # fmt: skip
+                through_kernel = (
+                    param_name == "weight"
+                    and (value.ndim == 2 or value.numel() == 0)
+                    and hasattr(module, "cpu_linear")
+                    and leaf not in ("embed_tokens", "wte")
+                )
                 if value.numel() == 0 and through_kernel:
                     width = getattr(module, "input_size_per_partition", None) or module.input_size
                 else:

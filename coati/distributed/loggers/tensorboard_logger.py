@@ -25,8 +25,10 @@ class TensorBoardLogger(Logger):
             return str(text).replace("|", "\\|").replace("\n", "<br>")
 
         table = ["| prompt | response | reward | version |", "|---|---|---|---|"]
-        table += [f"| {cell(r['prompt'])} | {cell(r['response'])} | {r['reward']:.3f} | {r.get('policy_version', '')} |"
-                  for r in rows]  # fmt: skip
+        table += [
+            f"| {cell(r['prompt'])} | {cell(r['response'])} | {r['reward']:.3f} | {r.get('policy_version', '')} |"
+            for r in rows
+        ]
         self.writer.add_text("completions", "\n".join(table), step)
 
     def truncate(self, from_step):

@@ -66,7 +66,8 @@ class RewardSignature:
         # TRL passes completions by keyword: a function that takes **kwargs and starts with a trainer field
         # (TRL's overlong punishment: completion_ids) gets them there.
         by_name = any(p.name == "completions" for p in params) or (
-            any(p.kind == p.VAR_KEYWORD for p in every) and bool(params) and params[0].name in TRAINER_FIELDS)
+            any(p.kind == p.VAR_KEYWORD for p in every) and bool(params) and params[0].name in TRAINER_FIELDS
+        )
         if not by_name:  # the first positional parameter takes the completions
             if not params or params[0].kind == params[0].KEYWORD_ONLY:
                 raise ValueError(f"reward function {name} takes no completions parameter; see the reward contract")

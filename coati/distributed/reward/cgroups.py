@@ -102,8 +102,9 @@ def _find_layout() -> Layout | str:
         parents = {c: os.path.join(mounts[c], own.get(c, "/").lstrip("/")) for c in ("memory", "pids")}
         if all(os.access(p, os.W_OK) for p in parents.values()):
             return Layout(1, parents)
-    return ("no writable control group with the memory and pids controllers (needs root or a delegated cgroup v2 "
-            "subtree)")  # fmt: skip
+    return (
+        "no writable control group with the memory and pids controllers (needs root or a delegated cgroup v2 subtree)"
+    )
 
 
 def available() -> tuple[bool, str]:

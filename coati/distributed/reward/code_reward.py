@@ -42,8 +42,13 @@ def extract_code(text: str) -> tuple[str, bool]:
 def _spec_of(test_cases) -> dict:
     spec = json.loads(test_cases) if isinstance(test_cases, str) else dict(test_cases)
     if "test" in spec and "entry_point" in spec:
-        return {"kind": "humaneval", "test": spec["test"], "entry_point": spec["entry_point"],
-                "prompt": spec.get("prompt") or "", "num_cases": 1}  # fmt: skip
+        return {
+            "kind": "humaneval",
+            "test": spec["test"],
+            "entry_point": spec["entry_point"],
+            "prompt": spec.get("prompt") or "",
+            "num_cases": 1,
+        }
     if "inputs" not in spec or "outputs" not in spec:
         raise ValueError(
             f"test_cases needs inputs/outputs (APPS) or test/entry_point (HumanEval); got keys {sorted(spec)}"
@@ -81,9 +86,14 @@ def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox
     # Each case gets its own per_case_timeout_s (the runner's timer), so the session's wall and CPU budget is the
     # sum of them; the reward pool's item_timeout_s bounds a completion's scoring as a whole.
     budget = sandbox.timeout_s + per_case_timeout_s * total
-    session = sandbox.start({"runner.py": _RUNNER, "solution.py": program}, "runner.py", "solution.py",
-                            env={"COATI_CASE_TIMEOUT_S": str(per_case_timeout_s)}, timeout_s=budget,
-                            max_reply_bytes=_reply_cap(spec))  # fmt: skip
+    session = sandbox.start(
+        {"runner.py": _RUNNER, "solution.py": program},
+        "runner.py",
+        "solution.py",
+        env={"COATI_CASE_TIMEOUT_S": str(per_case_timeout_s)},
+        timeout_s=budget,
+        max_reply_bytes=_reply_cap(spec),
+    )
     reply_wait = per_case_timeout_s + 2.0
     errors: list[str] = []
     try:
@@ -185,9 +195,14 @@ def _humaneval_check(session, spec, wait, errors, sandbox, budget) -> int:
     """Run the test's ``check`` in a sandbox of its own (``code_checker.py``: dataset code runs neither here nor
     beside the candidate), forwarding each of its calls of the candidate into the candidate's sandbox; passed is 1
     when ``check`` returns, having called the candidate, and the candidate's sandbox stayed sound throughout."""
-    checker = sandbox.start({"checker.py": _CHECKER, "code_runner.py": _RUNNER, "prompt.py": spec["prompt"],
-                             "test.py": spec["test"]}, "checker.py", "prompt.py", "test.py",
-                            env={"COATI_ENTRY_POINT": spec["entry_point"]}, timeout_s=budget)  # fmt: skip
+    checker = sandbox.start(
+        {"checker.py": _CHECKER, "code_runner.py": _RUNNER, "prompt.py": spec["prompt"], "test.py": spec["test"]},
+        "checker.py",
+        "prompt.py",
+        "test.py",
+        env={"COATI_ENTRY_POINT": spec["entry_point"]},
+        timeout_s=budget,
+    )
     try:
         msg = checker.request({"op": "start"}, budget)
         while msg is not None and msg.get("op") == "call":

@@ -193,5 +193,6 @@ def main():
             except (TypeError, ValueError, RecursionError) as e:
                 reply({"ok": False, "error": f"result not reportable: {e}"})
 
+
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Rewards made of named components: reward = sum_k w_k * r_k, each component's values kept for the step's metrics
-(``reward/component/<name>``). A component is a rule function, a reward model or a judge; this module only combines their
-values and normalises a model's scores. Pure numpy, no Ray.
+(``reward/component/<name>``). A component is a rule function, a reward model or a judge; this module only combines
+their values and normalises a model's scores. Pure numpy, no Ray.
 
 Normalisation of a model's raw scores (``none``, ``group`` or ``running``):
 - ``group``: (s - mean_g) / (std_g + eps) within each prompt's group of completions (the scale of a group-relative
@@ -37,8 +37,9 @@ def fill_unscored(rewards: np.ndarray, unscored: np.ndarray, group_size: int) ->
     missing = np.asarray(unscored, dtype=bool).reshape(-1, group_size)
     scored = np.where(missing, 0.0, groups)
     counts = (~missing).sum(-1, keepdims=True)
-    means = np.divide(scored.sum(-1, keepdims=True), counts, out=np.zeros_like(counts, dtype=np.float64),
-                      where=counts > 0)  # fmt: skip
+    means = np.divide(
+        scored.sum(-1, keepdims=True), counts, out=np.zeros_like(counts, dtype=np.float64), where=counts > 0
+    )
     return np.where(missing, means, groups).reshape(-1)
 
 

@@ -101,67 +101,89 @@ class RewardConfig:
 
     def __post_init__(self):
         require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
-        require(self.env is None or (isinstance(self.env, str) and self.env),
-                f"env must be an environment name or package.module:Class, got {self.env!r}")  # fmt: skip
+        require(
+            self.env is None or (isinstance(self.env, str) and self.env),
+            f"env must be an environment name or package.module:Class, got {self.env!r}",
+        )
         require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
-        require(self.env_max_turns is None or self.env_max_turns >= 1,
-                f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}")  # fmt: skip
+        require(
+            self.env_max_turns is None or self.env_max_turns >= 1,
+            f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}",
+        )
         self._check_components()
-        require(self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
-                f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
-                f"{self.env_step_timeout_s}")  # fmt: skip
+        require(
+            self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
+            f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
+            f"{self.env_step_timeout_s}",
+        )
         require(
             isinstance(self.kwargs, dict),
             f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
         )
         positive(self, "workers")
-        require(self.batch_size is None or (isinstance(self.batch_size, int) and self.batch_size >= 1),
-                f"reward batch_size must be an integer >= 1 or None, got {self.batch_size!r}")  # fmt: skip
+        require(
+            self.batch_size is None or (isinstance(self.batch_size, int) and self.batch_size >= 1),
+            f"reward batch_size must be an integer >= 1 or None, got {self.batch_size!r}",
+        )
         require(self.item_timeout_s > 0, f"reward item_timeout_s must be > 0, got {self.item_timeout_s}")
         require(
             0 <= self.max_error_fraction <= 1,
             f"reward max_error_fraction must be in [0, 1], got {self.max_error_fraction}",
         )
 
-
     def _check_components(self) -> None:
+        from coati.distributed.reward.base import REWARD_FNS
         from coati.distributed.reward.compose import NORMALIZATIONS
 
-        from coati.distributed.reward.base import REWARD_FNS
-
         known = {self.fn, "rm", "judge"}
-        require(isinstance(self.components, dict)
-                and all(k in known or k in REWARD_FNS or ":" in str(k) for k in self.components)
-                and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.components.values()),
-                f"reward components must map names in {sorted(known)} or further reward functions (registered "
-                f"names, package.module:function) to numbers, got {self.components!r}")  # fmt: skip
-        require(not self.other_fns or self.fn in self.components,
-                f"reward components {sorted(self.components)} name further reward functions but not the run's own, "
-                f"{self.fn!r}; give it a weight too (0 to use it for accuracy only)")  # fmt: skip
+        require(
+            isinstance(self.components, dict)
+            and all(k in known or k in REWARD_FNS or ":" in str(k) for k in self.components)
+            and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.components.values()),
+            f"reward components must map names in {sorted(known)} or further reward functions (registered "
+            f"names, package.module:function) to numbers, got {self.components!r}",
+        )
+        require(
+            not self.other_fns or self.fn in self.components,
+            f"reward components {sorted(self.components)} name further reward functions but not the run's own, "
+            f"{self.fn!r}; give it a weight too (0 to use it for accuracy only)",
+        )
         bad = {k: w for k, w in self.components.items() if not math.isfinite(w)}
-        require(not bad, f"reward components need finite weights, got {bad} (NaN or infinite weights make every "
-                         "reward NaN); give each component a finite number")  # fmt: skip
-        require(("rm" in self.components) == (self.rm_path is not None),
-                f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
-                f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set")  # fmt: skip
-        require(("judge" in self.components) == (self.judge_path is not None),
-                f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
-                f"{self.judge_path!r}")  # fmt: skip
+        require(
+            not bad,
+            f"reward components need finite weights, got {bad} (NaN or infinite weights make every "
+            "reward NaN); give each component a finite number",
+        )
+        require(
+            ("rm" in self.components) == (self.rm_path is not None),
+            f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
+            f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set",
+        )
+        require(
+            ("judge" in self.components) == (self.judge_path is not None),
+            f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
+            f"{self.judge_path!r}",
+        )
         from coati.distributed.reward.judge import FIELDS, template_fields
 
         try:
             fields = template_fields(self.judge_template)
         except ValueError as e:
             raise ValueError(f"judge_template is not a format string ({e}): {self.judge_template!r}") from None
-        require({"question", "completion"} <= fields <= set(FIELDS),
-                f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
-                f"fields {sorted(fields)} in {self.judge_template!r}")  # fmt: skip
+        require(
+            {"question", "completion"} <= fields <= set(FIELDS),
+            f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
+            f"fields {sorted(fields)} in {self.judge_template!r}",
+        )
         positive(self, "judge_servers")
-        require(self.judge_timeout_s > 0 and self.judge_max_score > 0,
-                f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, "
-                f"{self.judge_max_score}")  # fmt: skip
-        require(self.rm_normalize in NORMALIZATIONS,
-                f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}")  # fmt: skip
+        require(
+            self.judge_timeout_s > 0 and self.judge_max_score > 0,
+            f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, {self.judge_max_score}",
+        )
+        require(
+            self.rm_normalize in NORMALIZATIONS,
+            f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}",
+        )
         from coati.distributed.placement import check_server_placement
 
         check_server_placement(self.rm_placement, "rm_placement")

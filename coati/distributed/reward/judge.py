@@ -19,9 +19,7 @@ TEMPLATE = (
 )
 FIELDS = ("question", "completion", "reference", "rubric")
 """the fields a judge template may use"""
-SCORE = re.compile(
-    r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?:\s*(?:/|\bout\s+of\b)\s*(\d+(?:\.\d+)?))?", re.I
-)
+SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?:\s*(?:/|\bout\s+of\b)\s*(\d+(?:\.\d+)?))?", re.I)
 
 
 def final_line(reply: str) -> str:
@@ -64,29 +62,46 @@ def render(template: str, question, completion: str, reference, rubric=None) -> 
 class JudgeServer:
     """Hosts a judge model on an inference backend; run as a Ray actor (``ray.remote(JudgeServer)``)."""
 
-    def __init__(self, path: str, backend: str = "transformers", template: str = TEMPLATE, max_score: float = 10.0,
-                 max_new_tokens: int = 32, max_prompt_tokens: int = 1024, threads: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        backend: str = "transformers",
+        template: str = TEMPLATE,
+        max_score: float = 10.0,
+        max_new_tokens: int = 32,
+        max_prompt_tokens: int = 1024,
+        threads: int = 1,
+    ):
         import torch
 
-        from coati.distributed.inference.config import GenerationConfig
         from coati.distributed.inference import backend_class
+        from coati.distributed.inference.config import GenerationConfig
 
         torch.set_num_threads(threads)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens)
         self.backend = backend_class(backend)(path, generation)
         self.template, self.max_score = template, max_score
 
-    def score(self, prompts: list, completions: list[str], references: list | None = None,
-              rubrics: list | None = None) -> list[tuple[float, str]]:  # fmt: skip
+    def score(
+        self, prompts: list, completions: list[str], references: list | None = None, rubrics: list | None = None
+    ) -> list[tuple[float, str]]:
         tok = self.backend.tokenizer
         references, rubrics = references or [None] * len(prompts), rubrics or [None] * len(prompts)
-        turns = [render(self.template, q, c, r, g)
-                 for q, c, r, g in zip(prompts, completions, references, rubrics, strict=True)]  # fmt: skip
-        ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
-                                       return_dict=False) for t in turns]  # fmt: skip
+        turns = [
+            render(self.template, q, c, r, g)
+            for q, c, r, g in zip(prompts, completions, references, rubrics, strict=True)
+        ]
+        ids = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            for t in turns
+        ]
         batch = self.backend.generate(ids, 1, greedy=True)
-        replies = [tok.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True)
-                   for i in range(len(batch))]  # fmt: skip
+        replies = [
+            tok.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True)
+            for i in range(len(batch))
+        ]
         return [parse_score(reply, self.max_score) for reply in replies]
 
     def ping(self) -> bool:

@@ -62,8 +62,9 @@ def normalize(text: str) -> str:
     """Digits of any script as ASCII digits, unicode minus signs as ``-``, well-formed digit groups joined
     (``1\\,000`` -> ``1000``), and ``4.2e1`` as a plain decimal."""
     text = text.translate(_MINUS)
-    text = "".join(str(unicodedata.decimal(c)) if not c.isascii() and unicodedata.decimal(c, None) is not None
-                   else c for c in text)  # fmt: skip
+    text = "".join(
+        str(unicodedata.decimal(c)) if not c.isascii() and unicodedata.decimal(c, None) is not None else c for c in text
+    )
     text = _DIGIT_GROUPS.sub(lambda m: m.group(1) + _SEPARATOR.sub("", m.group(2)), text)
     return _SCIENTIFIC.sub(_plain_decimal, text)
 
@@ -154,8 +155,10 @@ def check_gold(gold, where: str = "gt_answer") -> str:
     if gold is None:
         raise ValueError(f"{where} is None: every row needs a non-empty gt_answer for the math reward")
     if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
-        raise ValueError(f"{where} is {gold!r} ({type(gold).__name__}): the math reward needs a string or a number "
-                         "as every row's gt_answer")  # fmt: skip
+        raise ValueError(
+            f"{where} is {gold!r} ({type(gold).__name__}): the math reward needs a string or a number "
+            "as every row's gt_answer"
+        )
     if isinstance(gold, float) and not math.isfinite(gold):
         raise ValueError(f"{where} is {gold!r}: the math reward needs a finite number or a string as gt_answer")
     if not str(gold).strip():
@@ -197,7 +200,7 @@ def lenient_answer(text: str) -> str | None:
 
 def _states_values(text: str) -> bool:
     """Whether ``text`` holds only what may stand beside a value (no relation symbol or command)."""
-    return all(c in _PLAIN_CHARS or c in "*:\"" for c in text) and all(
+    return all(c in _PLAIN_CHARS or c in '*:"' for c in text) and all(
         c in _VALUE_COMMANDS or c in ",;:! {}%$()[]" for c in _COMMAND.findall(text)
     )
 
@@ -299,9 +302,12 @@ def math_reward(
     return results
 
 
-DEFAULT_TAGS = {"think_start": {"text": "<think>", "num_occur": 1}, "think_end": {"text": "</think>", "num_occur": 1},
-                "answer_start": {"text": "<answer>", "num_occur": 1},
-                "answer_end": {"text": "</answer>", "num_occur": 1}}  # fmt: skip
+DEFAULT_TAGS = {
+    "think_start": {"text": "<think>", "num_occur": 1},
+    "think_end": {"text": "</think>", "num_occur": 1},
+    "answer_start": {"text": "<answer>", "num_occur": 1},
+    "answer_end": {"text": "</answer>", "num_occur": 1},
+}
 """ColossalChat's response format for ``think_answer_tags``: each tag this many times, in this order"""
 
 
@@ -330,15 +336,17 @@ def _strict(texts, golds, timeout_s: int, formatted) -> list[RewardResult]:
 
 
 @REWARD_FNS.register("think_answer_tags")
-def think_answer_tags(completions: list[str], gt_answer: list[str], tags: dict | None = None, timeout_s: int = 5,
-                      **_fields) -> list[RewardResult]:  # fmt: skip
+def think_answer_tags(
+    completions: list[str], gt_answer: list[str], tags: dict | None = None, timeout_s: int = 5, **_fields
+) -> list[RewardResult]:
     """ColossalChat's ``think_answer_tags`` reward, strict: a completion scores 1.0 only when it has each tag of
     ``tags`` (its ``response_format_tags``; default one <think>, </think>, <answer>, </answer>, in that order) the
     given number of times and its answer (the tag's boxes, else its text) matches the gold one; else 0.0 (ColossalChat
     scores 10 for the same verdict; group-normalised advantages do not see the scale)."""
     tags = tags or DEFAULT_TAGS
-    return _strict(completions, gt_answer, timeout_s,
-                   lambda text, fmt: fmt == "answer_tag" and tags_in_order(text, tags))  # fmt: skip
+    return _strict(
+        completions, gt_answer, timeout_s, lambda text, fmt: fmt == "answer_tag" and tags_in_order(text, tags)
+    )
 
 
 @REWARD_FNS.register("boxed")

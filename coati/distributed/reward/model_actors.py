@@ -17,8 +17,9 @@ class RewardModelServer:
         from coati.distributed.reward.reward_model import RewardModel
 
         torch.set_num_threads(threads)
-        self.model = RewardModel(path, batch_size=batch_size, max_tokens=max_tokens,
-                                 device="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
+        self.model = RewardModel(
+            path, batch_size=batch_size, max_tokens=max_tokens, device="cuda" if torch.cuda.is_available() else "cpu"
+        )
 
     def score(self, prompts: list, completions: list[str]) -> list[tuple[float, str]]:
         """(score, note) per pair; the note says when the pair was cut to the model's limit (else "")."""
@@ -47,15 +48,19 @@ class RewardModelClient:
         bounds = [len(prompts) * i // k for i in range(k + 1)]
         parts = [(i, bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
         extra = list(columns)  # per-pair columns after the completions (a judge's references and rubrics)
-        refs = [self.servers[i].score.remote(prompts[lo:hi], completions[lo:hi], *[x[lo:hi] for x in extra])
-                for i, lo, hi in parts]  # fmt: skip
+        refs = [
+            self.servers[i].score.remote(prompts[lo:hi], completions[lo:hi], *[x[lo:hi] for x in extra])
+            for i, lo, hi in parts
+        ]
         deadline, out = time.monotonic() + self.timeout_s, []
         for (i, _, _), ref in zip(parts, refs, strict=True):
             try:
                 out += ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
             except GetTimeoutError as e:
-                raise RuntimeError(f"reward model server {self.names[i]} did not answer within {self.timeout_s:g} s "
-                                   "(reward.rm_timeout_s)") from e  # fmt: skip
+                raise RuntimeError(
+                    f"reward model server {self.names[i]} did not answer within {self.timeout_s:g} s "
+                    "(reward.rm_timeout_s)"
+                ) from e
             except RayActorError as e:
                 raise RuntimeError(f"reward model server {self.names[i]} died: {e}") from e
         return out

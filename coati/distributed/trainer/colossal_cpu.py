@@ -8,9 +8,9 @@ works around. With CUDA, nothing here runs and ColossalAI is used as shipped.
    HybridAdam an update of the same interface and formula on torch's fused kernel (no build needed);
    HybridAdam keeps its parameter groups, state and checkpoint format.
 2. ZeRO-1/2, TP and PP call CUDA-only APIs: ``torch.cuda.Stream``/``Event``/``current_stream``/``stream`` (made
-   no-ops), ``get_accelerator().get_rng_state(device)`` (CPU takes no device argument),
-   ``manual_seed`` (refused by the CPU accelerator), ``torch.distributed.is_hccl_available`` (absent from CPU builds), and an accelerator-name assertion in the ZeRO
-   optimizer ("device is required") that rejects "cpu".
+   no-ops), ``get_accelerator().get_rng_state(device)`` (CPU takes no device argument), ``manual_seed`` (refused by the
+   CPU accelerator), ``torch.distributed.is_hccl_available`` (absent from CPU builds), and an accelerator-name assertion
+   in the ZeRO optimizer ("device is required") that rejects "cpu".
 """
 
 from __future__ import annotations
@@ -53,16 +53,43 @@ class TorchFusedCpuAdam:
     def __init__(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, adamw_mode: bool):
         self.adamw_mode = adamw_mode  # the other arguments arrive again with every step, as the kernels take them
 
-    def step(self, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-             bias_correction: bool, params: torch.Tensor, grads: torch.Tensor, exp_avg: torch.Tensor,
-             exp_avg_sq: torch.Tensor, div_scale: float = -1) -> None:  # fmt: skip
+    def step(
+        self,
+        step: int,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        bias_correction: bool,
+        params: torch.Tensor,
+        grads: torch.Tensor,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        div_scale: float = -1,
+    ) -> None:
         if bias_correction:
             # torch's kernel adds one to the step itself, as its optimizer does before calling it; it divides each
             # gradient by grad_scale as it reads it (leaving the divided gradient behind, as the unfused path would)
             scale = torch.tensor(float(div_scale)) if div_scale > 0 else None
-            torch_adam([params], [grads], [exp_avg], [exp_avg_sq], [], [torch.tensor(float(step - 1))], fused=True,
-                       grad_scale=scale, decoupled_weight_decay=self.adamw_mode, amsgrad=False, beta1=beta1,
-                       beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps, maximize=False)  # fmt: skip
+            torch_adam(
+                [params],
+                [grads],
+                [exp_avg],
+                [exp_avg_sq],
+                [],
+                [torch.tensor(float(step - 1))],
+                fused=True,
+                grad_scale=scale,
+                decoupled_weight_decay=self.adamw_mode,
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=lr,
+                weight_decay=weight_decay,
+                eps=eps,
+                maximize=False,
+            )
             return
         if div_scale > 0:
             grads = grads / div_scale

@@ -25,11 +25,10 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from torch import nn
-
 from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
 from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, Policy
 from colossalai.shardformer.policies.base_policy import SubModuleReplacementDescription as Replace
+from torch import nn
 
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW = ("self_attn.o_proj", "mlp.down_proj")
@@ -85,10 +84,16 @@ class DecoderLMPolicy(Policy):
             )
             vocab = {"make_vocab_size_divisible_by": shard.make_vocab_size_divisible_by}
             scaled = hasattr(model.model.embed_tokens, "scalar_embed_scale")  # Gemma's sqrt(hidden) scaling
-            embedding = Replace(suffix="embed_tokens", kwargs=vocab,
-                                target_module=ScaledVocabParallelEmbedding1D if scaled else VocabParallelEmbedding1D)
-            head = Replace(suffix="lm_head", target_module=VocabParallelLMHead1D,
-                           kwargs={**vocab, "gather_output": not shard.parallel_output})  # fmt: skip
+            embedding = Replace(
+                suffix="embed_tokens",
+                kwargs=vocab,
+                target_module=ScaledVocabParallelEmbedding1D if scaled else VocabParallelEmbedding1D,
+            )
+            head = Replace(
+                suffix="lm_head",
+                target_module=VocabParallelLMHead1D,
+                kwargs={**vocab, "gather_output": not shard.parallel_output},
+            )
             policy[type(model.model)] = ModulePolicyDescription(sub_module_replacement=[embedding])
             policy[type(model)] = ModulePolicyDescription(sub_module_replacement=[head])
         stages = self.pipeline_stage_manager
@@ -151,8 +156,12 @@ def sum_partial_grads(model: nn.Module, group) -> list[str]:
             parent = getattr(layer, block, None)
             if parent is None:
                 continue
-            split = {id(p) for s in COLUMN + ROW if s.startswith(block + ".")
-                     for p in (_submodule(layer, s) or nn.Module()).parameters()}  # fmt: skip
+            split = {
+                id(p)
+                for s in COLUMN + ROW
+                if s.startswith(block + ".")
+                for p in (_submodule(layer, s) or nn.Module()).parameters()
+            }
             for name, param in parent.named_parameters():
                 if id(param) not in split and param.requires_grad:
                     param.register_hook(summed)
@@ -198,8 +207,13 @@ def stage_forward(
         hidden_states = inner.embed_tokens(input_ids)
     if position_ids is None:
         position_ids = torch.arange(hidden_states.shape[1], device=hidden_states.device).unsqueeze(0)
-    mask_kwargs = dict(config=config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-                       past_key_values=None, position_ids=position_ids)  # fmt: skip
+    mask_kwargs = dict(
+        config=config,
+        inputs_embeds=hidden_states,
+        attention_mask=attention_mask,
+        past_key_values=None,
+        position_ids=position_ids,
+    )
     layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     masks = {"full_attention": create_causal_mask(**mask_kwargs)}
     if "sliding_attention" in layer_types:

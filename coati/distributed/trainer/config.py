@@ -41,7 +41,6 @@ class PluginConfig:
         )
 
 
-
 @dataclass(frozen=True)
 class ConsumerConfig:
     """Training actors: batch arithmetic (per DP rank, in prompts), optimiser, parallel layout."""
@@ -126,11 +125,15 @@ class ConsumerConfig:
         if self.max_engine_trainer_gap is not None:
             finite(self, "max_engine_trainer_gap", low=0)
         require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
-        require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
-                f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")  # fmt: skip
+        require(
+            isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+            f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}",
+        )
         require(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        require(self.compute_dtype in ("auto", "fp32", "bf16"),
-                f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}")  # fmt: skip
+        require(
+            self.compute_dtype in ("auto", "fp32", "bf16"),
+            f"compute_dtype must be auto, fp32 or bf16, got {self.compute_dtype!r}",
+        )
         require(
             self.compute_dtype != "bf16" or self.plugin.precision == "fp32",
             f"compute_dtype={self.compute_dtype} autocasts over fp32 weights, but plugin precision="
@@ -138,7 +141,8 @@ class ConsumerConfig:
         )
         require(
             self.compute_dtype != "bf16" or self.plugin.tp_size == 1,
-            f"compute_dtype=bf16 autocasts, but ColossalAI's tensor-parallel layers (tp_size={self.plugin.tp_size}) run "
+            "compute_dtype=bf16 autocasts, but ColossalAI's "
+            f"tensor-parallel layers (tp_size={self.plugin.tp_size}) run "
             "their backward outside autocast; use compute_dtype='fp32' (or 'auto') or plugin precision='bf16'",
         )
         require(
@@ -146,17 +150,23 @@ class ConsumerConfig:
             f"max_skipped_steps must be an integer >= 0, got {self.max_skipped_steps!r}",
         )
         object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
-        require(isinstance(self.lora_rank, int) and self.lora_rank >= 0,
-                f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}")  # fmt: skip
+        require(
+            isinstance(self.lora_rank, int) and self.lora_rank >= 0,
+            f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}",
+        )
         if self.lora_rank:
             p = self.plugin
-            require(p.tp_size == 1 and p.pp_size == 1,
-                    f"LoRA trains with data parallelism, ZeRO included (tp_size=1, pp_size=1); got "
-                    f"tp_size={p.tp_size}, pp_size={p.pp_size}: use more consumers for data parallelism, or "
-                    "lora_rank 0")  # fmt: skip
-            require(self.lora_alpha > 0 and 0 <= self.lora_dropout < 1 and self.lora_target_modules,
-                    f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "
-                    f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}")  # fmt: skip
+            require(
+                p.tp_size == 1 and p.pp_size == 1,
+                f"LoRA trains with data parallelism, ZeRO included (tp_size=1, pp_size=1); got "
+                f"tp_size={p.tp_size}, pp_size={p.pp_size}: use more consumers for data parallelism, or "
+                "lora_rank 0",
+            )
+            require(
+                self.lora_alpha > 0 and 0 <= self.lora_dropout < 1 and self.lora_target_modules,
+                f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "
+                f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}",
+            )
         model_parallel = self.plugin.tp_size * self.plugin.pp_size
         divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
         divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)
@@ -169,4 +179,3 @@ class ConsumerConfig:
     def lora_scale(self) -> float | None:
         """alpha / r, what a producer multiplies the adapter's B A by (None without LoRA)"""
         return self.lora_alpha / self.lora_rank if self.lora_rank else None
-

@@ -19,11 +19,15 @@ import torch
 
 from coati.distributed import attention
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
+from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.grouping import without_unscored
 from coati.distributed.algo.shaping import mask_truncated
-from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.lora import adapter_tensors, merged_state, peft_config
+from coati.distributed.precision import resolve_compute_dtype
+from coati.distributed.record import RolloutBatch, fresh_rows
+from coati.distributed.threads import ThreadLease
+from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.forward import (
     LAYOUTS,
     causal_lm,
@@ -34,13 +38,9 @@ from coati.distributed.trainer.forward import (
     trim_padding,
 )
 from coati.distributed.trainer.grad_clip import fold_clipping
-from coati.distributed.precision import resolve_compute_dtype
-from coati.distributed.lora import adapter_tensors, merged_state, peft_config
 from coati.distributed.trainer.optimizer_step import OptimizerSteps
 from coati.distributed.trainer.pipeline_step import PipelineSteps
-from coati.distributed.record import RolloutBatch, fresh_rows
 from coati.distributed.trainer.step_metrics import StepMetrics
-from coati.distributed.threads import ThreadLease
 from coati.distributed.transport.wire_layout import cast_for_wire, flatten_parameters, separate_storages
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,9 @@ class GRPOConsumer(PipelineSteps):
 
         on_cpu = apply_cpu_shims()
         backend = "gloo" if on_cpu else "nccl"
-        colossalai.launch(self.rank, self.world_size, self.master_addr, self.master_port, backend=backend, seed=self.seed)
+        colossalai.launch(
+            self.rank, self.world_size, self.master_addr, self.master_port, backend=backend, seed=self.seed
+        )
         self.device = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
         p = self.cfg.plugin
         self.plugin = HybridParallelPlugin(
@@ -138,8 +140,9 @@ class GRPOConsumer(PipelineSteps):
         optimizer = HybridAdam(trainable, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         self.lease_layers = self.threads.follow_layers(self.model)
-        self.steps = OptimizerSteps(self.optimizer, self.cfg, fold_clipping(self.optimizer, p.tp_size, p.pp_size),
-                                    self.device, self.world_size)  # fmt: skip
+        self.steps = OptimizerSteps(
+            self.optimizer, self.cfg, fold_clipping(self.optimizer, p.tp_size, p.pp_size), self.device, self.world_size
+        )
         if p.zero_stage == 0 and not self.cfg.lora_rank:  # an adapter's push is small: no flat layout needed
             flatten_parameters(self.model.unwrap())
         self.dp_rank = self.plugin.dp_group.rank()
@@ -166,17 +169,30 @@ class GRPOConsumer(PipelineSteps):
         self.layouts, self.pair_flops = self._allowed_layouts(), pair_cost(self.model)
         self.compute_dtype = resolve_compute_dtype(self.cfg.compute_dtype, self.device, p.precision, p.tp_size)
         if self.rank == 0:
-            log.warning("trainer computes in %s (compute_dtype=%s, weights %s)", self.compute_dtype,
-                        self.cfg.compute_dtype, p.precision)  # fmt: skip
+            log.warning(
+                "trainer computes in %s (compute_dtype=%s, weights %s)",
+                self.compute_dtype,
+                self.cfg.compute_dtype,
+                p.precision,
+            )
         from coati.distributed.placement import whereabouts
 
-        return {**whereabouts(), "dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
-                "pp_rank": self.pp_rank, "device": str(self.device), "compute_dtype": self.compute_dtype,
-                "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
-                "shares_prompts": self.share_prompts, "layouts": self.layouts,
-                "lease_layers": self.lease_layers, "attention": self.attention,
-                "malloc": os.environ.get("GLIBC_TUNABLES", ""),
-                "clipping": "in the update" if self.steps.clipping else "colossalai"}  # fmt: skip
+        return {
+            **whereabouts(),
+            "dp_rank": self.dp_rank,
+            "dp_size": self.dp_size,
+            "tp_rank": self.tp_rank,
+            "pp_rank": self.pp_rank,
+            "device": str(self.device),
+            "compute_dtype": self.compute_dtype,
+            "gradient_checkpointing": self.model.unwrap(unwrap_peft=False).is_gradient_checkpointing,
+            "shares_prompts": self.share_prompts,
+            "layouts": self.layouts,
+            "lease_layers": self.lease_layers,
+            "attention": self.attention,
+            "malloc": os.environ.get("GLIBC_TUNABLES", ""),
+            "clipping": "in the update" if self.steps.clipping else "colossalai",
+        }
 
     # ---- training --------------------------------------------------------------------------------------------
 
@@ -188,8 +204,9 @@ class GRPOConsumer(PipelineSteps):
 
     def _tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
         """The model inputs of ``rows``; with ``trim``, without the columns that are padding in all of them."""
-        arrays = {name: getattr(batch, name)[rows] for name in ("prompt_ids", "prompt_mask", "response_ids",
-                                                                  "response_mask")}  # fmt: skip
+        arrays = {
+            name: getattr(batch, name)[rows] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        }
         if trim:
             arrays = trim_padding(**arrays)
         return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for name, a in arrays.items()}
@@ -199,11 +216,15 @@ class GRPOConsumer(PipelineSteps):
         if not self.cfg.share_prompt_forward:
             return False
         size = self.cfg.train_microbatch_size or self.n
-        reason = ("pipeline stages pass hidden states, not caches" if self.cfg.plugin.pp_size > 1 else
-                  "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
-                  if self.cfg.gradient_checkpointing and not self.sdpa
-                  else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}" if size % self.n
-                  else "")  # fmt: skip
+        reason = (
+            "pipeline stages pass hidden states, not caches"
+            if self.cfg.plugin.pp_size > 1
+            else "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
+            if self.cfg.gradient_checkpointing and not self.sdpa
+            else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}"
+            if size % self.n
+            else ""
+        )
         if reason and self.rank == 0:
             log.warning("share_prompt_forward: every row's prompt is computed in full (%s)", reason)
         return not reason
@@ -222,8 +243,13 @@ class GRPOConsumer(PipelineSteps):
         if size:
             return [slice(lo, lo + size) for lo in range(0, len(rows), size)]
         unit = self.n if self.share_prompts else 1
-        return token_budget_chunks(batch.prompt_mask[rows].sum(-1), batch.response_lengths[rows], unit,
-                                   self.cfg.train_microbatch_tokens, self.share_prompts)  # fmt: skip
+        return token_budget_chunks(
+            batch.prompt_mask[rows].sum(-1),
+            batch.response_lengths[rows],
+            unit,
+            self.cfg.train_microbatch_tokens,
+            self.share_prompts,
+        )
 
     def _by_length(self, batch: RolloutBatch, shard_rows, local) -> np.ndarray:
         """``local`` (indices into the shard) ordered by token count, so each micro-batch holds rows of similar
@@ -237,8 +263,13 @@ class GRPOConsumer(PipelineSteps):
         return groups[np.argsort(tokens.reshape(-1, self.n).max(-1), kind="stable")].reshape(-1)
 
     def _layout(self, t: dict) -> str:
-        return choose_layout(t["prompt_mask"].sum(-1).numpy(force=True), t["response_mask"].sum(-1).numpy(force=True),
-                             self.n, self.pair_flops, self.layouts)  # fmt: skip
+        return choose_layout(
+            t["prompt_mask"].sum(-1).numpy(force=True),
+            t["response_mask"].sum(-1).numpy(force=True),
+            self.n,
+            self.pair_flops,
+            self.layouts,
+        )
 
     def _logprobs(self, model, t: dict, with_entropy: bool = False, layout: str | None = None):
         """Per-token log-probs (and entropy) of a micro-batch's inputs, under the configured precision, in ``layout``
@@ -246,16 +277,23 @@ class GRPOConsumer(PipelineSteps):
         layout = layout or self._layout(t)
         group = {} if layout == "rows" else {"group_size": self.n}
         with self._compute():
-            return LAYOUTS[layout](model, **t, **group, temperature=self.generation.temperature,
-                                   with_entropy=with_entropy, vocab_size=self.vocab_size)  # fmt: skip
+            return LAYOUTS[layout](
+                model,
+                **t,
+                **group,
+                temperature=self.generation.temperature,
+                with_entropy=with_entropy,
+                vocab_size=self.vocab_size,
+            )
 
     def set_threads(self, n: int, call: int) -> None:
         """Train call ``call`` uses ``n`` threads from its next decoder layer (forward or backward) or pass on
         (called on a second thread: the driver lends the cores of producers that have stopped; ``ThreadLease``)."""
         self.threads.lend(n, call)
 
-    def train_step(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None,
-                   total_steps: int | None = None) -> dict:  # fmt: skip
+    def train_step(
+        self, batch: RolloutBatch, threads: int | None = None, call: int | None = None, total_steps: int | None = None
+    ) -> dict:
         """One training step on the global batch of the step, with ``threads`` CPU threads (None: this actor's own;
         a ``set_threads`` for the same ``call`` may raise it while the step runs), of a run of ``total_steps`` (the
         learning-rate schedule's horizon); returns its metrics reduced over every DP rank."""
@@ -282,15 +320,28 @@ class GRPOConsumer(PipelineSteps):
         old_lp, t_old = None, time.perf_counter()
         if per_step > 1:  # the policy before this step's first update, over the whole shard
             mb_rows = shard // num_minibatches
-            old_lp = (self._pipeline_logprobs(batch, shard_rows, mb_rows) if self.cfg.plugin.pp_size > 1
-                      else self._old_logprobs(batch, shard_rows, mb_rows))  # fmt: skip
+            old_lp = (
+                self._pipeline_logprobs(batch, shard_rows, mb_rows)
+                if self.cfg.plugin.pp_size > 1
+                else self._old_logprobs(batch, shard_rows, mb_rows)
+            )
         t_old = time.perf_counter() - t_old
         ref_lp = self._logprobs_no_grad(self.ref_model, batch, shard_rows) if self.ref_model is not None else None
         step_loss = torch.zeros(1, dtype=torch.float64)
         self.steps.begin()
         for k in range(per_step):  # pass k // num_minibatches over the batch, its minibatch k % num_minibatches
-            losses = self._minibatch(batch, k % num_minibatches, num_minibatches, shard_rows, loss_mask, adv, old_lp,
-                                     ref_lp, metrics, first=k == 0)  # fmt: skip
+            losses = self._minibatch(
+                batch,
+                k % num_minibatches,
+                num_minibatches,
+                shard_rows,
+                loss_mask,
+                adv,
+                old_lp,
+                ref_lp,
+                metrics,
+                first=k == 0,
+            )
             step_loss += sum(losses) / self.dp_size / per_step
             self.steps.step(losses, self.step_count * per_step + k, self.total_steps * per_step, per_step)
         self.step_count += 1
@@ -304,8 +355,9 @@ class GRPOConsumer(PipelineSteps):
         out.update(self.steps.report())
         return out
 
-    def _minibatch(self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics,
-                   first: bool) -> list[float]:  # fmt: skip
+    def _minibatch(
+        self, batch, m, num_minibatches, shard_rows, loss_mask, adv, old_lp, ref_lp, metrics, first: bool
+    ) -> list[float]:
         """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss. The
         step's ``first`` minibatch runs before any update: its forward writes its rows' old log-probs."""
         shard = len(shard_rows)
@@ -317,10 +369,18 @@ class GRPOConsumer(PipelineSteps):
         norm = LossNorm.from_mask(loss_mask[global_rows], self.generation.max_new_tokens, self.dp_size)
         local = np.arange(m * mb_rows, (m + 1) * mb_rows)
         if self.cfg.plugin.pp_size > 1:
-            return [self._pipeline_minibatch(
-                batch, shard_rows[local], loss_mask, adv, norm, metrics,
-                old_lp[local] if old_lp is not None else None, ref_lp[local] if ref_lp is not None else None,
-            )]  # fmt: skip
+            return [
+                self._pipeline_minibatch(
+                    batch,
+                    shard_rows[local],
+                    loss_mask,
+                    adv,
+                    norm,
+                    metrics,
+                    old_lp[local] if old_lp is not None else None,
+                    ref_lp[local] if ref_lp is not None else None,
+                )
+            ]
         order = self._by_length(batch, shard_rows, local)
         losses = []
         chunks = self._chunks(batch, shard_rows[order])
@@ -328,8 +388,9 @@ class GRPOConsumer(PipelineSteps):
             idx = order[chunk]
             self.threads.apply()
             with self._grad_sync(last=i == len(chunks) - 1):
-                losses.append(self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm,
-                                               metrics, first))  # fmt: skip
+                losses.append(
+                    self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics, first)
+                )
         return losses
 
     def _grad_sync(self, last: bool):
@@ -342,8 +403,9 @@ class GRPOConsumer(PipelineSteps):
             return contextlib.nullcontext()
         return ddp.no_sync()
 
-    def _microbatch(self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics,
-                    first: bool) -> float:  # fmt: skip
+    def _microbatch(
+        self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics, first: bool
+    ) -> float:
         """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its
         own longest prompt and response; returns its loss. ``first``: no update yet this step, so its log-probs are
         the old ones (kept in ``old_lp`` for the later passes)."""
@@ -354,10 +416,19 @@ class GRPOConsumer(PipelineSteps):
         metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
         if first and old_lp is not None:
             old_lp[idx, :r] = logprobs.detach()
-        loss = self._loss(batch, rows, logprobs, entropy, loss_mask[rows, :r].to(self.device),
-                          adv[rows, :r].to(self.device), old_lp[idx, :r] if old_lp is not None else None,
-                          ref_lp[idx, :r] if ref_lp is not None else None, self._rollout_logprobs(batch, rows, r), norm,
-                          metrics)  # fmt: skip
+        loss = self._loss(
+            batch,
+            rows,
+            logprobs,
+            entropy,
+            loss_mask[rows, :r].to(self.device),
+            adv[rows, :r].to(self.device),
+            old_lp[idx, :r] if old_lp is not None else None,
+            ref_lp[idx, :r] if ref_lp is not None else None,
+            self._rollout_logprobs(batch, rows, r),
+            norm,
+            metrics,
+        )
         self.booster.backward(loss, self.optimizer)
         return loss.item()
 
@@ -365,8 +436,14 @@ class GRPOConsumer(PipelineSteps):
         """The policy loss of a micro-batch's log-probs (``old`` None: they are their own old policy, detached),
         recording its metrics weighted by its loss tokens, the entropy and the engine-trainer gap; both the plain and
         the pipelined step call it."""
-        inp = LossInput(logprobs=logprobs, old_logprobs=old if old is not None else logprobs.detach(), advantages=adv,
-                        mask=mask, ref_logprobs=ref, rollout_logprobs=rollout)  # fmt: skip
+        inp = LossInput(
+            logprobs=logprobs,
+            old_logprobs=old if old is not None else logprobs.detach(),
+            advantages=adv,
+            mask=mask,
+            ref_logprobs=ref,
+            rollout_logprobs=rollout,
+        )
         loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
         self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, rollout, mask)
         weight = float(mask.sum())
@@ -377,8 +454,11 @@ class GRPOConsumer(PipelineSteps):
         return loss
 
     def _dp_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,
-               "min": torch.distributed.ReduceOp.MIN}  # fmt: skip
+        ops = {
+            "sum": torch.distributed.ReduceOp.SUM,
+            "max": torch.distributed.ReduceOp.MAX,
+            "min": torch.distributed.ReduceOp.MIN,
+        }
         on_device = tensor.to(self.device)
         torch.distributed.all_reduce(on_device, op=ops[op], group=self.plugin.dp_group)
         tensor.copy_(on_device.cpu())
@@ -394,8 +474,12 @@ class GRPOConsumer(PipelineSteps):
         if rollout is None:
             if self.algo.off_policy_correction != "none" and not self._warned_unavailable:
                 self._warned_unavailable = True
-                log.warning("consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
-                            "applied to such rows (loss/is_unavailable_frac)", self.rank, self.algo.off_policy_correction)
+                log.warning(
+                    "consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
+                    "applied to such rows (loss/is_unavailable_frac)",
+                    self.rank,
+                    self.algo.off_policy_correction,
+                )
             return
         fresh = fresh_rows(batch.token_versions[rows][:, : mask.shape[1]], mask.cpu().numpy() > 0, self.step_count)
         same = torch.from_numpy(fresh[:, None]).to(mask) * mask
@@ -435,8 +519,9 @@ class GRPOConsumer(PipelineSteps):
 
         return gathered_weights(self.model.unwrap())
 
-    def join_weight_group(self, world_size: int, group_name: str, backend: str, timeout_s: float,
-                          wire_dtype: str | None = None) -> bool:  # fmt: skip
+    def join_weight_group(
+        self, world_size: int, group_name: str, backend: str, timeout_s: float, wire_dtype: str | None = None
+    ) -> bool:
         """Join ``group_name`` as its sender; full pushes then travel in ``wire_dtype`` (the engines' weight dtype,
         e.g. "bfloat16"; None: the trainer's own dtypes)."""
         from coati.distributed.transport import init_group
@@ -468,7 +553,7 @@ class GRPOConsumer(PipelineSteps):
     def _push_layout(self) -> tuple[dict[str, str], frozenset[str]]:
         """(the weights tied to others, those stored transposed) that full pushes' fingerprints follow (``attest``);
         none for an adapter's."""
-        from coati.distributed.attest import transposed_weights, tied_weights
+        from coati.distributed.attest import tied_weights, transposed_weights
 
         if self.cfg.lora_rank:
             return {}, frozenset()
@@ -498,13 +583,17 @@ class GRPOConsumer(PipelineSteps):
 
         bad = [n for n, p in self.model.unwrap().named_parameters() if not all_finite([p.detach()])]
         if bad:
-            raise RuntimeError(f"refusing to checkpoint into {folder}: non-finite weights in {bad[:5]} "
-                               f"({len(bad)} tensors)")  # fmt: skip
+            raise RuntimeError(
+                f"refusing to checkpoint into {folder}: non-finite weights in {bad[:5]} ({len(bad)} tensors)"
+            )
         # On CPU, ColossalAI's saver writes parameters as they are, and torch.save writes a view's whole storage.
         with separate_storages(self.model.unwrap()) if self.device.type == "cpu" else contextlib.nullcontext():
             self.booster.save_model(self.model, os.path.join(folder, "model"), shard=True)
         self.booster.save_optimizer(self.optimizer, os.path.join(folder, "optimizer"), shard=True)
-        torch.save({"torch": torch.get_rng_state(), "step": self.step_count}, os.path.join(folder, f"rng-consumer-{self.rank}.pt"))
+        torch.save(
+            {"torch": torch.get_rng_state(), "step": self.step_count},
+            os.path.join(folder, f"rng-consumer-{self.rank}.pt"),
+        )
         return True
 
     def load_checkpoint(self, folder: str) -> int:

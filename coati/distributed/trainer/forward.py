@@ -24,8 +24,12 @@ def trim_padding(prompt_ids, prompt_mask, response_ids, response_mask) -> dict:
     p = int(prompt_mask.sum(-1).max()) if len(prompt_mask) else 0
     r = max(int(response_mask.sum(-1).max()) if len(response_mask) else 0, 1)
     keep = slice(prompt_ids.shape[1] - p, None)
-    return {"prompt_ids": prompt_ids[:, keep], "prompt_mask": prompt_mask[:, keep],
-            "response_ids": response_ids[:, :r], "response_mask": response_mask[:, :r]}  # fmt: skip
+    return {
+        "prompt_ids": prompt_ids[:, keep],
+        "prompt_mask": prompt_mask[:, keep],
+        "response_ids": response_ids[:, :r],
+        "response_mask": response_mask[:, :r],
+    }
 
 
 def token_budget_chunks(prompt_lens, response_lens, unit: int, budget: int, shared: bool) -> list[slice]:
@@ -65,9 +69,13 @@ def causal_lm(model):
     """The transformers causal LM inside ColossalAI's and torch's wrappers (a peft model stays as it is: it answers
     ``get_decoder``/``get_output_embeddings`` for its base)."""
     while not hasattr(model, "get_output_embeddings"):
-        model = (model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap")
-                 else model.base_model if hasattr(model, "base_model")  # ColossalAI's peft view
-                 else model.module)  # fmt: skip
+        model = (
+            model.unwrap(unwrap_peft=False)
+            if hasattr(model, "unwrap")
+            else model.base_model
+            if hasattr(model, "base_model")  # ColossalAI's peft view
+            else model.module
+        )
     return model
 
 
@@ -114,20 +122,25 @@ def check_output_layer(model) -> None:
 
     bad = [name for name, p in lm.named_parameters() if not all_finite([p])]
     if bad:
-        raise ValueError(f"{type(lm).__name__} has non-finite (NaN or infinite) weights in {bad[:5]} ({len(bad)} "
-                         "tensors); the model folder is damaged: load another copy")  # fmt: skip
+        raise ValueError(
+            f"{type(lm).__name__} has non-finite (NaN or infinite) weights in {bad[:5]} ({len(bad)} "
+            "tensors); the model folder is damaged: load another copy"
+        )
     ids = torch.arange(1, 5, device=next(lm.parameters()).device)[None]
     with DecoderStates(lm) as d:
         logits = lm(input_ids=ids, use_cache=False).logits
     own = d.lm_head(d.states[0])
     if own.shape != logits.shape or not torch.allclose(own.float(), logits.float(), rtol=1e-3, atol=1e-5):
-        raise ValueError(f"{type(lm).__name__}'s logits are not its output layer applied to its decoder's last hidden "
-                         f"states (scaled logits?); coati's trainer computes log-probs from that layer, "
-                         f"so it cannot train this model")  # fmt: skip
+        raise ValueError(
+            f"{type(lm).__name__}'s logits are not its output layer applied to its decoder's last hidden "
+            f"states (scaled logits?); coati's trainer computes log-probs from that layer, "
+            f"so it cannot train this model"
+        )
 
 
-def head_logprobs(lm_head, hidden, response_ids, response_mask, temperature: float, with_entropy: bool,
-                  vocab_size: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def head_logprobs(
+    lm_head, hidden, response_ids, response_mask, temperature: float, with_entropy: bool, vocab_size: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) [N, R] of the response tokens from the hidden states that predict them, one row per
     real token in row-major order ([T, H]); 0 at padding."""
     real = response_mask.bool()
@@ -140,7 +153,13 @@ def head_logprobs(lm_head, hidden, response_ids, response_mask, temperature: flo
 
 
 def sequence_logprobs(
-    model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0, with_entropy: bool = False,
+    model,
+    prompt_ids,
+    prompt_mask,
+    response_ids,
+    response_mask,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
     vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(response token t | prefix) at ``temperature`` [N, R], entropy [N, R] or None), 0 at padding: every
@@ -165,8 +184,15 @@ def group_prompts(prompt_ids, prompt_mask, group_size: int) -> tuple[torch.Tenso
 
 
 def shared_prompt_logprobs(
-    model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int, temperature: float = 1.0,
-    with_entropy: bool = False, vocab_size: int | None = None,
+    model,
+    prompt_ids,
+    prompt_mask,
+    response_ids,
+    response_mask,
+    group_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sequence_logprobs`` for rows in groups of ``group_size`` consecutive rows sharing one prompt, computing each
     prompt once: a forward of the groups' prompts fills a KV cache, repeated ``group_size`` times, which the
@@ -178,22 +204,40 @@ def shared_prompt_logprobs(
     r = response_ids.shape[1]
     start = prompt_mask.long().sum(-1, keepdim=True)
     with DecoderStates(model) as d:
-        cache = model(input_ids=groups[0], attention_mask=groups[1].long(), position_ids=positions, use_cache=True,
-                      logits_to_keep=keep).past_key_values  # fmt: skip
+        cache = model(
+            input_ids=groups[0],
+            attention_mask=groups[1].long(),
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=keep,
+        ).past_key_values
         cache.batch_repeat_interleave(group_size)
-        model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask, response_mask], dim=1).long(),
-              position_ids=start + torch.arange(r, device=start.device), past_key_values=cache, use_cache=True,
-              logits_to_keep=keep)  # fmt: skip
+        model(
+            input_ids=response_ids,
+            attention_mask=torch.cat([prompt_mask, response_mask], dim=1).long(),
+            position_ids=start + torch.arange(r, device=start.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
     prompt_state, response_states = d.states
     # The prompt's last position predicts response token 0; response position t predicts token t + 1.
     hidden = torch.cat([prompt_state[:, -1:].repeat_interleave(group_size, 0), response_states[:, :-1]], dim=1)
-    return head_logprobs(d.lm_head, hidden[response_mask.bool()], response_ids, response_mask, temperature,
-                         with_entropy, vocab_size)  # fmt: skip
+    return head_logprobs(
+        d.lm_head, hidden[response_mask.bool()], response_ids, response_mask, temperature, with_entropy, vocab_size
+    )
 
 
 def packed_group_logprobs(
-    model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int, temperature: float = 1.0,
-    with_entropy: bool = False, vocab_size: int | None = None,
+    model,
+    prompt_ids,
+    prompt_mask,
+    response_ids,
+    response_mask,
+    group_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``shared_prompt_logprobs`` without padding: each group's prompt and its responses' real tokens packed in one
     row (prompt, response 1, ..., response n; rows padded only to the longest group), under a tree-shaped attention
@@ -223,8 +267,13 @@ def packed_group_logprobs(
     mask = (ar[:, None] >= ar[None, :]) & ((k == -1) | (q == k)) & (k != -2)
     mask |= torch.eye(width, dtype=torch.bool, device=dev)  # a padding position attends to itself (no empty row)
     with DecoderStates(model) as d:
-        model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, use_cache=False,
-              logits_to_keep=NO_POSITIONS.to(dev))  # fmt: skip
+        model(
+            input_ids=ids,
+            attention_mask=mask[:, None],
+            position_ids=pos,
+            use_cache=False,
+            logits_to_keep=NO_POSITIONS.to(dev),
+        )
     # Response token 0 is predicted by the prompt's last token, token t by the response's token t - 1.
     pred = torch.where(t == 0, (plen[row_group] - 1)[:, None], starts[:, None] + t - 1) + (row_group * width)[:, None]
     hidden = d.states[0].reshape(g * width, -1).index_select(0, pred[rm])

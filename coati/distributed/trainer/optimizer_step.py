@@ -74,6 +74,9 @@ class OptimizerSteps:
                 f"max_skipped_steps={self.cfg.max_skipped_steps}); the last step's gradient norm was "
                 f"{self.log[-1][0]}. Lower the learning rate or check the rewards and data"
             )
-        return {"actor/lr": self.lr, "actor/grad_norm": float(np.mean(finite)) if finite else float("nan"),
-                "actor/skipped_steps": sum(skipped for _, skipped in self.log),
-                "actor/skipped_steps_total": self.skipped_total}  # fmt: skip
+        return {
+            "actor/lr": self.lr,
+            "actor/grad_norm": float(np.mean(finite)) if finite else float("nan"),
+            "actor/skipped_steps": sum(skipped for _, skipped in self.log),
+            "actor/skipped_steps_total": self.skipped_total,
+        }

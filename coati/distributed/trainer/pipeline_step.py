@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from coati.distributed.algo.logprobs import logprobs_and_entropy
-from coati.distributed.trainer.forward import model_inputs, response_logits
 from coati.distributed.record import RolloutBatch
+from coati.distributed.trainer.forward import model_inputs, response_logits
 
 
 class PipelineSteps:
@@ -31,10 +31,19 @@ class PipelineSteps:
             sl = slice(i * size, (i + 1) * size)
             logits = response_logits(outputs.logits, r, self.vocab_size)
             logprobs, entropy = logprobs_and_entropy(logits, t["response_ids"][sl], self.generation.temperature, True)
-            loss = self._loss(batch, rows[sl], logprobs, entropy, loss_mask[rows[sl]].to(self.device),
-                              adv[rows[sl]].to(self.device), old_lp[sl] if old_lp is not None else None,
-                              ref_lp[sl] if ref_lp is not None else None, self._rollout_logprobs(batch, rows[sl]), norm,
-                              metrics)  # fmt: skip
+            loss = self._loss(
+                batch,
+                rows[sl],
+                logprobs,
+                entropy,
+                loss_mask[rows[sl]].to(self.device),
+                adv[rows[sl]].to(self.device),
+                old_lp[sl] if old_lp is not None else None,
+                ref_lp[sl] if ref_lp is not None else None,
+                self._rollout_logprobs(batch, rows[sl]),
+                norm,
+                metrics,
+            )
             seen["loss"] += loss.item()
             return loss * n_micro
 

@@ -68,7 +68,6 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     from coati.distributed.guards import reward_failures
     from coati.distributed.record import RolloutBatch
 
-
     n = num_generations
     drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch
     ex = drawn.extras
@@ -109,8 +108,11 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "reward/no_score": int(ex["reward_no_score"].sum()) if "reward_no_score" in ex else 0,
         "reward/rm_truncated": int(ex["rm_truncated"].sum()) if "rm_truncated" in ex else 0,
         # each reward component's mean over the drawn rows (when the reward has components)
-        **{f"reward/component/{k[len('component/'):]}": float(np.mean(v)) for k, v in ex.items()
-           if k.startswith("component/")},
+        **{
+            f"reward/component/{k[len('component/') :]}": float(np.mean(v))
+            for k, v in ex.items()
+            if k.startswith("component/")
+        },
     }
     for key in ("time/generate", "time/reward_wait", "time/producer_total"):
         if key in ex:
@@ -120,11 +122,14 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         out[f"rollout/lag{j}_groups"] = int(count)  # trained groups whose oldest row started j versions back
     out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
     out["samples"] = [
-        {"prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
-         "response": tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
-         "reward": float(batch.rewards[i]), "policy_version": int(batch.policy_version[i])}
+        {
+            "prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
+            "response": tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
+            "reward": float(batch.rewards[i]),
+            "policy_version": int(batch.policy_version[i]),
+        }
         for i in range(0, min(len(batch), 2 * n), n)
-    ]  # fmt: skip
+    ]
     return out
 
 
@@ -133,7 +138,10 @@ def episode_metrics(ex: dict) -> dict:
     that ended by the turn limit, by the token budget or by an environment failure."""
     if "turns" not in ex:
         return {}
-    return {"env/turns_mean": float(np.mean(ex["turns"])), "env/turns_max": int(np.max(ex["turns"])),
-            "env/tool_calls_mean": float(np.mean(ex["tool_calls"])),
-            "env/turn_limit_frac": float(np.mean(ex["turn_limit"])),
-            "env/errors": int(np.sum(ex["env_error"]))}  # fmt: skip
+    return {
+        "env/turns_mean": float(np.mean(ex["turns"])),
+        "env/turns_max": int(np.max(ex["turns"])),
+        "env/tool_calls_mean": float(np.mean(ex["tool_calls"])),
+        "env/turn_limit_frac": float(np.mean(ex["turn_limit"])),
+        "env/errors": int(np.sum(ex["env_error"])),
+    }

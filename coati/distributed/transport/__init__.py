@@ -14,6 +14,15 @@ from coati.distributed.transport.group import (
 from coati.distributed.transport.push import VersionedDict, ray_broadcast_object, ray_broadcast_tensor_dict
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "CollectiveError", "TorchGroup", "VersionedDict", "destroy_group", "forget_group_address",
-    "group_address", "init_group", "ray_broadcast_object", "ray_broadcast_tensor_dict", "register_backends",
-]  # fmt: skip
+    "DEFAULT_TIMEOUT_S",
+    "CollectiveError",
+    "TorchGroup",
+    "VersionedDict",
+    "destroy_group",
+    "forget_group_address",
+    "group_address",
+    "init_group",
+    "ray_broadcast_object",
+    "ray_broadcast_tensor_dict",
+    "register_backends",
+]

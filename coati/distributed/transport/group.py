@@ -149,9 +149,13 @@ class _IsolatedTorchGroup(TorchGroup, BaseGroup):
 
     def __init__(self, world_size: int, rank: int, group_name: str):
         TorchGroup.__init__(
-            self, world_size, rank, group_name, type(self).torch_backend,
+            self,
+            world_size,
+            rank,
+            group_name,
+            type(self).torch_backend,
             _group_timeouts.get(group_name, DEFAULT_TIMEOUT_S),
-        )  # fmt: skip
+        )
 
     @classmethod
     def backend(cls):

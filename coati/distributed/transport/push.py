@@ -21,7 +21,15 @@ from typing import Any, Callable
 import torch
 
 from coati.distributed.transport.group import ON_DESTROY, CollectiveError, TorchGroup, _handle
-from coati.distributed.transport.wire_layout import Schema, destination, pack_into, plan_transfers, schema_id, span_bytes, unpack
+from coati.distributed.transport.wire_layout import (
+    Schema,
+    destination,
+    pack_into,
+    plan_transfers,
+    schema_id,
+    span_bytes,
+    unpack,
+)
 
 DEFAULT_BUCKET_BYTES = 128 << 20
 DEFAULT_DIRECT_BYTES = 1 << 20

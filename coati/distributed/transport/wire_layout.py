@@ -102,10 +102,12 @@ def _round_up(n: int, align: int) -> int:
 def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``b`` starts exactly where ``a`` ends, both contiguous in one storage."""
     return (
-        a.is_contiguous() and b.is_contiguous() and a.device == b.device
+        a.is_contiguous()
+        and b.is_contiguous()
+        and a.device == b.device
         and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
         and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
-    )  # fmt: skip
+    )
 
 
 def _region(first: torch.Tensor, nbytes: int) -> torch.Tensor:
