@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 import torch
 
+from coati.distributed.lora import adapter_pairs
+
 
 def column(name: str, version: int, width: int) -> int:
     """The column of ``name``'s matrix sampled at push ``version``."""
@@ -115,7 +117,6 @@ def adapter_fingerprints(
     with both tensors of a pair marked wrong ([None, shape]) where the engine's ``served`` sampled column of the
     target ({target: values at ``column(target, version, width)``}) is not its ``bases`` value plus ``scale`` * B A
     within rounding; without ``served`` (an engine that serves the adapter apart from the weights) the adapter alone."""
-    from coati.distributed.lora import adapter_pairs
 
     out = fingerprints(adapter, version)
     for target, (a, b) in adapter_pairs(dict(adapter)).items() if served is not None else ():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from coati.distributed.algo.grouping import degenerate_groups, group_mean_std, group_sum_count
+from coati.distributed.algo.grouping import group_mean_std, group_sum_count
 from coati.registry import Registry
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
@@ -21,14 +21,12 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 class AdvantageOutput:
     advantages: torch.Tensor
     """[B, T] float32, zero where response_mask is 0, detached."""
-    degenerate: torch.Tensor
-    """[B] bool: the sample's group has all-equal rewards (zero signal; dynamic sampling filters these)."""
 
 
 def _finish(adv_per_seq: torch.Tensor, rewards, group_ids, response_mask) -> AdvantageOutput:
     mask = response_mask.to(torch.float32)
     adv = (adv_per_seq.to(torch.float32)[:, None] * mask).detach()
-    return AdvantageOutput(adv, degenerate_groups(rewards, group_ids))
+    return AdvantageOutput(adv)
 
 
 def _check_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -99,4 +97,4 @@ def reinforce_pp_baseline_advantage(rewards, group_ids, response_mask, cfg) -> A
     mu = tok.sum() / n
     var = (((tok - mu) * mask) ** 2).sum() / (n - 1).clamp(min=1)
     adv = ((tok - mu) / (var + cfg.adv_eps).sqrt()) * mask
-    return AdvantageOutput(adv.to(torch.float32).detach(), degenerate_groups(rewards, group_ids))
+    return AdvantageOutput(adv.to(torch.float32).detach())

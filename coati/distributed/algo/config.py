@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coati.distributed.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 from coati.distributed.checks import require
 
 SIGNALS = ("task_reward", "reward")
@@ -64,7 +66,6 @@ class AlgorithmConfig:
     """epsilon added to standard deviations in advantage normalisation"""
 
     def __post_init__(self):
-        from coati.distributed.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
         for registry, name in (
             (ADVANTAGE_ESTIMATORS, self.advantage_estimator),
@@ -80,7 +81,6 @@ class AlgorithmConfig:
             f"dual_clip_c must be > 1 (or None to disable), got {self.dual_clip_c}",
         )
         require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 
         require(
             self.off_policy_correction in OFF_POLICY_CORRECTIONS,

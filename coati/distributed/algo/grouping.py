@@ -27,7 +27,7 @@ def group_sum_count(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torc
 def group_mean_std(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample group mean and sample standard deviation (Bessel-corrected, as torch.std): two tensors [B].
 
-    A group of one sample has std 0 (not NaN): it carries no signal and is flagged degenerate by the estimators.
+    A group of one sample has std 0 (not NaN): it carries no signal (``degenerate_groups`` flags it).
     """
     sums, counts = group_sum_count(values, group_ids)
     mean = sums / counts

@@ -13,6 +13,8 @@ import json
 import math
 from typing import Any
 
+from coati.distributed.rollout.data import read_jsonl
+
 STATEMENTS = {
     "eval_save_dir": "evaluations are written to the run folder's evals.json and metrics.jsonl (eval/*), not to "
     "eval_save_dir",
@@ -128,7 +130,6 @@ def _datasets(kw: dict) -> int | None:
 def _tasks(tasks: dict[str, dict]) -> dict:
     """ColossalChat's per-task held-out sets ({task: {path, max_length, system_prompt}}) as one held-out set: each
     file's rows with a ``task`` column (one task: its config as it is)."""
-    from coati.distributed.rollout.data import read_jsonl
 
     if len(tasks) == 1:
         return dict(next(iter(tasks.values())))

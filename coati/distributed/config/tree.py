@@ -14,10 +14,13 @@ import os
 from dataclasses import dataclass, field
 
 from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.algo.presets import resolve_algorithm
 from coati.distributed.checks import divides, finite, positive, require, seed_in_range
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.loggers import LOGGERS
 from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.config import ProducerConfig
+from coati.distributed.rollout.data import PromptFormat
 from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
@@ -172,7 +175,6 @@ class DataConfig:
         self.prompt_format()  # raw_prompt with a system prompt is refused now
 
     def prompt_format(self):
-        from coati.distributed.rollout.data import PromptFormat
 
         return PromptFormat(self.system_prompt, self.raw_prompt)
 
@@ -286,7 +288,6 @@ class RunConfig:
     def __post_init__(self):
         object.__setattr__(self, "resume_allow", tuple(self.resume_allow))
         object.__setattr__(self, "report_to", tuple(self.report_to))
-        from coati.distributed.loggers import LOGGERS
 
         unknown = [name for name in self.report_to if name not in LOGGERS]
         require(
@@ -368,7 +369,6 @@ class Config:
 
     def launch_config(self) -> LaunchConfig:
         """The training subtree, with the algorithm resolved from its preset (checked as it is built)."""
-        from coati.distributed.algo.presets import resolve_algorithm
 
         return LaunchConfig(
             producer=self.producer,

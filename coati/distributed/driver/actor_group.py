@@ -8,6 +8,13 @@ from __future__ import annotations
 import os
 import time
 
+from coati.distributed.attest import compare
+from coati.distributed.inference import backend_class
+from coati.distributed.placement import actor_options, reserve_shared_gpus, weight_backend
+from coati.distributed.reward.judge import JudgeServer
+from coati.distributed.reward.model_actors import RewardModelServer
+from coati.distributed.rollout.producer import Producer
+
 STEP_TIMEOUT_S = 3600.0
 """the longest the driver waits for one fan-out (a rollout round, a training step, ...)"""
 
@@ -117,9 +124,7 @@ class ActorGroups:
     def start(self) -> None:
         import ray
 
-        from coati.distributed.placement import actor_options, reserve_shared_gpus
-        from coati.distributed.rollout.producer import Producer
-        from coati.distributed.trainer.consumer import GRPOConsumer
+        from coati.distributed.trainer.consumer import GRPOConsumer  # deferred: imports Ray's collective module
 
         # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -221,10 +226,6 @@ class ActorGroups:
         start."""
         import ray
 
-        from coati.distributed.placement import actor_options
-        from coati.distributed.reward.judge import JudgeServer
-        from coati.distributed.reward.model_actors import RewardModelServer
-
         r = self.cfg.reward
         wanted = {}
         if r.rm_path is not None:
@@ -303,9 +304,7 @@ class ActorGroups:
 
     def connect_weight_group(self, timeout_s: float) -> None:
         """One weight group per consumer pipeline stage: its sender (DP rank 0, TP rank 0) plus every producer."""
-        from coati.distributed.inference import backend_class
-        from coati.distributed.placement import weight_backend
-        from coati.distributed.transport import forget_group_address
+        from coati.distributed.transport import forget_group_address  # deferred: imports Ray's collective module
 
         backend = weight_backend(self.plan.producer_slots, self.plan.consumer_slots)
         stages = sorted({info["pp_rank"] for info in self.consumer_info})
@@ -350,7 +349,6 @@ class ActorGroups:
     def attest(self, version: int, sent_by: list[dict], received: list[dict]) -> dict:
         """Compare what each producer's engine holds after push ``version`` with what the consumers sent (``attest``);
         a difference stops the run naming the tensors and the producer. Returns the tensors compared per engine."""
-        from coati.distributed.attest import compare
 
         sent = {}
         for result in sent_by:
@@ -422,7 +420,7 @@ class ActorGroups:
     def shutdown(self) -> None:
         import ray
 
-        from coati.distributed.transport import forget_group_address
+        from coati.distributed.transport import forget_group_address  # deferred: imports Ray's collective module
 
         for a in self.producers:
             try:

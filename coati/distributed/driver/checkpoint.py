@@ -22,6 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.driver.actor_group import RunError, get
+from coati.distributed.guards import all_finite
+from coati.distributed.lora import write_adapter
+from coati.distributed.record import RolloutBatch
 
 # Fields that may change on resume without breaking the saved state; others only when named in ``allow``.
 RESUMABLE_CHANGES = {"num_episodes"}
@@ -190,8 +194,6 @@ def _plain_array(value, name: str) -> np.ndarray:
 def load_driver_state(folder: Path) -> dict:
     import torch
 
-    from coati.distributed.record import RolloutBatch
-
     meta = json.loads((folder / "driver.json").read_text())
     with np.load(folder / "driver.npz", allow_pickle=False) as arrays:
         buffer = []
@@ -212,7 +214,6 @@ def load_driver_state(folder: Path) -> dict:
 def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict, also=None) -> str:
     """Consumers save model and optimizer, producers their positions, the driver its buffer (and ``also(folder)``
     whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its path."""
-    from coati.distributed.driver.actor_group import RunError, get
 
     folder = manager.staging(step)
     try:
@@ -230,7 +231,6 @@ def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_sta
 def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
     """Load a checkpoint (already checked against this run) into the running actors; returns its meta and the
     driver's buffer."""
-    from coati.distributed.driver.actor_group import get
 
     folder = Path(folder)
     meta = json.loads((folder / "meta.json").read_text())  # checked by ``checkpoint_meta`` before the run started
@@ -250,9 +250,6 @@ def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from coati.distributed.driver.actor_group import RunError
-    from coati.distributed.guards import all_finite
-
     bad = [k for k, v in state.items() if not all_finite([v])]
     if bad:
         raise RunError(f"refusing to export {path}: non-finite weights in {bad[:5]} ({len(bad)} tensors)")
@@ -269,14 +266,12 @@ def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:
     """Write a LoRA adapter (wire names, see ``lora``) as a PEFT folder, ``adapter_config.json`` and
     ``adapter_model.safetensors`` plus the tokenizer, that ``PeftModel.from_pretrained(base, path)`` loads;
     atomically."""
-    from coati.distributed.lora import write_adapter
 
     return write_atomically(path, lambda tmp: write_adapter(adapter, lora_config, tokenizer, tmp))
 
 
 def write_atomically(path: str, write) -> str:
     """``write(tmp)`` into a temporary folder beside ``path``, then rename it into place (replacing ``path``)."""
-    from coati.distributed.driver.actor_group import RunError
 
     tmp = f"{path}.tmp-{os.getpid()}"
     try:

@@ -11,6 +11,8 @@ from typing import Callable
 from coati.distributed.config.colossalchat import translate
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from coati.distributed.driver.reporting import Reporter
+from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,6 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
     """``launch`` with the run folder claimed and the reporter writing it (metrics.jsonl, samples.jsonl, evals.json,
     summary.json, plots); ``start`` runs once the folder is claimed (joining Ray), ``on_step`` sees each step's
     metrics before the reporter. Returns (launch's result, the summary)."""
-    from coati.distributed.driver.reporting import Reporter
-    from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
 
     r = config.run
     if r.folder is None:

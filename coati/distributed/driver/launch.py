@@ -12,12 +12,23 @@ import os
 import uuid
 from typing import Any, Callable
 
+from coati.default_model import default_model_path
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
 from coati.distributed.config.tree import Config, LaunchConfig, config_from_dict
 from coati.distributed.driver.actor_group import RunError
+from coati.distributed.driver.checkpoint import (
+    CheckpointManager,
+    check_compatible,
+    checkpoint_meta,
+    config_dict,
+    fingerprint,
+)
+from coati.distributed.driver.loop import Run
+from coati.distributed.driver.preflight import dataset_kwargs, preflight
 from coati.distributed.driver.reporting import phase
-from coati.distributed.driver.run_folder import check_shared
+from coati.distributed.driver.run_folder import RunFolder, check_shared
+from coati.distributed.model_files import run_disk_bytes
 
 __all__ = ["ALGO_MAP", "Config", "launch", "resolve_algorithm"]
 log = logging.getLogger(__name__)
@@ -109,7 +120,6 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dic
 
 def _launch_once(config: Config, on_step) -> dict:
     """validate -> place -> connect -> push -> loop."""
-    from coati.distributed.driver.loop import Run
 
     cfg, r = config.launch_config(), config.run
     plan = plan_run(config)
@@ -195,7 +205,6 @@ def _launch_once(config: Config, on_step) -> dict:
 
 def plan_run(config: Config):
     """``preflight.preflight`` of ``config``: every check that needs no actor, and the plan the run follows."""
-    from coati.distributed.driver.preflight import preflight
 
     r, m = config.run, config.model
     model = m.path or _default_model()
@@ -219,7 +228,6 @@ def plan_run(config: Config):
 
 
 def _default_model() -> str:
-    from coati.default_model import default_model_path
 
     return default_model_path()
 
@@ -345,7 +353,6 @@ def config_from_launch_kwargs(
 def _dataset_fields(spec: dict | None, prefix: str) -> dict:
     """A ColossalChat dataset dict ({path or rows, size, seed, system_prompt}, plus split and the column options) as
     the data section's fields."""
-    from coati.distributed.driver.preflight import dataset_kwargs
 
     if spec is None:
         return {}
@@ -373,7 +380,6 @@ def _merge_datasets(train: dict, held_out: dict) -> dict:
 def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
     """What a checkpoint must match to be resumed: the config tree and the run's identity (model weights and shape,
     training rows, seed, staleness bound, system prompt). Paths are not part of it: moved files are the same run."""
-    from coati.distributed.driver.checkpoint import config_dict, fingerprint
 
     identity = {
         "train_model": fingerprint(plan.train_model_path),
@@ -405,9 +411,6 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
     """Lock the run folder (refusing another run's, or a full or read-only disk, counting what an overwrite will free)
     and, when resuming, find the checkpoint and check it matches this run; returns (folder or None, checkpoint path or
     None)."""
-    from coati.distributed.driver.checkpoint import CheckpointManager, check_compatible, checkpoint_meta
-    from coati.distributed.driver.run_folder import RunFolder
-    from coati.distributed.model_files import run_disk_bytes
 
     if resume and not save_dir:
         raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")

@@ -21,10 +21,19 @@ from dataclasses import dataclass
 
 from coati.distributed.config.tree import LaunchConfig
 from coati.distributed.driver.actor_group import ActorGroups, RunError, get, ready, wait_any
+from coati.distributed.driver.checkpoint import (
+    CheckpointManager,
+    config_dict,
+    export_adapter,
+    export_model,
+    read_checkpoint,
+    write_checkpoint,
+)
 from coati.distributed.driver.preflight import Plan
 from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.rollout_buffer import RolloutBuffer
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, check_reward_failures, gap_tolerance
+from coati.distributed.lora import peft_config
 from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.step_metrics import rollout_metrics
 
@@ -122,7 +131,6 @@ class Run:
     # ---- checkpoints and export (see checkpoint.py) --------------------------------------------------------------
 
     def checkpoint(self, manager, step: int) -> str:
-        from coati.distributed.driver.checkpoint import config_dict, write_checkpoint
 
         self._settle()  # a round in flight lands in the buffer, which the checkpoint holds
         meta = {
@@ -143,7 +151,6 @@ class Run:
     def restore(self, folder: str) -> int:
         """Load a checkpoint (already checked against this run by the driver) into the running actors; returns the
         step it was taken after."""
-        from coati.distributed.driver.checkpoint import read_checkpoint
 
         meta, buffer = read_checkpoint(self.actors, folder)
         self.buffer.restore(buffer)
@@ -154,7 +161,6 @@ class Run:
     def save(self, path: str) -> str:
         """Write the trained model as a Hugging Face folder (weights, config, tokenizer), atomically; with LoRA the
         adapter as a PEFT folder, and the merged model in ``<path>/merged`` when ``lora_export_merged``."""
-        from coati.distributed.driver.checkpoint import export_model
 
         c = self.cfg.consumer
         if not c.lora_rank:
@@ -166,8 +172,6 @@ class Run:
 
     def save_adapter(self, path: str) -> str:
         """The consumers' LoRA adapter (DP replicas hold the same one) as a PEFT folder."""
-        from coati.distributed.driver.checkpoint import export_adapter
-        from coati.distributed.lora import peft_config
 
         adapter = get(self.actors.consumers[0].adapter.remote(), "gathering the adapter")
         c = self.cfg.consumer
@@ -296,8 +300,6 @@ class Run:
 
     def _loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints) -> dict:
         import ray
-
-        from coati.distributed.driver.checkpoint import CheckpointManager
 
         manager = CheckpointManager(os.path.join(save_dir, "checkpoints"), keep_checkpoints) if save_dir else None
         total = self.cfg.num_episodes * self.plan.steps_per_episode

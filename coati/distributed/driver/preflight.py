@@ -9,7 +9,28 @@ import functools
 import os
 from dataclasses import dataclass
 
+from coati.distributed.architectures import check_layout, check_positions, load_config
 from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.driver.checkpoint import rows_digest
+from coati.distributed.envs import resolve_environment
+from coati.distributed.envs.base import check_messages
+from coati.distributed.envs.episodes import TurnTemplate
+from coati.distributed.inference import backend_class
+from coati.distributed.model_files import read_safetensors_header, weight_files
+from coati.distributed.placement import alive_nodes, check_free, plan_placement, plan_servers
+from coati.distributed.reward import RewardSignature, resolve_reward_fn
+from coati.distributed.reward.base import TRAINER_FIELDS
+from coati.distributed.reward.judge import template_fields
+from coati.distributed.reward.math_reward import boxed, check_gold, math_reward, think_answer_tags
+from coati.distributed.reward.sandbox import Sandbox, SandboxUnavailable
+from coati.distributed.rollout.data import (
+    HUB_ID,
+    PromptFormat,
+    check_chat_template,
+    hub_offline,
+    load_rows,
+    reward_fields,
+)
 
 
 @dataclass
@@ -52,7 +73,6 @@ def resolve_model_path(path: str, what: str) -> str:
     id when the hub is reachable: downloaded here first into the Hugging Face cache, so a missing, gated or
     unreachable model fails before any actor starts (actors load it by id: from that cache on this node, from the
     hub on others)."""
-    from coati.distributed.rollout.data import HUB_ID, hub_offline
 
     if not isinstance(path, str) or not path:
         raise ValueError(f"{what} path must be a non-empty string, got {path!r}")
@@ -106,10 +126,6 @@ def preflight(
     import ray
     from transformers import AutoConfig, AutoTokenizer
 
-    from coati.distributed.inference import backend_class
-    from coati.distributed.placement import alive_nodes, check_free, plan_placement
-    from coati.distributed.rollout.data import PromptFormat, load_rows
-
     train_model_path = resolve_model_path(train_model_path, "train model")
     inference_model_path = resolve_model_path(inference_model_path, "inference model")
     tokenizer_path = resolve_model_path(tokenizer_path, "tokenizer")
@@ -133,8 +149,6 @@ def preflight(
             "with tokenizer files"
         ) from None
     if not prompt_format.raw:
-        from coati.distributed.rollout.data import check_chat_template
-
         check_chat_template(tokenizer, f"tokenizer {tokenizer_path}")
     for path in {train_model_path, inference_model_path}:
         vocab = AutoConfig.from_pretrained(path).vocab_size
@@ -204,7 +218,6 @@ def preflight(
     )
     stream = resolve_stream(cfg, backend, max_staleness)
     sandbox, degraded, per_run = check_sandbox(cfg.reward)
-    from coati.distributed.driver.checkpoint import rows_digest
 
     return Plan(
         producers,
@@ -256,8 +269,6 @@ def check_sandbox(r) -> tuple[str | None, bool, bool]:
         return None, False, True
     import warnings
 
-    from coati.distributed.reward.sandbox import Sandbox, SandboxUnavailable
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the launcher says it once, on the console
@@ -272,8 +283,6 @@ def check_model_files(path: str, what: str) -> None:
     readable."""
     import json
     from pathlib import Path
-
-    from coati.distributed.model_files import read_safetensors_header, weight_files
 
     folder = Path(path)
     if not folder.is_dir():
@@ -308,7 +317,6 @@ def check_models(
 ) -> None:
     """What the workers would refuse, decided from the models' config.json: the parallel layout (architectures),
     the rollout engine on this device (``check_model``), sequences past the position table, fp16 training on CPU."""
-    from coati.distributed.architectures import check_layout, check_positions, load_config
 
     p = cfg.consumer.plugin
     train, inference = load_config(train_path), load_config(inference_path)
@@ -339,7 +347,6 @@ def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_
 
 def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, list]:
     """({component: server slots}, producer slots) for the reward's model components (rm, judge)."""
-    from coati.distributed.placement import plan_servers
 
     slots = {}
     for c, path in (("rm", r.rm_path), ("judge", r.judge_path)):
@@ -391,7 +398,6 @@ def check_reward_model(path: str) -> None:
 
 def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> None:
     """``path`` is a model folder, and a template that shows each row's rubric finds one in every row."""
-    from coati.distributed.reward.judge import template_fields
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
@@ -411,9 +417,6 @@ def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> No
 def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:
     """The environment resolves, its chat template closes turns with the end-of-turn token, and each row makes an
     episode whose first messages fit in env_max_tokens (with room for a turn)."""
-    from coati.distributed.envs import resolve_environment
-    from coati.distributed.envs.base import check_messages
-    from coati.distributed.envs.episodes import TurnTemplate
 
     r = cfg.reward
     env_cls, template = resolve_environment(r.env), TurnTemplate(tokenizer)
@@ -436,9 +439,6 @@ def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) 
 def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
     """The reward function's options against its signature, and every row against the columns it requires
     (present and not null or blank in every row)."""
-    from coati.distributed.reward import RewardSignature, resolve_reward_fn
-    from coati.distributed.reward.base import TRAINER_FIELDS
-    from coati.distributed.rollout.data import reward_fields
 
     columns = set.intersection(*(set(reward_fields(r)) for r in rows))
     for fn in (cfg.reward.fn, *cfg.reward.other_fns):  # reward_kwargs are the run's own function's options
@@ -464,8 +464,6 @@ def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
 def check_gold_answers(fn: str, rows: list[dict], what: str) -> None:
     """For the math rewards (``math``, ``think_answer_tags``, ``boxed``), every row's gt_answer is a non-empty
     string or a finite number (a list, dict, boolean or NaN would be compared as its text and score every answer 0)."""
-    from coati.distributed.reward import resolve_reward_fn
-    from coati.distributed.reward.math_reward import boxed, check_gold, math_reward, think_answer_tags
 
     if resolve_reward_fn(fn) not in (math_reward, think_answer_tags, boxed):
         return

@@ -11,6 +11,9 @@ import statistics
 import time
 from pathlib import Path
 
+from coati.distributed.loggers import logger_class
+from coati.distributed.loggers.base import require
+
 PLOTS = {
     "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),
     "accuracy": (
@@ -87,8 +90,6 @@ class Reporter:
         progress: bool = True,
         append: bool = False,
     ):
-        from coati.distributed.loggers import logger_class
-        from coati.distributed.loggers.base import require
 
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from coati.distributed.algo.config import SIGNALS, AlgorithmConfig
+from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.record import RolloutBatch, group_versions
 
 
@@ -74,8 +75,6 @@ class RolloutBuffer:
         log = self.log(for_step)
         log.rollouts.append(batch)
         if self.dynamic_sampling and len(batch):
-            from coati.distributed.algo.grouping import degenerate_groups  # (the algo package imports this module)
-
             values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
             # Copies: arrays from the object store are read-only.
             degenerate = degenerate_groups(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from coati.distributed.envs.base import Environment, EnvStep, check_messages, check_step
-from coati.distributed.record import RolloutBatch
+from coati.distributed.record import RolloutBatch, left_pad, responses_from_token_lists
 
 
 @dataclass
@@ -221,8 +221,6 @@ def episodes_batch(episodes: list[Episode], n: int, pad_id: int) -> RolloutBatch
     the prompt, everything after them as the response, ``loss_mask`` on the sampled tokens; rewards and verdicts in
     ``rewards`` and ``extras``."""
     import numpy as np
-
-    from coati.distributed.record import left_pad, responses_from_token_lists
 
     assert len(episodes) % n == 0, (len(episodes), n)
     p_ids, p_mask = left_pad([e.prompt_ids for e in episodes], pad_id)

@@ -7,6 +7,7 @@ worth most: ``reward = decay ** (attempt - 1)`` for a right answer at attempt ``
 from __future__ import annotations
 
 from coati.distributed.envs.base import Environment, EnvStep, register_environment
+from coati.distributed.reward.math_reward import math_reward
 
 FEEDBACK = "That is not correct. Check your work and give the final answer again in \\boxed{}."
 
@@ -38,7 +39,6 @@ class Retry(Environment):
         return messages
 
     def step(self, text: str) -> EnvStep:
-        from coati.distributed.reward.math_reward import math_reward
 
         self.attempt += 1
         # math_verify's own timeout sets SIGALRM, which only a main thread may: steps run on the producer's pool

@@ -11,6 +11,8 @@ import re
 from functools import lru_cache
 
 from coati.distributed.envs.base import Environment, EnvStep, register_environment
+from coati.distributed.reward.math_reward import check_gold, extract_answer, math_reward
+from coati.distributed.reward.sandbox import Sandbox
 
 SYSTEM = (
     "Solve the problem. To compute something, write Python code between <tool> and </tool>; it runs, and what it "
@@ -39,7 +41,6 @@ class ToolMath(Environment):
         super().__init__(row)
         if "gt_answer" not in row:
             raise ValueError(f"tool_math needs a gt_answer column; the row has {sorted(row)}")
-        from coati.distributed.reward.math_reward import check_gold
 
         check_gold(row["gt_answer"])
         self.system_prompt, self.timeout_s, self.max_output_chars = system_prompt, timeout_s, max_output_chars
@@ -57,7 +58,6 @@ class ToolMath(Environment):
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": str(self.row["prompt"])}]
 
     def step(self, text: str) -> EnvStep:
-        from coati.distributed.reward.math_reward import extract_answer, math_reward
 
         calls = TOOL_CALL.findall(text)
         # A final answer is one given outside every tool call (a '####' comment or a \\boxed{} in code is code), and
@@ -105,6 +105,5 @@ def run_python(code: str, timeout_s: float, max_chars: int) -> str:
 @lru_cache(maxsize=1)
 def _sandbox():
     """One sandbox per process (it stages its interpreter once); each run gets a uid of its own."""
-    from coati.distributed.reward.sandbox import Sandbox
 
     return Sandbox()

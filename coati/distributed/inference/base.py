@@ -159,7 +159,7 @@ class InferenceBackend:
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Join the weight group ``group_name`` as rank ``rank`` (and the ``weight_ranks - 1`` ranks after it)."""
-        from coati.distributed.transport import init_group
+        from coati.distributed.transport import init_group  # deferred: imports Ray's collective module
 
         init_group(world_size, rank, group_name, backend=backend, timeout_s=timeout_s)
 
@@ -168,7 +168,7 @@ class InferenceBackend:
         "transfers" (collective calls), "nbytes", "direct_bytes" (sent straight from the consumer's weights, not
         packed), "in_place_bytes" (landed straight in the engine's weights)}. ``threads`` are the cores for loading a
         push once it is whole; here it lands in the weights as it arrives, leaving nothing to load after."""
-        from coati.distributed.transport import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict  # deferred: imports Ray's collective module
 
         loaded = ray_broadcast_tensor_dict(
             None,
@@ -198,7 +198,7 @@ class InferenceBackend:
     def receive_adapter(self, group_name: str, lora: dict) -> dict:
         """Receive one push of a LoRA adapter (wire-named tensors, see ``lora``) and apply it with ``load_adapter``
         (``lora``: rank, alpha, dropout, target_modules); returns what ``receive_weights`` does."""
-        from coati.distributed.transport import ray_broadcast_tensor_dict
+        from coati.distributed.transport import ray_broadcast_tensor_dict  # deferred: imports Ray's collective module
 
         got = ray_broadcast_tensor_dict(None, 0, getattr(self, "device", "cpu"), group_name)
         self.load_adapter({k: v for k, v in got.items() if isinstance(v, torch.Tensor)}, lora["alpha"] / lora["rank"])

@@ -13,8 +13,10 @@ import torch
 
 from coati.distributed import attention
 from coati.distributed.algo.logprobs import token_logprobs
+from coati.distributed.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.lora import adapter_pairs, merge
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.wire_layout import flatten_parameters
 
@@ -168,7 +170,6 @@ class TransformersBackend(InferenceBackend):
     def load_adapter(self, adapter, scale: float) -> None:
         """Merge the adapter into the target weights from a copy of their base values kept at the first push, so
         generation runs at the base model's speed and every push starts from the same base."""
-        from coati.distributed.lora import adapter_pairs, merge
 
         self.weight_destinations()
         for name, (a, b) in adapter_pairs(adapter).items():
@@ -184,7 +185,6 @@ class TransformersBackend(InferenceBackend):
     def fingerprints(self, version: int) -> dict[str, list]:
         """The weights' fingerprints; after a LoRA push, the applied adapter's, each target checked against its
         kept base plus the adapter (``attest.adapter_fingerprints``)."""
-        from coati.distributed.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 
         if self._adapter is not None:
             adapter, scale = self._adapter

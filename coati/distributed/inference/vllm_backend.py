@@ -49,10 +49,13 @@ from collections.abc import Mapping
 
 import torch
 
+from coati.distributed.architectures import head_size
+from coati.distributed.attest import adapter_fingerprints
 from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
+from coati.distributed.lora import peft_config, write_adapter
 from coati.distributed.record import RolloutBatch
 from coati.distributed.threads import cores
 
@@ -125,7 +128,6 @@ class VLLMBackend(InferenceBackend):
 
     @classmethod
     def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
-        from coati.distributed.architectures import head_size
 
         size = head_size(config)
         if not gpu and size is not None and size not in CPU_HEAD_SIZES:
@@ -348,7 +350,7 @@ class VLLMBackend(InferenceBackend):
 
     def join_weight_group(self, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float) -> None:
         """Every vLLM worker joins the consumer's weight group as rank ``rank + its TP rank``."""
-        from coati.distributed.transport import group_address
+        from coati.distributed.transport import group_address  # deferred: imports Ray's collective module
 
         address = group_address(group_name, timeout_s)
         self.llm.collective_rpc("join_weight_group", args=(address, world_size, rank, group_name, backend, timeout_s))
@@ -403,9 +405,6 @@ class VLLMBackend(InferenceBackend):
         """Worker 0 receives one LoRA push; it is written as a PEFT folder and served under a new name and id
         (``coati-v<version>``), the previous adapter removed, so no request and no cached prefix mixes versions."""
         from vllm.lora.request import LoRARequest
-
-        from coati.distributed.attest import adapter_fingerprints
-        from coati.distributed.lora import peft_config, write_adapter
 
         if self.lora_merge:
             return self._receive_merged(group_name, lora)

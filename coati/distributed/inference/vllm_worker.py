@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from coati.distributed.attest import adapter_fingerprints, column, crc, tied_weights
+from coati.distributed.inference.sampling import inverse_cdf_forward
+from coati.distributed.lora import adapter_pairs, merge
 from coati.distributed.transport import TorchGroup, ray_broadcast_tensor_dict
 
 
@@ -81,8 +84,6 @@ class WeightSyncExtension:
         for the tied weights this engine holds in a module of their own (Gemma's logits read the embedding itself:
         it has no lm_head to load)."""
         if not hasattr(self, "_coati_tied"):
-            from coati.distributed.attest import tied_weights
-
             modules = dict(self.model_runner.model.named_modules())
             self._coati_tied = {
                 target: source
@@ -102,7 +103,6 @@ class WeightSyncExtension:
         """Receive one LoRA push and reload every weight of the layers it targets as base + scale * B A (fused
         modules such as qkv_proj reload only with all their parts, so whole layers are sent to the reload); the
         base values come from the checkpoint at ``model_path``, read once. Returns (version, adapter bytes)."""
-        from coati.distributed.lora import adapter_pairs, merge
 
         version, adapter = self.receive_adapter(group_name)
         if not hasattr(self, "_coati_base"):
@@ -128,7 +128,6 @@ class WeightSyncExtension:
     def use_sampler(self, name: str) -> str:
         """Draw plain-temperature rows with ``name``'s sampler: "inverse_cdf" (``sampling.inverse_cdf_forward``) or
         "vllm" (the engine's own); returns the sampler's class."""
-        from coati.distributed.inference.sampling import inverse_cdf_forward
 
         sampler = self.model_runner.sampler.topk_topp_sampler
         if not hasattr(sampler, "_coati_own"):
@@ -141,7 +140,6 @@ class WeightSyncExtension:
         """{Hugging Face name: [CRC of its sample, shape]} of the weights this worker computes with (``attest``); after
         a merged LoRA push, the applied adapter's, each target's served column checked against its checkpoint value
         plus the adapter (``attest.adapter_fingerprints``)."""
-        from coati.distributed.attest import adapter_fingerprints, crc
 
         adapter = getattr(self, "_coati_adapter", None)
         if adapter is not None:
@@ -156,7 +154,6 @@ class WeightSyncExtension:
         LM head's included) through its own kernel on a one-hot input (what it computes with, packed apart from the
         weight), a fused one's split by its output sizes, the vocabulary padding dropped. A weight the checkpoint
         stores transposed (GPT-2's Conv1D layers) is held [out, in] here, as ``attest`` fingerprints it."""
-        from coati.distributed.attest import column
 
         model = self.model_runner.model
         vocab = self.model_config.hf_config.vocab_size

@@ -7,7 +7,10 @@ import math
 from dataclasses import dataclass, field
 
 from coati.distributed.checks import finite, positive, require
-from coati.distributed.reward.base import follows_trl
+from coati.distributed.placement import check_server_placement
+from coati.distributed.reward.base import REWARD_FNS, follows_trl
+from coati.distributed.reward.compose import NORMALIZATIONS
+from coati.distributed.reward.judge import FIELDS, template_fields
 from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 
 
@@ -132,8 +135,6 @@ class RewardConfig:
         )
 
     def _check_components(self) -> None:
-        from coati.distributed.reward.base import REWARD_FNS
-        from coati.distributed.reward.compose import NORMALIZATIONS
 
         known = {self.fn, "rm", "judge"}
         require(
@@ -164,7 +165,6 @@ class RewardConfig:
             f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
             f"{self.judge_path!r}",
         )
-        from coati.distributed.reward.judge import FIELDS, template_fields
 
         try:
             fields = template_fields(self.judge_template)
@@ -184,7 +184,6 @@ class RewardConfig:
             self.rm_normalize in NORMALIZATIONS,
             f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}",
         )
-        from coati.distributed.placement import check_server_placement
 
         check_server_placement(self.rm_placement, "rm_placement")
         check_server_placement(self.judge_placement, "judge_placement")

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import re
 
+from coati.distributed.inference import backend_class
+from coati.distributed.inference.config import GenerationConfig
+
 TEMPLATE = (
     "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"
     "Answer to grade: {completion}\n\nReply with one line, 'Score: N', N from 0 (wrong) to 10 (right)."
@@ -73,9 +76,6 @@ class JudgeServer:
         threads: int = 1,
     ):
         import torch
-
-        from coati.distributed.inference import backend_class
-        from coati.distributed.inference.config import GenerationConfig
 
         torch.set_num_threads(threads)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens)

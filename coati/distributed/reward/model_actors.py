@@ -9,12 +9,13 @@ import time
 
 import torch
 
+from coati.distributed.reward.reward_model import RewardModel
+
 
 class RewardModelServer:
     """Hosts one reward model; run as a Ray actor (``ray.remote(RewardModelServer)``)."""
 
     def __init__(self, path: str, batch_size: int = 8, max_tokens: int | None = None, threads: int = 1):
-        from coati.distributed.reward.reward_model import RewardModel
 
         torch.set_num_threads(threads)
         self.model = RewardModel(

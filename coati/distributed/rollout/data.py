@@ -24,9 +24,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_SYSTEM_PROMPT = "Solve the problem. Think briefly, then give the final answer as \\boxed{answer}."
-
-
 FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
 """file suffix -> the ``datasets`` builder that reads it (JSONL files are read here unless inside a folder)"""
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")

@@ -16,10 +16,20 @@ import torch
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
+from coati.distributed.envs import resolve_environment
+from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
+from coati.distributed.inference import backend_class
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch, oldest_versions
+from coati.distributed.reward import RewardPool, RewardResult
+from coati.distributed.reward.base import TrainerState
+from coati.distributed.reward.compose import RunningNorm, combine, fill_unscored, normalize
 from coati.distributed.reward.config import RewardConfig
+from coati.distributed.reward.model_actors import RewardModelClient
+from coati.distributed.reward.pool import RewardPools
+from coati.distributed.reward.sandbox import ALLOW_DEGRADED_ENV
 from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows, reward_fields
 from coati.distributed.threads import ThreadLease
 
@@ -74,8 +84,6 @@ class Producer:
         self.weight_groups: list[str] = []
 
     def setup(self) -> dict:
-        from coati.distributed.inference import backend_class
-        from coati.distributed.reward import RewardPool
 
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
@@ -101,15 +109,11 @@ class Producer:
         self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
         r = self.reward
         if r.allow_degraded_sandbox:  # the reward workers' and environments' sandboxes follow the run's setting
-            from coati.distributed.reward.sandbox import ALLOW_DEGRADED_ENV
-
             os.environ[ALLOW_DEGRADED_ENV] = "1"
         self.pool = RewardPool(
             r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs, batch_size=r.calls_of(r.fn, self.n)
         )
         if r.other_fns:  # further reward functions among the components (TRL's list), each in its own pool
-            from coati.distributed.reward.pool import RewardPools
-
             self.pool = RewardPools(
                 self.pool,
                 {
@@ -117,8 +121,6 @@ class Producer:
                     for name in r.other_fns
                 },
             )
-        from coati.distributed.reward.compose import RunningNorm
-        from coati.distributed.reward.model_actors import RewardModelClient
 
         timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
         self.scorers = {
@@ -128,9 +130,6 @@ class Producer:
         self.rm_norm = RunningNorm()  # the reward model's statistics for running normalisation
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:
-            from coati.distributed.envs import resolve_environment
-            from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
-
             self.episodes = EpisodeRunner(
                 resolve_environment(r.env),
                 r.env_kwargs,
@@ -139,7 +138,6 @@ class Producer:
                 r.env_max_tokens,
                 r.env_step_timeout_s,
             )
-        from coati.distributed.placement import whereabouts
 
         wire = self.backend.weight_dtype()
         return {
@@ -205,8 +203,6 @@ class Producer:
         rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks], others)
         out.extras["reward_no_score"] = unscored
         if unscored.any():  # no score (None): its group's mean, and no loss on it
-            from coati.distributed.reward.compose import fill_unscored
-
             rewards = fill_unscored(rewards, unscored, self.n).astype(np.float32)
             out.loss_mask = out.trained_mask() & ~unscored[:, None]
             out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
@@ -302,7 +298,6 @@ class Producer:
     ) -> np.ndarray:
         """The reward: the components' weighted sum (the reward function's values alone when it is the only one; the
         further reward functions' ``others``), each component's values kept in ``extras["component/<name>"]``."""
-        from coati.distributed.reward.compose import combine, normalize
 
         r = self.reward
         values = {r.fn: fn_rewards, **{k: v.astype(np.float32) for k, v in (others or {}).items()}}
@@ -348,8 +343,6 @@ class Producer:
             return batch, self._submit_rewards(batch, rows)
         from concurrent.futures import Future
 
-        from coati.distributed.reward import RewardResult
-
         batch = self.episodes.rollouts(
             lambda contexts: self.backend.generate(contexts, 1, greedy=greedy),
             rows,
@@ -381,8 +374,6 @@ class Producer:
             if "completion_ids" in self.pool.wants:
                 fields["completion_ids"] = batch.response_ids[i, : batch.response_lengths[i]].tolist()
             if "trainer_state" in self.pool.wants:
-                from coati.distributed.reward.base import TrainerState
-
                 fields["trainer_state"] = TrainerState(global_step=self.version)
             items.append((text, fields, "messages" in row))
         return self.pool.submit_many(items)  # together, so that a batched reward function gets them in few calls

@@ -22,11 +22,15 @@ from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, co
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.grouping import without_unscored
 from coati.distributed.algo.shaping import mask_truncated
+from coati.distributed.attest import fingerprints, tied_weights, transposed_weights
+from coati.distributed.guards import all_finite
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.lora import adapter_tensors, merged_state, peft_config
+from coati.distributed.placement import whereabouts
 from coati.distributed.precision import resolve_compute_dtype
 from coati.distributed.record import RolloutBatch, fresh_rows
 from coati.distributed.threads import ThreadLease
+from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.forward import (
     LAYOUTS,
@@ -41,6 +45,7 @@ from coati.distributed.trainer.grad_clip import fold_clipping
 from coati.distributed.trainer.optimizer_step import OptimizerSteps
 from coati.distributed.trainer.pipeline_step import PipelineSteps
 from coati.distributed.trainer.step_metrics import StepMetrics
+from coati.distributed.transport import init_group, ray_broadcast_tensor_dict
 from coati.distributed.transport.wire_layout import cast_for_wire, flatten_parameters, separate_storages
 
 log = logging.getLogger(__name__)
@@ -91,8 +96,7 @@ class GRPOConsumer(PipelineSteps):
         from colossalai.nn.optimizer import HybridAdam
         from transformers import AutoModelForCausalLM
 
-        from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
-        from coati.distributed.trainer.colossal_policy import DecoderLMPolicy
+        from coati.distributed.trainer.colossal_policy import DecoderLMPolicy  # deferred: imports ColossalAI
 
         on_cpu = apply_cpu_shims()
         backend = "gloo" if on_cpu else "nccl"
@@ -175,7 +179,6 @@ class GRPOConsumer(PipelineSteps):
                 self.cfg.compute_dtype,
                 p.precision,
             )
-        from coati.distributed.placement import whereabouts
 
         return {
             **whereabouts(),
@@ -515,7 +518,7 @@ class GRPOConsumer(PipelineSteps):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (TP-gathered) weights under the Hugging Face names; collective over the TP group."""
-        from coati.distributed.trainer.colossal_policy import gathered_weights
+        from coati.distributed.trainer.colossal_policy import gathered_weights  # deferred: imports ColossalAI
 
         return gathered_weights(self.model.unwrap())
 
@@ -524,7 +527,6 @@ class GRPOConsumer(PipelineSteps):
     ) -> bool:
         """Join ``group_name`` as its sender; full pushes then travel in ``wire_dtype`` (the engines' weight dtype,
         e.g. "bfloat16"; None: the trainer's own dtypes)."""
-        from coati.distributed.transport import init_group
 
         init_group(world_size, 0, group_name, backend=backend, timeout_s=timeout_s)
         self.weight_group = group_name
@@ -535,8 +537,6 @@ class GRPOConsumer(PipelineSteps):
         """Senders broadcast their stage's weights to the producers; every rank takes part in the TP gather. Returns
         the push's seconds and, from a sender of full weights, the fingerprints of what it sent (``attest``: each
         tensor as it travelled, and the weights tied to them) for the driver to compare with what engines hold."""
-        from coati.distributed.attest import fingerprints
-        from coati.distributed.transport import ray_broadcast_tensor_dict
 
         start = time.perf_counter()
         if self.cfg.lora_rank:
@@ -553,7 +553,6 @@ class GRPOConsumer(PipelineSteps):
     def _push_layout(self) -> tuple[dict[str, str], frozenset[str]]:
         """(the weights tied to others, those stored transposed) that full pushes' fingerprints follow (``attest``);
         none for an adapter's."""
-        from coati.distributed.attest import tied_weights, transposed_weights
 
         if self.cfg.lora_rank:
             return {}, frozenset()
@@ -579,7 +578,6 @@ class GRPOConsumer(PipelineSteps):
     def save_checkpoint(self, folder: str) -> bool:
         """Model and optimizer through the booster (sharded as the plugin holds them), plus this rank's RNG. Refused
         when any weight is not finite: a checkpoint must be something worth resuming from."""
-        from coati.distributed.guards import all_finite
 
         bad = [n for n, p in self.model.unwrap().named_parameters() if not all_finite([p.detach()])]
         if bad:

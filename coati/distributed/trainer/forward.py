@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from coati.distributed.algo.logprobs import logprobs_and_entropy
+from coati.distributed.guards import all_finite
 
 
 def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[str, torch.Tensor]:
@@ -118,7 +119,6 @@ def check_output_layer(model) -> None:
     itself, to real response tokens only, and would silently compute other log-probs. Checked once, on a 4-token
     probe, after every weight is checked finite (a NaN weight would fail the probe for another reason)."""
     lm = causal_lm(model)
-    from coati.distributed.guards import all_finite
 
     bad = [name for name, p in lm.named_parameters() if not all_finite([p])]
     if bad:

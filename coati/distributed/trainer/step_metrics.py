@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from coati.distributed.record import group_versions
+from coati.distributed.guards import reward_failures
+from coati.distributed.record import RolloutBatch, group_versions
 
 
 def metric_kind(key: str) -> str:
@@ -65,8 +66,6 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     """``reward/*`` and ``response/*`` over the rows drawn for this step (``draws.rollouts``, before filtering);
     ``reward/train_batch_mean``, the lags and two sample rows over the rows it trained (``batch``, trained from
     version step - 1). Row lag: from the row's oldest token; token lag: per trained token."""
-    from coati.distributed.guards import reward_failures
-    from coati.distributed.record import RolloutBatch
 
     n = num_generations
     drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch

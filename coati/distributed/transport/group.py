@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import Callable
 
 import ray
 import ray.experimental.internal_kv as internal_kv
@@ -24,8 +23,6 @@ from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 DEFAULT_TIMEOUT_S = 300.0
 _group_timeouts: dict[str, float] = {}
-ON_DESTROY: list[Callable[[str], None]] = []
-"""per-group state kept elsewhere (the push's schema and staging caches), dropped with the group"""
 
 
 class CollectiveError(RuntimeError):
@@ -263,11 +260,3 @@ def forget_group_address(group_name: str) -> None:
     left by an earlier group of the same name (a rank 0 killed before ``destroy``) would send members to a dead store;
     whoever names the group calls this before any member joins."""
     internal_kv._internal_kv_del(_kv_key(group_name))
-
-
-def destroy_group(group_name: str) -> None:
-    if cc.is_group_initialized(group_name):
-        cc.destroy_collective_group(group_name)
-    _group_timeouts.pop(group_name, None)
-    for forget in ON_DESTROY:
-        forget(group_name)

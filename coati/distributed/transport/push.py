@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from coati.distributed.transport.group import ON_DESTROY, CollectiveError, TorchGroup, _handle
+from coati.distributed.transport.group import CollectiveError, TorchGroup, _handle
 from coati.distributed.transport.wire_layout import (
     Schema,
     destination,
@@ -266,13 +266,3 @@ def _broadcast_bytes(g, blob: bytes | None, src: int, device, length: int = 0) -
         buf = torch.empty(length, dtype=torch.uint8, device=device)
     g.broadcast_tensor(buf, src)
     return blob if blob is not None else buf.cpu().numpy().tobytes()
-
-
-def _forget(group_name: str) -> None:
-    _sent_schema.pop(group_name, None)
-    _recv_schema.pop(group_name, None)
-    for key in [k for k in _staging if k[0] == group_name]:
-        del _staging[key]
-
-
-ON_DESTROY.append(_forget)
