@@ -12,26 +12,33 @@ class RewardFailure(RuntimeError):
     """Too many completions of a step could not be scored; the message carries the first error and its row."""
 
 
-def reward_failures(extras: dict) -> dict:
-    """Per-step counts from a batch's extras: scoring errors (timeouts included) and timeouts alone."""
-    errors = np.asarray(extras.get("reward_error", np.zeros(0, dtype=bool)), dtype=bool)
-    timeouts = np.asarray(extras.get("reward_timeout", np.zeros(len(errors), dtype=bool)), dtype=bool)
-    return {"reward/errors": int(errors.sum()), "reward/timeouts": int(timeouts.sum()), "reward/scored": len(errors)}
+def reward_failures(failed: np.ndarray, timed_out: np.ndarray) -> dict:
+    """Per-step counts: scoring failures (timeouts included), timeouts alone, and the rows scored."""
+    return {"reward/errors": int(failed.sum()), "reward/timeouts": int(timed_out.sum()), "reward/scored": len(failed)}
 
 
-def check_reward_failures(extras: dict, reward_fn: str, max_fraction: float, first_step: bool, where: str) -> dict:
-    """The counts of ``reward_failures``; raises RewardFailure when any item failed on the run's first step or more
-    than ``max_fraction`` of the items failed, naming the reward function, the first error and its row."""
-    counts = reward_failures(extras)
+def check_reward_failures(
+    failed: np.ndarray,
+    timed_out: np.ndarray,
+    messages: np.ndarray,
+    rows: np.ndarray,
+    reward_fn: str,
+    max_fraction: float,
+    first_step: bool,
+    where: str,
+) -> dict:
+    """The counts of ``reward_failures`` of a step's rows (``messages``: why each failed; ``rows``: its dataset
+    row); raises RewardFailure when any row failed on the run's first step or more than ``max_fraction`` of them
+    did, naming the reward function, the first error and its row."""
+    counts = reward_failures(failed, timed_out)
     errors, total = counts["reward/errors"], counts["reward/scored"]
     if errors and (first_step or errors > max_fraction * total):
-        i = int(np.flatnonzero(np.asarray(extras["reward_error"], dtype=bool))[0])
-        message = str(extras["reward_error_msg"][i]) if "reward_error_msg" in extras else "unknown"
-        row = int(extras["prompt_index"][i]) if "prompt_index" in extras else -1
+        i = int(np.flatnonzero(failed)[0])
         rule = "on the run's first step" if first_step else f"more than {max_fraction:.0%} of the step"
         raise RewardFailure(
             f"{where}: reward function {reward_fn} failed on {errors} of {total} completions ({rule}); first error, "
-            f"dataset row {row}: {message}. Fix the reward function or the data (or raise max_error_fraction)"
+            f"dataset row {int(rows[i])}: {messages[i]}. Fix the reward function or the data (or raise "
+            "max_error_fraction)"
         )
     return counts
 

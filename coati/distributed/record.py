@@ -17,9 +17,26 @@ length, R = padded response length. Invariants (checked by ``validate``):
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, fields
 
 import numpy as np
+
+
+class RewardStatus(enum.IntEnum):
+    """How a row's reward came to be (``RolloutBatch.reward_status``)."""
+
+    SCORED = 0
+    NO_SCORE = 1
+    """no reward function scored it (TRL's None): masked from the loss and left out of its group's statistics"""
+    ERROR = 2
+    """scoring failed (the reason in ``reward_error``): reward 0, counted against ``max_error_fraction``"""
+    TIMEOUT = 3
+    """scoring ran past its time limit: as ERROR"""
+
+
+ROW_FIELDS = ("group_ids", "policy_version", "rewards", "task_rewards", "no_signal", "reward_status", "reward_error")
+"""the record's typed fields of one value per row"""
 
 
 @dataclass
@@ -46,6 +63,14 @@ class RolloutBatch:
     """int64 [N, R] weight version that sampled each response token; 0 on padding"""
     rewards: np.ndarray = None
     """float32 [N] scalar reward (after shaping), filled by the producer"""
+    task_rewards: np.ndarray = None
+    """float32 [N] the reward before length shaping (an unscored row: its group's scored mean)"""
+    no_signal: np.ndarray = None
+    """bool [N] the row's group has all-equal task rewards (no learning signal), decided once, by the producer"""
+    reward_status: np.ndarray = None
+    """int8 [N] a ``RewardStatus`` per row"""
+    reward_error: np.ndarray = None
+    """str [N] (at most 300 characters) why scoring failed, "" where it did not"""
     extras: dict = field(default_factory=dict)
     """name -> array [N]: per-row diagnostics (answer_ok, format_ok, prompt index, ...)"""
     loss_mask: np.ndarray = None
@@ -55,6 +80,14 @@ class RolloutBatch:
     turn_index: np.ndarray = None
     """int64 [N, R] multi-turn episodes: the 1-based model turn each sampled token belongs to, 0 elsewhere (turn k
     spans the tokens where it equals k); None for single-turn rows"""
+
+    def failed(self) -> np.ndarray:
+        """bool [N]: rows whose scoring failed (an error or a timeout)."""
+        return np.isin(self.reward_status, (RewardStatus.ERROR, RewardStatus.TIMEOUT))
+
+    def unscored(self) -> np.ndarray:
+        """bool [N]: rows no reward function scored."""
+        return np.asarray(self.reward_status) == RewardStatus.NO_SCORE
 
     def trained_mask(self) -> np.ndarray:
         """bool [N, R] the tokens the loss covers."""
@@ -76,7 +109,7 @@ class RolloutBatch:
         if self.prompt_ids.shape[1]:
             plen = self.prompt_mask.sum(-1)
             assert np.array_equal(self.prompt_mask, np.arange(self.prompt_ids.shape[1])[None, ::-1] < plen[:, None])
-        for name in ("group_ids", "policy_version", "rewards"):
+        for name in ROW_FIELDS:
             value = getattr(self, name)
             assert value is None or value.shape == (n,), (name, None if value is None else value.shape)
         if self.token_versions is not None:
@@ -128,7 +161,7 @@ class RolloutBatch:
             response_lengths=np.concatenate([b.response_lengths for b in batches]),
             truncated=np.concatenate([b.truncated for b in batches]),
         )
-        for name in ("group_ids", "policy_version", "rewards"):
+        for name in ROW_FIELDS:
             values = [getattr(b, name) for b in batches]
             if all(v is not None for v in values):
                 setattr(out, name, np.concatenate(values))

@@ -69,3 +69,10 @@ def batch_sizes(completions, **fields):
     if "raise" in completions:
         raise ValueError("bad sample")
     return [float(len(completions))] * len(completions)
+
+
+def by_text(completions, **fields):
+    """A TRL-style verdict read from the completion: "none" -> no score, "boom" -> raises, else its number."""
+    if "boom" in completions:
+        raise RuntimeError("boom in the scorer")
+    return [None if c == "none" else float(c) for c in completions]

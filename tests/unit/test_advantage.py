@@ -109,7 +109,7 @@ def test_a_completion_without_a_score_is_left_out_of_its_groups_statistics(name)
     baseline), and its own is 0."""
     import numpy as np
 
-    from coati.distributed.record import RolloutBatch
+    from coati.distributed.record import RewardStatus, RolloutBatch
     from coati.distributed.trainer.consumer import batch_advantages
 
     lengths = np.array([2, 1, 3, 1, 2, 1, 2, 2])
@@ -126,7 +126,7 @@ def test_a_completion_without_a_score_is_left_out_of_its_groups_statistics(name)
         np.zeros(8, dtype=bool),
         group_ids=np.repeat([0, 1], 4),
         rewards=rewards,
-        extras={"reward_no_score": unscored},
+        reward_status=np.where(unscored, RewardStatus.NO_SCORE, RewardStatus.SCORED).astype(np.int8),
         loss_mask=mask & ~unscored[:, None],
     )
     loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)

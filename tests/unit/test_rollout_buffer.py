@@ -20,7 +20,8 @@ def draw(task_rewards, version, shaped=None):
     b = batch_from_responses(prompts, G, [[3]] * (k * G), None, [True] * (k * G), pad_id=0)
     task = np.asarray(task_rewards, dtype=np.float32).reshape(-1)
     b.rewards = task.copy() if shaped is None else np.asarray(shaped, dtype=np.float32).reshape(-1)
-    b.extras["task_reward"] = task
+    b.task_rewards = task
+    b.no_signal = np.asarray([len(set(g)) == 1 for g in task_rewards for _ in range(G)])  # the producer's verdict
     b.extras["prompt_index"] = np.repeat([next(_ids) for _ in range(k)], G)
     b.group_ids = b.group_ids + 1000 * b.extras["prompt_index"][0]
     b.policy_version = np.full(k * G, version, dtype=np.int64)

@@ -34,7 +34,7 @@ from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.rollout_buffer import RolloutBuffer
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, check_reward_failures, gap_tolerance
 from coati.distributed.lora import peft_config
-from coati.distributed.record import RolloutBatch
+from coati.distributed.record import RewardStatus, RolloutBatch
 from coati.distributed.trainer.step_metrics import rollout_metrics
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,10 @@ class Run:
         for_step = max(r.for_step, self.reported_step + 1)
         for batch in get(r.refs, "rollout"):
             check_reward_failures(
-                batch.extras,
+                batch.failed(),
+                batch.reward_status == RewardStatus.TIMEOUT,
+                batch.reward_error,
+                batch.extras["prompt_index"],
                 self.cfg.reward.fn,
                 self.cfg.reward.max_error_fraction,
                 self.cfg.reward.stop_on_first_step_error and self.version == self.start_step,

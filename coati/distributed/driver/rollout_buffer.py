@@ -75,11 +75,12 @@ class RolloutBuffer:
         log = self.log(for_step)
         log.rollouts.append(batch)
         if self.dynamic_sampling and len(batch):
-            values = batch.extras["task_reward"] if self.signal == "task_reward" else batch.rewards
-            # Copies: arrays from the object store are read-only.
-            degenerate = degenerate_groups(
-                torch.tensor(values, dtype=torch.float64), torch.tensor(batch.group_ids)
-            ).numpy()
+            if self.signal == "task_reward":  # the producer's verdict
+                degenerate = np.asarray(batch.no_signal, dtype=bool)
+            else:  # copies: arrays from the object store are read-only
+                degenerate = degenerate_groups(
+                    torch.tensor(batch.rewards, dtype=torch.float64), torch.tensor(batch.group_ids)
+                ).numpy()
             log.dropped_zero_signal_groups += int(degenerate.sum()) // self.group_size
             log.zero_signal.append(batch.select(np.flatnonzero(degenerate)))
             batch = batch.select(np.flatnonzero(~degenerate))

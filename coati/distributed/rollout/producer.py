@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
@@ -23,14 +22,10 @@ from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch, oldest_versions
-from coati.distributed.reward import RewardPool, RewardResult
-from coati.distributed.reward.base import TrainerState
-from coati.distributed.reward.compose import RunningNorm, combine, fill_unscored, normalize
+from coati.distributed.reward import RewardResult
 from coati.distributed.reward.config import RewardConfig
-from coati.distributed.reward.model_actors import RewardModelClient
-from coati.distributed.reward.pool import RewardPools
-from coati.distributed.reward.sandbox import ALLOW_DEGRADED_ENV
-from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows, reward_fields
+from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows
+from coati.distributed.rollout.scoring import Scorer
 from coati.distributed.threads import ThreadLease
 
 
@@ -108,26 +103,7 @@ class Producer:
         )
         self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
         r = self.reward
-        if r.allow_degraded_sandbox:  # the reward workers' and environments' sandboxes follow the run's setting
-            os.environ[ALLOW_DEGRADED_ENV] = "1"
-        self.pool = RewardPool(
-            r.fn, r.workers, r.item_timeout_s, fn_kwargs=r.kwargs, batch_size=r.calls_of(r.fn, self.n)
-        )
-        if r.other_fns:  # further reward functions among the components (TRL's list), each in its own pool
-            self.pool = RewardPools(
-                self.pool,
-                {
-                    name: RewardPool(name, r.workers, r.item_timeout_s, batch_size=r.calls_of(name, self.n))
-                    for name in r.other_fns
-                },
-            )
-
-        timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
-        self.scorers = {
-            c: RewardModelClient([a for _, a in servers], [n for n, _ in servers], timeouts[c])
-            for c, servers in self.reward_servers.items()
-        }
-        self.rm_norm = RunningNorm()  # the reward model's statistics for running normalisation
+        self.scorer = Scorer(r, self.n, self.tokenizer, self.reward_servers)
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.env is not None:
             self.episodes = EpisodeRunner(
@@ -180,36 +156,9 @@ class Producer:
         results = [f.result() for f in futures]
         wait_s = time.perf_counter() - t0
         out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
-        rewards = np.array([r.reward for r in results], dtype=np.float64)
-        unscored = np.array([bool(r.info.get("no_score")) for r in results], dtype=bool)
-        others = {
-            name: np.array([r.info["components"][name] for r in results], dtype=object)
-            for name in self.reward.other_fns
-        }
-        bad = np.flatnonzero(~np.isfinite(rewards) & ~unscored)
-        if len(bad):
-            i = int(bad[0])
-            raise ValueError(
-                f"reward function {self.reward.fn} returned {rewards[i]} for row {picks[i // self.n][1]} of the "
-                f"training set ({len(bad)} non-finite of {len(rewards)}); rewards must be finite numbers"
-            )
-        # A function's None counts 0 beside the others' scores (TRL's sum); none scoring it at all is no score.
-        for name, values in others.items():
-            unscored &= np.array([v is None for v in values], dtype=bool)
-            others[name] = np.array([0.0 if v is None else v for v in values], dtype=np.float64)
-            if not np.isfinite(others[name]).all():
-                raise ValueError(f"reward function {name} returned a non-finite reward; rewards must be finite numbers")
-        rewards = np.where(np.isfinite(rewards), rewards, 0.0)
-        rewards = self._compose(rewards.astype(np.float32), out, [self.rows[i] for _, i in picks], others)
-        out.extras["reward_no_score"] = unscored
-        if unscored.any():  # no score (None): its group's mean, and no loss on it
-            rewards = fill_unscored(rewards, unscored, self.n).astype(np.float32)
-            out.loss_mask = out.trained_mask() & ~unscored[:, None]
-            out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
-        out.extras["task_reward"] = rewards.copy()  # before length shaping: what dynamic sampling compares
-        no_signal = degenerate_groups(torch.from_numpy(rewards), torch.arange(len(rewards)) // self.n)
+        self.scorer.apply(out, results, [self.rows[i] for _, i in picks])
         for g, (_, row) in enumerate(picks):
-            self.cursor.record(row, bool(no_signal[g * self.n]))
+            self.cursor.record(row, bool(out.no_signal[g * self.n]))
         skipped = np.zeros(len(out), dtype=np.int64)  # prompts passed over by this call, counted on its first row
         skipped[:1] = self.cursor.skipped - skipped_before
         out.extras["skipped_prompts"] = skipped
@@ -221,17 +170,7 @@ class Producer:
                 buffer,
                 self.algorithm.overlong_penalty_factor,
             )
-            rewards = rewards + penalty.numpy()
-        out.rewards = rewards
-        out.extras["answer_ok"] = np.array([r.answer_ok for r in results])
-        out.extras["format_ok"] = np.array([r.format_ok for r in results])
-        out.extras["lenient_ok"] = np.array([bool(r.info.get("lenient_ok", r.answer_ok)) for r in results])
-        out.extras["reward_error"] = np.array([bool(r.info.get("error")) for r in results])
-        out.extras["reward_timeout"] = np.array([bool(r.info.get("timeout")) for r in results])
-        # The reason each failed item scored 0 (fixed-width text: checkpoints hold no pickled objects).
-        out.extras["reward_error_msg"] = np.array(
-            [str(r.info.get("error") or "")[:300] for r in results], dtype="<U300"
-        )
+            out.rewards = (out.task_rewards + penalty.numpy()).astype(np.float32)
         out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
         out.group_ids = out.group_ids + (self.idx << 40) + (self._calls() << 20)
         # A backend that loads pushes mid-batch labels each token; otherwise the whole batch is the start version.
@@ -284,7 +223,7 @@ class Producer:
                 pick = self.in_engine.pop(key)
                 picks.append(pick)
                 batches.append(batch)
-                futures.extend(self._submit_rewards(batch, [self.rows[pick[1]]]))
+                futures.extend(self.scorer.submit(batch, [self.rows[pick[1]]], self.version))
         return picks, batches, futures, gen_s
 
     def _withdraw(self) -> None:
@@ -292,43 +231,6 @@ class Producer:
         if self.in_engine:
             self.cursor.give_back([self.in_engine.pop(key) for key in self.backend.withdraw()])
         assert not self.in_engine, "every group in the engine was withdrawn"
-
-    def _compose(
-        self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict], others: dict[str, np.ndarray] | None = None
-    ) -> np.ndarray:
-        """The reward: the components' weighted sum (the reward function's values alone when it is the only one; the
-        further reward functions' ``others``), each component's values kept in ``extras["component/<name>"]``."""
-
-        r = self.reward
-        values = {r.fn: fn_rewards, **{k: v.astype(np.float32) for k, v in (others or {}).items()}}
-        if self.scorers:
-            texts = [
-                self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(), skip_special_tokens=True)
-                for i in range(len(out))
-            ]
-            owners = [rows[i // self.n] for i in range(len(out))]  # rows are prompt-major, n per prompt
-            prompts = [row.get("messages", row.get("prompt")) for row in owners]
-        if "rm" in self.scorers:
-            scored = self.scorers["rm"].score(prompts, texts)
-            scores = np.array([score for score, _ in scored], dtype=np.float32)
-            out.extras["rm_truncated"] = np.array([bool(note) for _, note in scored])  # scored on the text's end
-            if not np.isfinite(scores).all():
-                raise ValueError(
-                    f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
-                    f"scores of {len(scores)}; check the model (its head, its dtype)"
-                )
-            values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
-        if "judge" in self.scorers:
-            graded = self.scorers["judge"].score(
-                prompts, texts, [row.get("gt_answer") for row in owners], [row.get("rubric") for row in owners]
-            )
-            values["judge"] = np.array([score for score, _ in graded], dtype=np.float32)
-            out.extras["judge_unread"] = np.array([bool(why) for _, why in graded])  # read as 0: the reason kept
-            out.extras["judge_unread_msg"] = np.array([why[:300] for _, why in graded], dtype="<U300")
-        if r.components:
-            for name, v in values.items():
-                out.extras[f"component/{name}"] = v
-        return combine(values, r.weights)
 
     def _calls(self) -> int:
         self._num_calls = getattr(self, "_num_calls", 0) + 1
@@ -340,9 +242,7 @@ class Producer:
         if self.episodes is None:
             prompts = [self.prompt_format.encode(self.tokenizer, r) for r in rows]
             batch = self.backend.generate(prompts, n, greedy=greedy)
-            return batch, self._submit_rewards(batch, rows)
-        from concurrent.futures import Future
-
+            return batch, self.scorer.submit(batch, rows, self.version)
         batch = self.episodes.rollouts(
             lambda contexts: self.backend.generate(contexts, 1, greedy=greedy),
             rows,
@@ -350,33 +250,16 @@ class Producer:
             self.backend.pad_id,
             self.version,
         )
-        scored = []
-        for i in range(len(batch)):  # an environment's failure is the episode's (env_error), not a scoring error
-            result = RewardResult(
+        # an environment's failure is the episode's (env_error), not a scoring error
+        results = [
+            RewardResult(
                 float(batch.rewards[i]),
                 answer_ok=bool(batch.extras["answer_ok"][i]),
                 info={"lenient_ok": bool(batch.extras["lenient_ok"][i])},
             )
-            scored.append(Future())
-            scored[-1].set_result(result)
-        return batch, scored
-
-    def _submit_rewards(self, batch: RolloutBatch, rows: list[dict]):
-        items = []
-        for i in range(len(batch)):
-            text = self.tokenizer.decode(
-                batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True
-            )
-            row = rows[batch.group_ids[i]]
-            fields = reward_fields(row)
-            if "prompts" in self.pool.wants:
-                fields["prompts"] = row.get("prompt", row.get("messages"))
-            if "completion_ids" in self.pool.wants:
-                fields["completion_ids"] = batch.response_ids[i, : batch.response_lengths[i]].tolist()
-            if "trainer_state" in self.pool.wants:
-                fields["trainer_state"] = TrainerState(global_step=self.version)
-            items.append((text, fields, "messages" in row))
-        return self.pool.submit_many(items)  # together, so that a batched reward function gets them in few calls
+            for i in range(len(batch))
+        ]
+        return batch, Scorer.done(results)
 
     def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU
@@ -494,8 +377,7 @@ class Producer:
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
-        if "rm" in self.scorers:
-            state["rm_norm"] = self.rm_norm.state()
+        state.update(self.scorer.state())
         return state
 
     def restore(self, state: dict) -> None:
@@ -503,10 +385,9 @@ class Producer:
         self._num_calls = state["calls"]
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
-        if "rm" in self.scorers and "rm_norm" in state:
-            self.rm_norm.restore(state["rm_norm"])
+        self.scorer.restore(state)
 
     def close(self) -> None:
-        self.pool.close()
+        self.scorer.close()
         if self.episodes is not None:
             self.episodes.close()

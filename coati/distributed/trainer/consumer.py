@@ -55,8 +55,8 @@ def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torc
     """[B, T] advantages of a batch under ``algo``'s estimator; a completion without a score (its reward function's
     None) is left out of its group's statistics, and its loss mask is empty."""
     group_ids = torch.tensor(batch.group_ids)
-    unscored = batch.extras.get("reward_no_score")
-    if unscored is not None and unscored.any():
+    unscored = batch.unscored()
+    if unscored.any():
         group_ids = without_unscored(group_ids, torch.tensor(~unscored))
     return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
         torch.tensor(batch.rewards), group_ids, loss_mask, algo

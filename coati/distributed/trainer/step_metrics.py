@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from coati.distributed.guards import reward_failures
-from coati.distributed.record import RolloutBatch, group_versions
+from coati.distributed.record import RewardStatus, RolloutBatch, group_versions
 
 
 def metric_kind(key: str) -> str:
@@ -101,10 +101,10 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         "rollout/trained_tokens_unique": int(batch.prompt_mask[::n].sum() + batch.response_lengths.sum()),
         "rollout/trained_response_tokens": int(batch.response_lengths.sum()),
         "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
-        **reward_failures(ex),
+        **reward_failures(drawn.failed(), drawn.reward_status == RewardStatus.TIMEOUT),
         **episode_metrics(ex),
         "reward/judge_unread": int(ex["judge_unread"].sum()) if "judge_unread" in ex else 0,
-        "reward/no_score": int(ex["reward_no_score"].sum()) if "reward_no_score" in ex else 0,
+        "reward/no_score": int(drawn.unscored().sum()),
         "reward/rm_truncated": int(ex["rm_truncated"].sum()) if "rm_truncated" in ex else 0,
         # each reward component's mean over the drawn rows (when the reward has components)
         **{
