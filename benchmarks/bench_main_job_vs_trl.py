@@ -192,7 +192,7 @@ def main():
     flags = shlex.split(args.coati_flags)
     try:
         job = parse_config(["--algo", "DAPO", *flags])  # the default job's config tree, with the flags
-        algorithm = job.launch_config().algorithm  # the preset with the job's overrides
+        algorithm = job.algo_config  # the preset with the job's overrides
     except SystemExit:  # the job's parser has printed why
         parser.error(f"--coati-flags {args.coati_flags!r}: refused by rl_example.py's parser (the error above)")
     except ValueError as e:

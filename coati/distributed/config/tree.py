@@ -1,15 +1,17 @@
-"""The whole run declared once: ``Config``, a tree of the component configs (``config.py``) plus the model, the data
+"""The whole run declared once: ``Config``, a tree of the component configs (each in its folder's ``config.py``) plus the model, the data
 and the run's own settings. The command line (``cli.py``), config files and ``launch_distributed``'s keyword arguments
 all build this one tree, so each setting has one name, one docstring (its ``--help``) and one default: the default
 job's (``make run``).
 
-``LaunchConfig`` (the training subtree: what a checkpoint records and a resume must match) is derived from it by
-``launch_config``; the algorithm is a preset from ``ALGO_MAP`` (``algo``) with ``algorithm`` overriding its fields.
+The algorithm is a preset from ``ALGO_MAP`` (``algo``) with ``algorithm`` overriding its fields (``algo_config``,
+resolved once); ``training_record`` is what a checkpoint records and a resume must match. Every part of the driver
+and every actor receives this tree whole (or its sections), never loose copies of its values.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -25,72 +27,6 @@ from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
 DEFAULT_TRAIN_ROWS = 512
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """A whole run: the component configs plus the checks that span them."""
-
-    producer: ProducerConfig = field(default_factory=ProducerConfig)
-    """rollout side"""
-    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
-    """training side"""
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    """sampling"""
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    """the algorithm bundle"""
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """scoring"""
-    num_episodes: int = 1
-    """passes over the training prompts"""
-
-    def __post_init__(self):
-        positive(self, "num_episodes")
-        if self.consumer.train_microbatch_size is None and self.consumer.plugin.pp_size > 1:
-            object.__setattr__(
-                self,
-                "consumer",
-                dataclasses.replace(self.consumer, train_microbatch_size=self.producer.num_generations),
-            )
-        p, c = self.producer, self.consumer
-        samples = c.train_minibatch_size * p.num_generations
-        if c.train_microbatch_size is not None:
-            divides("train_microbatch_size", c.train_microbatch_size, "train_minibatch_size * num_generations", samples)
-        produced = p.inference_batch_size * p.num_producers
-        consumed = c.train_batch_size * c.dp_size
-        require(
-            produced % consumed == 0 or consumed % produced == 0,
-            f"producers roll out inference_batch_size * num_producers = {produced} prompts per step and consumers "
-            f"train on train_batch_size * dp_size = {consumed}; one must divide the other "
-            f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
-        )
-        if c.plugin.pp_size > 1:
-            divides(
-                "pp_num_microbatches", c.plugin.pp_num_microbatches, "train_minibatch_size * num_generations", samples
-            )
-        buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
-        require(
-            buffer < self.generation.max_new_tokens,
-            f"overlong buffer of {buffer} tokens must be shorter than max_new_tokens={self.generation.max_new_tokens}",
-        )
-        g, r = self.generation, self.reward
-        if r.env is not None:
-            require(
-                r.env_max_tokens <= g.max_prompt_tokens,
-                f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
-                f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
-                "env_max_tokens",
-            )
-            require(
-                not g.stop_strings,
-                f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
-                "token the chat template closes it with; drop the stop strings",
-            )
-
-    @property
-    def global_train_batch_size(self) -> int:
-        """prompts per training step across all DP ranks"""
-        return self.consumer.train_batch_size * self.consumer.dp_size
 
 
 @dataclass(frozen=True)
@@ -360,24 +296,77 @@ class Config:
     """the run"""
 
     def __post_init__(self):
-        self.launch_config()  # every cross-section check, now
+        self.algo_config  # the preset and its overrides, checked now
+        self._check_sections()
         if self.reward.env is not None and (self.data.system_prompt or self.data.raw_prompt):
             raise ValueError(
                 f"env {self.reward.env!r} writes each episode's first messages itself: drop "
                 "data.system_prompt/raw_prompt (an environment may take a system_prompt in env_kwargs)"
             )
 
-    def launch_config(self) -> LaunchConfig:
-        """The training subtree, with the algorithm resolved from its preset (checked as it is built)."""
-
-        return LaunchConfig(
-            producer=self.producer,
-            consumer=self.consumer,
-            generation=self.generation,
-            algorithm=resolve_algorithm(self.algo, **self.algorithm),
-            reward=self.reward,
-            num_episodes=self.run.num_episodes,
+    def _check_sections(self) -> None:
+        """The checks that span sections (batch arithmetic, the overlong buffer, an environment's budgets)."""
+        if self.consumer.train_microbatch_size is None and self.consumer.plugin.pp_size > 1:
+            object.__setattr__(
+                self,
+                "consumer",
+                dataclasses.replace(self.consumer, train_microbatch_size=self.producer.num_generations),
+            )
+        p, c = self.producer, self.consumer
+        samples = c.train_minibatch_size * p.num_generations
+        if c.train_microbatch_size is not None:
+            divides("train_microbatch_size", c.train_microbatch_size, "train_minibatch_size * num_generations", samples)
+        produced = p.inference_batch_size * p.num_producers
+        consumed = c.train_batch_size * c.dp_size
+        require(
+            produced % consumed == 0 or consumed % produced == 0,
+            f"producers roll out inference_batch_size * num_producers = {produced} prompts per step and consumers "
+            f"train on train_batch_size * dp_size = {consumed}; one must divide the other "
+            f"(e.g. set train_batch_size={max(1, produced // c.dp_size)})",
         )
+        if c.plugin.pp_size > 1:
+            divides(
+                "pp_num_microbatches", c.plugin.pp_num_microbatches, "train_minibatch_size * num_generations", samples
+            )
+        buffer = self.algo_config.overlong_buffer_len(self.generation.max_new_tokens)
+        require(
+            buffer < self.generation.max_new_tokens,
+            f"overlong buffer of {buffer} tokens must be shorter than max_new_tokens={self.generation.max_new_tokens}",
+        )
+        g, r = self.generation, self.reward
+        if r.env is not None:
+            require(
+                r.env_max_tokens <= g.max_prompt_tokens,
+                f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
+                f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
+                "env_max_tokens",
+            )
+            require(
+                not g.stop_strings,
+                f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
+                "token the chat template closes it with; drop the stop strings",
+            )
+
+    @functools.cached_property
+    def algo_config(self) -> AlgorithmConfig:
+        """The algorithm: the ``algo`` preset with the ``algorithm`` overrides (resolved once)."""
+        return resolve_algorithm(self.algo, **self.algorithm)
+
+    @property
+    def global_train_batch_size(self) -> int:
+        """prompts per training step across all DP ranks"""
+        return self.consumer.train_batch_size * self.consumer.dp_size
+
+    def training_record(self) -> dict:
+        """The sections that decide what a run trains, as a checkpoint records them (a resume must match them)."""
+        return {
+            "producer": dataclasses.asdict(self.producer),
+            "consumer": dataclasses.asdict(self.consumer),
+            "generation": dataclasses.asdict(self.generation),
+            "algorithm": dataclasses.asdict(self.algo_config),
+            "reward": dataclasses.asdict(self.reward),
+            "num_episodes": self.run.num_episodes,
+        }
 
 
 SECTIONS: dict[str, type] = {

@@ -97,21 +97,11 @@ def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) 
 class ActorGroups:
     """Producers (on the low-index nodes) and consumers (on the high-index ones), as the plan placed them."""
 
-    def __init__(
-        self,
-        cfg,
-        plan,
-        *,
-        seed: int,
-        run_name: str,
-        master_addr=None,
-        master_port=None,
-        in_flight: bool = False,
-        follow_work: bool = False,
-    ):
-        self.cfg, self.plan, self.seed, self.run_name = cfg, plan, seed, run_name
-        self.master_addr, self.master_port, self.in_flight = master_addr, master_port, in_flight
-        self.follow_work = follow_work
+    def __init__(self, config, plan, run_name: str):
+        self.cfg, self.plan, self.run_name = config, plan, run_name
+        r = config.run
+        self.seed, self.master_addr, self.master_port = r.seed, r.master_addr, r.master_port
+        self.in_flight, self.follow_work = plan.in_flight, r.threads_follow_work
         self.train_calls = self.generate_calls = 0
         """training steps and rollout rounds started, numbering each so that a lend of cores reaches the call it was
         meant for"""
@@ -152,38 +142,7 @@ class ActorGroups:
             actor = ray.remote(Producer).options(
                 **options, **cpu_actor_env(env, slot.num_gpus), **threads, name=f"{self.run_name}-producer-{i}"
             )
-            self.producers.append(
-                actor.remote(
-                    i,
-                    c.producer.num_producers,
-                    p.inference_model_path,
-                    c.producer.backend,
-                    c.generation,
-                    c.algorithm,
-                    p.train_dataset,
-                    c.reward,
-                    c.producer.num_generations,
-                    c.producer.inference_microbatch_size,
-                    prompt_format=p.prompt_format,
-                    eval_dataset=p.eval_dataset,
-                    seed=self.seed,
-                    backend_options=p.inference_options,
-                    trainer_precision=(
-                        c.consumer.compute_dtype,
-                        c.consumer.plugin.precision,
-                        c.consumer.plugin.tp_size,
-                    ),
-                    reward_servers=self.reward_servers,
-                    stream_prompts=p.stream_prompts,
-                    lora={
-                        "rank": c.consumer.lora_rank,
-                        "alpha": c.consumer.lora_alpha,
-                        "target_modules": c.consumer.lora_target_modules,
-                    }
-                    if c.consumer.lora_rank
-                    else None,
-                )
-            )
+            self.producers.append(actor.remote(i, c, p, self.reward_servers))
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address
         port = self.master_port or _free_port()
@@ -200,7 +159,7 @@ class ActorGroups:
                     port,
                     p.train_model_path,
                     c.consumer,
-                    c.algorithm,
+                    c.algo_config,
                     c.generation,
                     c.producer.num_generations,
                     seed=self.seed,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.config.tree import Config
 from coati.distributed.driver.actor_group import RunError, get
 from coati.distributed.guards import all_finite
 from coati.distributed.lora import write_adapter
@@ -31,8 +31,9 @@ from coati.distributed.record import RolloutBatch
 RESUMABLE_CHANGES = {"num_episodes"}
 
 
-def config_dict(cfg: LaunchConfig) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+def config_dict(config: Config) -> dict:
+    """The tree's training sections as JSON (``Config.training_record``): what a checkpoint records."""
+    return json.loads(json.dumps(config.training_record(), default=str))
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

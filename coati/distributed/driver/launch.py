@@ -12,10 +12,9 @@ import os
 import uuid
 from typing import Any, Callable
 
-from coati.default_model import default_model_path
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
-from coati.distributed.config.tree import Config, LaunchConfig, config_from_dict
+from coati.distributed.config.tree import Config, config_from_dict
 from coati.distributed.driver.actor_group import RunError
 from coati.distributed.driver.checkpoint import (
     CheckpointManager,
@@ -121,8 +120,8 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dic
 def _launch_once(config: Config, on_step) -> dict:
     """validate -> place -> connect -> push -> loop."""
 
-    cfg, r = config.launch_config(), config.run
-    plan = plan_run(config)
+    cfg, r = config, config.run
+    plan = preflight(config)
     for what, n in plan.overlong.items():
         if n:
             log.warning(
@@ -131,8 +130,8 @@ def _launch_once(config: Config, on_step) -> dict:
                 what,
                 cfg.generation.max_prompt_tokens,
             )
-    total_steps = min(cfg.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
-    record = run_record(cfg, plan, r.seed, r.max_staleness)
+    total_steps = min(r.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
+    record = run_record(config, plan)
     folder, checkpoint = claim_save_dir(
         r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps, plan.train_model_path, r.keep_checkpoints
     )
@@ -144,19 +143,7 @@ def _launch_once(config: Config, on_step) -> dict:
             raise
         if r.overwrite:  # every check that needs no actor has passed: the results this run replaces go now
             folder.clear()
-    run = Run(
-        cfg,
-        plan,
-        seed=r.seed,
-        weight_sync_timeout_s=r.weight_sync_timeout_s,
-        max_staleness=r.max_staleness,
-        master_addr=r.master_addr,
-        master_port=r.master_port,
-        run_name=f"{r.project}-{uuid.uuid4().hex[:8]}",
-        sleep_while_training=r.sleep_while_training,
-        in_flight=plan.in_flight,
-        follow_work=r.threads_follow_work,
-    )
+    run = Run(config, plan, run_name=f"{r.project}-{uuid.uuid4().hex[:8]}")
     run.record = record
     try:
         phase(
@@ -201,35 +188,6 @@ def _launch_once(config: Config, on_step) -> dict:
         run.shutdown()
         if folder is not None:
             folder.release()
-
-
-def plan_run(config: Config):
-    """``preflight.preflight`` of ``config``: every check that needs no actor, and the plan the run follows."""
-
-    r, m = config.run, config.model
-    model = m.path or _default_model()
-    train_dataset, eval_dataset = config.data.datasets(r.seed)
-    return preflight(
-        config.launch_config(),
-        train_model_path=model,
-        inference_model_path=m.inference_path or model,
-        tokenizer_path=m.tokenizer_path or model,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        cpus_per_actor=r.cpus_per_actor,
-        colocate=r.colocate,
-        inference_options=m.inference_options,
-        sleep_while_training=r.sleep_while_training,
-        in_flight_weight_updates=r.in_flight_weight_updates,
-        max_staleness=r.max_staleness,
-        raw_prompt=config.data.raw_prompt,
-        filter_overlong=config.data.filter_overlong_prompts,
-    )
-
-
-def _default_model() -> str:
-
-    return default_model_path()
 
 
 def config_from_launch_kwargs(
@@ -377,7 +335,7 @@ def _merge_datasets(train: dict, held_out: dict) -> dict:
     return train | held_out
 
 
-def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
+def run_record(config: Config, plan) -> dict:
     """What a checkpoint must match to be resumed: the config tree and the run's identity (model weights and shape,
     training rows, seed, staleness bound, system prompt). Paths are not part of it: moved files are the same run."""
 
@@ -385,8 +343,8 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
         "train_model": fingerprint(plan.train_model_path),
         "inference_model": fingerprint(plan.inference_model_path),
         "dataset": {"rows": plan.dataset_digest},  # the content, wherever the file now lies
-        "seed": seed,
-        "max_staleness": max_staleness,
+        "seed": config.run.seed,
+        "max_staleness": config.run.max_staleness,
         "system_prompt": plan.prompt_format.system_prompt,
         "raw_prompt": plan.prompt_format.raw,
     }
@@ -397,7 +355,7 @@ def run_record(cfg: LaunchConfig, plan, seed: int, max_staleness: int) -> dict:
         "rows": plan.num_rows,
         "overlong_dropped": plan.overlong.get("train", 0),
     }
-    record = {"config": config_dict(cfg), "identity": identity, "dataset": dataset}
+    record = {"config": config_dict(config), "identity": identity, "dataset": dataset}
     if plan.sandbox is not None:  # how model-written code is isolated (not part of what a resume must match)
         record["sandbox"] = {
             "isolation": plan.sandbox,

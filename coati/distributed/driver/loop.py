@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.config.tree import Config
 from coati.distributed.driver.actor_group import ActorGroups, RunError, get, ready, wait_any
 from coati.distributed.driver.checkpoint import (
     CheckpointManager,
@@ -51,44 +51,23 @@ class Round:
 
 
 class Run:
-    def __init__(
-        self,
-        cfg: LaunchConfig,
-        plan: Plan,
-        *,
-        seed,
-        weight_sync_timeout_s,
-        max_staleness,
-        master_addr,
-        master_port,
-        run_name,
-        sleep_while_training=False,
-        in_flight=False,
-        follow_work,
-    ):
-        self.cfg, self.plan, self.seed = cfg, plan, seed
-        self.timeout_s, self.max_staleness = weight_sync_timeout_s, max_staleness
-        self.sleep_while_training, self.in_flight = sleep_while_training, in_flight
-        self.actors = ActorGroups(
-            cfg,
-            plan,
-            seed=seed,
-            run_name=run_name,
-            master_addr=master_addr,
-            master_port=master_port,
-            in_flight=in_flight,
-            follow_work=follow_work,
-        )
+    def __init__(self, config: Config, plan: Plan, run_name: str):
+        """``config``: the run's tree, whole; ``plan``: what preflight derived from it."""
+        cfg, r = config, config.run
+        self.cfg, self.plan, self.seed = config, plan, r.seed
+        self.timeout_s, self.max_staleness = r.weight_sync_timeout_s, r.max_staleness
+        self.sleep_while_training, self.in_flight = r.sleep_while_training, plan.in_flight
+        self.actors = ActorGroups(config, plan, run_name)
         self.run_name = run_name
         self.version = 0
         self.push_stats: dict = {}
         self.start_step = 0
         self.last_checkpoint: str | None = None
-        a = cfg.algorithm
+        a = cfg.algo_config
         self.buffer = RolloutBuffer(
             cfg.global_train_batch_size,
             cfg.producer.num_generations,
-            max_staleness,
+            self.max_staleness,
             a.dynamic_sampling,
             a.dynamic_sampling_signal,
             a.dynamic_sampling_max_draws,
@@ -305,7 +284,7 @@ class Run:
         import ray
 
         manager = CheckpointManager(os.path.join(save_dir, "checkpoints"), keep_checkpoints) if save_dir else None
-        total = self.cfg.num_episodes * self.plan.steps_per_episode
+        total = self.cfg.run.num_episodes * self.plan.steps_per_episode
         total = min(total, max_steps) if max_steps else total
         history, evals = [], []
         info = self.actors.producer_info, self.actors.consumer_info

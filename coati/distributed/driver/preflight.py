@@ -9,8 +9,9 @@ import functools
 import os
 from dataclasses import dataclass
 
+from coati.default_model import default_model_path
 from coati.distributed.architectures import check_layout, check_positions, load_config
-from coati.distributed.config.tree import LaunchConfig
+from coati.distributed.config.tree import Config
 from coati.distributed.driver.checkpoint import rows_digest
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.base import check_messages
@@ -105,24 +106,14 @@ def _fetch(repo_id: str) -> str:
     return snapshot_download(repo_id)
 
 
-def preflight(
-    cfg: LaunchConfig,
-    *,
-    train_model_path,
-    inference_model_path,
-    tokenizer_path,
-    train_dataset,
-    eval_dataset,
-    cpus_per_actor,
-    colocate=False,
-    inference_options=None,
-    sleep_while_training=False,
-    in_flight_weight_updates=False,
-    max_staleness=0,
-    raw_prompt=False,
-    filter_overlong=False,
-) -> Plan:
-    """Every check that needs no actor, so bad input fails before anything starts."""
+def preflight(config: Config) -> Plan:
+    """Every check that needs no actor, so bad input fails before anything starts; the plan the run follows."""
+    cfg, r, m = config, config.run, config.model
+    train_model_path = m.path or default_model_path()
+    inference_model_path, tokenizer_path = m.inference_path or train_model_path, m.tokenizer_path or train_model_path
+    train_dataset, eval_dataset = config.data.datasets(r.seed)
+    inference_options, raw_prompt = m.inference_options, config.data.raw_prompt
+    filter_overlong = config.data.filter_overlong_prompts
     import ray
     from transformers import AutoConfig, AutoTokenizer
 
@@ -192,8 +183,8 @@ def preflight(
         cfg.producer.num_producers,
         cfg.producer.num_proc_per_producer,
         cfg.consumer.num_consumer_procs,
-        cpus_per_actor,
-        colocate,
+        r.cpus_per_actor,
+        r.colocate,
     )
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
     check_free(resources_needed(cfg.reward, producers + consumers), ray.available_resources, ray.cluster_resources())
@@ -207,16 +198,16 @@ def preflight(
         producer_gpu=producers[0].num_gpus > 0,
         consumer_gpu=consumers[0].num_gpus > 0,
     )
-    in_flight = resolve_in_flight(in_flight_weight_updates, backend, max_staleness, cfg.consumer.lora_rank)
+    in_flight = resolve_in_flight(r.in_flight_weight_updates, backend, r.max_staleness, cfg.consumer.lora_rank)
     inference_options = backend.engine_options(
         inference_options or {},
         processes=cfg.producer.num_proc_per_producer,
-        sleep=sleep_while_training,
+        sleep=r.sleep_while_training,
         gpu=producers[0].num_gpus > 0,
         in_flight=in_flight,
         lora_rank=cfg.consumer.lora_rank,
     )
-    stream = resolve_stream(cfg, backend, max_staleness)
+    stream = resolve_stream(cfg, backend, r.max_staleness)
     sandbox, degraded, per_run = check_sandbox(cfg.reward)
 
     return Plan(
@@ -307,7 +298,7 @@ def check_model_files(path: str, what: str) -> None:
 
 
 def check_models(
-    cfg: LaunchConfig,
+    cfg: Config,
     train_path: str,
     inference_path: str,
     backend,
@@ -414,7 +405,7 @@ def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> No
                 )
 
 
-def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) -> None:
+def check_env_inputs(cfg: Config, rows: list[dict], what: str, tokenizer) -> None:
     """The environment resolves, its chat template closes turns with the end-of-turn token, and each row makes an
     episode whose first messages fit in env_max_tokens (with room for a turn)."""
 
@@ -436,7 +427,7 @@ def check_env_inputs(cfg: LaunchConfig, rows: list[dict], what: str, tokenizer) 
             )
 
 
-def check_reward_inputs(cfg: LaunchConfig, rows: list[dict], what: str) -> None:
+def check_reward_inputs(cfg: Config, rows: list[dict], what: str) -> None:
     """The reward function's options against its signature, and every row against the columns it requires
     (present and not null or blank in every row)."""
 
@@ -518,7 +509,7 @@ def dataset_kwargs(spec: dict) -> dict:
     return out
 
 
-def resolve_stream(cfg: LaunchConfig, backend, max_staleness: int) -> int:
+def resolve_stream(cfg: Config, backend, max_staleness: int) -> int:
     """``producer.stream_prompts``, refused with the reason where the run cannot keep groups in the engine across
     draws."""
     requested, lora, env = cfg.producer.stream_prompts, cfg.consumer.lora_rank, cfg.reward.env

@@ -13,68 +13,53 @@ import time
 import numpy as np
 import torch
 
-from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 from coati.distributed.inference import backend_class
-from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch, oldest_versions
 from coati.distributed.reward import RewardResult
-from coati.distributed.reward.config import RewardConfig
-from coati.distributed.rollout.data import DataCursor, PromptFormat, load_rows
+from coati.distributed.rollout.data import DataCursor, load_rows
 from coati.distributed.rollout.scoring import Scorer
 from coati.distributed.threads import ThreadLease
 
 
 class Producer:
-    def __init__(
-        self,
-        producer_idx: int,
-        num_producers: int,
-        model_path: str,
-        backend: str,
-        generation: GenerationConfig,
-        algorithm: AlgorithmConfig,
-        dataset: dict,
-        reward: RewardConfig,
-        num_generations: int,
-        microbatch_size: int,
-        prompt_format: PromptFormat = PromptFormat(),
-        eval_dataset: dict | None = None,
-        seed: int = 0,
-        backend_options: dict | None = None,
-        trainer_precision: tuple[str, str, int] | None = None,
-        lora: dict | None = None,
-        reward_servers: dict[str, list] | None = None,
-        stream_prompts: int = 0,
-    ):
-        self.stream_prompts = stream_prompts
+    """One producer: ``config`` is the run's config tree (its producer, generation, reward and algorithm sections
+    are read here, with the trainer's precision and LoRA settings from its consumer section); ``plan`` the driver's
+    plan of values derived once (the resolved model paths, datasets, prompt format, engine options, streaming);
+    ``reward_servers`` the reward's model components ({component: [(name, actor)]}), shared by all producers."""
+
+    def __init__(self, producer_idx: int, config, plan, reward_servers: dict[str, list] | None = None):
+        c = config.consumer
+        self.idx, self.num_producers = producer_idx, config.producer.num_producers
+        self.model_path, self.backend_name = plan.inference_model_path, config.producer.backend
+        self.generation, self.algorithm, self.reward = config.generation, config.algo_config, config.reward
+        self.dataset_spec, self.eval_spec = plan.train_dataset, plan.eval_dataset
+        self.n, self.microbatch_size = config.producer.num_generations, config.producer.inference_microbatch_size
+        self.prompt_format, self.seed = plan.prompt_format, config.run.seed
+        self.backend_options = dict(plan.inference_options or {})
+        self.stream_prompts = plan.stream_prompts
         """groups the engine is kept generating across calls (0: rounds, each call generating its prompts to the
         end)"""
+        self.trainer_precision = (c.compute_dtype, c.plugin.precision, c.plugin.tp_size)
+        """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
+        dtype"""
+        self.lora = (
+            {"rank": c.lora_rank, "alpha": c.lora_alpha, "target_modules": c.lora_target_modules}
+            if c.lora_rank
+            else None
+        )
+        """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
+        self.reward_servers = dict(reward_servers or {})
         self.in_engine: dict[int, tuple[int, int]] = {}
         """streaming: submitted key -> (episode, row) of each group the engine holds"""
         self.submitted = 0
         """streaming: groups submitted so far (each one's key)"""
-        self.lora = lora
-        """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
-        self.reward_servers = dict(reward_servers or {})
-        """{component: [(name, actor)]} of the reward's model components (rm, judge), shared by all producers"""
-        self.trainer_precision = trainer_precision
-        """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
-        dtype"""
         self.threads = ThreadLease()
         """the cores of the rollout call in progress, raised by ``set_threads``"""
-        self.idx, self.num_producers = producer_idx, num_producers
-        self.model_path, self.backend_name = model_path, backend
-        self.generation, self.algorithm = generation, algorithm
-        self.dataset_spec, self.eval_spec = dataset, eval_dataset
-        self.reward = reward
-        self.n, self.microbatch_size = num_generations, microbatch_size
-        self.prompt_format, self.seed = prompt_format, seed
-        self.backend_options = dict(backend_options or {})
         self.version = 0
         self.weight_groups: list[str] = []
 
@@ -83,7 +68,7 @@ class Producer:
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
         options = {"seed": seed, **self.backend_options}
-        if "dtype" not in options and self.trainer_precision is not None:
+        if "dtype" not in options:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             dtype = generation_dtype(*self.trainer_precision, device)
             if dtype is not None:
