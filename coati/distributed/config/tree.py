@@ -1,7 +1,7 @@
-"""The whole run declared once: ``Config``, a tree of the component configs (each in its folder's ``config.py``) plus the model, the data
-and the run's own settings. The command line (``cli.py``), config files and ``launch_distributed``'s keyword arguments
-all build this one tree, so each setting has one name, one docstring (its ``--help``) and one default: the default
-job's (``make run``).
+"""The whole run declared once: ``Config``, a tree of the component configs (each in its folder's ``config.py``) plus
+the model, the data and the run's own settings. The command line (``cli.py``), config files and ``launch_distributed``'s
+keyword arguments all build this one tree, so each setting has one name, one docstring (its ``--help``) and one default:
+the default job's (``make run``).
 
 The algorithm is a preset from ``ALGO_MAP`` (``algo``) with ``algorithm`` overriding its fields (``algo_config``,
 resolved once); ``training_record`` is what a checkpoint records and a resume must match. Every part of the driver
