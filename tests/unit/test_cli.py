@@ -330,3 +330,40 @@ def test_config_files_that_would_blow_up_or_do_not_parse_are_usage_errors(tmp_pa
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert re.search(message, err) and "Traceback" not in err, err[-400:]
+
+
+def error_of(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err  # one line: no usage block above it
+    return err
+
+
+def test_parsing_has_no_traps(tmp_path, capsys):
+    """No abbreviations (``--lr`` was taken as ``--lr-schedule``), TRL's underscore spellings, enum names in any
+    case, ``--report-to none`` as its help says, and an unknown flag answered with the nearest one."""
+    assert "unknown flag --lr; did you mean -lr?" in error_of(["--lr", "1e-5"], capsys)
+    assert "did you mean --temperature?" in error_of(["--temprature", "0.5"], capsys)
+    c = parse_config(["--learning_rate", "1e-6", "--num_generations", "8", "--algo", "grpo", "-b", "VLLM"])
+    assert (c.consumer.learning_rate, c.producer.num_generations, c.algo, c.producer.backend) == (
+        1e-6,
+        8,
+        "GRPO",
+        "vllm",
+    )
+    assert (
+        parse_config(["--algo", "dr.grpo"]).algo == "DR_GRPO"
+        and parse_config(["--report-to", "none"]).run.report_to == ()
+    )
+
+
+def test_config_file_values_take_their_field_s_type(tmp_path, capsys):
+    """YAML reads ``1e-6`` as text: it is the number the field takes; a value that is no number names the field."""
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("consumer:\n  learning_rate: 1e-6\n  train_batch_size: '4'\nrun:\n  max_steps: null\n")
+    bad.write_text("consumer:\n  learning_rate: fast\n")
+    c = parse_config(["--config", str(good)])
+    assert c.consumer.learning_rate == 1e-6 and c.consumer.train_batch_size == 4 and c.run.max_steps is None
+    assert "consumer.learning_rate='fast' is not a number" in error_of(["--config", str(bad)], capsys)

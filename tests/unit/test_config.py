@@ -211,3 +211,14 @@ def test_further_reward_functions_are_components_beside_the_run_s_own():
         RewardConfig(fn="math", components={"code": 1.0})
     with pytest.raises(ValueError, match="further reward functions \\(registered names, package.module:function\\)"):
         RewardConfig(fn="math", components={"math": 1.0, "nosuch": 0.5})
+
+
+def test_a_run_of_your_own_data_runs_every_episode_unless_told_to_stop():
+    """``max_steps`` left unset stops only the built-in demo task (the default job) after DEMO_STEPS; a dataset of
+    one's own runs all its episodes (it was cut at 30 steps without a word)."""
+    from coati.distributed.config.tree import DEMO_STEPS, DataConfig
+
+    assert Config().step_limit == DEMO_STEPS == 30
+    assert Config(data=DataConfig(train="my_data.jsonl")).step_limit is None
+    assert Config(data=DataConfig(train_size=64)).step_limit is None  # the task, sized by its user
+    assert Config(run=RunConfig(max_steps=5), data=DataConfig(train="my_data.jsonl")).step_limit == 5

@@ -98,9 +98,18 @@ ALGO_MAP.register(
 )
 
 
+def preset_name(name: str) -> str:
+    """The preset ``name`` refers to, in any case and with ``-`` or ``.`` for ``_`` (grpo, Dr.GRPO, dr-grpo); an
+    unknown name is returned as it is (``ALGO_MAP`` refuses it, listing the known ones)."""
+    if not isinstance(name, str):
+        return name
+    key = name.upper().replace("-", "_").replace(".", "_")
+    return next((k for k in ALGO_MAP if k.upper() == key), name)
+
+
 def resolve_algorithm(name: str, **overrides) -> AlgorithmConfig:
     """The preset ``name`` with ``overrides`` applied (None values are ignored), validated."""
-    preset = ALGO_MAP.get(name)
+    preset = ALGO_MAP.get(preset_name(name))
     known = {f.name for f in dataclasses.fields(AlgorithmConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:

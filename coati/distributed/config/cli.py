@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import sys
 import types
 import typing
 from pathlib import Path
@@ -200,8 +202,48 @@ def _parse(kind: type, flag: str):
     return parse
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without its traps: no abbreviations (``--lr`` is not ``--lr-schedule``), an error in one line (no usage
+    block above it), an unknown flag answered with the nearest known ones."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        args, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(self.unknown_message(unknown))
+        return args
+
+    def unknown_message(self, unknown: list[str]) -> str:
+        flags = [s for a in self._actions for s in a.option_strings]
+        parts = []
+        for i, token in enumerate(unknown):
+            if not token.startswith("-"):
+                if i == 0 or not unknown[i - 1].startswith("-"):  # not the value of an unknown flag
+                    parts.append(f"{token!r} follows no flag that takes it")
+                continue
+            near = difflib.get_close_matches(token.split("=")[0], flags, n=2, cutoff=0.7)
+            parts.append(f"unknown flag {token}" + (f"; did you mean {' or '.join(near)}?" if near else "; see --help"))
+        return "; ".join(parts)
+
+
+def normalize_flags(argv: list[str], flags: set[str]) -> list[str]:
+    """``--flag_name`` (TRL's spelling) as ``--flag-name`` where that is a flag."""
+    out = []
+    for token in argv:
+        name, eq, rest = token.partition("=")
+        if name.startswith("--") and "_" in name and name.replace("_", "-") in flags:
+            token = name.replace("_", "-") + eq + rest
+        out.append(token)
+    return out
+
+
 def build_parser(description: str = "") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS,
@@ -326,7 +368,8 @@ def _reward_functions(given: dict) -> None:
 def parse_config(argv=None, description: str = "") -> Config:
     """The Config of a command line: the tree's defaults, then ``--config`` FILE, then the flags given."""
     parser = build_parser(description)
-    given = vars(parser.parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = vars(parser.parse_args(normalize_flags(argv, {s for a in parser._actions for s in a.option_strings})))
     try:
         tree = load_file(given.pop("config")) if "config" in given else {}
         _reward_functions(given)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import typing
 from dataclasses import dataclass, field
 
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.algo.presets import resolve_algorithm
+from coati.distributed.algo.presets import preset_name, resolve_algorithm
 from coati.distributed.checks import divides, finite, positive, require, seed_in_range
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.loggers import LOGGERS
@@ -27,6 +28,8 @@ from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
 DEFAULT_TRAIN_ROWS = 512
+DEMO_STEPS = 30
+"""the default job's length: steps of the built-in task when max_steps is not set"""
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,9 @@ class RunConfig:
     """the run folder is <save_dir>/<project> (metrics, plots, checkpoints, the final model); None: write nothing"""
     run_dir: str | None = None
     """the run folder itself, when it is not <save_dir>/<project>"""
-    max_steps: int | None = 30
-    """stop after this many training steps (None: run every episode)"""
+    max_steps: int | None = None
+    """stop after this many training steps (None: run every episode of the data; the built-in demo task, the
+    default job's, runs DEMO_STEPS)"""
     num_episodes: int = 1
     """passes over the training prompts"""
     max_staleness: int = 1
@@ -223,7 +227,8 @@ class RunConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "resume_allow", tuple(self.resume_allow))
-        object.__setattr__(self, "report_to", tuple(self.report_to))
+        report = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
+        object.__setattr__(self, "report_to", () if report in (("none",), ("None",)) else report)
 
         unknown = [name for name in self.report_to if name not in LOGGERS]
         require(
@@ -296,6 +301,7 @@ class Config:
     """the run"""
 
     def __post_init__(self):
+        object.__setattr__(self, "algo", preset_name(self.algo))
         self.algo_config  # the preset and its overrides, checked now
         self._check_sections()
         if self.reward.env is not None and (self.data.system_prompt or self.data.raw_prompt):
@@ -351,6 +357,15 @@ class Config:
     def algo_config(self) -> AlgorithmConfig:
         """The algorithm: the ``algo`` preset with the ``algorithm`` overrides (resolved once)."""
         return resolve_algorithm(self.algo, **self.algorithm)
+
+    @property
+    def step_limit(self) -> int | None:
+        """The training steps the run stops after: ``run.max_steps``, or for the built-in demo task (its default
+        rows) DEMO_STEPS; None: every episode."""
+        if self.run.max_steps is not None:
+            return self.run.max_steps
+        demo = self.data.train == DEFAULT_TASK and self.data.train_size is None
+        return DEMO_STEPS if demo else None
 
     @property
     def global_train_batch_size(self) -> int:
@@ -412,12 +427,45 @@ def build_section(cls: type, value, where: str):
     if unknown:
         raise ValueError(f"unknown field(s) {unknown} in config section {where}; known: {sorted(fields)}")
     kwargs = {}
+    hints = typing.get_type_hints(cls)
     for name, v in value.items():
         sub = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
         if sub is not None and dataclasses.is_dataclass(sub) and isinstance(v, dict):
             v = build_section(sub, v, f"{where}.{name}")
-        kwargs[name] = v
+        kwargs[name] = typed_value(v, hints[name], f"{where}.{name}")
     return cls(**kwargs)
+
+
+def typed_value(value, hint, where: str):
+    """``value`` as the field's declared type where it is a number written as text (YAML reads ``1e-6`` as a string)
+    or an integer given for a float; a value of another type is refused naming the field, the value and the type."""
+    kinds = [k for k in typing.get_args(hint) if k is not type(None)] if typing.get_args(hint) else [hint]
+    if value is None and type(None) in typing.get_args(hint):
+        return None
+    numeric = [k for k in kinds if k in (int, float)]
+    if not numeric or len(kinds) != len(numeric) or isinstance(value, bool):
+        if numeric and isinstance(value, bool):
+            raise ValueError(f"{where}={value!r} is a boolean; it takes a number ({_type_name(hint)})")
+        return value
+    if isinstance(value, (int, float)):
+        return float(value) if float in numeric and int not in numeric else value
+    if isinstance(value, str):
+        for kind in numeric:
+            try:
+                return kind(value.strip())
+            except ValueError:
+                continue
+    raise ValueError(
+        f"{where}={value!r} is not {_type_name(hint)}; write a number, e.g. {where.split('.')[-1]}: 1.0e-6"
+    )
+
+
+def _type_name(hint) -> str:
+    kinds = [k for k in (typing.get_args(hint) or (hint,)) if k is not type(None)]
+    names = {int: "an integer", float: "a number"}
+    return " or ".join(names.get(k, getattr(k, "__name__", str(k))) for k in kinds) + (
+        " (or null)" if type(None) in typing.get_args(hint) else ""
+    )
 
 
 def config_to_dict(cfg) -> dict:

@@ -130,7 +130,7 @@ def _launch_once(config: Config, on_step) -> dict:
                 what,
                 cfg.generation.max_prompt_tokens,
             )
-    total_steps = min(r.num_episodes * plan.steps_per_episode, r.max_steps or 10**18)
+    total_steps = min(r.num_episodes * plan.steps_per_episode, config.step_limit or 10**18)
     record = run_record(config, plan)
     folder, checkpoint = claim_save_dir(
         r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps, plan.train_model_path, r.keep_checkpoints
@@ -176,7 +176,7 @@ def _launch_once(config: Config, on_step) -> dict:
         phase("first weight push")
         run.push_weights()  # producers start from the consumers' weights (after a resume, the trained ones)
         result = run.loop(
-            max_steps=r.max_steps,
+            max_steps=config.step_limit,
             eval_interval=r.eval_interval,
             save_interval=r.save_interval,
             save_dir=r.folder,

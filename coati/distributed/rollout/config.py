@@ -31,6 +31,8 @@ class ProducerConfig:
     environment. On the default CPU job it was slower than rounds (see the README)"""
 
     def __post_init__(self):
+        if isinstance(self.backend, str):
+            object.__setattr__(self, "backend", self.backend.lower())
         if self.inference_microbatch_size is None:
             object.__setattr__(self, "inference_microbatch_size", self.inference_batch_size)
         positive(self, "num_producers", "num_proc_per_producer", "inference_batch_size", "inference_microbatch_size")
