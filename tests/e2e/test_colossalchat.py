@@ -186,6 +186,14 @@ def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(
     for name in ("metrics.jsonl", "samples.jsonl", "evals.json", "summary.json"):
         assert (folder / name).is_file(), name
     assert len(json.loads((folder / "evals.json").read_text())) == 3
+    # the folder says how it was made, and its files are readable by others (the weights were written 0600)
+    for name in ("config.yaml", "command.txt", "env.json"):
+        assert (folder / name).is_file(), name
+    assert json.loads((folder / "env.json").read_text())["versions"]["torch"] == torch.__version__
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["started_at"] <= summary["finished_at"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (folder / "final").iterdir() if p.is_file()}
+    assert modes and set(modes.values()) == {0o644}, modes
     stated = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ColossalChat parameter")]
     for key in (
         "eval_save_dir",

@@ -222,3 +222,23 @@ def test_a_run_of_your_own_data_runs_every_episode_unless_told_to_stop():
     assert Config(data=DataConfig(train="my_data.jsonl")).step_limit is None
     assert Config(data=DataConfig(train_size=64)).step_limit is None  # the task, sized by its user
     assert Config(run=RunConfig(max_steps=5), data=DataConfig(train="my_data.jsonl")).step_limit == 5
+
+
+def test_a_run_folder_s_config_yaml_runs_the_same_tree_again(tmp_path):
+    """``config.yaml`` holds the resolved tree (the preset written out) and ``--config`` reads it back to the same
+    run; ``command.txt`` and ``env.json`` say how and where it ran."""
+    import json
+
+    from coati.distributed.config.cli import parse_config
+    from coati.distributed.driver.job import description
+
+    config = parse_config(["--algo", "grpo", "--clip-eps-high", "0.3", "-lr", "3e-6", "-d", "my.jsonl"])
+    files = description(config)
+    (tmp_path / "config.yaml").write_text(files["config.yaml"])
+    again = parse_config(["--config", str(tmp_path / "config.yaml")])
+    assert again.algo_config == config.algo_config and again.algo_config.clip_eps_high == 0.3
+    for section in ("model", "data", "producer", "consumer", "generation", "reward", "run"):
+        assert getattr(again, section) == getattr(config, section), section
+    env = json.loads(files["env.json"])
+    assert env["machine"]["cores"] >= 1 and "torch" in env["versions"] and env["matmul_gflops_1_thread"]["float32"] > 0
+    assert "python" in files["command.txt"]

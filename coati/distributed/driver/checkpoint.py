@@ -282,8 +282,20 @@ def write_atomically(path: str, write) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
         raise RunError(f"exporting {path} failed: {e} ({free:.0f} MiB free there)") from e
+    readable(tmp)
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     os.replace(tmp, path)
     return path
+
+
+def readable(folder: str) -> None:
+    """Files 0644 and folders 0755 under ``folder``, as the rest of a run folder (a writer's temporary files are
+    created 0600, which left the exported weights unreadable to anyone else)."""
+    os.chmod(folder, 0o755)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)

@@ -4,15 +4,21 @@ the reporter (progress bar, plots, the loggers of ``run.report_to``), then ``lau
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import shlex
+import sys
 from typing import Callable
+
+import yaml
 
 from coati.distributed.config.colossalchat import translate
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
 from coati.distributed.driver.reporting import Reporter
 from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
+from coati.provenance import environment
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,19 @@ def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **k
     if config.run.folder is None:
         return launch(config, on_step)
     return run_reported(config, on_step)[0]
+
+
+def description(config: Config) -> dict[str, str]:
+    """The files that say how a run was made: ``config.yaml`` (the resolved tree, the algorithm's preset written out:
+    ``--config config.yaml`` runs it again), ``command.txt`` (the command line) and ``env.json`` (the code's commit,
+    package versions, the machine and its speed)."""
+    tree = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as lists: plain YAML
+    tree["algorithm"] = json.loads(json.dumps(dataclasses.asdict(config.algo_config)))
+    return {
+        "config.yaml": yaml.safe_dump(tree, sort_keys=False),
+        "command.txt": shlex.join([sys.executable, *sys.argv]) + "\n",
+        "env.json": json.dumps(environment(), indent=2) + "\n",
+    }
 
 
 def run_job(config: Config) -> dict:
@@ -66,6 +85,7 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
             config=dataclasses.asdict(config),
             progress=r.progress,
             append=bool(r.resume),
+            describe=description(config),
         )
 
         def step(metrics: dict) -> None:

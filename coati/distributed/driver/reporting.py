@@ -4,6 +4,7 @@ wandb run; see ``loggers``). Nothing here is needed to train."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -89,12 +90,16 @@ class Reporter:
         config: dict | None = None,
         progress: bool = True,
         append: bool = False,
+        describe: dict[str, str] | None = None,
     ):
 
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
         self.start = time.perf_counter()
+        self.started_at = _now()
+        self.describe = dict(describe or {})
+        """files that say how the run was made (name -> text), written with its first metrics"""
         classes = [logger_class(name) for name in report_to]
         for cls in classes:  # an uninstalled backend is refused now, before the run starts
             if cls.REQUIRES:
@@ -125,6 +130,8 @@ class Reporter:
         if self.loggers is None:
             classes, project, config, append = self._logger_args
             self.loggers = [cls(self.out, project, config, append) for cls in classes]
+            for name, text in self.describe.items():
+                (self.out / name).write_text(text)
             if append:  # a resumed run: what an earlier process logged past its checkpoint is trained again now
                 self._truncate(step)
         elif self.last_step is not None and step <= self.last_step:  # restarted from a checkpoint in this process
@@ -185,6 +192,8 @@ class Reporter:
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {
             "steps": len(self.history),
+            "started_at": self.started_at,
+            "finished_at": _now(),
             "wall_s": time.perf_counter() - self.start,
             "loop": loop_summary(self.history),
             "evals": result.get("evals", []),
@@ -304,3 +313,7 @@ def ema(values, weight: float) -> list[float]:
         s = weight * s + (1 - weight) * x
         out.append(s / (1 - weight**t))
     return out
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

