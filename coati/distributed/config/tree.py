@@ -159,6 +159,8 @@ class DataConfig:
             "split": self.eval_split,
             **columns,
         }
+        if gym and source == self.train:  # the same generator: its held-out prompts are none of the training ones
+            held_out["disjoint_from"] = {k: v for k, v in train.items() if k != "system_prompt"}
         return train, held_out
 
 

@@ -499,6 +499,9 @@ def dataset_kwargs(spec: dict) -> dict:
         if spec.get(key) is not None:
             out[key] = spec.pop(key)
         spec.pop(key, None)
+    if spec.get("disjoint_from") is not None:  # the training set the held-out one is drawn apart from
+        out["disjoint_from"] = dataset_kwargs(spec.pop("disjoint_from"))
+    spec.pop("disjoint_from", None)
     if spec:
         raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: {', '.join(DATASET_KEYS)}")
     if isinstance(source, str) and not source.startswith("reasoning_gym:") and os.path.exists(source):

@@ -38,14 +38,18 @@ def load_rows(
     prompt_column: str | None = None,
     answer_column: str | None = None,
     exclude: tuple[int, ...] = (),
+    disjoint_from: dict | None = None,
 ) -> list[dict]:
     """Rows from ``source`` (see the module docstring): the first ``size`` (for a reasoning-gym task, ``size`` items
-    drawn from ``seed``), mapped to rows by the column options, minus the indices in ``exclude``."""
+    drawn from ``seed``), mapped to rows by the column options, minus the indices in ``exclude``. A reasoning-gym
+    task's rows are drawn ``disjoint_from`` another set of them (the training set, for the held-out set of the same
+    task): a drawn prompt that set holds is passed over, and drawing goes on until ``size`` are left."""
     columns = (prompt_column, answer_column)
     if isinstance(source, list):
         rows = [as_row(r, *columns, f"row {i}") for i, r in enumerate(source)]
     elif isinstance(source, str) and source.startswith("reasoning_gym:"):
-        rows = reasoning_gym_rows(source.split(":", 1)[1], size or 100, seed)
+        taken = {r["prompt"] for r in load_rows(**disjoint_from)} if disjoint_from else set()
+        rows = disjoint_gym_rows(source.split(":", 1)[1], size or 100, seed, taken)
     elif isinstance(source, str) and source.endswith(".jsonl") and os.path.isfile(source):
         rows = read_jsonl(source, columns)
     else:
@@ -210,6 +214,16 @@ def check_row(row: dict, where: str) -> None:
             f"{where}: needs 'messages' or 'prompt'; has {sorted(row)} (prompt_column names the column "
             "holding the prompt)"
         )
+
+
+def disjoint_gym_rows(task: str, size: int, seed: int, taken: set[str]) -> list[dict]:
+    """``size`` rows of a reasoning-gym task drawn from ``seed`` whose prompts are not in ``taken``."""
+    drawn = size
+    while True:
+        rows = [r for r in reasoning_gym_rows(task, drawn, seed) if r["prompt"] not in taken]
+        if len(rows) >= size or drawn >= size + len(taken):
+            return rows[:size]
+        drawn = min(size + len(taken), 2 * drawn)
 
 
 def reasoning_gym_rows(task: str, size: int, seed: int) -> list[dict]:
