@@ -17,6 +17,8 @@ def main(argv=None) -> dict:
     from coati.distributed.config.cli import parse_config
     from coati.distributed.driver.job import run_job
 
+    if os.getcwd() not in sys.path:  # a reward module beside the user's data (-rt my_reward:fn), as the actors see it
+        sys.path.insert(0, os.getcwd())
     config = parse_config(argv, __doc__)
     summary = run_job(config)
     print_summary(summary, config.run.folder, "training rows" if config.data.evaluates_training_rows else "held-out")

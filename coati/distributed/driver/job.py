@@ -16,6 +16,7 @@ import yaml
 from coati.distributed.config.colossalchat import translate
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from coati.distributed.driver.preflight import Inputs, check_inputs
 from coati.distributed.driver.reporting import Reporter
 from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
 from coati.provenance import environment
@@ -59,10 +60,11 @@ def description(config: Config) -> dict[str, str]:
 
 def run_job(config: Config) -> dict:
     """Ray (``run.address``, or a local cluster), then ``run_reported``; returns the run's summary."""
-    return run_reported(config, start=lambda: start_ray(config.run.address))[1]
+    inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
+    return run_reported(config, start=lambda: start_ray(config.run.address), inputs=inputs)[1]
 
 
-def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
+def run_reported(config: Config, on_step=None, start=None, inputs: Inputs | None = None) -> tuple[dict, dict]:
     """``launch`` with the run folder claimed and the reporter writing it (metrics.jsonl, samples.jsonl, evals.json,
     summary.json, plots); ``start`` runs once the folder is claimed (joining Ray), ``on_step`` sees each step's
     metrics before the reporter. Returns (launch's result, the summary)."""
@@ -94,7 +96,7 @@ def run_reported(config: Config, on_step=None, start=None) -> tuple[dict, dict]:
             reporter.on_step(metrics)
 
         try:
-            result = launch(config, on_step=step)
+            result = launch(config, on_step=step, inputs=inputs)
         except BaseException:
             reporter.close_bar()
             raise

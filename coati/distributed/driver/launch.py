@@ -24,7 +24,7 @@ from coati.distributed.driver.checkpoint import (
     fingerprint,
 )
 from coati.distributed.driver.loop import Run
-from coati.distributed.driver.preflight import dataset_kwargs, preflight
+from coati.distributed.driver.preflight import Inputs, dataset_kwargs, preflight
 from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.run_folder import RunFolder, check_shared
 from coati.distributed.model_files import run_disk_bytes
@@ -95,7 +95,7 @@ _GRPO_KEYS = {
 """ColossalChat's grpo_config keys -> the tree's fields (any AlgorithmConfig field is accepted too)"""
 
 
-def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dict:
+def launch(config: Config, on_step: Callable[[dict], None] | None = None, inputs: Inputs | None = None) -> dict:
     """Run ``config``; returns {"history": per-step metrics, "evals": evaluations, "final_model": path or None,
     "total_steps", "restarts": the error that ended each failed attempt, "sandbox": how model-written code was
     isolated (None: the run executed none)}. Ray must be initialised by the caller
@@ -105,7 +105,7 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dic
     restarts: list[str] = []
     for attempt in range(config.run.max_restarts + 1):
         try:
-            return {**_launch_once(config, on_step), "restarts": restarts}
+            return {**_launch_once(config, on_step, inputs), "restarts": restarts}
         except RunError as e:
             if attempt == config.run.max_restarts:
                 raise
@@ -117,11 +117,11 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None) -> dic
     raise AssertionError("unreachable")
 
 
-def _launch_once(config: Config, on_step) -> dict:
+def _launch_once(config: Config, on_step, inputs: Inputs | None) -> dict:
     """validate -> place -> connect -> push -> loop."""
 
     cfg, r = config, config.run
-    plan = preflight(config)
+    plan = preflight(config, inputs)
     for what, n in plan.overlong.items():
         if n:
             log.warning(

@@ -106,15 +106,35 @@ def _fetch(repo_id: str) -> str:
     return snapshot_download(repo_id)
 
 
-def preflight(config: Config) -> Plan:
-    """Every check that needs no actor, so bad input fails before anything starts; the plan the run follows."""
+@dataclass
+class Inputs:
+    """What the checks of a run's inputs resolved, before Ray starts: the model folders, the datasets, the prompt
+    format, how model-written code would be isolated."""
+
+    train_model_path: str
+    inference_model_path: str
+    tokenizer_path: str
+    train_dataset: dict
+    eval_dataset: dict | None
+    num_rows: int
+    prompt_format: PromptFormat
+    dataset_digest: str
+    overlong: dict
+    stream: int
+    sandbox: str | None
+    sandbox_degraded: bool
+    sandbox_per_run: bool
+
+
+def check_inputs(config: Config) -> Inputs:
+    """Every check of the run's inputs (models, tokenizer, data, rewards, batch arithmetic, backend options, the
+    sandbox): none needs Ray, so a command line's mistakes end before Ray starts."""
     cfg, r, m = config, config.run, config.model
     train_model_path = m.path or default_model_path()
     inference_model_path, tokenizer_path = m.inference_path or train_model_path, m.tokenizer_path or train_model_path
     train_dataset, eval_dataset = config.data.datasets(r.seed)
     inference_options, raw_prompt = m.inference_options, config.data.raw_prompt
     filter_overlong = config.data.filter_overlong_prompts
-    import ray
     from transformers import AutoConfig, AutoTokenizer
 
     train_model_path = resolve_model_path(train_model_path, "train model")
@@ -176,6 +196,35 @@ def preflight(config: Config) -> Plan:
         raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
     if len(rows) < cfg.producer.num_producers:
         raise ValueError(f"{cfg.producer.num_producers} producers but only {len(rows)} rows")
+    backend = backend_class(cfg.producer.backend)
+    stream = resolve_stream(cfg, backend, r.max_staleness)
+    sandbox, degraded, per_run = check_sandbox(cfg.reward)
+    return Inputs(
+        train_model_path,
+        inference_model_path,
+        tokenizer_path,
+        train_dataset,
+        eval_dataset,
+        len(rows),
+        prompt_format,
+        rows_digest(rows),
+        overlong,
+        stream,
+        sandbox,
+        degraded,
+        per_run,
+    )
+
+
+def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
+    """Every check that needs no actor, so bad input fails before anything starts (``check_inputs``, unless its
+    ``inputs`` are given), then the placement on the cluster: the plan the run follows."""
+    import ray
+
+    cfg, r, i = config, config.run, inputs or check_inputs(config)
+    inference_options = config.model.inference_options
+    train_model_path, inference_model_path = i.train_model_path, i.inference_model_path
+
     if not ray.is_initialized():
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
     producers, consumers = plan_placement(
@@ -207,29 +256,26 @@ def preflight(config: Config) -> Plan:
         in_flight=in_flight,
         lora_rank=cfg.consumer.lora_rank,
     )
-    stream = resolve_stream(cfg, backend, r.max_staleness)
-    sandbox, degraded, per_run = check_sandbox(cfg.reward)
-
     return Plan(
         producers,
         consumers,
         train_model_path,
         inference_model_path,
-        tokenizer_path,
-        train_dataset,
-        eval_dataset,
-        len(rows),
-        len(rows) // per_step,
-        prompt_format,
+        i.tokenizer_path,
+        i.train_dataset,
+        i.eval_dataset,
+        i.num_rows,
+        i.num_rows // cfg.global_train_batch_size,
+        i.prompt_format,
         dict(inference_options or {}),
-        rows_digest(rows),
-        overlong,
+        i.dataset_digest,
+        i.overlong,
         server_slots,
         in_flight,
-        stream,
-        sandbox,
-        degraded,
-        per_run,
+        i.stream,
+        i.sandbox,
+        i.sandbox_degraded,
+        i.sandbox_per_run,
     )
 
 
