@@ -36,8 +36,22 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
         cls = {"algorithm": AlgorithmConfig, "plugin": PluginConfig}.get(parents[-1] if parents else "", None)
         cls = cls or (SECTIONS[parents[0]] if parents else Config)
         assert flag.help.startswith(field_docs(cls)[name]), key
-    text = build_parser().format_help()
+    text = build_parser(everything=True).format_help()
     assert "completions sampled per prompt (the group size G) (default: 4)" in " ".join(text.split())
+
+
+def test_help_fits_a_screen_and_help_all_lists_every_flag():
+    """``--help`` (599 lines before) shows the flags most runs set, with their choices, in about a screen; the
+    reference's aliases still parse but are not listed; ``--help-all`` lists every field, algorithm flags with the
+    default preset's value."""
+    short, full = build_parser().format_help(), build_parser(everything=True).format_help()
+    assert len(short.splitlines()) <= 65, len(short.splitlines())
+    assert "--algo {GRPO,DAPO,DR_GRPO,RLOO,REINFORCE_PPB,GSPO,CISPO}" in short and "-tbs" not in short
+    assert "--backend {transformers,vllm,sglang}" in short and "--clip-eps-high" not in short
+    every = {s for f in flags() for s in f.names if s.startswith("--")}
+    primaries = {next(n for n in f.names if n.startswith("--")) for f in flags()}
+    assert all(p in full for p in primaries) and "the preset's; DAPO's is 0.28" in " ".join(full.split())
+    assert parse_config(["-tbs", "2", "-g", "8"]).consumer.train_batch_size == 2 and every
 
 
 def test_several_reward_functions_with_weights_are_the_reward_s_components(capsys):

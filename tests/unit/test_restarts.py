@@ -12,7 +12,7 @@ from coati.distributed.driver.actor_group import RunError
 def fake_launcher(fail_times):
     calls = []
 
-    def launch_once(config, on_step):
+    def launch_once(config, on_step, inputs):
         calls.append(config.run.resume)
         if len(calls) <= fail_times:
             raise RunError("step 3: actor x-consumer-0 died\nlast checkpoint: runs/p/checkpoints/step-2")
@@ -23,9 +23,13 @@ def fake_launcher(fail_times):
 
 @pytest.fixture
 def no_ray(monkeypatch):
+    """No Ray, and no inputs to check (the model folder here is empty)."""
     import ray
 
+    import coati.distributed.driver.job as job
+
     monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+    monkeypatch.setattr(job, "check_inputs", lambda config: None)
 
 
 def test_restarts_resume_from_latest(monkeypatch, tmp_path, no_ray):

@@ -242,42 +242,141 @@ def normalize_flags(argv: list[str], flags: set[str]) -> list[str]:
     return out
 
 
-def build_parser(description: str = "") -> argparse.ArgumentParser:
+FIRST: dict[str, tuple[str, ...]] = {
+    "model and data": (
+        "model.path",
+        "data.train",
+        "data.eval",
+        "data.prompt_column",
+        "data.answer_column",
+        "data.system_prompt",
+        "config",
+    ),
+    "algorithm and reward": ("algo", "reward.fn", WEIGHTS, "reward.kwargs", "reward.env"),
+    "training": (
+        "consumer.learning_rate",
+        "consumer.train_batch_size",
+        "producer.num_generations",
+        "generation.max_new_tokens",
+        "generation.temperature",
+        "run.max_steps",
+        "run.num_episodes",
+        "consumer.lora_rank",
+    ),
+    "hardware and engines": (
+        "producer.backend",
+        "producer.num_producers",
+        "consumer.num_consumer_procs",
+        "consumer.plugin.tp_size",
+        "consumer.plugin.precision",
+    ),
+    "the run": (
+        "run.save_dir",
+        "run.project",
+        "run.resume",
+        "run.overwrite",
+        "run.eval_interval",
+        "run.save_interval",
+        "run.report_to",
+        "run.seed",
+        "run.address",
+    ),
+}
+"""the flags ``--help`` shows, by group (``--help-all`` shows every one)"""
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The names a flag takes, shown as its metavar."""
+    from coati.distributed.algo.presets import ALGO_MAP
+    from coati.distributed.inference import BACKEND_MAP
+    from coati.distributed.loggers import LOGGERS
+    from coati.distributed.trainer.schedule import SCHEDULES
+
+    return {
+        "algo": tuple(ALGO_MAP),
+        "producer.backend": tuple(BACKEND_MAP),
+        "run.report_to": (*LOGGERS, "none"),
+        "consumer.lr_schedule": tuple(SCHEDULES),
+        "consumer.plugin.precision": ("fp32", "bf16", "fp16"),
+    }
+
+
+def build_parser(description: str = "", everything: bool = False) -> argparse.ArgumentParser:
+    """The command line: every field of the tree a flag. ``--help`` lists the flags of ``FIRST`` under their names
+    alone; ``everything`` (``--help-all``) lists every flag by section; other names of a flag (the reference's
+    short and long aliases) are accepted and not listed."""
     parser = Parser(
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=description if everything else description.split("\n\n")[0],
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=32, width=120),
         argument_default=argparse.SUPPRESS,
+        add_help=False,
+        usage=None if everything else "%(prog)s [FLAG VALUE ...]",
+        epilog=None if everything else "--help-all lists every flag (each field of the config tree), by section.",
     )
+    shown = {key for keys in FIRST.values() for key in keys}
     groups: dict[str, argparse._ArgumentGroup] = {}
+    if not everything:
+        for title in FIRST:
+            groups[title] = parser.add_argument_group(title)
+    help_group = parser.add_argument_group("help")
+    help_group.add_argument("-h", "--help", action="help", help="the flags most runs set, and exit")
+    help_group.add_argument("--help-all", action="help", help="every flag, and exit")
+    choices = _choices()
+    algorithm_defaults = dataclasses.asdict(Config().algo_config)
     for f in flags():
-        section = f.key.split(".")[0] if "." in f.key else "run"
-        group = groups.setdefault(section, parser.add_argument_group(section))
-        default = (
-            "" if f.key.startswith("algorithm.") or f.key in ("config", WEIGHTS) else f" (default: {_show(f.default)})"
-        )
-        if f.key == "reward.fn":
-            help_text = (
-                f.help + "; several, each a further reward function among the components (TRL's list of "
-                "reward functions, weighted by --reward-weights)" + default
-            ).replace("%", "%%")
-            group.add_argument(*f.names, dest=f.key, nargs="+", help=help_text, metavar="FN")
-            continue
-        if f.key == WEIGHTS:
-            group.add_argument(
-                *f.names, dest=f.key, nargs="+", type=_parse(float, f.names[-1]), help=f.help, metavar="W"
-            )
-            continue
-        help_text = (f.help + default).replace("%", "%%")
-        if f.kind is bool:
-            group.add_argument(*f.names, dest=f.key, action=argparse.BooleanOptionalAction, help=help_text)
-        elif f.kind is tuple:
-            group.add_argument(*f.names, dest=f.key, nargs="*", help=help_text)
+        if everything:
+            section = f.key.split(".")[0] if "." in f.key else "run"
+            group = groups.setdefault(section, parser.add_argument_group(section))
         else:
-            kind = _parse(f.kind, f.names[-1])
-            if f.optional:
-                kind = _none_or(kind)
-            group.add_argument(*f.names, dest=f.key, type=kind, help=help_text, metavar=f.kind.__name__.upper())
+            group = next((groups[t] for t, keys in FIRST.items() if f.key in keys), parser)
+        if f.key.startswith("algorithm."):
+            preset = algorithm_defaults[f.key.split(".", 1)[1]]
+            default = f" (default: the preset's; {Config().algo}'s is {_show(preset)})"
+        elif f.key in ("config", WEIGHTS):
+            default = ""
+        else:
+            default = f" (default: {_show(f.default)})"
+        help_text = (f.help + default).replace("%", "%%")
+        if f.key == "reward.fn":
+            help_text = help_text.replace(
+                " (default:",
+                "; several: each further one a component of the reward, as TRL's list (weights: --reward-weights)"
+                " (default:",
+            )
+        listed = everything or f.key in shown
+        if not everything:
+            help_text = _first_clause(f.help) + default.replace("%", "%%")
+        primary = next(n for n in f.names if n.startswith("--"))
+        for names, text in (
+            ((primary,), help_text if listed else argparse.SUPPRESS),
+            (tuple(n for n in f.names if n != primary), argparse.SUPPRESS),
+        ):
+            if names:
+                _add(group if text is not argparse.SUPPRESS else parser, f, names, text, choices.get(f.key))
     return parser
+
+
+def _first_clause(text: str) -> str:
+    """A docstring's lead, for the short help: up to its first semicolon or parenthesis."""
+    cut = min((i for i in (text.find("; "), text.find(" (")) if i > 0), default=len(text))
+    return text[:cut].replace("%", "%%")
+
+
+def _add(group, f: Flag, names: tuple[str, ...], help_text: str, choices: tuple[str, ...] | None) -> None:
+    metavar = "{" + ",".join(choices) + "}" if choices else None
+    if f.key == "reward.fn":
+        group.add_argument(*names, dest=f.key, nargs="+", help=help_text, metavar="FN")
+    elif f.key == WEIGHTS:
+        group.add_argument(*names, dest=f.key, nargs="+", type=_parse(float, names[-1]), help=help_text, metavar="W")
+    elif f.kind is bool:
+        group.add_argument(*names, dest=f.key, action=argparse.BooleanOptionalAction, help=help_text)
+    elif f.kind is tuple:
+        group.add_argument(*names, dest=f.key, nargs="*", help=help_text, metavar=metavar or "NAME")
+    else:
+        kind = _parse(f.kind, names[-1])
+        if f.optional:
+            kind = _none_or(kind)
+        group.add_argument(*names, dest=f.key, type=kind, help=help_text, metavar=metavar or f.kind.__name__.upper())
 
 
 def _none_or(parse):
@@ -367,8 +466,8 @@ def _reward_functions(given: dict) -> None:
 
 def parse_config(argv=None, description: str = "") -> Config:
     """The Config of a command line: the tree's defaults, then ``--config`` FILE, then the flags given."""
-    parser = build_parser(description)
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(description, everything="--help-all" in argv)
     given = vars(parser.parse_args(normalize_flags(argv, {s for a in parser._actions for s in a.option_strings})))
     try:
         tree = load_file(given.pop("config")) if "config" in given else {}
