@@ -12,14 +12,23 @@ from __future__ import annotations
 import os
 import sys
 
+import yaml
+
 
 def main(argv=None) -> dict:
-    from coati.distributed.config.cli import parse_config
-    from coati.distributed.driver.job import run_job
+    from coati.distributed.config.cli import parse_command
+    from coati.distributed.driver.job import description, dry_run, run_job
 
     if os.getcwd() not in sys.path:  # a reward module beside the user's data (-rt my_reward:fn), as the actors see it
         sys.path.insert(0, os.getcwd())
-    config = parse_config(argv, __doc__)
+    config, actions = parse_command(argv, __doc__)
+    if "print-config" in actions:
+        print(description(config)["config.yaml"], end="")
+        return {"printed": "config"}
+    if "dry-run" in actions:
+        plan = dry_run(config)
+        print(yaml.safe_dump(plan, sort_keys=False), end="")
+        return plan
     summary = run_job(config)
     print_summary(summary, config.run.folder, "training rows" if config.data.evaluates_training_rows else "held-out")
     return summary
@@ -46,17 +55,22 @@ def cli() -> int:
     """``main`` for the command line: a refusal before the run starts (bad input: preflight's ValueError, an unknown
     registered name's KeyError, a missing file) is one line on stderr and exit status 2, and a run its guards stop
     (rewards failing, engines computing another model, actors lost past the restarts) says why with exit status 1;
-    neither prints a traceback."""
+    neither prints a traceback (``--debug`` prints it)."""
     from coati.distributed.driver.actor_group import RunError
     from coati.distributed.guards import EngineMismatch, RewardFailure
 
+    debug = "--debug" in sys.argv[1:]
     try:
         return 0 if main() else 1
     except (ValueError, KeyError, FileNotFoundError) as e:
+        if debug:
+            raise
         message = e.args[0] if e.args else repr(e)
         print(f"rl_example.py: error: {message}", file=sys.stderr)
         return 2
     except (EngineMismatch, RewardFailure, RunError) as e:
+        if debug:
+            raise
         print(f"rl_example.py: the run stopped: {e}", file=sys.stderr)
         return 1
 

@@ -268,3 +268,20 @@ def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_clust
             in_flight_weight_updates=True,
             grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4},
         )
+
+
+def test_a_dry_run_checks_and_places_without_starting_actors(ray_cluster, tiny):
+    """``--dry-run``: every check and the placement, the plan printed; no actor starts."""
+    from coati.distributed.driver.job import dry_run
+
+    config = config_from_launch_kwargs(**run_kwargs(tiny, max_steps=None, num_episodes=2))
+    before = len(ray.util.list_named_actors(all_namespaces=True))
+    plan = dry_run(config)
+    assert ray.is_initialized() and len(ray.util.list_named_actors(all_namespaces=True)) == before
+    assert (plan["training_rows"], plan["prompts_per_step"], plan["steps_per_episode"], plan["steps"]) == (
+        64,
+        4,
+        16,
+        32,
+    )
+    assert len(plan["producers"]) == len(plan["consumers"]) == 1 and plan["completions_per_step"] == 16

@@ -381,3 +381,13 @@ def test_config_file_values_take_their_field_s_type(tmp_path, capsys):
     c = parse_config(["--config", str(good)])
     assert c.consumer.learning_rate == 1e-6 and c.consumer.train_batch_size == 4 and c.run.max_steps is None
     assert "consumer.learning_rate='fast' is not a number" in error_of(["--config", str(bad)], capsys)
+
+
+def test_print_config_prints_the_resolved_tree_that_config_reads_back(tmp_path, capsys):
+    import rl_example
+
+    assert rl_example.main(["--print-config", "--algo", "rloo", "-g", "8"]) == {"printed": "config"}
+    (tmp_path / "c.yaml").write_text(capsys.readouterr().out)
+    again = parse_config(["--config", str(tmp_path / "c.yaml")])
+    assert again.algo == "RLOO" and again.producer.num_generations == 8
+    assert again.algo_config == parse_config(["--algo", "RLOO"]).algo_config

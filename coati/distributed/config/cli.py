@@ -321,6 +321,8 @@ def build_parser(description: str = "", everything: bool = False) -> argparse.Ar
     help_group = parser.add_argument_group("help")
     help_group.add_argument("-h", "--help", action="help", help="the flags most runs set, and exit")
     help_group.add_argument("--help-all", action="help", help="every flag, and exit")
+    for flag, text in ACTIONS.items():
+        help_group.add_argument(flag, dest=f"action.{flag[2:]}", action="store_true", help=text)
     choices = _choices()
     algorithm_defaults = dataclasses.asdict(Config().algo_config)
     for f in flags():
@@ -464,11 +466,25 @@ def _reward_functions(given: dict) -> None:
     given["reward.components"] = dict(zip(fns, weights))
 
 
+ACTIONS = {
+    "--print-config": "print the resolved config (the preset written out) as YAML, and exit",
+    "--dry-run": "check every input, place the actors, print the plan, and exit without training",
+    "--debug": "an error prints its traceback too",
+}
+"""what the command does instead of (or beside) training: flags of the command, not fields of the tree"""
+
+
 def parse_config(argv=None, description: str = "") -> Config:
     """The Config of a command line: the tree's defaults, then ``--config`` FILE, then the flags given."""
+    return parse_command(argv, description)[0]
+
+
+def parse_command(argv=None, description: str = "") -> tuple[Config, set[str]]:
+    """The Config of a command line and the ``ACTIONS`` it asks for (``print-config``, ``dry-run``, ``debug``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description, everything="--help-all" in argv)
     given = vars(parser.parse_args(normalize_flags(argv, {s for a in parser._actions for s in a.option_strings})))
+    actions = {key.split(".", 1)[1] for key in list(given) if key.startswith("action.") and given.pop(key)}
     try:
         tree = load_file(given.pop("config")) if "config" in given else {}
         _reward_functions(given)
@@ -478,6 +494,6 @@ def parse_config(argv=None, description: str = "") -> Config:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = value
-        return config_from_dict(tree)
+        return config_from_dict(tree), actions
     except (ValueError, KeyError) as e:  # a KeyError names an unknown registered name (algorithm, estimator, loss)
         parser.error(str(e.args[0]) if e.args else repr(e))

@@ -16,7 +16,7 @@ import yaml
 from coati.distributed.config.colossalchat import translate
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
-from coati.distributed.driver.preflight import Inputs, check_inputs
+from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
 from coati.distributed.driver.reporting import Reporter
 from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
 from coati.provenance import environment
@@ -62,6 +62,39 @@ def run_job(config: Config) -> dict:
     """Ray (``run.address``, or a local cluster), then ``run_reported``; returns the run's summary."""
     inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
     return run_reported(config, start=lambda: start_ray(config.run.address), inputs=inputs)[1]
+
+
+def dry_run(config: Config) -> dict:
+    """Every check of a run and the placement of its actors, without starting them: the plan, as plain values."""
+    import ray
+
+    inputs = check_inputs(config)
+    started = not ray.is_initialized()
+    start_ray(config.run.address)
+    try:
+        plan = preflight(config, inputs)
+    finally:
+        if started:
+            ray.shutdown()
+    per_step = config.global_train_batch_size
+    limit = config.step_limit
+    total = config.run.num_episodes * plan.steps_per_episode
+    return {
+        "producers": [dataclasses.asdict(slot) for slot in plan.producer_slots],
+        "consumers": [dataclasses.asdict(slot) for slot in plan.consumer_slots],
+        "reward_servers": {k: len(v) for k, v in plan.server_slots.items()},
+        "model": plan.train_model_path,
+        "training_rows": plan.num_rows,
+        "held_out_rows": None if plan.eval_dataset is None else plan.eval_dataset.get("size"),
+        "prompts_per_step": per_step,
+        "completions_per_step": per_step * config.producer.num_generations,
+        "steps_per_episode": plan.steps_per_episode,
+        "steps": min(total, limit) if limit else total,
+        "in_flight_weight_updates": plan.in_flight,
+        "stream_prompts": plan.stream_prompts,
+        "sandbox": plan.sandbox,
+        "run_folder": config.run.folder,
+    }
 
 
 def run_reported(config: Config, on_step=None, start=None, inputs: Inputs | None = None) -> tuple[dict, dict]:
