@@ -16,6 +16,7 @@ setup(
     description="Producer/consumer RL post-training of language models with verifiable rewards, on Ray",
     packages=find_packages(include=["coati", "coati.*"]),
     py_modules=["rl_example"],
+    entry_points={"console_scripts": ["coati=coati.cli:main"]},
     python_requires=">=3.10",
     install_requires=requirements,
     extras_require={

