@@ -55,6 +55,8 @@ def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> N
     for i, why in enumerate(summary.get("restarts", []), 1):
         print(f"restart {i}: {why.splitlines()[0]}")
     print(f"final model: {summary['final_model']}")
+    if summary.get("report"):
+        print(f"report: {summary['report']}")
 
 
 def train_cli(argv=None, prog: str = "coati train") -> int:

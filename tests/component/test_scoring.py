@@ -25,7 +25,7 @@ def test_a_draw_s_reward_fields_say_what_happened_to_each_row():
     tokenizer = char_tokenizer()
     scorer = Scorer(RewardConfig(fn="tests.component.reward_fns:by_text", workers=1), N, tokenizer)
     try:
-        rows = [{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}]
+        rows = [{"prompt": "a", "gt_answer": "1"}, {"prompt": "b"}, {"prompt": "c"}]
         batch = draw(tokenizer, [["1", "0", "none", "1"], ["2", "2", "none", "2"], ["1", "boom", "0", "1"]])
         futures = scorer.submit(batch, rows, version=0)
         scorer.apply(batch, [f.result() for f in futures], rows)
@@ -41,4 +41,5 @@ def test_a_draw_s_reward_fields_say_what_happened_to_each_row():
     assert not batch.loss_mask[2].any() and not batch.loss_mask[6].any() and batch.loss_mask[0].any()
     # the second group's scored rows agree: no signal, decided here once
     assert batch.no_signal.tolist() == [False] * 4 + [True] * 4 + [False] * 4
+    assert list(batch.extras["reference"][:5]) == ["1"] * 4 + [""]  # kept with the samples a run logs
     assert batch.validate() is batch

@@ -12,6 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
+from coati.distributed.driver.report_page import write_report
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
 
@@ -98,6 +99,8 @@ class Reporter:
         self.history: list[dict] = []
         self.start = time.perf_counter()
         self.started_at = _now()
+        self.samples: list[dict] = []
+        """the last step's sample completions (for the report page)"""
         self.describe = dict(describe or {})
         """files that say how the run was made (name -> text), written with its first metrics"""
         classes = [logger_class(name) for name in report_to]
@@ -124,6 +127,8 @@ class Reporter:
     def on_step(self, metrics: dict) -> None:
         """A training step's metrics, or (step 0) the evaluation before training."""
         samples = metrics.pop("samples", None)
+        if samples:
+            self.samples = samples
         metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
         metrics["time/elapsed"] = time.perf_counter() - self.start
         step = int(metrics["step"])
@@ -202,6 +207,7 @@ class Reporter:
             "restarts": result.get("restarts", []),
             "sandbox": result.get("sandbox"),
         }
+        summary["report"] = str(write_report(self.out, summary, self.samples, describe_loop(summary["loop"])))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         for logger in self.loggers or []:
             logger.close()

@@ -115,6 +115,9 @@ class Scorer:
         out.extras["answer_ok"] = np.array([x.answer_ok for x in results])
         out.extras["format_ok"] = np.array([x.format_ok for x in results])
         out.extras["lenient_ok"] = np.array([bool(x.info.get("lenient_ok", x.answer_ok)) for x in results])
+        # each row's reference answer, for the samples a run keeps (fixed-width text, as every per-row string)
+        references = [str(rows[i // self.n].get("gt_answer", "") or "")[:ERROR_CHARS] for i in range(len(out))]
+        out.extras["reference"] = np.array(references, dtype="<U300")
 
     def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict], others: dict) -> np.ndarray:
         """The reward: the components' weighted sum (the reward function's values alone when it is the only one; the

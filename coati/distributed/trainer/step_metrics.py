@@ -126,9 +126,19 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
             "response": tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
             "reward": float(batch.rewards[i]),
             "policy_version": int(batch.policy_version[i]),
+            **_verdicts(batch.extras, i),
         }
         for i in range(0, min(len(batch), 2 * n), n)
     ]
+    return out
+
+
+def _verdicts(ex: dict, i: int) -> dict:
+    """A sample row's reference answer and the reward's verdicts on it, where the batch carries them."""
+    out = {"reference": str(ex["reference"][i])} if "reference" in ex else {}
+    for key, name in (("answer_ok", "strict_ok"), ("lenient_ok", "lenient_ok")):
+        if key in ex:
+            out[name] = bool(ex[key][i])
     return out
 
 

@@ -1,0 +1,78 @@
+"""``report.html`` in a real headless browser (Debian's chromium, which .ci/run installs): the page of a run folder the
+real reporter wrote loads with no console error, and every image on it renders."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from coati.distributed.driver.reporting import Reporter
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PROBE = (
+    "<script>document.title = 'images ' + [...document.images].filter(i => i.complete && i.naturalWidth > 0).length"
+    " + '/' + document.images.length;</script>"
+)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
+def test_the_report_page_loads_and_every_image_renders(tmp_path):
+    reporter = Reporter(
+        str(tmp_path / "run"), report_to=("jsonl",), progress=False, describe={"config.yaml": "algo: DAPO\n"}
+    )
+    evals = [
+        {"step": 0, "eval/strict": 0.25, "eval/lenient": 0.5, "eval/count": 4},
+        {"step": 2, "eval/strict": 0.5, "eval/lenient": 0.75, "eval/count": 4},
+    ]
+    reporter.on_step(dict(evals[0]))
+    for step in (1, 2):
+        sample = {
+            "prompt": "What is 1 + <2>?",
+            "response": "3 </td>",
+            "reward": 1.0,
+            "policy_version": step - 1,
+            "reference": "3",
+            "strict_ok": True,
+            "lenient_ok": True,
+        }
+        reporter.on_step(
+            {
+                "step": step,
+                "reward/mean": 0.25 * step,
+                "actor/lr": 1e-6,
+                "response/length_mean": 9.0,
+                "samples": [sample],
+            }
+        )
+    summary = reporter.finish({"evals": evals})
+    page = tmp_path / "run" / "report.html"
+    assert summary["report"] == str(page) and json.loads((tmp_path / "run" / "summary.json").read_text())["report"]
+    text = page.read_text()
+    assert "0.500" in text and "0.750" in text and "What is 1 + &lt;2&gt;?" in text and "3 &lt;/td&gt;" in text
+    assert "http" not in text.replace("http-equiv", "")  # self-contained: nothing fetched
+    probed = tmp_path / "probed.html"
+    probed.write_text(text.replace("</body>", PROBE + "</body>"))
+    out = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    title = re.search(r"<title>images (\d+)/(\d+)</title>", out.stdout)
+    assert title, out.stdout[:2000] + out.stderr[-2000:]
+    loaded, total = map(int, title.groups())
+    assert total == len(summary["plots"]) >= 3 and loaded == total, (loaded, total)
+    console = [line for line in out.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
