@@ -158,3 +158,27 @@ def test_coati_report_and_compare_read_run_folders_the_reporter_wrote(tmp_path, 
     assert {p.name for p in (tmp_path / "cmp").glob("*.png")} == {"compare_reward.png", "compare_held_out.png"}
     assert main(["compare", str(tmp_path / "nothing")]) == 2
     assert "is not a run folder" in capsys.readouterr().err
+
+
+def test_plots_draw_evaluations_as_points_the_schedule_as_it_is_and_name_series_plainly():
+    from coati.distributed.driver.reporting import plot_lines
+
+    history = [
+        {
+            "step": s,
+            "reward/mean": s / 12,
+            "actor/lr": 1e-6 * s,
+            "actor/grad_norm": 0.5,
+            "time/step": 2.0,
+            "time/train": 1.0,
+            "rollout/drawn_groups": 5,
+        }
+        for s in range(1, 13)
+    ]
+    evals = [{"step": 0, "eval/lenient": 0.2}, {"step": 12, "eval/lenient": 0.4}]
+    lines = plot_lines(history, evals)
+    assert lines["accuracy"][1] == [("held-out, lenient", "points", [(0, 0.2), (12, 0.4)])]
+    assert [(legend, style) for legend, style, _ in lines["learning_rate"][1]] == [("learning rate", "plain")]
+    assert [(legend, style) for legend, style, _ in lines["reward"][1]] == [("drawn completions", "smoothed")]
+    assert {"grad_norm", "time", "groups"} <= set(lines)
+    assert [legend for legend, _, _ in lines["time"][1]] == ["whole step", "training"]

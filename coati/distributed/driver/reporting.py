@@ -26,9 +26,35 @@ PLOTS = {
     "entropy": ("entropy (nats per token)", ["actor/entropy"]),
     "response_length": ("response length (tokens)", ["response/length_mean"]),
     "learning_rate": ("learning rate", ["actor/lr"]),
+    "grad_norm": ("gradient norm (before clipping)", ["actor/grad_norm"]),
+    "time": ("seconds per step", ["time/step", "time/train", "time/rollout_wait", "time/weight_push"]),
+    "groups": ("prompt groups per step", ["rollout/drawn_groups", "rollout/dropped_zero_signal_groups"]),
 }
 """file name -> (y axis label, the series it draws); a series that is absent or zero at every step is not drawn (the
 KL with beta 0, say), and a plot with no series is not written"""
+LABELS = {
+    "reward/mean": "drawn completions",
+    "reward/train_batch_mean": "trained completions",
+    "reward/strict_accuracy": "training, strict",
+    "reward/lenient_accuracy": "training, lenient",
+    "eval/strict": "held-out, strict",
+    "eval/lenient": "held-out, lenient",
+    "loss/approx_kl": "to the sampling policy",
+    "loss/kl": "to the reference (penalised)",
+    "actor/entropy": "policy entropy",
+    "response/length_mean": "mean length",
+    "actor/lr": "learning rate",
+    "actor/grad_norm": "gradient norm",
+    "time/step": "whole step",
+    "time/train": "training",
+    "time/rollout_wait": "waiting for rollouts",
+    "time/weight_push": "weight push",
+    "rollout/drawn_groups": "drawn",
+    "rollout/dropped_zero_signal_groups": "dropped: no signal",
+}
+"""each series' name in a legend"""
+UNSMOOTHED = {"actor/lr"}
+"""series drawn as they are even when long (a schedule is exact: a moving average would only blur it)"""
 SMOOTHING = 0.6
 """weight of the past in the exponential moving average drawn over series of 10 points or more"""
 LOOP_TOTALS = {
@@ -276,11 +302,42 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
+    for name, (label, lines) in plot_lines(history, evals).items():
+        with plt.rc_context({"font.size": 11}):
+            fig, ax = plt.subplots(figsize=(7, 4))
+            for legend, style, pts in lines:
+                steps, values = zip(*pts)
+                if style == "points":  # a few evaluations: points, not a trend between them
+                    ax.plot(steps, values, linestyle="none", marker="o", markersize=7, label=legend)
+                elif style == "smoothed":
+                    (line,) = ax.plot(steps, values, alpha=0.3)
+                    ax.plot(steps, ema(values, SMOOTHING), color=line.get_color(), label=f"{legend} (smoothed)")
+                else:
+                    ax.plot(steps, values, marker="o" if len(pts) < 10 else None, label=legend)
+            ax.set_xlabel("step")
+            ax.set_ylabel(label)
+            ax.set_title(name.replace("_", " "))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.legend(fontsize=9)
+            fig.tight_layout()
+            path = folder / f"{name}.png"
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def plot_lines(history: list[dict], evals: list[dict] = ()) -> dict[str, tuple[str, list]]:
+    """What each plot draws: {name: (y label, [(legend, style, [(step, value)])])}, style "points" (evaluations),
+    "smoothed" (10 points or more, drawn faintly under their moving average) or "plain"; a series absent or zero at
+    every step is left out, and a plot with none is too."""
+    out = {}
     for name, (label, keys) in PLOTS.items():
-        series = {}
+        lines = []
         for key in keys:
             source = evals if key.startswith("eval/") and evals else history
             pts = [
@@ -288,28 +345,19 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
                 for m in source
                 if key in m and isinstance(m[key], (int, float)) and math.isfinite(m[key])
             ]
-            if any(v != 0 for _, v in pts):
-                series[key] = pts
-        if not series:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for key, pts in series.items():
-            steps, values = zip(*pts)
-            if len(pts) < 10:
-                ax.plot(steps, values, marker="o", label=key)
+            if not any(v != 0 for _, v in pts):
                 continue
-            (line,) = ax.plot(steps, values, alpha=0.3)
-            ax.plot(steps, ema(values, SMOOTHING), color=line.get_color(), label=f"{key} (EMA {SMOOTHING})")
-        ax.set_xlabel("step")
-        ax.set_ylabel(label)
-        ax.set_title(name.replace("_", " "))
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = folder / f"{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(str(path))
-    return written
+            style = (
+                "points"
+                if key.startswith("eval/")
+                else "smoothed"
+                if len(pts) >= 10 and key not in UNSMOOTHED
+                else "plain"
+            )
+            lines.append((LABELS.get(key, key), style, pts))
+        if lines:
+            out[name] = (label, lines)
+    return out
 
 
 def ema(values, weight: float) -> list[float]:
