@@ -24,9 +24,13 @@ def test_the_report_page_loads_and_every_image_renders(tmp_path):
     )
     evals = [
         {"step": 0, "eval/strict": 0.25, "eval/lenient": 0.5, "eval/count": 4},
-        {"step": 2, "eval/strict": 0.5, "eval/lenient": 0.75, "eval/count": 4},
+        {"step": 3, "eval/strict": 0.5, "eval/lenient": 0.75, "eval/count": 4},
     ]
-    reporter.on_step(dict(evals[0]))
+    predictions = [
+        {"index": i, "prompt": f"q{i}", "response": "r", "reference": str(i), "strict_ok": False, "lenient_ok": i == 1}
+        for i in range(4)
+    ]
+    reporter.on_step({**evals[0], "eval_samples": predictions})
     for step in (1, 2):
         sample = {
             "prompt": "What is 1 + <2>?",
@@ -46,10 +50,15 @@ def test_the_report_page_loads_and_every_image_renders(tmp_path):
                 "samples": [sample],
             }
         )
+    after = [dict(p, lenient_ok=p["index"] in (2, 3), response="r2") for p in predictions]
+    reporter.on_step({"step": 3, "reward/mean": 0.5, **evals[1], "eval_samples": after})
     summary = reporter.finish({"evals": evals})
+    kept = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
+    assert [(p["step"], p["index"]) for p in kept] == [(0, i) for i in range(4)] + [(3, i) for i in range(4)]
     page = tmp_path / "run" / "report.html"
     assert summary["report"] == str(page) and json.loads((tmp_path / "run" / "summary.json").read_text())["report"]
     text = page.read_text()
+    assert "2 wrong before and right after, 1 right before and wrong after" in text
     assert "0.500" in text and "0.750" in text and "What is 1 + &lt;2&gt;?" in text and "3 &lt;/td&gt;" in text
     assert "http" not in text.replace("http-equiv", "")  # self-contained: nothing fetched
     probed = tmp_path / "probed.html"

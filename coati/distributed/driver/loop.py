@@ -272,6 +272,7 @@ class Run:
             "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count,
             "eval/count": count,
             "eval/reward_errors": errors,
+            "eval_samples": sorted((i for r in results for i in r.get("items", [])), key=lambda i: i["index"]),
         }
 
     def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints: int = 2) -> dict:
@@ -297,9 +298,11 @@ class Run:
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
         if self.plan.eval_dataset and self.start_step == 0:
             phase("evaluating before training")
-            evals.append({"step": 0, **self.evaluate()})
+            evaluation = self.evaluate()
+            predictions = evaluation.pop("eval_samples", None)
+            evals.append({"step": 0, **evaluation})
             if on_step is not None:
-                on_step(dict(evals[-1]))
+                on_step({**evals[-1], "eval_samples": predictions} if predictions else dict(evals[-1]))
         for step in range(self.start_step + 1, total + 1):
             if step == self.start_step + 1:
                 phase(f"step {step}: first rollouts and training")
@@ -338,12 +341,15 @@ class Run:
             metrics.update({**train_metrics, **asleep})
             if self.plan.sandbox is not None:  # 1: model-written code ran without bwrap (allow_degraded_sandbox)
                 metrics["reward/sandbox_degraded"] = float(self.plan.sandbox_degraded)
+            predictions = None
             if self.plan.eval_dataset and ((eval_interval and step % eval_interval == 0) or step == total):
-                evals.append({"step": step, **self.evaluate()})
+                evaluation = self.evaluate()
+                predictions = evaluation.pop("eval_samples", None)
+                evals.append({"step": step, **evaluation})
                 metrics.update(evals[-1])
             history.append(metrics)
             if on_step is not None:
-                on_step(metrics)
+                on_step({**metrics, "eval_samples": predictions} if predictions else metrics)
             check_engine_trainer_gap(metrics, tolerance, step)
             if manager is not None and ((save_interval and step % save_interval == 0) or step == total):
                 self.checkpoint(manager, step)

@@ -14,9 +14,31 @@ vertical-align:top}th{background:#f3f3f3}img{max-width:100%;display:block;margin
 padding:1em;overflow:auto;font-size:.85em}.ok{color:#176b1e}.no{color:#a01c1c}"""
 
 
-def write_report(folder: Path, summary: dict, samples: list[dict], loop_lines: list[str]) -> Path:
+def flipped(before: list[dict], after: list[dict]) -> list[dict]:
+    """The held-out items whose lenient verdict changed between two evaluations' predictions (matched by index):
+    each with its prompt, reference, and both responses and verdicts."""
+    earlier = {item["index"]: item for item in before}
+    out = []
+    for item in after:
+        old = earlier.get(item["index"])
+        if old is not None and bool(old["lenient_ok"]) != bool(item["lenient_ok"]):
+            out.append(
+                {
+                    "index": item["index"],
+                    "prompt": item.get("prompt"),
+                    "reference": item.get("reference"),
+                    "before": old.get("response"),
+                    "after": item.get("response"),
+                    "now_right": bool(item["lenient_ok"]),
+                }
+            )
+    return out
+
+
+def write_report(folder: Path, summary: dict, samples: list[dict], loop_lines: list[str], flips=()) -> Path:
     """Write ``folder/report.html`` from the run's ``summary`` (summary.json's content, plots included), the last
-    step's ``samples`` and the loop account's ``loop_lines``; returns its path."""
+    step's ``samples``, the loop account's ``loop_lines`` and the held-out items that ``flips`` (``flipped``);
+    returns its path."""
     e = html.escape
     parts = [
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>coati run {e(folder.name)}</title>",
@@ -44,6 +66,20 @@ def write_report(folder: Path, summary: dict, samples: list[dict], loop_lines: l
             parts.append(
                 f"<tr><td><pre>{prompt}</pre></td><td><pre>{response}</pre></td><td>{e(str(s.get('reference', '')))}"
                 f"</td><td>{s.get('reward', 0):.3f}</td><td>{verdict}</td></tr>"
+            )
+        parts.append("</table>")
+    if flips:
+        right = sum(f["now_right"] for f in flips)
+        parts.append(
+            f"<h2>Held-out items that flipped</h2><p>{right} wrong before and right after, "
+            f"{len(flips) - right} right before and wrong after (lenient)</p><table><tr><th>prompt</th>"
+            "<th>reference</th><th>before</th><th>after</th></tr>"
+        )
+        for f in flips:
+            parts.append(
+                f"<tr><td><pre>{e(str(f['prompt']))}</pre></td><td>{e(str(f['reference']))}</td>"
+                f"<td><pre>{e(str(f['before']))}</pre></td><td class={'ok' if f['now_right'] else 'no'}>"
+                f"<pre>{e(str(f['after']))}</pre></td></tr>"
             )
         parts.append("</table>")
     config = folder / "config.yaml"

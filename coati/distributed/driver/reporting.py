@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from coati.distributed.driver.report_page import write_report
+from coati.distributed.driver.report_page import flipped, write_report
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
 
@@ -127,6 +127,8 @@ class Reporter:
         self.started_at = _now()
         self.samples: list[dict] = []
         """the last step's sample completions (for the report page)"""
+        self.predictions: dict[str, tuple[int, list[dict]]] = {}
+        """the first and the last held-out evaluation's predictions: (step, items), for the report's flipped items"""
         self.describe = dict(describe or {})
         """files that say how the run was made (name -> text), written with its first metrics"""
         classes = [logger_class(name) for name in report_to]
@@ -155,6 +157,7 @@ class Reporter:
         samples = metrics.pop("samples", None)
         if samples:
             self.samples = samples
+        predictions = metrics.pop("eval_samples", None)
         metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
         metrics["time/elapsed"] = time.perf_counter() - self.start
         step = int(metrics["step"])
@@ -163,6 +166,8 @@ class Reporter:
             self.loggers = [cls(self.out, project, config, append) for cls in classes]
             for name, text in self.describe.items():
                 (self.out / name).write_text(text)
+            if not append:  # a new run's predictions only (a resumed one keeps those before its checkpoint)
+                (self.out / "eval_samples.jsonl").unlink(missing_ok=True)
             if append:  # a resumed run: what an earlier process logged past its checkpoint is trained again now
                 self._truncate(step)
         elif self.last_step is not None and step <= self.last_step:  # restarted from a checkpoint in this process
@@ -178,12 +183,30 @@ class Reporter:
             logger.log(step, metrics)
             if samples:
                 logger.completions(step, samples)
+        if predictions:
+            self._predictions(step, predictions)
         if self.bar is not None:
             self._show(metrics)
+
+    def _predictions(self, step: int, items: list[dict]) -> None:
+        """A held-out evaluation's predictions: appended to ``eval_samples.jsonl``, the first and the last kept."""
+        self.predictions.setdefault("first", (step, items))
+        self.predictions["last"] = (step, items)
+        with (self.out / "eval_samples.jsonl").open("a") as f:
+            for item in items:
+                f.write(json.dumps({"step": step, **item}, default=str) + "\n")
 
     def _truncate(self, from_step: int) -> None:
         """Each step once: drop what was logged for ``from_step`` and later, here and in every logger."""
         self.history = [m for m in self.history if m["step"] < from_step]
+        predictions = self.out / "eval_samples.jsonl"
+        if predictions.exists():
+            kept = [
+                line
+                for line in predictions.read_text().splitlines(keepends=True)
+                if json.loads(line)["step"] < from_step
+            ]
+            predictions.write_text("".join(kept))
         for logger in self.loggers:
             logger.truncate(from_step)
 
@@ -233,7 +256,8 @@ class Reporter:
             "restarts": result.get("restarts", []),
             "sandbox": result.get("sandbox"),
         }
-        summary["report"] = str(write_report(self.out, summary, self.samples, describe_loop(summary["loop"])))
+        flips = flipped(self.predictions["first"][1], self.predictions["last"][1]) if self.predictions else []
+        summary["report"] = str(write_report(self.out, summary, self.samples, describe_loop(summary["loop"]), flips))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         for logger in self.loggers or []:
             logger.close()

@@ -254,25 +254,46 @@ class Producer:
             return self._evaluate(max_items)
 
     def _evaluate(self, max_items: int | None) -> dict:
-        rows = self.eval_rows[self.idx :: self.num_producers][:max_items]
-        if not rows:
-            return {"count": 0, "strict_correct": 0, "lenient_correct": 0, "reward_errors": 0, "first_error": ""}
-        ok, lenient, errors, first_error = 0, 0, 0, ""
-        for lo in range(0, len(rows), self.microbatch_size):
-            chunk = rows[lo : lo + self.microbatch_size]
-            _, scored = self._rollouts(chunk, 1, greedy=True)
-            for f in scored:
+        indices = list(range(len(self.eval_rows)))[self.idx :: self.num_producers][:max_items]
+        if not indices:
+            return {
+                "count": 0,
+                "strict_correct": 0,
+                "lenient_correct": 0,
+                "reward_errors": 0,
+                "first_error": "",
+                "items": [],
+            }
+        ok, lenient, errors, first_error, items = 0, 0, 0, "", []
+        for lo in range(0, len(indices), self.microbatch_size):
+            chunk = indices[lo : lo + self.microbatch_size]
+            batch, scored = self._rollouts([self.eval_rows[i] for i in chunk], 1, greedy=True)
+            for j, (index, f) in enumerate(zip(chunk, scored, strict=True)):
                 r = f.result()
                 ok += bool(r.answer_ok)
                 lenient += bool(r.info.get("lenient_ok", r.answer_ok))
                 errors += bool(r.info.get("error"))
                 first_error = first_error or str(r.info.get("error") or "")
+                row = self.eval_rows[index]
+                items.append(
+                    {
+                        "index": index,
+                        "prompt": row.get("prompt", row.get("messages")),
+                        "response": self.tokenizer.decode(
+                            batch.response_ids[j, : batch.response_lengths[j]].tolist(), skip_special_tokens=True
+                        ),
+                        "reference": row.get("gt_answer"),
+                        "strict_ok": bool(r.answer_ok),
+                        "lenient_ok": bool(r.info.get("lenient_ok", r.answer_ok)),
+                    }
+                )
         return {
-            "count": len(rows),
+            "count": len(indices),
             "strict_correct": ok,
             "lenient_correct": lenient,
             "reward_errors": errors,
             "first_error": first_error,
+            "items": items,
         }
 
     # ---- weights and state ---------------------------------------------------------------------------------------
