@@ -28,7 +28,7 @@ def test_input_mistakes_end_in_one_line_before_ray_starts(tmp_path):
     )
     (tmp_path / "data.jsonl").write_text('{"prompt": "hi"}\n{"prompt": "ho"}\n')
     cases = {
-        ("-d", "missing.jsonl"): "dataset file or folder missing.jsonl does not exist",
+        ("-d", "missing.jsonl"): "dataset file or folder missing.jsonl does not exist; check the path",
         # the module is found in the current folder (the driver did not look there): the data lacks its column
         ("-d", "data.jsonl", "-rt", "my_reward:fmt"): "reward function my_reward:fmt needs column(s) ['solution']",
         ("-d", "data.jsonl", "-m", str(tmp_path / "no_model")): "is not a local folder",

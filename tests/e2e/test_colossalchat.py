@@ -187,8 +187,11 @@ def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(
         assert (folder / name).is_file(), name
     assert len(json.loads((folder / "evals.json").read_text())) == 3
     # the folder says how it was made, and its files are readable by others (the weights were written 0600)
-    for name in ("config.yaml", "command.txt", "env.json"):
+    for name in ("config.yaml", "command.txt", "env.json", "report.html"):
         assert (folder / name).is_file(), name
+    predictions = [json.loads(line) for line in (folder / "eval_samples.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in predictions] == [0] * 5 + [1] * 5 + [2] * 5  # every held-out item at each evaluation
+    assert all(p["reference"] is not None and "lenient_ok" in p for p in predictions)
     assert json.loads((folder / "env.json").read_text())["versions"]["torch"] == torch.__version__
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["started_at"] <= summary["finished_at"]

@@ -51,7 +51,7 @@ def test_an_engine_computing_another_model_stops_the_run_at_the_next_step(ray_cl
     with pytest.raises(
         EngineMismatch,
         match=r"^step 2: the engines' log-probs .* from the trainer's on average "
-        r"\(tolerance 0.005 for these precisions\)",
+        r"\(tolerance 0.005 for these precisions\): the engines generate from another model",
     ):
         launch_distributed(
             num_producers=1,

@@ -62,7 +62,7 @@ def test_several_reward_functions_with_weights_are_the_reward_s_components(capsy
     assert parse_config(["-rt", "math", fmt]).reward.components == {"math": 1.0, fmt: 1.0}
     assert parse_config(["-rt", "boxed"]).reward.components == {}
     for argv, message in [
-        (["--reward-fn", "math", fmt, "--reward-weights", "1"], "one weight to each distinct"),
+        (["--reward-fn", "math", fmt, "--reward-weights", "1"], "must give one weight to each distinct"),
         (["--reward-weights", "1"], "but none were given"),
         (["--reward-fn", "math", fmt, "--reward-components", '{"math": 1}'], "use one"),
     ]:
@@ -360,6 +360,7 @@ def test_parsing_has_no_traps(tmp_path, capsys):
     case, ``--report-to none`` as its help says, and an unknown flag answered with the nearest one."""
     assert "unknown flag --lr; did you mean -lr?" in error_of(["--lr", "1e-5"], capsys)
     assert "did you mean --temperature?" in error_of(["--temprature", "0.5"], capsys)
+    assert "'x' follows no flag that takes it" in error_of(["x"], capsys)
     c = parse_config(["--learning_rate", "1e-6", "--num_generations", "8", "--algo", "grpo", "-b", "VLLM"])
     assert (c.consumer.learning_rate, c.producer.num_generations, c.algo, c.producer.backend) == (
         1e-6,
@@ -380,7 +381,8 @@ def test_config_file_values_take_their_field_s_type(tmp_path, capsys):
     bad.write_text("consumer:\n  learning_rate: fast\n")
     c = parse_config(["--config", str(good)])
     assert c.consumer.learning_rate == 1e-6 and c.consumer.train_batch_size == 4 and c.run.max_steps is None
-    assert "consumer.learning_rate='fast' is not a number" in error_of(["--config", str(bad)], capsys)
+    message = error_of(["--config", str(bad)], capsys)
+    assert "consumer.learning_rate='fast' is not a number; write a number, e.g. learning_rate: 1.0e-6" in message
 
 
 def test_print_config_prints_the_resolved_tree_that_config_reads_back(tmp_path, capsys):
