@@ -1,6 +1,7 @@
-"""The ``coati`` command: ``coati train`` runs a job (what ``python rl_example.py`` does), ``coati report RUN`` draws
-a run folder's plots again and prints its result, ``coati compare RUN [RUN ...]`` sets several runs side by side (a
-table, and their curves overlaid)."""
+"""The ``coati`` command: ``coati train`` runs a job (what ``python rl_example.py`` does), ``coati eval MODEL_OR_RUN``
+evaluates a model folder (or a run's final model) on the held-out set as a run does, ``coati report RUN`` draws a run
+folder's plots again and prints its result, ``coati compare RUN [RUN ...]`` sets several runs side by side (a table,
+and their curves overlaid)."""
 
 from __future__ import annotations
 
@@ -192,19 +193,54 @@ def compare(folders: list[str], out: str) -> dict:
     return {"rows": rows, "plots": plots}
 
 
+def evaluate(target: str, flags: list[str]) -> dict:
+    """The held-out evaluation of ``target``: a model folder (with the run's ``flags``: the held-out set, backend,
+    reward...), or a run folder (its config and its final model, ``flags`` overriding the config); prints the result
+    and returns it."""
+    from coati.distributed.config.cli import parse_command
+    from coati.distributed.driver.job import evaluate_model
+
+    path = Path(target)
+    if (path / "config.yaml").is_file():  # a run folder: its config, its final model
+        model = path / "final" / "merged" if (path / "final" / "merged").is_dir() else path / "final"
+        if not (model / "config.json").is_file():
+            raise ValueError(f"run folder {target} has no final model (final/config.json); evaluate a model folder")
+        flags = ["--config", str(path / "config.yaml"), *flags, "--model-path", str(model)]
+    else:
+        flags = [*flags, "--model-path", target]
+    config, _ = parse_command(flags, TRAIN_DOC, "coati eval")
+    result = evaluate_model(config)
+    if not result:
+        raise ValueError("the held-out set has no rows")
+    print(
+        f"{target}: strict {result['eval/strict']:.3f}, lenient {result['eval/lenient']:.3f} "
+        f"({result['eval/count']} held-out items, greedy; {result['eval/reward_errors']} scoring errors)"
+    )
+    return result
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "train": "run a training job (coati train --help)",
+        "eval": "the held-out evaluation of a model or run folder (further flags as coati train's)",
         "report": "a run folder's plots and result",
         "compare": "several run folders side by side",
     }
     if argv and argv[0] == "train":
         return train_cli(argv[1:])
+    if argv and argv[0] == "eval" and len(argv) > 1 and not argv[1].startswith("-"):
+        try:
+            evaluate(argv[1], argv[2:])
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            print(f"coati eval: error: {e.args[0] if e.args else repr(e)}", file=sys.stderr)
+            return 2
+        return 0
     parser = argparse.ArgumentParser(prog="coati", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
     for name, text in commands.items():
         sub.add_parser(name, help=text, add_help=name != "train")
+    sub.choices["eval"].add_argument("target", help="a model folder, or a run folder (its final model)")
     sub.choices["report"].add_argument("run", help="a run folder (<save_dir>/<project>)")
     sub.choices["compare"].add_argument("runs", nargs="+", help="run folders")
     sub.choices["compare"].add_argument("--out", default="compare", help="folder for the table and plots")

@@ -197,6 +197,12 @@ def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(
     assert summary["started_at"] <= summary["finished_at"]
     modes = {p.name: p.stat().st_mode & 0o777 for p in (folder / "final").iterdir() if p.is_file()}
     assert modes and set(modes.values()) == {0o644}, modes
+    if backend == "transformers":  # ``coati eval RUN``: the run's final model on its held-out set, as the run scored it
+        from coati.cli import evaluate
+
+        again = evaluate(str(folder), [])
+        assert again["eval/count"] == 5 and 0 <= again["eval/strict"] <= again["eval/lenient"] <= 1
+        assert [p["index"] for p in again["eval_samples"]] == list(range(5))
     stated = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ColossalChat parameter")]
     for key in (
         "eval_save_dir",

@@ -111,7 +111,9 @@ class ActorGroups:
         self.producer_info: list[dict] = []
         self.consumer_info: list[dict] = []
 
-    def start(self) -> None:
+    def start(self, consumers: bool = True) -> None:
+        """Start the plan's actors (the reward's model servers, the producers and, unless ``consumers`` is False,
+        the consumers) and set them up."""
         import ray
 
         from coati.distributed.trainer.consumer import GRPOConsumer  # deferred: imports Ray's collective module
@@ -146,7 +148,7 @@ class ActorGroups:
         world = c.consumer.num_consumer_procs
         addr = self.master_addr or p.consumer_slots[0].address
         port = self.master_port or _free_port()
-        for rank, slot in enumerate(p.consumer_slots):
+        for rank, slot in enumerate(p.consumer_slots if consumers else []):
             options = actor_options(slot, self.shared_gpus)
             actor = ray.remote(GRPOConsumer).options(
                 **options, **cpu_actor_env(env, slot.num_gpus), **lend, name=f"{self.run_name}-consumer-{rank}"

@@ -9,13 +9,16 @@ import logging
 import os
 import shlex
 import sys
+import uuid
 from typing import Callable
 
 import yaml
 
 from coati.distributed.config.colossalchat import translate
 from coati.distributed.config.tree import Config
+from coati.distributed.driver.actor_group import ActorGroups
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from coati.distributed.driver.loop import evaluation_result
 from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
 from coati.distributed.driver.reporting import Reporter
 from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
@@ -95,6 +98,24 @@ def dry_run(config: Config) -> dict:
         "sandbox": plan.sandbox,
         "run_folder": config.run.folder,
     }
+
+
+def evaluate_model(config: Config) -> dict:
+    """The held-out evaluation of the config's model alone, as a run evaluates (its producers, greedy, its reward;
+    no consumer, no training): accuracy, counts and each item's prediction (``eval_samples``)."""
+    if config.data.datasets(config.run.seed)[1] is None:
+        raise ValueError(
+            "no held-out set to evaluate on: give one with --data-eval (a reasoning_gym: task has its own)"
+        )
+    inputs = check_inputs(config)
+    start_ray(config.run.address)
+    plan = preflight(config, inputs)
+    actors = ActorGroups(config, plan, run_name=f"{config.run.project}-eval-{uuid.uuid4().hex[:8]}")
+    try:
+        actors.start(consumers=False)
+        return evaluation_result(actors.evaluate(), config.reward)
+    finally:
+        actors.shutdown()
 
 
 def run_reported(config: Config, on_step=None, start=None, inputs: Inputs | None = None) -> tuple[dict, dict]:

@@ -50,6 +50,28 @@ class Round:
     """the producers' weight version when it started: its rows' oldest tokens"""
 
 
+def evaluation_result(results: list[dict], reward) -> dict:
+    """The producers' held-out evaluations as one: strict and lenient accuracy, counts and every item's prediction
+    (``eval_samples``); too many scoring failures (``reward.max_error_fraction``) stop the run."""
+    count = sum(r["count"] for r in results)
+    if not count:
+        return {}
+    errors = sum(r["reward_errors"] for r in results)
+    if errors > reward.max_error_fraction * count:
+        first = next(r["first_error"] for r in results if r["first_error"])
+        raise RewardFailure(
+            f"evaluation: reward function {reward.fn} failed on {errors} of {count} held-out items; "
+            f"first error: {first}"
+        )
+    return {
+        "eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
+        "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count,
+        "eval/count": count,
+        "eval/reward_errors": errors,
+        "eval_samples": sorted((i for r in results for i in r.get("items", [])), key=lambda i: i["index"]),
+    }
+
+
 class Run:
     def __init__(self, config: Config, plan: Plan, run_name: str):
         """``config``: the run's tree, whole; ``plan``: what preflight derived from it."""
@@ -256,24 +278,7 @@ class Run:
 
     def evaluate(self) -> dict:
         self._settle()
-        results = self.actors.evaluate()
-        count = sum(r["count"] for r in results)
-        if not count:
-            return {}
-        errors = sum(r["reward_errors"] for r in results)
-        if errors > self.cfg.reward.max_error_fraction * count:
-            first = next(r["first_error"] for r in results if r["first_error"])
-            raise RewardFailure(
-                f"evaluation: reward function {self.cfg.reward.fn} failed on {errors} of {count} "
-                f"held-out items; first error: {first}"
-            )
-        return {
-            "eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
-            "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count,
-            "eval/count": count,
-            "eval/reward_errors": errors,
-            "eval_samples": sorted((i for r in results for i in r.get("items", [])), key=lambda i: i["index"]),
-        }
+        return evaluation_result(self.actors.evaluate(), self.cfg.reward)
 
     def loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints: int = 2) -> dict:
         try:
