@@ -182,3 +182,21 @@ def test_plots_draw_evaluations_as_points_the_schedule_as_it_is_and_name_series_
     assert [(legend, style) for legend, style, _ in lines["reward"][1]] == [("drawn completions", "smoothed")]
     assert {"grad_norm", "time", "groups"} <= set(lines)
     assert [legend for legend, _, _ in lines["time"][1]] == ["whole step", "training"]
+
+
+def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path):
+    """summary.json says when each start-up phase began and when the first training step ended, counted from the
+    process's start (the command's imports included)."""
+    from coati.distributed.driver.reporting import STARTUP, since_process_start
+
+    STARTUP.clear()
+    phase("checking the inputs")
+    reporter = Reporter(str(tmp_path), report_to=(), progress=False)
+    phase("first weight push")
+    for metrics in steps():
+        reporter.on_step(metrics)
+    startup = reporter.finish({"evals": []})["startup"]
+    assert [p["phase"] for p in startup["phases"]] == ["checking the inputs", "first weight push"]
+    first, second = (p["at_s"] for p in startup["phases"])
+    assert 0 < first <= second <= startup["first_step_s"] <= since_process_start()
+    assert STARTUP == []  # the next run reports its own

@@ -20,7 +20,7 @@ from coati.distributed.driver.actor_group import ActorGroups
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
 from coati.distributed.driver.loop import evaluation_result
 from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
-from coati.distributed.driver.reporting import Reporter
+from coati.distributed.driver.reporting import Reporter, phase
 from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
 from coati.provenance import environment
 
@@ -63,8 +63,14 @@ def description(config: Config) -> dict[str, str]:
 
 def run_job(config: Config) -> dict:
     """Ray (``run.address``, or a local cluster), then ``run_reported``; returns the run's summary."""
+    phase("checking the inputs")
     inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
-    return run_reported(config, start=lambda: start_ray(config.run.address), inputs=inputs)[1]
+
+    def start() -> None:
+        phase("starting Ray")
+        start_ray(config.run.address)
+
+    return run_reported(config, start=start, inputs=inputs)[1]
 
 
 def dry_run(config: Config) -> dict:

@@ -8,6 +8,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -85,14 +86,30 @@ LOOP_MEDIANS = {
     "truncated_frac": "response/truncated_frac",
 }
 """summary.json's ``loop.medians``: name -> the per-step metric whose median over the steps is reported"""
+_IMPORTED = time.perf_counter()
 log = logging.getLogger(__name__)
 PHASES = logging.getLogger("coati.phase")
 """the driver's phase messages ("starting 1 producer and 1 consumer", "evaluating before training", ...): shown on
 the progress bar by a reporter, otherwise at INFO level"""
 
 
+STARTUP: list[tuple[str, float]] = []
+"""every phase of this process so far: (message, seconds since the process started), the start-up account's source"""
+
+
 def phase(message: str) -> None:
+    STARTUP.append((message, round(since_process_start(), 2)))
     PHASES.info(message)
+
+
+def since_process_start() -> float:
+    """Seconds since this process started (the command, imports included), from the kernel's record of it."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
 
 
 MOSTLY_TRUNCATED = 0.5
@@ -127,6 +144,8 @@ class Reporter:
         self.started_at = _now()
         self.samples: list[dict] = []
         """the last step's sample completions (for the report page)"""
+        self.first_step_s: float | None = None
+        """seconds from the process's start to the first training step's metrics"""
         self.predictions: dict[str, tuple[int, list[dict]]] = {}
         """the first and the last held-out evaluation's predictions: (step, items), for the report's flipped items"""
         self.describe = dict(describe or {})
@@ -173,6 +192,8 @@ class Reporter:
         elif self.last_step is not None and step <= self.last_step:  # restarted from a checkpoint in this process
             self._truncate(step)
         self.last_step = step
+        if step > 0 and self.first_step_s is None:
+            self.first_step_s = round(since_process_start(), 2)
         if step > 0:
             self.history.append(metrics)
             truncated = metrics.get("response/truncated_frac", 0.0)
@@ -250,6 +271,8 @@ class Reporter:
             "finished_at": _now(),
             "wall_s": time.perf_counter() - self.start,
             "loop": loop_summary(self.history),
+            "startup": {"phases": [{"phase": m, "at_s": t} for m, t in STARTUP], "first_step_s": self.first_step_s},
+            # (the phases since the process began or since the last run it reported: each run reports its own)
             "evals": result.get("evals", []),
             "final_model": result.get("final_model"),
             "plots": plots,
@@ -259,6 +282,7 @@ class Reporter:
         flips = flipped(self.predictions["first"][1], self.predictions["last"][1]) if self.predictions else []
         summary["report"] = str(write_report(self.out, summary, self.samples, describe_loop(summary["loop"]), flips))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        STARTUP.clear()
         for logger in self.loggers or []:
             logger.close()
         return summary
