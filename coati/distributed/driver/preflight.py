@@ -34,41 +34,6 @@ from coati.distributed.rollout.data import (
 )
 
 
-@dataclass
-class Plan:
-    producer_slots: list
-    consumer_slots: list
-    train_model_path: str
-    inference_model_path: str
-    tokenizer_path: str
-    train_dataset: dict
-    eval_dataset: dict | None
-    num_rows: int
-    steps_per_episode: int
-    prompt_format: object
-    """``data.PromptFormat``: chat template and system prompt, or raw text"""
-    inference_options: dict
-    dataset_digest: str
-    """a hash of the training rows: a checkpoint records it, so a resume on other data is refused"""
-    overlong: dict
-    """{"train": n, "eval": n}: rows dropped for prompts over max_prompt_tokens (filter_overlong_prompts)"""
-    server_slots: dict
-    """{component: [Slot or None per server]}: where the reward's model servers (rm, judge) run (None: anywhere
-    with their resources)"""
-    in_flight: bool
-    """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
-    stream_prompts: int = 0
-    """groups each producer keeps generating across draws (``producer.stream_prompts``, checked; 0: rounds)"""
-    sandbox: str | None = None
-    """the code sandbox's isolation and bounds (``Sandbox.describe``) where the run executes model-written code (the
-    code reward, tool_math); None: it executes none"""
-    sandbox_degraded: bool = False
-    """whether that isolation is degraded (no bwrap; allowed by ``reward.allow_degraded_sandbox``)"""
-    sandbox_per_run: bool = True
-    """whether the sandbox bounds each run's memory and processes as a whole (a control group per run); else per
-    process"""
-
-
 def resolve_model_path(path: str, what: str) -> str:
     """An absolute local folder (actors run in other working directories, possibly on other nodes), or a hub model
     id when the hub is reachable: downloaded here first into the Hugging Face cache, so a missing, gated or
@@ -108,22 +73,48 @@ def _fetch(repo_id: str) -> str:
 
 @dataclass
 class Inputs:
-    """What the checks of a run's inputs resolved, before Ray starts: the model folders, the datasets, the prompt
-    format, how model-written code would be isolated."""
+    """What the checks of a run's inputs resolved, before Ray starts."""
 
     train_model_path: str
     inference_model_path: str
     tokenizer_path: str
     train_dataset: dict
+    """``load_rows`` arguments of the training set"""
     eval_dataset: dict | None
+    """``load_rows`` arguments of the held-out set (None: no evaluation)"""
     num_rows: int
     prompt_format: PromptFormat
+    """chat template and system prompt, or raw text"""
     dataset_digest: str
+    """a hash of the training rows: a checkpoint records it, so a resume on other data is refused"""
     overlong: dict
-    stream: int
+    """{"train": n, "eval": n}: rows dropped for prompts over max_prompt_tokens (filter_overlong_prompts)"""
+    stream_prompts: int
+    """groups each producer keeps generating across draws (``producer.stream_prompts``, checked; 0: rounds)"""
     sandbox: str | None
+    """the code sandbox's isolation and bounds (``Sandbox.describe``) where the run executes model-written code (the
+    code reward, tool_math); None: it executes none"""
     sandbox_degraded: bool
+    """whether that isolation is degraded (no bwrap; allowed by ``reward.allow_degraded_sandbox``)"""
     sandbox_per_run: bool
+    """whether the sandbox bounds each run's memory and processes as a whole (a control group per run); else per
+    process"""
+
+
+@dataclass
+class Plan(Inputs):
+    """The run's plan: its checked inputs and where its actors go."""
+
+    producer_slots: list
+    consumer_slots: list
+    steps_per_episode: int
+    inference_options: dict
+    """the engine's constructor options (the user's, checked, and the launch's choices)"""
+    server_slots: dict
+    """{component: [Slot or None per server]}: where the reward's model servers (rm, judge) run (None: anywhere
+    with their resources)"""
+    in_flight: bool
+    """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
 
 
 def check_inputs(config: Config) -> Inputs:
@@ -257,25 +248,13 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         lora_rank=cfg.consumer.lora_rank,
     )
     return Plan(
-        producers,
-        consumers,
-        train_model_path,
-        inference_model_path,
-        i.tokenizer_path,
-        i.train_dataset,
-        i.eval_dataset,
-        i.num_rows,
-        i.num_rows // cfg.global_train_batch_size,
-        i.prompt_format,
-        dict(inference_options or {}),
-        i.dataset_digest,
-        i.overlong,
-        server_slots,
-        in_flight,
-        i.stream,
-        i.sandbox,
-        i.sandbox_degraded,
-        i.sandbox_per_run,
+        **vars(i),
+        producer_slots=producers,
+        consumer_slots=consumers,
+        steps_per_episode=i.num_rows // cfg.global_train_batch_size,
+        inference_options=dict(inference_options or {}),
+        server_slots=server_slots,
+        in_flight=in_flight,
     )
 
 
