@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coati.distributed import attention
+from coati.distributed import attention, lora
 from coati.distributed.algo.logprobs import token_logprobs
 from coati.distributed.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.lora import adapter_pairs, merge
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.wire_layout import flatten_parameters
 
@@ -172,14 +171,14 @@ class TransformersBackend(InferenceBackend):
         generation runs at the base model's speed and every push starts from the same base."""
 
         self.weight_destinations()
-        for name, (a, b) in adapter_pairs(adapter).items():
+        for name, (a, b) in lora.adapter_pairs(adapter).items():
             if name not in self._state:
                 raise KeyError(f"the adapter targets {name}, which the model does not have")
             target = self._state[name]
             base = self._lora_base.get(name)
             if base is None:  # the first push: the weights are still the base's
                 base = self._lora_base[name] = target.detach().clone()
-            target.data.copy_(merge(base, a.to(target.device), b.to(target.device), scale))
+            target.data.copy_(lora.merge(base, a.to(target.device), b.to(target.device), scale))
         self._adapter = (dict(adapter), scale)
 
     def fingerprints(self, version: int) -> dict[str, list]:

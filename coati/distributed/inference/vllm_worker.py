@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from coati.distributed import lora
 from coati.distributed.attest import adapter_fingerprints, column, crc, tied_weights
 from coati.distributed.inference.sampling import inverse_cdf_forward
-from coati.distributed.lora import adapter_pairs, merge
 from coati.distributed.transport import TorchGroup, ray_broadcast_tensor_dict
 
 
@@ -114,10 +114,10 @@ class WeightSyncExtension:
             self._coati_base = {}
             for f in sorted(glob.glob(os.path.join(model_path, "*.safetensors"))):
                 self._coati_base.update(load_file(f))
-        pairs = adapter_pairs(adapter)
+        pairs = lora.adapter_pairs(adapter)
         layers = {name.rsplit(".", 2)[0] for name in pairs}  # model.layers.<i>.<block>
         weights = [
-            (name, merge(base, *pairs[name], scale) if name in pairs else base)
+            (name, lora.merge(base, *pairs[name], scale) if name in pairs else base)
             for name, base in self._coati_base.items()
             if name.rsplit(".", 2)[0] in layers
         ]
