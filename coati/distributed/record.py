@@ -82,11 +82,15 @@ class RolloutBatch:
     spans the tokens where it equals k); None for single-turn rows"""
 
     def failed(self) -> np.ndarray:
-        """bool [N]: rows whose scoring failed (an error or a timeout)."""
+        """bool [N]: rows whose scoring failed (an error or a timeout); none where no status is recorded."""
+        if self.reward_status is None:
+            return np.zeros(len(self), dtype=bool)
         return np.isin(self.reward_status, (RewardStatus.ERROR, RewardStatus.TIMEOUT))
 
     def unscored(self) -> np.ndarray:
-        """bool [N]: rows no reward function scored."""
+        """bool [N]: rows no reward function scored; none where no status is recorded."""
+        if self.reward_status is None:
+            return np.zeros(len(self), dtype=bool)
         return np.asarray(self.reward_status) == RewardStatus.NO_SCORE
 
     def trained_mask(self) -> np.ndarray:
