@@ -56,7 +56,7 @@ def description(config: Config) -> dict[str, str]:
     tree["algorithm"] = json.loads(json.dumps(dataclasses.asdict(config.algo_config)))
     return {
         "config.yaml": yaml.safe_dump(tree, sort_keys=False),
-        "command.txt": shlex.join([sys.executable, *sys.argv]) + "\n",
+        "command.txt": shlex.join(["python", *sys.argv]) + "\n",
         "env.json": json.dumps(environment(), indent=2) + "\n",
     }
 
