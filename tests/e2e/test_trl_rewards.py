@@ -11,7 +11,7 @@ from coati.models import build_tiny_model
 pytest.importorskip("trl", reason="TRL comes with benchmarks/requirements.txt, which make test installs")
 
 
-def run(tmp_path, reward: str):
+def run(tmp_path, reward: str, **grpo):
     path = str(build_tiny_model(tmp_path / "model", vocab_multiple=8))
     # Conversational rows; every fourth solution is no expression math_verify can parse: TRL's accuracy_reward gives
     # such rows None.
@@ -35,7 +35,7 @@ def run(tmp_path, reward: str):
         inference_model_config={"path": path},
         train_model_config={"path": path},
         generate_config={"max_new_tokens": 12, "temperature": 1.0},
-        grpo_config={"lr": 1e-3, "reward_fn_type": reward, "train_microbatch_size": 8},
+        grpo_config={"lr": 1e-3, "reward_fn_type": reward, "train_microbatch_size": 8, **grpo},
         plugin_config={},
         num_generations=4,
         core_algo="GRPO",
@@ -65,42 +65,9 @@ def test_trl_s_list_of_reward_functions_with_weights_is_their_weighted_sum(ray_c
     punishment scored, so nothing is left unscored); functions get a group's completions in one call."""
     import math
 
-    path = str(build_tiny_model(tmp_path / "model", vocab_multiple=8))
-    rows = [
-        {
-            "messages": [{"role": "user", "content": f"What is {i} + {i}?"}],
-            "solution": "see the text" if i % 4 == 0 else f"${2 * i}$",
-        }
-        for i in range(8)
-    ]
     acc, fmt = "trl.rewards:accuracy_reward", "tests.component.trl_rewards:overlong"
     calls = "tests.component.reward_fns:batch_sizes"  # each completion's value: the size of the call that scored it
-    history = launch_distributed(
-        num_producers=1,
-        num_proc_per_producer=1,
-        num_consumer_procs=1,
-        num_episodes=1,
-        inference_batch_size=4,
-        inference_microbatch_size=4,
-        train_batch_size=4,
-        train_minibatch_size=4,
-        train_dataset_config={"rows": rows},
-        inference_model_config={"path": path},
-        train_model_config={"path": path},
-        generate_config={"max_new_tokens": 12, "temperature": 1.0},
-        grpo_config={
-            "lr": 1e-3,
-            "reward_fn_type": acc,
-            "reward_components": {acc: 1.0, fmt: 0.5, calls: 0.0},
-            "train_microbatch_size": 8,
-        },
-        plugin_config={},
-        num_generations=4,
-        core_algo="GRPO",
-        max_steps=2,
-        inference_backend="transformers",
-        max_staleness=0,
-    )["history"]
+    history = run(tmp_path, acc, reward_components={acc: 1.0, fmt: 0.5, calls: 0.0})["history"]
     for m in history:
         assert m["reward/errors"] == 0 and m["reward/no_score"] == 0  # the punishment scores every completion
         assert m[f"reward/component/{fmt}"] < -0.3  # a tiny random model mostly writes all 12 tokens
