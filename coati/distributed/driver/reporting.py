@@ -16,6 +16,7 @@ from pathlib import Path
 from coati.distributed.driver.report_page import flipped, write_report
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
+from coati.distributed.loggers.jsonl_logger import truncate_jsonl
 
 PLOTS = {
     "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),
@@ -220,14 +221,7 @@ class Reporter:
     def _truncate(self, from_step: int) -> None:
         """Each step once: drop what was logged for ``from_step`` and later, here and in every logger."""
         self.history = [m for m in self.history if m["step"] < from_step]
-        predictions = self.out / "eval_samples.jsonl"
-        if predictions.exists():
-            kept = [
-                line
-                for line in predictions.read_text().splitlines(keepends=True)
-                if json.loads(line)["step"] < from_step
-            ]
-            predictions.write_text("".join(kept))
+        truncate_jsonl(self.out / "eval_samples.jsonl", from_step)
         for logger in self.loggers:
             logger.truncate(from_step)
 

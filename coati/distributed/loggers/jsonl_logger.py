@@ -26,11 +26,16 @@ class JsonlLogger(Logger):
 
     def truncate(self, from_step):
         for path in (self.metrics, self.samples):
-            if path.exists():
-                kept = [line for line in path.read_text().splitlines(keepends=True) if _step_of(line) < from_step]
-                tmp = path.with_suffix(".jsonl.tmp")
-                tmp.write_text("".join(kept))
-                tmp.replace(path)
+            truncate_jsonl(path, from_step)
+
+
+def truncate_jsonl(path, from_step) -> None:
+    """Keep the records of ``path`` (a JSONL file, if it exists) before step ``from_step``, atomically."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines(keepends=True) if _step_of(line) < from_step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
 
 
 def _step_of(line: str) -> float:
