@@ -8,7 +8,8 @@ explicitly, or rollouts would never stop.
 
 A cached folder is used only if it was written by this conversion (``coati_conversion.json``) and its tokenizer
 round-trips known text: a folder converted under transformers 4.x names ``LlamaTokenizer``, which transformers 5
-loads as a byte-level BPE without its byte decoder (a newline decodes as "Ċ", a space as "Ġ").
+loads as a byte-level BPE without its byte decoder (a newline decodes as "Ċ", a space as "Ġ"). The round trip (~6 s:
+it imports and loads a tokenizer) runs once per transformers version; the stamp records the versions it passed under.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def default_model_path(cache: Path | None = None) -> str:
     (tmp / STAMP).write_text(json.dumps({"conversion": CONVERSION, "gguf": GGUF_NAME}))
     if not round_trips(tmp):
         raise RuntimeError(f"the converted tokenizer in {tmp} does not decode {ROUND_TRIP!r} back to itself")
+    stamp_verified(tmp)
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
         shutil.rmtree(target)
@@ -86,8 +88,28 @@ def round_trips(folder: Path) -> bool:
     return tokenizer.decode(tokenizer(ROUND_TRIP, add_special_tokens=False)["input_ids"]) == ROUND_TRIP
 
 
+def transformers_version() -> str:
+    """The installed transformers' version, read from its metadata (importing transformers takes seconds)."""
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+def stamp_verified(folder: Path) -> None:
+    """Record in the folder's stamp that its tokenizer round-trips under the installed transformers."""
+    import json
+
+    path = Path(folder) / STAMP
+    stamp = json.loads(path.read_text())
+    stamp["round_trips_under"] = sorted({*stamp.get("round_trips_under", []), transformers_version()})
+    tmp = path.with_name(f"{STAMP}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(stamp))
+    os.replace(tmp, path)  # atomic: another process reads the old stamp or the new one
+
+
 def is_current(folder: Path) -> bool:
-    """A complete folder written by this conversion, whose tokenizer round-trips."""
+    """A complete folder written by this conversion, whose tokenizer round-trips (checked once per transformers
+    version: the stamp records the versions it passed under)."""
     import json
 
     try:
@@ -95,4 +117,14 @@ def is_current(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     complete = all((Path(folder) / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json"))
-    return complete and stamp.get("conversion") == CONVERSION and round_trips(Path(folder))
+    if not complete or stamp.get("conversion") != CONVERSION:
+        return False
+    if transformers_version() in stamp.get("round_trips_under", []):
+        return True
+    if not round_trips(Path(folder)):
+        return False
+    try:
+        stamp_verified(Path(folder))
+    except OSError:
+        pass  # a read-only cache: checked again next time
+    return True

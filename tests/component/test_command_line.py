@@ -40,3 +40,33 @@ def test_input_mistakes_end_in_one_line_before_ray_starts(tmp_path):
         assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
         assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_a_backend_or_layout_that_cannot_run_the_model_is_refused_before_ray_starts(tmp_path):
+    """vLLM's CPU attention refusing the model's head size, and tensor parallelism over an architecture the trainer's
+    policies do not cover, are decided from config.json: one line naming the alternative, before Ray starts."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from coati.default_model import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())  # a complete folder: only the layout is wrong
+    vocab = len(tokenizer)
+    odd_heads = LlamaConfig(
+        vocab_size=vocab, hidden_size=80, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )  # heads of size 40
+    gpt2 = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2)
+    for name, model in (("odd_heads", LlamaForCausalLM(odd_heads)), ("gpt2", GPT2LMHeadModel(gpt2))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    (tmp_path / "data.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
+    cases = {
+        ("-m", str(tmp_path / "odd_heads"), "-b", "vllm"): "heads of size 40, which vLLM's CPU attention does not",
+        ("-m", str(tmp_path / "gpt2"), "-tp", "2", "-t", "2"): "which coati's tensor parallelism does not cover",
+    }
+    for args, message in cases.items():
+        out = run(["-d", "data.jsonl", *args], tmp_path)
+        assert out.returncode == 2, (args, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
+        assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])
+    assert not (tmp_path / "runs").exists()

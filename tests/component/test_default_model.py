@@ -35,6 +35,9 @@ def test_a_folder_from_an_older_conversion_is_not_used(tmp_path):
     shutil.copytree(path, old)
     config = json.loads((old / "tokenizer_config.json").read_text())
     (old / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizer"}))
+    stamp = json.loads((old / "coati_conversion.json").read_text())
+    stamp.pop("round_trips_under", None)  # converted under another transformers: its stamp names none of today's
+    (old / "coati_conversion.json").write_text(json.dumps(stamp))
     assert not round_trips(old) and not is_current(old)
     stale = tmp_path / "stale"
     shutil.copytree(path, stale)
@@ -65,3 +68,26 @@ def test_a_multi_turn_episode_s_tokens_are_the_chat_template_s_rendering():
     masked = tok.decode([t for t, m in zip(episode.ids, episode.loss_mask) if not m])
     assert masked == "\n<|im_start|>user\n<output>\n51\n</output><|im_end|>\n<|im_start|>assistant\n", masked
     assert np.sum(episode.loss_mask) == len(episode.ids) - len(tok.encode(masked, add_special_tokens=False))
+
+
+def test_the_round_trip_runs_once_per_transformers_version(tmp_path, monkeypatch):
+    """A folder whose tokenizer passed under the installed transformers is not loaded again (~6 s at every start);
+    under another version it is checked again, and a folder that fails is not stamped."""
+    import coati.default_model as dm
+
+    folder = tmp_path / "m"
+    shutil.copytree(default_model_path(), folder)
+    stamp = json.loads((folder / "coati_conversion.json").read_text())
+    (folder / "coati_conversion.json").write_text(json.dumps({**stamp, "round_trips_under": []}))
+    calls = []
+    real = dm.round_trips
+    monkeypatch.setattr(dm, "round_trips", lambda f: calls.append(f) or real(f))
+    assert is_current(folder) and is_current(folder)
+    assert len(calls) == 1  # the second start reads the stamp
+    monkeypatch.setattr(dm, "transformers_version", lambda: "0.0-other")
+    assert is_current(folder) and len(calls) == 2
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizer"}))
+    monkeypatch.setattr(dm, "transformers_version", lambda: "0.0-third")
+    assert not is_current(folder)
+    assert "0.0-third" not in json.loads((folder / "coati_conversion.json").read_text())["round_trips_under"]

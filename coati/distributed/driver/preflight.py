@@ -119,21 +119,88 @@ class Plan(Inputs):
 
 def check_inputs(config: Config) -> Inputs:
     """Every check of the run's inputs (models, tokenizer, data, rewards, batch arithmetic, backend options, the
-    sandbox): none needs Ray, so a command line's mistakes end before Ray starts."""
-    cfg, r, m = config, config.run, config.model
-    train_model_path = m.path or default_model_path()
-    inference_model_path, tokenizer_path = m.inference_path or train_model_path, m.tokenizer_path or train_model_path
-    train_dataset, eval_dataset = config.data.datasets(r.seed)
-    inference_options, raw_prompt = m.inference_options, config.data.raw_prompt
-    filter_overlong = config.data.filter_overlong_prompts
-    from transformers import AutoConfig, AutoTokenizer
+    sandbox): none needs Ray, so a command line's mistakes end before Ray starts. The checks that read files run first
+    (``check_files``); those that need the tokenizer (transformers takes seconds to import) after them."""
+    files = check_files(config)
+    cfg, (rows, eval_rows) = config, files.rows
+    from transformers import AutoConfig, AutoTokenizer  # after the file checks: a wrong path ends in a second
 
-    train_model_path = resolve_model_path(train_model_path, "train model")
-    inference_model_path = resolve_model_path(inference_model_path, "inference model")
-    tokenizer_path = resolve_model_path(tokenizer_path, "tokenizer")
-    backend_class(cfg.producer.backend).check_options(inference_options or {})
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(files.tokenizer_path)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(
+            f"tokenizer {files.tokenizer_path} cannot be loaded ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); point --model-tokenizer-path at a folder "
+            "with tokenizer files"
+        ) from None
+    if not files.prompt_format.raw:
+        check_chat_template(tokenizer, f"tokenizer {files.tokenizer_path}")
+    for path in {files.train_model_path, files.inference_model_path}:
+        vocab = AutoConfig.from_pretrained(path).vocab_size
+        if vocab < len(tokenizer):
+            raise ValueError(
+                f"model {path} has vocab_size={vocab} but its tokenizer has {len(tokenizer)} tokens: sampled ids past "
+                "the vocabulary would crash generation; resize the model's embeddings or use its own tokenizer"
+            )
+    overlong = {}
+    limit, drop = cfg.generation.max_prompt_tokens, cfg.data.filter_overlong_prompts
+    for what, spec, data in (("train", files.train_dataset, rows), ("eval", files.eval_dataset, eval_rows)):
+        over = overlong_rows(data, files.prompt_format, tokenizer, limit, what, drop)
+        if over:  # the producers read the same rows and leave these out
+            spec["exclude"], dropped = tuple(over), set(over)
+            data[:] = [row for i, row in enumerate(data) if i not in dropped]
+            if not data:
+                raise ValueError(f"every {what} row's prompt is over max_prompt_tokens={limit}; raise it")
+        overlong[what] = len(over)
+    if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
+        check_env_inputs(cfg, rows, "training set", tokenizer)
+        if eval_rows:
+            check_env_inputs(cfg, eval_rows, "eval set", tokenizer)
+    check_counts(cfg, len(rows))
+    sandbox, degraded, per_run = check_sandbox(cfg.reward)
+    return Inputs(
+        files.train_model_path,
+        files.inference_model_path,
+        files.tokenizer_path,
+        files.train_dataset,
+        files.eval_dataset,
+        len(rows),
+        files.prompt_format,
+        rows_digest(rows),
+        overlong,
+        resolve_stream(cfg, backend_class(cfg.producer.backend), config.run.max_staleness),
+        sandbox,
+        degraded,
+        per_run,
+    )
+
+
+@dataclass
+class Files:
+    """What ``check_files`` resolved: the model folders, the datasets as ``load_rows`` arguments and their rows."""
+
+    train_model_path: str
+    inference_model_path: str
+    tokenizer_path: str
+    train_dataset: dict
+    eval_dataset: dict | None
+    prompt_format: PromptFormat
+    rows: tuple[list[dict], list[dict]]
+    """(training rows, held-out rows)"""
+
+
+def check_files(config: Config) -> Files:
+    """The checks that read files only, without transformers: the model folders and their weights, the backend's
+    options and whether it runs the model here, the datasets and the reward's columns, the reward model and judge
+    folders, the batch arithmetic."""
+    cfg, m = config, config.model
+    train_model_path = resolve_model_path(m.path or default_model_path(), "train model")
+    inference_model_path = resolve_model_path(m.inference_path or train_model_path, "inference model")
+    tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
+    backend_class(cfg.producer.backend).check_options(m.inference_options or {})
+    train_dataset, eval_dataset = config.data.datasets(config.run.seed)
     train_dataset = dict(train_dataset)
-    prompt_format = PromptFormat(train_dataset.pop("system_prompt", None), raw_prompt)
+    prompt_format = PromptFormat(train_dataset.pop("system_prompt", None), config.data.raw_prompt)
     eval_dataset = dict(eval_dataset) if eval_dataset else None
     if eval_dataset:
         eval_dataset.pop("system_prompt", None)
@@ -142,69 +209,44 @@ def check_inputs(config: Config) -> Inputs:
     check_model_files(train_model_path, "train model")
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(
-            f"tokenizer {tokenizer_path} cannot be loaded ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); point --model-tokenizer-path at a folder "
-            "with tokenizer files"
-        ) from None
-    if not prompt_format.raw:
-        check_chat_template(tokenizer, f"tokenizer {tokenizer_path}")
-    for path in {train_model_path, inference_model_path}:
-        vocab = AutoConfig.from_pretrained(path).vocab_size
-        if vocab < len(tokenizer):
-            raise ValueError(
-                f"model {path} has vocab_size={vocab} but its tokenizer has {len(tokenizer)} tokens: sampled ids past "
-                "the vocabulary would crash generation; resize the model's embeddings or use its own tokenizer"
-            )
+    if config.run.address is None:  # a local cluster: its accelerators are this machine's
+        check_models(cfg, train_model_path, inference_model_path, local_gpus(), local_gpus())
     rows = load_rows(**train_dataset)
     eval_rows = load_rows(**eval_dataset) if eval_dataset else []
-    overlong = {}
-    for what, spec, data in (("train", train_dataset, rows), ("eval", eval_dataset, eval_rows)):
-        over = overlong_rows(data, prompt_format, tokenizer, cfg.generation.max_prompt_tokens, what, filter_overlong)
-        if over:  # the producers read the same rows and leave these out
-            spec["exclude"], drop = tuple(over), set(over)
-            data[:] = [row for i, row in enumerate(data) if i not in drop]
-            if not data:
-                raise ValueError(
-                    f"every {what} row's prompt is over max_prompt_tokens={cfg.generation.max_prompt_tokens}; raise it"
-                )
-        overlong[what] = len(over)
     if cfg.reward.rm_path is not None:
         check_reward_model(cfg.reward.rm_path)
     if cfg.reward.judge_path is not None:
         check_judge(cfg.reward.judge_path, cfg.reward.judge_template, {"training set": rows, "eval set": eval_rows})
-    check_inputs = check_reward_inputs
-    if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
-        check_inputs = functools.partial(check_env_inputs, tokenizer=tokenizer)
-    check_inputs(cfg, rows, "training set")
-    if eval_rows:
-        check_inputs(cfg, eval_rows, "eval set")
-    per_step = cfg.global_train_batch_size
-    if len(rows) < per_step:
-        raise ValueError(f"the training set has {len(rows)} rows, fewer than one step's {per_step} prompts")
-    if len(rows) < cfg.producer.num_producers:
-        raise ValueError(f"{cfg.producer.num_producers} producers but only {len(rows)} rows")
-    backend = backend_class(cfg.producer.backend)
-    stream = resolve_stream(cfg, backend, r.max_staleness)
-    sandbox, degraded, per_run = check_sandbox(cfg.reward)
-    return Inputs(
+    if cfg.reward.env is None:
+        check_reward_inputs(cfg, rows, "training set")
+        if eval_rows:
+            check_reward_inputs(cfg, eval_rows, "eval set")
+    check_counts(cfg, len(rows))
+    return Files(
         train_model_path,
         inference_model_path,
         tokenizer_path,
         train_dataset,
         eval_dataset,
-        len(rows),
         prompt_format,
-        rows_digest(rows),
-        overlong,
-        stream,
-        sandbox,
-        degraded,
-        per_run,
+        (rows, eval_rows),
     )
+
+
+def local_gpus() -> bool:
+    """Whether this machine has an accelerator a local cluster's actors would get."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_counts(cfg: Config, num_rows: int) -> None:
+    """Enough training rows for one step's prompts and for every producer."""
+    per_step = cfg.global_train_batch_size
+    if num_rows < per_step:
+        raise ValueError(f"the training set has {num_rows} rows, fewer than one step's {per_step} prompts")
+    if num_rows < cfg.producer.num_producers:
+        raise ValueError(f"{cfg.producer.num_producers} producers but only {num_rows} rows")
 
 
 def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
@@ -233,8 +275,6 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         cfg,
         train_model_path,
         inference_model_path,
-        backend,
-        inference_options or {},
         producer_gpu=producers[0].num_gpus > 0,
         consumer_gpu=consumers[0].num_gpus > 0,
     )
@@ -326,13 +366,13 @@ def check_models(
     cfg: Config,
     train_path: str,
     inference_path: str,
-    backend,
-    options: dict,
     producer_gpu: bool,
     consumer_gpu: bool,
 ) -> None:
     """What the workers would refuse, decided from the models' config.json: the parallel layout (architectures),
-    the rollout engine on this device (``check_model``), sequences past the position table, fp16 training on CPU."""
+    the rollout engine on this device (``check_model``), sequences past the position table, fp16 training on CPU.
+    Run before Ray starts for a local cluster (its devices are this machine's) and again on the placed actors'."""
+    backend, options = backend_class(cfg.producer.backend), cfg.model.inference_options or {}
 
     p = cfg.consumer.plugin
     train, inference = load_config(train_path), load_config(inference_path)
