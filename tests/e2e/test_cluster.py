@@ -58,7 +58,7 @@ def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
         ):
             assert f"checkpoints/step-{step}/{name}" in files, (step, name)
     # What the files hold (this job is also the main job's path, rl_example.py, end to end).
-    run = tmp_path / "runs" / "job"
+    run = tmp_path / "runs" / "job" / "latest"
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]  # step 0: the evaluation before training
     assert lines[0]["eval/count"] == 4 and "reward/mean" not in lines[0]

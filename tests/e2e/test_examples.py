@@ -54,7 +54,7 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     monkeypatch.setattr(sys, "argv", [name] + args)
     monkeypatch.chdir(root)
     runpy.run_path(str(root / "examples" / name), run_name="__main__")
-    metrics = list(tmp_path.glob("*/metrics.jsonl"))
+    metrics = list(tmp_path.glob("*/latest/metrics.jsonl"))  # <save_dir>/<project>/<run>
     assert len(metrics) == 1
     steps = [json.loads(line)["step"] for line in metrics[0].read_text().splitlines()]
     assert steps in ([1], [0, 1]), steps  # one training step, after the evaluation before training when there is one

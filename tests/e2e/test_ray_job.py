@@ -155,7 +155,7 @@ def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
             timeout=60,
         )
         assert "1 steps in" in logs.stdout, logs.stdout[-2000:]
-        run = tmp_path / "runs" / "job"
+        run = tmp_path / "runs" / "job" / "latest"
         assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
         assert (run / "final" / "model.safetensors").is_file()
     finally:

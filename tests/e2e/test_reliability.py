@@ -476,7 +476,7 @@ def test_custom_reward_recipe_runs_as_documented(ray_cluster, tiny, tmp_path):
     ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = (tmp_path / "custom_reward" / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "custom_reward" / "latest" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 1]  # the evaluation before training, one step
 
 

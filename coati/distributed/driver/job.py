@@ -21,7 +21,12 @@ from coati.distributed.driver.launch import config_from_launch_kwargs, launch
 from coati.distributed.driver.loop import evaluation_result
 from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
 from coati.distributed.driver.reporting import Reporter, phase
-from coati.distributed.driver.run_folder import RunFolder, submitted_job_folder_error
+from coati.distributed.driver.run_folder import (
+    RunFolder,
+    choose_folder,
+    link_latest,
+    submitted_job_folder_error,
+)
 from coati.provenance import environment
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,16 @@ def description(config: Config) -> dict[str, str]:
         "command.txt": shlex.join(["python", *sys.argv]) + "\n",
         "env.json": json.dumps(environment(), indent=2) + "\n",
     }
+
+
+def with_run_folder(config: Config, create: bool = True) -> Config:
+    """The config with its run folder chosen (``choose_folder``): unchanged where ``run.run_dir`` names it or the run
+    writes nothing."""
+    r = config.run
+    if r.run_dir is not None or r.save_dir is None:
+        return config
+    folder = choose_folder(r.save_dir, r.project, r.resume, r.overwrite, create)
+    return dataclasses.replace(config, run=dataclasses.replace(r, run_dir=folder))
 
 
 def run_job(config: Config) -> dict:
@@ -102,7 +117,7 @@ def dry_run(config: Config) -> dict:
         "in_flight_weight_updates": plan.in_flight,
         "stream_prompts": plan.stream_prompts,
         "sandbox": plan.sandbox,
-        "run_folder": config.run.folder,
+        "run_folder": with_run_folder(config, create=False).run.folder,
     }
 
 
@@ -129,15 +144,20 @@ def run_reported(config: Config, on_step=None, start=None, inputs: Inputs | None
     summary.json, plots); ``start`` runs once the folder is claimed (joining Ray), ``on_step`` sees each step's
     metrics before the reporter. Returns (launch's result, the summary)."""
 
-    r = config.run
-    if r.folder is None:
+    if config.run.folder is None:
         raise ValueError("a job writes its outputs to <save_dir>/<project>: set save_dir (or run_dir)")
-    problem = submitted_job_folder_error(r.folder)
+    problem = submitted_job_folder_error(config.run.folder)
     if problem:
         raise ValueError(problem)
+    describe = description(config)  # as given: its config.yaml starts another run, not this one's folder again
+    project = None if config.run.save_dir is None else os.path.join(config.run.save_dir, config.run.project)
+    config = with_run_folder(config)
+    r = config.run
     # Claimed before anything writes there (the reporter appends metrics); launch claims the same folder again.
     folder = RunFolder.claim(r.folder, "resume" if r.resume else "overwrite" if r.overwrite else "new")
     try:
+        if project is not None and os.path.dirname(os.path.abspath(r.folder)) == os.path.abspath(project):
+            link_latest(r.folder)  # a run of the project's own
         if start is not None:
             start()
         reporter = Reporter(
@@ -147,7 +167,7 @@ def run_reported(config: Config, on_step=None, start=None, inputs: Inputs | None
             config=dataclasses.asdict(config),
             progress=r.progress,
             append=bool(r.resume),
-            describe=description(config),
+            describe=describe,
         )
 
         def step(metrics: dict) -> None:

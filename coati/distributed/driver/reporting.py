@@ -261,6 +261,7 @@ class Reporter:
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {
             "steps": len(self.history),
+            "run_folder": str(self.out.resolve()),
             "started_at": self.started_at,
             "finished_at": _now(),
             "wall_s": time.perf_counter() - self.start,

@@ -1,4 +1,10 @@
-"""A run folder belongs to one run at a time. ``RunFolder.claim`` takes an exclusive lock (``<folder>/.lock``, held by
+"""Where a run writes, and that it is the run's own.
+
+A command-line run (``run.save_dir`` and ``run.project``, no ``run.run_dir``) gets a fresh folder
+``<save_dir>/<project>/<start time>``, and ``<save_dir>/<project>/latest`` points at the newest one (``choose_folder``,
+``link_latest``); ``--resume`` and ``--overwrite`` take the run ``latest`` points at.
+
+A run folder belongs to one run at a time. ``RunFolder.claim`` takes an exclusive lock (``<folder>/.lock``, held by
 the driver process while the run lives), refuses a folder that holds another run's results unless the run resumes it or
 is told to overwrite it, and checks, before any actor starts, that the folder is writable and its disk has room for the
 checkpoints the run will keep. An overwritten run's results are deleted (``clear``) only once the new run has passed
@@ -11,12 +17,76 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 from pathlib import Path
 
 RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "summary.json", "evals.json", "samples.jsonl", "tensorboard")
 """what a run leaves in its folder; any of them marks the folder as holding a run"""
 
 _HELD: dict[str, "RunFolder"] = {}
+
+LATEST = "latest"
+"""the link in a project folder to its newest run"""
+
+
+def choose_folder(save_dir: str, project: str, resume: str | None, overwrite: bool, create: bool = True) -> str:
+    """The run folder of a run in ``<save_dir>/<project>``: a resumed or overwritten run takes the project's newest
+    (where ``latest`` points, or the project folder itself where it holds a run of its own; a resume from a checkpoint
+    folder inside a run folder, that run folder); a new run a fresh folder named by its start time, made here (when
+    ``create``) so that two runs starting in the same second get two."""
+    project_dir = Path(save_dir) / project
+    if resume and resume != "latest" and Path(resume).resolve().parent.name == "checkpoints":
+        return str(Path(resume).resolve().parent.parent)
+    if resume or overwrite:
+        latest = project_dir / LATEST
+        if latest.exists():
+            return str(latest.resolve())
+        if holds_run(project_dir):
+            return str(project_dir)
+        if resume:
+            raise RunFolderError(
+                f"--resume {resume}: {project_dir} holds no run to resume (no {LATEST} link); start a new run, or "
+                "pass the run's folder with --run-dir"
+            )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        candidate = project_dir / (stamp if n == 1 else f"{stamp}-{n}")
+        if not create:
+            if not candidate.exists():
+                return str(candidate)
+            continue
+        try:
+            candidate.mkdir(parents=True)
+            return str(candidate)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise RunFolderError(
+                f"run folder {candidate} cannot be made ({e.strerror}); choose another --save-dir"
+            ) from e
+    raise RunFolderError(f"{project_dir} has 999 runs started at {stamp}; use another --project")
+
+
+def link_latest(folder: str) -> None:
+    """Point ``latest`` in the folder's parent (its project) at it, replacing the link at once."""
+    path = Path(folder)
+    link = path.parent / LATEST
+    tmp = path.parent / f".{LATEST}-{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(path.name)
+    os.replace(tmp, link)
+
+
+def holds_run(folder: Path) -> bool:
+    """Whether a run left its files in ``folder``."""
+    return any((Path(folder) / name).exists() for name in RUN_FILES)
+
+
+def run_of(folder: str) -> str:
+    """A run folder given as itself or as its project folder (whose ``latest`` run it means)."""
+    latest = Path(folder) / LATEST
+    return str(latest.resolve()) if not holds_run(Path(folder)) and latest.exists() else folder
 
 
 class RunFolderError(ValueError):
@@ -72,7 +142,7 @@ class RunFolder:
         return held
 
     def _check_contents(self, mode: str) -> None:
-        present = [name for name in RUN_FILES if (self.path / name).exists()]
+        present = [name for name in RUN_FILES if (self.path / name).exists()]  # holds_run, naming what it holds
         if mode == "new" and present:
             raise RunFolderError(
                 f"run folder {self.path} holds another run ({', '.join(present)}); resume it (--resume latest), "
