@@ -72,9 +72,17 @@ def hub_offline() -> bool:
 
 def read_dataset(source: str, split: str, subset: str | None, size: int | None) -> list[dict]:
     """Records of a file, folder or hub dataset through the ``datasets`` library (a single file is one split)."""
-    import datasets
-
     path = Path(source)
+    if not path.exists():
+        if not HUB_ID.match(source) or path.suffix.lower() in FILE_FORMATS:
+            raise FileNotFoundError(f"dataset file or folder {source} does not exist; check the path")
+        if hub_offline():
+            raise FileNotFoundError(
+                f"dataset {source!r} is not a local file or folder, and the hub is offline (HF_HUB_OFFLINE or "
+                "HF_DATASETS_OFFLINE is 1): unset it to download the hub dataset, or pass a local path"
+            )
+    import datasets  # after the checks of the path: it takes seconds to import
+
     if path.is_file():
         builder = FILE_FORMATS.get(path.suffix.lower())
         if builder is None:
@@ -85,13 +93,6 @@ def read_dataset(source: str, split: str, subset: str | None, size: int | None) 
         data = datasets.load_from_disk(str(path)) if saved else _split_of(source, split, subset)
         if isinstance(data, datasets.DatasetDict):
             data = _pick(data, split, source)
-    elif not HUB_ID.match(source) or path.suffix.lower() in FILE_FORMATS:
-        raise FileNotFoundError(f"dataset file or folder {source} does not exist; check the path")
-    elif hub_offline():
-        raise FileNotFoundError(
-            f"dataset {source!r} is not a local file or folder, and the hub is offline (HF_HUB_OFFLINE or "
-            "HF_DATASETS_OFFLINE is 1): unset it to download the hub dataset, or pass a local path"
-        )
     else:
         data = _split_of(source, split, subset)
     if size is not None and size < len(data):
