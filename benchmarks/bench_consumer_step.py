@@ -68,13 +68,12 @@ def main() -> None:
 
     class ColossalAIConsumer(GRPOConsumer):
         def setup(self):
-            import coati.distributed.trainer.consumer as consumer_module
+            import coati.distributed.trainer.engine as engine_module
 
-            consumer_module.fold_clipping = lambda *a: None
-            return super().setup()
-
-        def _grad_sync(self, last: bool):
-            return contextlib.nullcontext()
+            engine_module.fold_clipping = lambda *a: None
+            info = super().setup()
+            self.runner._grad_sync = lambda last: contextlib.nullcontext()  # DDP's all-reduce in every backward
+            return info
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     env = {"num_cpus": 1, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}}}

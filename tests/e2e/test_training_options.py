@@ -71,10 +71,17 @@ class CountingConsumer(GRPOConsumer):
 
     forwarded_rows = 0
 
-    def _logprobs(self, model, t, **kw):
-        if model is self.model:
-            self.forwarded_rows += len(t["response_ids"])
-        return super()._logprobs(model, t, **kw)
+    def setup(self):
+        info = super().setup()
+        logprobs = self.passes.logprobs
+
+        def counting(model, t, **kw):
+            if model is self.engine.model:
+                self.forwarded_rows += len(t["response_ids"])
+            return logprobs(model, t, **kw)
+
+        self.passes.logprobs = counting
+        return info
 
     def rows_forwarded(self) -> int:
         return self.forwarded_rows
@@ -165,7 +172,7 @@ class MomentsConsumer(GRPOConsumer):
             self.all_reduces += 1
             return allreduce_hook(group, bucket)
 
-        self.model.module.register_comm_hook(self.plugin.dp_group, counting)
+        self.engine.model.module.register_comm_hook(self.engine.plugin.dp_group, counting)
         return info
 
     def counted(self) -> int:
@@ -175,7 +182,7 @@ class MomentsConsumer(GRPOConsumer):
         """Adam's first moments of every parameter, flattened in the optimizer's order (0.1 x the gradients after
         one step: the weights, which Adam's first step moves by about lr x the sign of each gradient, would hide a
         clip, and flip where a gradient rounds across 0)."""
-        opt = self.optimizer.optim
+        opt = self.engine.optimizer.optim
         return torch.cat([opt.state[p]["exp_avg"].reshape(-1) for g in opt.param_groups for p in g["params"]])
 
 
@@ -184,9 +191,9 @@ class ColossalClippingConsumer(MomentsConsumer):
     their own), for comparison."""
 
     def setup(self):
-        import coati.distributed.trainer.consumer as consumer_module
+        import coati.distributed.trainer.engine as engine_module
 
-        consumer_module.fold_clipping = lambda *args: None
+        engine_module.fold_clipping = lambda *args: None
         return super().setup()
 
 

@@ -110,7 +110,7 @@ def test_a_completion_without_a_score_is_left_out_of_its_groups_statistics(name)
     import numpy as np
 
     from coati.distributed.record import RewardStatus, RolloutBatch
-    from coati.distributed.trainer.consumer import batch_advantages
+    from coati.distributed.trainer.step import batch_advantages
 
     lengths = np.array([2, 1, 3, 1, 2, 1, 2, 2])
     mask = np.arange(3)[None, :] < lengths[:, None]

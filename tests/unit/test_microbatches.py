@@ -50,3 +50,24 @@ def test_the_layout_of_fewest_estimated_flops_is_chosen_among_the_allowed():
     assert choose_layout([100] * 16, [500] * 16, 16, 0.001, every) == "prompt_cache"
     # Groups of one: nothing to share, and rows cost what the others cost; the first allowed wins a tie.
     assert choose_layout([5, 7], [3, 3], 1, 0.0, every) == "rows"
+
+
+def test_a_step_plan_trains_every_row_once_per_pass_in_its_rank_s_shard():
+    """StepPlan: each DP rank's minibatches partition its shard, and minibatch m's global rows (the loss's
+    normalisation) are exactly the ranks' minibatch m, so over the ranks every row of the batch is trained once per
+    pass."""
+    import numpy as np
+
+    from coati.distributed.trainer.step import StepPlan
+
+    rows, dp, minibatches = 24, 3, 2
+    plans = [StepPlan(rows, dp, rank, minibatches, num_iterations=2) for rank in range(dp)]
+    assert plans[0].optimizer_steps == 4 and plans[0].minibatch == 4
+    trained = []
+    for m in range(minibatches):
+        mine = [plan.shard_rows[plan.local(m)] for plan in plans]
+        assert sorted(np.concatenate(mine)) == sorted(plans[0].global_rows(m))
+        trained += [int(r) for rows_m in mine for r in rows_m]
+    assert sorted(trained) == list(range(rows))
+    for plan in plans:
+        assert list(plan.shard_rows) == list(range(plan.dp_rank * 8, plan.dp_rank * 8 + 8))  # contiguous: whole groups

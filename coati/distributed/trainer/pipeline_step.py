@@ -1,6 +1,6 @@
 """The consumer's step under pipeline parallelism (``pp_size > 1``): minibatches and log-probs through ColossalAI's
 pipeline schedule, which passes hidden states between stages, so every row's prompt is computed in full and the
-last stage computes the loss from the model's own logits. Mixed into ``GRPOConsumer``, whose state it uses."""
+last stage computes the loss from the model's own logits. Mixed into ``StepRunner``, whose state it uses."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class PipelineSteps:
         global normalisation. (The schedule calls criterion in micro-batch order, which the counter relies on.)
         ``old_lp``/``ref_lp``: this minibatch's old-policy and reference log-probs (last stage; None when unused).
         Returns this rank's loss of the minibatch (the sum over its micro-batches)."""
-        t = self._tensors(batch, rows, trim=False)  # the schedule splits one padded minibatch into micro-batches
+        t = self.passes.tensors(batch, rows, trim=False)  # the schedule splits one padded minibatch into micro-batches
         inputs = model_inputs(**t)
         r = t["response_ids"].shape[1]
         n_micro = self.cfg.plugin.pp_num_microbatches
@@ -29,26 +29,27 @@ class PipelineSteps:
             i = seen["i"]
             seen["i"] += 1
             sl = slice(i * size, (i + 1) * size)
-            logits = response_logits(outputs.logits, r, self.vocab_size)
+            logits = response_logits(outputs.logits, r, self.engine.vocab_size)
             logprobs, entropy = logprobs_and_entropy(logits, t["response_ids"][sl], self.generation.temperature, True)
             loss = self._loss(
                 batch,
                 rows[sl],
                 logprobs,
                 entropy,
-                loss_mask[rows[sl]].to(self.device),
-                adv[rows[sl]].to(self.device),
+                loss_mask[rows[sl]].to(self.engine.device),
+                adv[rows[sl]].to(self.engine.device),
                 old_lp[sl] if old_lp is not None else None,
                 ref_lp[sl] if ref_lp is not None else None,
-                self._rollout_logprobs(batch, rows[sl]),
+                self.passes.rollout_logprobs(batch, rows[sl]),
                 norm,
                 metrics,
             )
             seen["loss"] += loss.item()
             return loss * n_micro
 
-        with self._compute():
-            self.booster.execute_pipeline(iter([inputs]), self.model, criterion, self.optimizer, return_loss=True)
+        e = self.engine
+        with e.compute():
+            e.booster.execute_pipeline(iter([inputs]), e.model, criterion, e.optimizer, return_loss=True)
         return seen["loss"]
 
     @torch.no_grad()
@@ -58,15 +59,16 @@ class PipelineSteps:
         out = []
         size = chunk // self.cfg.plugin.pp_num_microbatches
         for lo in range(0, len(rows), chunk):
-            t = self._tensors(batch, rows[lo : lo + chunk], trim=False)
+            t = self.passes.tensors(batch, rows[lo : lo + chunk], trim=False)
             micro = iter(t["response_ids"].split(size))  # the schedule calls criterion once per micro-batch, in order
 
             def criterion(outputs, _batch, micro=micro):
                 ids = next(micro)
-                logits = response_logits(outputs.logits, ids.shape[1], self.vocab_size)
+                logits = response_logits(outputs.logits, ids.shape[1], self.engine.vocab_size)
                 out.append(logprobs_and_entropy(logits, ids, self.generation.temperature)[0])
                 return logits.new_zeros(())
 
-            with self._compute():
-                self.booster.execute_pipeline(iter([model_inputs(**t)]), self.model, criterion, None, return_loss=False)
+            e = self.engine
+            with e.compute():
+                e.booster.execute_pipeline(iter([model_inputs(**t)]), e.model, criterion, None, return_loss=False)
         return torch.cat(out) if out else None

@@ -1,0 +1,138 @@
+"""How a consumer's rows become forward passes: the model inputs of a set of rows, their split into passes (rows of
+similar length together, whole groups when prompts are shared), the layout each pass takes (``forward.LAYOUTS``) and
+the log-probs it yields, with or without gradients."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.record import RolloutBatch
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.trainer.engine import Engine
+from coati.distributed.trainer.forward import LAYOUTS, choose_layout, pair_cost, token_budget_chunks, trim_padding
+
+log = logging.getLogger(__name__)
+
+
+class Passes:
+    def __init__(self, engine: Engine, cfg: ConsumerConfig, generation: GenerationConfig, num_generations: int):
+        self.engine, self.cfg, self.generation, self.n = engine, cfg, generation, num_generations
+        self.share_prompts = self._can_share_prompts()
+        """whether passes compute each group's prompt once (``share_prompt_forward``, where the run allows it)"""
+        self.layouts = self._allowed_layouts()
+        self.pair_flops = pair_cost(engine.model)
+
+    def _can_share_prompts(self) -> bool:
+        """Whether micro-batches compute each group's prompt once (see ``share_prompt_forward``); says why not."""
+        if not self.cfg.share_prompt_forward:
+            return False
+        size = self.cfg.train_microbatch_size or self.n
+        reason = (
+            "pipeline stages pass hidden states, not caches"
+            if self.cfg.plugin.pp_size > 1
+            else "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
+            if self.cfg.gradient_checkpointing and not self.engine.sdpa
+            else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}"
+            if size % self.n
+            else ""
+        )
+        if reason and self.engine.rank == 0:
+            log.warning("share_prompt_forward: every row's prompt is computed in full (%s)", reason)
+        return not reason
+
+    def _allowed_layouts(self) -> tuple[str, ...]:
+        """The forward layouts a micro-batch may take (``forward.LAYOUTS``; ``choose_layout`` picks among them)."""
+        if not self.share_prompts:
+            return ("rows",)
+        cache = () if self.cfg.gradient_checkpointing else ("prompt_cache",)  # the recompute keeps no KV cache
+        return ("rows", *cache, *(("packed",) if self.engine.sdpa else ()))
+
+    def tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
+        """The model inputs of ``rows``; with ``trim``, without the columns that are padding in all of them."""
+        arrays = {
+            name: getattr(batch, name)[rows] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        }
+        if trim:
+            arrays = trim_padding(**arrays)
+        return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.engine.device) for name, a in arrays.items()}
+
+    def chunks(self, batch: RolloutBatch, rows) -> list[slice]:
+        """``rows`` (in their order) split into forward/backward passes: ``train_microbatch_size`` rows each, or as
+        many whole groups as fit in ``train_microbatch_tokens``."""
+        size = self.cfg.train_microbatch_size
+        if size:
+            return [slice(lo, lo + size) for lo in range(0, len(rows), size)]
+        unit = self.n if self.share_prompts else 1
+        return token_budget_chunks(
+            batch.prompt_mask[rows].sum(-1),
+            batch.response_lengths[rows],
+            unit,
+            self.cfg.train_microbatch_tokens,
+            self.share_prompts,
+        )
+
+    def by_length(self, batch: RolloutBatch, shard_rows, local) -> np.ndarray:
+        """``local`` (indices into the shard) ordered by token count, so each micro-batch holds rows of similar
+        length and pads little; whole groups move together when prompts are shared. The loss is normalised over
+        the whole minibatch, so the grouping changes no value."""
+        rows = shard_rows[local]
+        tokens = batch.prompt_mask[rows].sum(-1) + batch.response_lengths[rows]
+        if not self.share_prompts:
+            return local[np.argsort(tokens, kind="stable")]
+        groups = local.reshape(-1, self.n)
+        return groups[np.argsort(tokens.reshape(-1, self.n).max(-1), kind="stable")].reshape(-1)
+
+    def layout(self, t: dict) -> str:
+        """The layout ``choose_layout`` picks for a pass's inputs."""
+        return choose_layout(
+            t["prompt_mask"].sum(-1).numpy(force=True),
+            t["response_mask"].sum(-1).numpy(force=True),
+            self.n,
+            self.pair_flops,
+            self.layouts,
+        )
+
+    def logprobs(self, model, t: dict, with_entropy: bool = False, layout: str | None = None):
+        """Per-token log-probs (and entropy) of a micro-batch's inputs, under the configured precision, in ``layout``
+        (None: the one ``layout`` picks)."""
+        layout = layout or self.layout(t)
+        group = {} if layout == "rows" else {"group_size": self.n}
+        with self.engine.compute():
+            return LAYOUTS[layout](
+                model,
+                **t,
+                **group,
+                temperature=self.generation.temperature,
+                with_entropy=with_entropy,
+                vocab_size=self.engine.vocab_size,
+            )
+
+    @torch.no_grad()
+    def logprobs_no_grad(self, model, batch: RolloutBatch, rows) -> torch.Tensor:
+        """[len(rows), R] log-probs of ``rows`` under ``model``, in passes, without gradients."""
+        out = []
+        for chunk in self.chunks(batch, rows):
+            t = self.tensors(batch, rows[chunk])
+            lp, _ = self.logprobs(model, t)
+            out.append(torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - lp.shape[1])))
+        return torch.cat(out)
+
+    def old_logprobs(self, batch: RolloutBatch, shard_rows, mb_rows: int) -> torch.Tensor:
+        """The shard's log-probs before this step's first update, as the first pass's ratios need them. Only the rows
+        after the first minibatch take a forward of their own here: the first minibatch's forward with gradients
+        runs before any update and writes its rows (the step's ``first`` micro-batches)."""
+        old = torch.zeros(len(shard_rows), batch.response_ids.shape[1], device=self.engine.device)
+        if len(shard_rows) > mb_rows:
+            old[mb_rows:] = self.logprobs_no_grad(self.engine.model, batch, shard_rows[mb_rows:])
+        return old
+
+    def rollout_logprobs(self, batch: RolloutBatch, rows, width: int | None = None):
+        """The engines' log-probs of ``rows`` (None where any of them is not valid for the sampling settings)."""
+        valid = batch.extras.get("logprobs_valid")
+        if valid is not None and not np.all(valid[rows]):
+            return None
+        return torch.from_numpy(batch.rollout_logprobs[rows][:, :width]).to(self.engine.device)

@@ -1,0 +1,278 @@
+"""One training step of a consumer rank: the step's plan (``StepPlan``: the rank's DP shard, its minibatches and the
+global rows each minibatch's loss is normalised over; pure), advantages over the global batch, the old and reference
+log-probs, then for each minibatch its passes' forward, loss and backward and an optimizer step (``StepRunner``; the
+pipelined minibatch in ``pipeline_step``). Returns the step's metrics reduced over the DP ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
+from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.algo.grouping import without_unscored
+from coati.distributed.algo.shaping import mask_truncated
+from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.record import RolloutBatch, fresh_rows
+from coati.distributed.threads import ThreadLease
+from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.trainer.engine import Engine
+from coati.distributed.trainer.passes import Passes
+from coati.distributed.trainer.pipeline_step import PipelineSteps
+from coati.distributed.trainer.step_metrics import StepMetrics
+
+log = logging.getLogger(__name__)
+
+
+def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torch.Tensor:
+    """[B, T] advantages of a batch under ``algo``'s estimator; a completion without a score (its reward function's
+    None) is left out of its group's statistics, and its loss mask is empty."""
+    group_ids = torch.tensor(batch.group_ids)
+    unscored = batch.unscored()
+    if unscored.any():
+        group_ids = without_unscored(group_ids, torch.tensor(~unscored))
+    return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
+        torch.tensor(batch.rewards), group_ids, loss_mask, algo
+    ).advantages
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a step's ``rows`` (prompt-major, whole groups) divide: DP rank ``dp_rank`` of ``dp_size`` trains the
+    contiguous shard ``shard_rows``, in ``num_minibatches`` minibatches, ``num_iterations`` passes over them; the loss
+    of minibatch m is normalised over ``global_rows(m)``, the rows of minibatch m on every rank."""
+
+    rows: int
+    dp_size: int
+    dp_rank: int
+    num_minibatches: int
+    num_iterations: int
+
+    @property
+    def shard(self) -> int:
+        return self.rows // self.dp_size
+
+    @property
+    def minibatch(self) -> int:
+        """rows of one minibatch on one rank"""
+        return self.shard // self.num_minibatches
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.num_minibatches * self.num_iterations
+
+    @property
+    def shard_rows(self) -> np.ndarray:
+        return np.arange(self.dp_rank * self.shard, (self.dp_rank + 1) * self.shard)
+
+    def local(self, m: int) -> np.ndarray:
+        """Minibatch ``m`` as indices into the shard."""
+        return np.arange(m * self.minibatch, (m + 1) * self.minibatch)
+
+    def global_rows(self, m: int) -> np.ndarray:
+        """Minibatch ``m``'s rows of the batch on every rank."""
+        return np.concatenate(
+            [
+                np.arange(r * self.shard + m * self.minibatch, r * self.shard + (m + 1) * self.minibatch)
+                for r in range(self.dp_size)
+            ]
+        )
+
+
+class StepRunner(PipelineSteps):
+    def __init__(
+        self,
+        engine: Engine,
+        passes: Passes,
+        cfg: ConsumerConfig,
+        algo: AlgorithmConfig,
+        generation: GenerationConfig,
+        num_generations: int,
+        threads: ThreadLease,
+    ):
+        self.engine, self.passes, self.threads = engine, passes, threads
+        self.cfg, self.algo, self.generation, self.n = cfg, algo, generation, num_generations
+        self.step_count = 0
+        """training steps taken (restored from a checkpoint)"""
+        self._warned_unavailable = False
+
+    def run(self, batch: RolloutBatch, total_steps: int) -> dict:
+        """One training step on the global ``batch`` of a run of ``total_steps`` (the learning-rate schedule's
+        horizon); its metrics, reduced over the DP ranks."""
+        start = time.perf_counter()
+        metrics = StepMetrics()
+        e = self.engine
+        assert len(batch) % (e.dp_size * self.n) == 0, (len(batch), e.dp_size, self.n)
+        plan = StepPlan(
+            len(batch),
+            e.dp_size,
+            e.dp_rank,
+            self.cfg.train_batch_size // self.cfg.train_minibatch_size,
+            self.cfg.num_iterations,
+        )
+        # Arrays from the object store are read-only: copy the small ones into tensors.
+        loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)  # sampled tokens only
+        if self.algo.mask_truncated:
+            loss_mask = mask_truncated(loss_mask, torch.tensor(batch.truncated))
+        adv = batch_advantages(batch, loss_mask, self.algo)
+        shard_rows = plan.shard_rows
+        old_lp, t_old = None, time.perf_counter()
+        if plan.optimizer_steps > 1:  # the policy before this step's first update, over the whole shard
+            old_lp = (
+                self._pipeline_logprobs(batch, shard_rows, plan.minibatch)
+                if self.cfg.plugin.pp_size > 1
+                else self.passes.old_logprobs(batch, shard_rows, plan.minibatch)
+            )
+        t_old = time.perf_counter() - t_old
+        ref_lp = None
+        if e.ref_model is not None:
+            ref_lp = self.passes.logprobs_no_grad(e.ref_model, batch, shard_rows)
+        step_loss = torch.zeros(1, dtype=torch.float64)
+        per_step = plan.optimizer_steps
+        e.steps.begin()
+        for k in range(per_step):  # pass k // num_minibatches over the batch, its minibatch k % num_minibatches
+            losses = self._minibatch(
+                batch, plan, k % plan.num_minibatches, loss_mask, adv, old_lp, ref_lp, metrics, k == 0
+            )
+            step_loss += sum(losses) / e.dp_size / per_step
+            e.steps.step(losses, self.step_count * per_step + k, total_steps * per_step, per_step)
+        self.step_count += 1
+        out = metrics.reduce(self._dp_all_reduce if e.dp_size > 1 else None)
+        if e.dp_size > 1:
+            torch.distributed.all_reduce(step_loss, group=e.plugin.dp_group)
+        out["loss/policy"] = float(step_loss)
+        out["time/train_step"] = time.perf_counter() - start
+        out["time/old_logprobs"] = t_old
+        out["actor/threads"] = self.threads.used
+        out.update(e.steps.report())
+        return out
+
+    def _minibatch(self, batch, plan: StepPlan, m, loss_mask, adv, old_lp, ref_lp, metrics, first: bool) -> list[float]:
+        """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss. The
+        step's ``first`` minibatch runs before any update: its forward writes its rows' old log-probs."""
+        norm = LossNorm.from_mask(loss_mask[plan.global_rows(m)], self.generation.max_new_tokens, plan.dp_size)
+        local, shard_rows = plan.local(m), plan.shard_rows
+        if self.cfg.plugin.pp_size > 1:
+            return [
+                self._pipeline_minibatch(
+                    batch,
+                    shard_rows[local],
+                    loss_mask,
+                    adv,
+                    norm,
+                    metrics,
+                    old_lp[local] if old_lp is not None else None,
+                    ref_lp[local] if ref_lp is not None else None,
+                )
+            ]
+        order = self.passes.by_length(batch, shard_rows, local)
+        losses = []
+        chunks = self.passes.chunks(batch, shard_rows[order])
+        for i, chunk in enumerate(chunks):
+            idx = order[chunk]
+            self.threads.apply()
+            with self._grad_sync(last=i == len(chunks) - 1):
+                losses.append(
+                    self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics, first)
+                )
+        return losses
+
+    def _grad_sync(self, last: bool):
+        """Whether torch DDP (which ColossalAI wraps the model in without PP, and with several DP ranks only without
+        ZeRO) all-reduces this pass's gradients: only in the minibatch's last pass (the passes before accumulate
+        theirs, which that all-reduce then sums), and never with one DP rank, where the all-reduce changes nothing
+        yet copies every gradient into DDP's buckets."""
+        ddp = self.engine.model.module
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel) or (last and self.engine.dp_size > 1):
+            return contextlib.nullcontext()
+        return ddp.no_sync()
+
+    def _microbatch(
+        self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics, first: bool
+    ) -> float:
+        """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its
+        own longest prompt and response; returns its loss. ``first``: no update yet this step, so its log-probs are
+        the old ones (kept in ``old_lp`` for the later passes)."""
+        e = self.engine
+        t = self.passes.tensors(batch, rows)
+        r = t["response_ids"].shape[1]
+        layout = self.passes.layout(t)
+        logprobs, entropy = self.passes.logprobs(e.model, t, with_entropy=True, layout=layout)
+        metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
+        if first and old_lp is not None:
+            old_lp[idx, :r] = logprobs.detach()
+        loss = self._loss(
+            batch,
+            rows,
+            logprobs,
+            entropy,
+            loss_mask[rows, :r].to(e.device),
+            adv[rows, :r].to(e.device),
+            old_lp[idx, :r] if old_lp is not None else None,
+            ref_lp[idx, :r] if ref_lp is not None else None,
+            self.passes.rollout_logprobs(batch, rows, r),
+            norm,
+            metrics,
+        )
+        e.booster.backward(loss, e.optimizer)
+        return loss.item()
+
+    def _loss(self, batch, rows, logprobs, entropy, mask, adv, old, ref, rollout, norm, metrics: StepMetrics):
+        """The policy loss of a micro-batch's log-probs (``old`` None: they are their own old policy, detached),
+        recording its metrics weighted by its loss tokens, the entropy and the engine-trainer gap; both the plain and
+        the pipelined step call it."""
+        inp = LossInput(
+            logprobs=logprobs,
+            old_logprobs=old if old is not None else logprobs.detach(),
+            advantages=adv,
+            mask=mask,
+            ref_logprobs=ref,
+            rollout_logprobs=rollout,
+        )
+        loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
+        self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, rollout, mask)
+        weight = float(mask.sum())
+        for k, v in m_metrics.items():
+            if k != "loss/policy":
+                metrics.add(k, v, weight)
+        metrics.add("actor/entropy", (entropy * mask).sum() / mask.sum().clamp(min=1), weight)
+        return loss
+
+    def _dp_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        ops = {
+            "sum": torch.distributed.ReduceOp.SUM,
+            "max": torch.distributed.ReduceOp.MAX,
+            "min": torch.distributed.ReduceOp.MIN,
+        }
+        on_device = tensor.to(self.engine.device)
+        torch.distributed.all_reduce(on_device, op=ops[op], group=self.engine.plugin.dp_group)
+        tensor.copy_(on_device.cpu())
+
+    def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
+        """The engine-trainer log-prob gap over the fresh rows, those whose every token was sampled by the very
+        weights this step starts from (so any gap is the engines' and precisions' difference, not staleness; a row
+        that spans a push is left out whole, its later tokens attending to keys the earlier weights computed), and the
+        share of tokens whose engine log-probs are not valid for the sampling settings (no off-policy correction
+        possible for them)."""
+        tokens = float(mask.sum())
+        metrics.add("loss/is_unavailable_frac", float(rollout is None), tokens)
+        if rollout is None:
+            if self.algo.off_policy_correction != "none" and not self._warned_unavailable:
+                self._warned_unavailable = True
+                log.warning(
+                    "consumer %d: the engine's log-probs are not valid for these sampling settings; %s is not "
+                    "applied to such rows (loss/is_unavailable_frac)",
+                    self.engine.rank,
+                    self.algo.off_policy_correction,
+                )
+            return
+        fresh = fresh_rows(batch.token_versions[rows][:, : mask.shape[1]], mask.cpu().numpy() > 0, self.step_count)
+        same = torch.from_numpy(fresh[:, None]).to(mask) * mask
+        n = float(same.sum())
+        if n:
+            metrics.add("rollout/engine_trainer_gap_abs", ((old.detach() - rollout).abs() * same).sum() / n, n)
