@@ -11,10 +11,13 @@ test:
 	bash scripts/install.sh test
 	HF_HUB_OFFLINE=1 python -m pytest -q --durations=20 tests
 
-# Formatting, lint and import layers (ruff.toml, .importlinter); the docs' code blocks that show a source file.
+# Formatting, lint and import layers (ruff.toml, .importlinter); the docs' code blocks that show a source file, the
+# generated configuration reference, and the documentation site built with every link checked.
 check:
 	python -m pip --disable-pip-version-check -q install -r requirements-dev.txt
 	ruff format --check .
 	ruff check .
 	lint-imports
 	python scripts/doc_sources.py --check
+	python scripts/config_reference.py --check
+	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir /tmp/coati-site

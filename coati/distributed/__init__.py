@@ -9,7 +9,8 @@ all (``record``: the rollout record; ``guards``, ``placement``, ``threads``, ``l
 ``architectures``, ``model_files``, ``attest``, ``checks``, ``precision``). Each folder's config section lives
 beside it (``algo/config.py``, ``inference/config.py``, ...); ``config/tree.py`` assembles them.
 
-The public names are importable from here, loaded on first use: ``launch_distributed``, ``launch``, ``Config``,
+The public names are importable from here, loaded on first use: ``launch_distributed``, ``launch``, ``run_job`` (a
+run as the command line makes it: Ray, the run folder, the report), ``Config``,
 ``ALGO_MAP``, ``BACKEND_MAP``, ``GRPOConsumer``, ``REWARD_FNS``, ``ENVIRONMENTS``.
 """
 
@@ -18,6 +19,7 @@ from importlib import import_module
 _PUBLIC = {
     "launch_distributed": "coati.distributed.driver.job",
     "launch": "coati.distributed.driver.launch",
+    "run_job": "coati.distributed.driver.job",
     "Config": "coati.distributed.config.tree",
     "ALGO_MAP": "coati.distributed.algo.presets",
     "BACKEND_MAP": "coati.distributed.inference",

@@ -63,8 +63,8 @@ def test_pure_modules_import_no_ray_and_touch_no_cuda(path):
     assert path.read_text().count('"cuda"') == 0, f"{path.name} names a cuda device"
 
 
-def readme_table(heading: str) -> dict[str, list[str]]:
-    text = (ROOT / "README.md").read_text()
+def readme_table(heading: str, page: str = "README.md") -> dict[str, list[str]]:
+    text = (ROOT / page).read_text()
     section = text.split(heading, 1)[1]
     rows = {}
     for line in section.splitlines()[1:]:
@@ -77,8 +77,9 @@ def readme_table(heading: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_readme_algorithm_table_matches_registry():
-    rows = readme_table("## Algorithms")
+@pytest.mark.parametrize("page, heading", [("README.md", "## Algorithms"), ("docs/algorithms.md", "# Algorithms")])
+def test_readme_algorithm_table_matches_registry(page, heading):
+    rows = readme_table(heading, page)
     assert sorted(rows) == sorted(ALGO_MAP.names())
     for name, cells in rows.items():
         preset = ALGO_MAP[name]

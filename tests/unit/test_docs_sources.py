@@ -26,3 +26,18 @@ def test_every_troubleshooting_message_is_one_the_code_writes_and_a_test_asserts
     tests = "".join(p.read_text() for p in (ROOT / "tests").rglob("*.py") if p.name != "test_docs_sources.py")
     assert [m for m in rows if m not in code] == [], "messages the code does not write"
     assert [m for m in rows if m not in tests] == [], "messages no test asserts"
+
+
+def test_the_configuration_reference_is_the_config_tree_s():
+    """docs/reference/config.md is what scripts/config_reference.py renders from the tree: every field, flag and
+    default, none missing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / "docs" / "reference" / "config.md").read_text() == module.render()
+    from coati.distributed.config.cli import flags
+
+    page = module.render()
+    assert all(f"`{f.names[-1]}`" in page for f in flags())

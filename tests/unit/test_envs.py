@@ -215,14 +215,14 @@ def test_a_conversation_that_outgrows_its_budget_is_cut_and_flagged(template):
     assert sum(cut.loss_mask) == 4
 
 
-def test_the_readme_s_environment_runs_as_written(template):
+def test_the_docs_environment_runs_as_written(template):
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
     code = readme.split("class Countdown(Environment):")[0].rsplit("```python\n", 1)[1]
     code += "class Countdown(Environment):" + readme.split("class Countdown(Environment):")[1].split("```")[0]
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/environments.md", "exec"), scope)
     envs = [scope["Countdown"]({"prompt": p, "gt_answer": "7"}, hint="Higher.") for p in ("a", "b")]
     policy = scripted_policy(template.tokenizer, {"a": ["3", "7"], "b": ["1", "2", "3"]})
     right, never = run_episodes(policy, template, envs, max_turns=scope["Countdown"].max_turns, max_tokens=200)

@@ -20,6 +20,7 @@ def test_public_names_import_from_their_documented_paths():
     for name in distributed.__all__:  # the package's own list, loaded on first use
         assert getattr(distributed, name) is not None, name
     assert distributed.GRPOConsumer.__name__ == "GRPOConsumer" and distributed.launch_distributed is launch_distributed
+    assert callable(distributed.run_job)
 
 
 def test_importing_the_package_loads_no_role_folder():
