@@ -19,5 +19,5 @@ check:
 	ruff check .
 	lint-imports
 	python scripts/doc_sources.py --check
-	python scripts/config_reference.py --check
+	python scripts/reference_pages.py --check
 	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir /tmp/coati-site

@@ -10,7 +10,7 @@ the adapter alone; `final/` is a PEFT folder:
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "runs/lora_dapo/final")
 
 Add --lora-export-merged for a merged copy in final/merged. Supported: data parallelism, the transformers and vLLM
-backends (see the README's LoRA section for what is refused and why).
+backends (see docs/lora.md for what is refused and why).
 """
 
 import argparse

@@ -5,7 +5,7 @@ and reads what it prints between <output> and </output> before answering in \\bo
 
 Each rollout is an episode of up to three model turns. Only the model's own tokens are trained: the tool output and
 the chat template around it are in the record (the model reads them) but masked out of the loss. The episode's
-reward is the math reward of its final answer. See the README's "Environments" section to write your own.
+reward is the math reward of its final answer. See docs/environments.md to write your own.
 """
 
 import sys

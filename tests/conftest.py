@@ -13,6 +13,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # actor); eager, the same tokens and log-probs. Runs keep vLLM's default (benchmarks/bench_rollout.py --vllm-compile).
 # Set before Ray starts, so every actor inherits it.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+os.environ.setdefault("COATI_STRICT_METRICS", "1")  # a run that logs a metric coati/distributed/metrics.py lacks fails
 
 
 def pytest_configure(config):

@@ -60,6 +60,11 @@ class ThreadLease:
             SET_NUM_THREADS(self.base)
             self.call = None
 
+    def counts(self) -> dict[str, int]:
+        """The threads the call in progress started with, the most it ran with, and those it has now (cores lent,
+        taken back)."""
+        return {"threads_start": self.started, "threads": self.used, "threads_end": torch.get_num_threads()}
+
     def lend(self, n: int, call: int) -> None:
         """Call ``call`` uses ``n`` threads from the working thread's next ``apply`` on (more than it has: cores lent;
         fewer: cores lent earlier taken back)."""

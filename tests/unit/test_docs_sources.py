@@ -28,15 +28,19 @@ def test_every_troubleshooting_message_is_one_the_code_writes_and_a_test_asserts
     assert [m for m in rows if m not in tests] == [], "messages no test asserts"
 
 
-def test_the_configuration_reference_is_the_config_tree_s():
-    """docs/reference/config.md is what scripts/config_reference.py renders from the tree: every field, flag and
-    default, none missing."""
+def test_the_reference_pages_are_the_code_s():
+    """docs/reference/config.md and metrics.md are what scripts/reference_pages.py renders from the config tree and
+    the metrics registry: every field, flag and default, every metric, none missing."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    from coati.distributed.metrics import METRICS
+
+    spec = importlib.util.spec_from_file_location("reference_pages", ROOT / "scripts" / "reference_pages.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (ROOT / "docs" / "reference" / "config.md").read_text() == module.render()
+    for path, text in module.pages().items():
+        assert path.read_text() == text, path
+    assert all(f"`{key}`" in module.render_metrics() for key in METRICS)
     from coati.distributed.config.cli import flags
 
     page = module.render()

@@ -44,7 +44,7 @@ class ModelConfig:
     tokenizer_path: str | None = None
     """the tokenizer's folder (None: path's)"""
     inference_options: dict = field(default_factory=dict)
-    """engine options of the inference backend (JSON object), e.g. {"dtype": "bfloat16"}; see the README"""
+    """engine options of the inference backend (JSON object), e.g. {"dtype": "bfloat16"}; see docs/backends.md"""
 
     def __post_init__(self):
         for name in ("path", "inference_path", "tokenizer_path"):

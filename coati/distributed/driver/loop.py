@@ -34,7 +34,9 @@ from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.rollout_buffer import RolloutBuffer
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, check_reward_failures, gap_tolerance
 from coati.distributed.lora import peft_config
+from coati.distributed.metrics import check_declared
 from coati.distributed.record import RewardStatus, RolloutBatch
+from coati.distributed.rollout.evaluation import EvalShare
 from coati.distributed.trainer.step_metrics import rollout_metrics
 
 log = logging.getLogger(__name__)
@@ -50,25 +52,25 @@ class Round:
     """the producers' weight version when it started: its rows' oldest tokens"""
 
 
-def evaluation_result(results: list[dict], reward) -> dict:
+def evaluation_result(results: list[EvalShare], reward) -> dict:
     """The producers' held-out evaluations as one: strict and lenient accuracy, counts and every item's prediction
     (``eval_samples``); too many scoring failures (``reward.max_error_fraction``) stop the run."""
-    count = sum(r["count"] for r in results)
+    count = sum(r.count for r in results)
     if not count:
         return {}
-    errors = sum(r["reward_errors"] for r in results)
+    errors = sum(r.reward_errors for r in results)
     if errors > reward.max_error_fraction * count:
-        first = next(r["first_error"] for r in results if r["first_error"])
+        first = next(r.first_error for r in results if r.first_error)
         raise RewardFailure(
             f"evaluation: reward function {reward.fn} failed on {errors} of {count} held-out items; "
             f"first error: {first}"
         )
     return {
-        "eval/strict": sum(r.get("strict_correct", 0) for r in results) / count,
-        "eval/lenient": sum(r.get("lenient_correct", 0) for r in results) / count,
+        "eval/strict": sum(r.strict_correct for r in results) / count,
+        "eval/lenient": sum(r.lenient_correct for r in results) / count,
         "eval/count": count,
         "eval/reward_errors": errors,
-        "eval_samples": sorted((i for r in results for i in r.get("items", [])), key=lambda i: i["index"]),
+        "eval_samples": sorted((i for r in results for i in r.items), key=lambda i: i["index"]),
     }
 
 
@@ -306,6 +308,7 @@ class Run:
             evaluation = self.evaluate()
             predictions = evaluation.pop("eval_samples", None)
             evals.append({"step": 0, **evaluation})
+            check_declared(evals[-1])
             if on_step is not None:
                 on_step({**evals[-1], "eval_samples": predictions} if predictions else dict(evals[-1]))
         for step in range(self.start_step + 1, total + 1):
@@ -353,6 +356,7 @@ class Run:
                 evals.append({"step": step, **evaluation})
                 metrics.update(evals[-1])
             history.append(metrics)
+            check_declared(metrics)
             if on_step is not None:
                 on_step({**metrics, "eval_samples": predictions} if predictions else metrics)
             check_engine_trainer_gap(metrics, tolerance, step)

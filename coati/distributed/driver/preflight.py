@@ -209,8 +209,6 @@ def check_files(config: Config) -> Files:
     check_model_files(train_model_path, "train model")
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
-    if config.run.address is None:  # a local cluster: its accelerators are this machine's
-        check_models(cfg, train_model_path, inference_model_path, local_gpus(), local_gpus())
     rows = load_rows(**train_dataset)
     eval_rows = load_rows(**eval_dataset) if eval_dataset else []
     if cfg.reward.rm_path is not None:
@@ -222,6 +220,8 @@ def check_files(config: Config) -> Files:
         if eval_rows:
             check_reward_inputs(cfg, eval_rows, "eval set")
     check_counts(cfg, len(rows))
+    if config.run.address is None:  # a local cluster: its accelerators are this machine's
+        check_models(cfg, train_model_path, inference_model_path, local_gpus(), local_gpus())
     return Files(
         train_model_path,
         inference_model_path,

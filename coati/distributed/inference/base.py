@@ -32,7 +32,7 @@ def one_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype | None:
 def checkpoint_dtype(model_path: str) -> str:
     """The dtype the checkpoint's config records (what the trainer loads), else vLLM's "auto". Rolling out a float32
     checkpoint in bfloat16 (vLLM's "auto") put the default job's rollout log-probs 0.11 (median mean |diff|) away from
-    the trainer's and learned less; see the README. SGLang's "auto" would run it in float16."""
+    the trainer's and learned less; see docs/backends.md. SGLang's "auto" would run it in float16."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)

@@ -1,7 +1,8 @@
 """Rollouts with SGLang's offline engine (``sglang.Engine``), 0.5 API level (``sglang==0.5.23``; CUDA only).
 
 SGLang 0.5.23 pins torch 2.14.1 and transformers 5.19.0, and vLLM 0.32 pins torch 2.13.0: SGLang goes into an
-environment of its own (see the README). No CPU build exists, so launches that place producers without GPUs are refused.
+environment of its own (see docs/install.md). No CPU build exists, so launches that place producers without GPUs are
+refused.
 
 Weights: the producer process takes part in the consumers' weight group itself (one member per producer, whatever
 the engine's tensor-parallel size), receives each push into GPU buckets and hands every bucket to the engine with

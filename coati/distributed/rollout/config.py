@@ -28,7 +28,7 @@ class ProducerConfig:
     prompts to the end): a draw returns once inference_batch_size of its groups have finished, a prompt is added as
     each group finishes, and the unfinished ones stay in the engine for the next draw, their tokens labelled with the
     versions that sampled them. Needs an engine that keeps requests (vllm), max_staleness >= 1, no LoRA and no
-    environment. On the default CPU job it was slower than rounds (see the README)"""
+    environment. On the default CPU job it was slower than rounds (see docs/performance.md)"""
 
     def __post_init__(self):
         if isinstance(self.backend, str):

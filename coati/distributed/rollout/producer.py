@@ -13,16 +13,18 @@ import time
 import numpy as np
 import torch
 
-from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 from coati.distributed.inference import backend_class
 from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
-from coati.distributed.record import RolloutBatch, oldest_versions
+from coati.distributed.record import RolloutBatch
 from coati.distributed.reward import RewardResult
 from coati.distributed.rollout.data import DataCursor, load_rows
-from coati.distributed.rollout.scoring import Scorer
+from coati.distributed.rollout.draw import Rounds, Stream, label_versions
+from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
+from coati.distributed.rollout.receipt import PushReceipt
+from coati.distributed.rollout.scoring import Scorer, shaped_rewards
 from coati.distributed.threads import ThreadLease
 
 
@@ -54,25 +56,19 @@ class Producer:
         )
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.reward_servers = dict(reward_servers or {})
-        self.in_engine: dict[int, tuple[int, int]] = {}
-        """streaming: submitted key -> (episode, row) of each group the engine holds"""
-        self.submitted = 0
-        """streaming: groups submitted so far (each one's key)"""
+        self.calls = 0
+        """rollout calls made (a group's id carries its call's number)"""
         self.threads = ThreadLease()
         """the cores of the rollout call in progress, raised by ``set_threads``"""
         self.version = 0
         self.weight_groups: list[str] = []
 
     def setup(self) -> dict:
-
+        """Start the engine, read the data, start the scorer (and the environment's runner); returns where the
+        producer runs and what its engine computes with."""
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
-        options = {"seed": seed, **self.backend_options}
-        if "dtype" not in options:
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            dtype = generation_dtype(*self.trainer_precision, device)
-            if dtype is not None:
-                options["dtype"] = dtype
+        options = self._engine_options(seed)
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
         self.backend.between_steps = self.threads.apply  # in the generating thread, whose OpenMP setting it uses
         self.tokenizer = self.backend.tokenizer
@@ -99,7 +95,7 @@ class Producer:
                 r.env_max_tokens,
                 r.env_step_timeout_s,
             )
-
+        self.draws = self._draws()
         wire = self.backend.weight_dtype()
         return {
             **whereabouts(),
@@ -109,6 +105,32 @@ class Producer:
             "weight_dtype": str(wire).removeprefix("torch.") if wire is not None else None,
             "malloc": os.environ.get("GLIBC_TUNABLES", ""),
         }
+
+    def _engine_options(self, seed: int) -> dict:
+        """The engine's options: the plan's, its seed, and weights in the trainer's compute dtype unless given."""
+        options = {"seed": seed, **self.backend_options}
+        if "dtype" not in options:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            dtype = generation_dtype(*self.trainer_precision, device)
+            if dtype is not None:
+                options["dtype"] = dtype
+        return options
+
+    def _draws(self) -> Stream | Rounds:
+        """How calls draw their groups: streamed through the engine (``stream_prompts``) or in rounds."""
+        if not self.stream_prompts:
+            return Rounds(
+                self.cursor, self.rows, self.microbatch_size, lambda rows: self._rollouts(rows, self.n, greedy=False)
+            )
+        return Stream(
+            self.cursor,
+            self.rows,
+            self.stream_prompts,
+            self.backend,
+            lambda row: self.prompt_format.encode(self.tokenizer, row),
+            self.n,
+            lambda batch, rows: self.scorer.submit(batch, rows, self.version),
+        )
 
     # ---- rollouts ------------------------------------------------------------------------------------------------
 
@@ -127,99 +149,30 @@ class Producer:
     def _generate(self, num_prompts: int) -> RolloutBatch:
         t_start, start_version = time.perf_counter(), self.version
         skipped_before = self.cursor.skipped
-        draw = self._stream if self.stream_prompts else self._round
-        picks, batches, futures, gen_s = draw(num_prompts)
-        lo = 0
-        for batch in batches:  # picks in the order of the batches' groups
-            chunk = picks[lo : lo + len(batch) // self.n]
-            batch.extras["prompt_index"] = np.repeat(np.array([i for _, i in chunk], dtype=np.int64), self.n)
-            batch.extras["episode"] = np.repeat(np.array([e for e, _ in chunk], dtype=np.int64), self.n)
-            batch.group_ids = batch.group_ids + lo  # unique within this call
-            lo += len(chunk)
-        assert lo == len(picks), (lo, len(picks))
+        drawn = self.draws.draw(num_prompts)
+        drawn.label(self.n)
+        picks = drawn.picks
         t0 = time.perf_counter()
-        results = [f.result() for f in futures]
+        results = [f.result() for f in drawn.futures]
         wait_s = time.perf_counter() - t0
-        out = RolloutBatch.concat(batches, pad_id=self.backend.pad_id)
+        out = RolloutBatch.concat(drawn.batches, pad_id=self.backend.pad_id)
         self.scorer.apply(out, results, [self.rows[i] for _, i in picks])
         for g, (_, row) in enumerate(picks):
             self.cursor.record(row, bool(out.no_signal[g * self.n]))
         skipped = np.zeros(len(out), dtype=np.int64)  # prompts passed over by this call, counted on its first row
         skipped[:1] = self.cursor.skipped - skipped_before
         out.extras["skipped_prompts"] = skipped
-        buffer = self.algorithm.overlong_buffer_len(self.generation.max_new_tokens)
-        if buffer and self.episodes is None:  # an episode's length is bounded by env_max_tokens instead
-            penalty = overlong_penalty(
-                torch.from_numpy(out.response_lengths),
-                self.generation.max_new_tokens,
-                buffer,
-                self.algorithm.overlong_penalty_factor,
-            )
-            out.rewards = (out.task_rewards + penalty.numpy()).astype(np.float32)
+        if self.episodes is None:  # an episode's length is bounded by env_max_tokens instead
+            out.rewards = shaped_rewards(out, self.algorithm, self.generation.max_new_tokens)
         out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
-        out.group_ids = out.group_ids + (self.idx << 40) + (self._calls() << 20)
-        # A backend that loads pushes mid-batch labels each token; otherwise the whole batch is the start version.
-        start = np.full(len(out), start_version, dtype=np.int64)
-        if out.token_versions is None:
-            out.token_versions = np.where(out.response_mask, start[:, None], 0)
-        out.policy_version = oldest_versions(out.token_versions, out.trained_mask(), start)
-        out.extras["time/generate"] = np.full(len(out), gen_s)
-        # The threads this call started with, the most it ran with, and those it ended with (cores lent, taken back).
-        threads = {
-            "threads_start": self.threads.started,
-            "threads": self.threads.used,
-            "threads_end": torch.get_num_threads(),
-        }
-        out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in threads.items()})
+        self.calls += 1
+        out.group_ids = out.group_ids + (self.idx << 40) + (self.calls << 20)
+        label_versions(out, start_version)
+        out.extras["time/generate"] = np.full(len(out), drawn.generate_s)
+        out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in self.threads.counts().items()})
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
-
-    def _round(self, num_prompts: int) -> tuple[list, list[RolloutBatch], list, float]:
-        """The next ``num_prompts`` prompts, generated to the end micro-batch by micro-batch, each micro-batch's
-        completions sent to the reward pool as it ends: (picks, batches, reward futures, generation seconds)."""
-        picks = self.cursor.take(num_prompts)
-        batches, futures, gen_s = [], [], 0.0
-        for lo in range(0, len(picks), self.microbatch_size):
-            t0 = time.perf_counter()
-            batch, scored = self._rollouts(
-                [self.rows[i] for _, i in picks[lo : lo + self.microbatch_size]], self.n, greedy=False
-            )
-            gen_s += time.perf_counter() - t0
-            futures.extend(scored)
-            batches.append(batch)
-        return picks, batches, futures, gen_s
-
-    def _stream(self, num_prompts: int) -> tuple[list, list[RolloutBatch], list, float]:
-        """At least ``num_prompts`` groups, in the order they finish, from an engine kept at ``stream_prompts``
-        groups: a prompt is added as each group finishes, and those unfinished when enough have finished stay in
-        the engine for the next call (their tokens record the versions that sampled them)."""
-        picks, batches, futures, gen_s = [], [], [], 0.0
-        while len(picks) < num_prompts:
-            t0 = time.perf_counter()
-            for pick in self.cursor.take(self.stream_prompts - len(self.in_engine)):
-                self.submitted += 1
-                key = self.submitted
-                self.in_engine[key] = pick
-                self.backend.submit(key, self.prompt_format.encode(self.tokenizer, self.rows[pick[1]]), self.n)
-            finished = self.backend.collect()
-            gen_s += time.perf_counter() - t0
-            for key, batch in finished:
-                pick = self.in_engine.pop(key)
-                picks.append(pick)
-                batches.append(batch)
-                futures.extend(self.scorer.submit(batch, [self.rows[pick[1]]], self.version))
-        return picks, batches, futures, gen_s
-
-    def _withdraw(self) -> None:
-        """Empty a streaming engine: its unfinished groups' prompts go back to the cursor, to be drawn first."""
-        if self.in_engine:
-            self.cursor.give_back([self.in_engine.pop(key) for key in self.backend.withdraw()])
-        assert not self.in_engine, "every group in the engine was withdrawn"
-
-    def _calls(self) -> int:
-        self._num_calls = getattr(self, "_num_calls", 0) + 1
-        return self._num_calls
 
     def _rollouts(self, rows: list[dict], n: int, greedy: bool) -> tuple[RolloutBatch, list]:
         """``n`` rollouts of each row and their scores (futures of RewardResults): completions scored by the reward
@@ -246,55 +199,19 @@ class Producer:
         ]
         return batch, Scorer.done(results)
 
-    def evaluate(self, max_items: int | None = None, threads: int | None = None) -> dict:
+    def evaluate(self, max_items: int | None = None, threads: int | None = None) -> EvalShare:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU
         threads (None: this actor's own)."""
         with self.threads.running(None, threads):
-            self._withdraw()  # greedy rows of the held-out set, alone in the engine
-            return self._evaluate(max_items)
-
-    def _evaluate(self, max_items: int | None) -> dict:
-        indices = list(range(len(self.eval_rows)))[self.idx :: self.num_producers][:max_items]
-        if not indices:
-            return {
-                "count": 0,
-                "strict_correct": 0,
-                "lenient_correct": 0,
-                "reward_errors": 0,
-                "first_error": "",
-                "items": [],
-            }
-        ok, lenient, errors, first_error, items = 0, 0, 0, "", []
-        for lo in range(0, len(indices), self.microbatch_size):
-            chunk = indices[lo : lo + self.microbatch_size]
-            batch, scored = self._rollouts([self.eval_rows[i] for i in chunk], 1, greedy=True)
-            for j, (index, f) in enumerate(zip(chunk, scored, strict=True)):
-                r = f.result()
-                ok += bool(r.answer_ok)
-                lenient += bool(r.info.get("lenient_ok", r.answer_ok))
-                errors += bool(r.info.get("error"))
-                first_error = first_error or str(r.info.get("error") or "")
-                row = self.eval_rows[index]
-                items.append(
-                    {
-                        "index": index,
-                        "prompt": row.get("prompt", row.get("messages")),
-                        "response": self.tokenizer.decode(
-                            batch.response_ids[j, : batch.response_lengths[j]].tolist(), skip_special_tokens=True
-                        ),
-                        "reference": row.get("gt_answer"),
-                        "strict_ok": bool(r.answer_ok),
-                        "lenient_ok": bool(r.info.get("lenient_ok", r.answer_ok)),
-                    }
-                )
-        return {
-            "count": len(indices),
-            "strict_correct": ok,
-            "lenient_correct": lenient,
-            "reward_errors": errors,
-            "first_error": first_error,
-            "items": items,
-        }
+            self.draws.withdraw()  # greedy rows of the held-out set, alone in the engine
+            indices = list(range(len(self.eval_rows)))[self.idx :: self.num_producers][:max_items]
+            return evaluate_share(
+                self.eval_rows,
+                indices,
+                self.microbatch_size,
+                lambda rows: self._rollouts(rows, 1, greedy=True),
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            )
 
     # ---- weights and state ---------------------------------------------------------------------------------------
 
@@ -314,49 +231,14 @@ class Producer:
         how the push travelled: collective calls, the share of bytes sent straight from the consumer's weights (not
         packed), and the share that went straight into the engine's weights (no staging copy); for an engine that
         times them, the push's seconds, the seconds generation stood still for it and the threads it loaded with."""
-        totals = {
-            "transfers": 0,
-            "nbytes": 0,
-            "direct_bytes": 0,
-            "in_place_bytes": 0,
-            "receive_s": 0.0,
-            "paused_s": 0.0,
-            "attest_s": 0.0,
-        }
-        load_threads = 0
-        fingerprints: dict | None = {}
-        for name in self.weight_groups:
+        receipt = PushReceipt(self.version, fingerprints={})
+        for i, name in enumerate(self.weight_groups):
             if self.lora is None:
-                got = self.backend.receive_weights(name, threads)
-                load_threads = max(load_threads, got.get("load_threads", 0))
+                receipt.add(self.backend.receive_weights(name, threads), first=i == 0)
             else:
-                got = self.backend.receive_adapter(name, self.lora)
-            held = got.get("fingerprints")
-            fingerprints = None if held is None or fingerprints is None else {**fingerprints, **held}
-            self.version = got["version"]
-            for k in totals:
-                totals[k] += got.get(k, 0)
-        # What the engine computes with, sampled for the driver to attest the push (None: this engine cannot tell).
-        out = {"version": self.version, "fingerprints": fingerprints, "weights/attest_s": totals.pop("attest_s")}
-        if totals["receive_s"]:  # an engine that times its pushes: how long, and how long generation stood still
-            out.update(
-                {
-                    "weights/receive_s": totals["receive_s"],
-                    "weights/paused_s": totals["paused_s"],
-                    "weights/load_threads": load_threads,
-                }
-            )
-        if totals["nbytes"]:
-            n = totals["nbytes"]
-            out.update(
-                {
-                    "weights/transfers": totals["transfers"],
-                    "weights/bytes": n,
-                    "weights/direct_fraction": totals["direct_bytes"] / n,
-                    "weights/in_place_fraction": totals["in_place_bytes"] / n,
-                }
-            )
-        return out
+                receipt.add(self.backend.receive_adapter(name, self.lora), first=i == 0)
+        self.version = receipt.version
+        return receipt.report()
 
     def sleep(self) -> tuple[int, int]:
         """Free the engine's accelerator memory; returns this process's CUDA bytes allocated (before, after)."""
@@ -376,10 +258,10 @@ class Producer:
         """Dataset position, call counter and RNG: what a checkpoint needs to continue with the same data order and
         the same samples. A streaming engine is emptied first: its prompts are drawn again after a resume, as
         they are by the run that goes on."""
-        self._withdraw()
+        self.draws.withdraw()
         state = {
             "cursor": self.cursor.state(),
-            "calls": getattr(self, "_num_calls", 0),
+            "calls": self.calls,
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
@@ -388,7 +270,7 @@ class Producer:
 
     def restore(self, state: dict) -> None:
         self.cursor.restore(state["cursor"])
-        self._num_calls = state["calls"]
+        self.calls = state["calls"]
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
         self.scorer.restore(state)

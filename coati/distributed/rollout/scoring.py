@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from coati.distributed.algo.grouping import degenerate_groups
+from coati.distributed.algo.shaping import overlong_penalty
 from coati.distributed.record import RewardStatus, RolloutBatch
 from coati.distributed.reward import RewardPool, RewardResult
 from coati.distributed.reward.base import TrainerState
@@ -170,3 +171,14 @@ def _status(result: RewardResult) -> RewardStatus:
     if result.info.get("error"):
         return RewardStatus.ERROR
     return RewardStatus.NO_SCORE if result.info.get("no_score") else RewardStatus.SCORED
+
+
+def shaped_rewards(out: RolloutBatch, algorithm, max_new_tokens: int) -> np.ndarray:
+    """The rewards the advantages see: the task rewards plus the algorithm's soft overlong penalty (DAPO), where it
+    has one; the task rewards otherwise."""
+    buffer = algorithm.overlong_buffer_len(max_new_tokens)
+    if not buffer:
+        return out.rewards
+    lengths = torch.from_numpy(out.response_lengths)
+    penalty = overlong_penalty(lengths, max_new_tokens, buffer, algorithm.overlong_penalty_factor)
+    return (out.task_rewards + penalty.numpy()).astype(np.float32)

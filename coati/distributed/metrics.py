@@ -1,0 +1,159 @@
+"""Every metric a run logs, declared once with its meaning and unit: the step metrics of ``metrics.jsonl`` (and the
+loggers), the evaluations' ``eval/*``. A key with a ``{...}`` part stands for a family (``reward/component/{name}``).
+The metrics page of the docs is generated from ``METRICS`` (``scripts/metrics_glossary.py``); a run that logs a key
+the registry lacks warns once per key, and raises where ``COATI_STRICT_METRICS=1`` (the test suite)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Metric:
+    meaning: str
+    unit: str
+
+
+def _m(meaning: str, unit: str = "") -> Metric:
+    return Metric(meaning, unit)
+
+
+METRICS: dict[str, Metric] = {
+    # the step
+    "step": _m("the training step (0: the evaluation before training)", "step"),
+    "total_steps": _m("the run's length in steps", "steps"),
+    # the trainer
+    "actor/entropy": _m("mean entropy of the policy over the trained tokens", "nats"),
+    "actor/grad_norm": _m("gradient norm before clipping (the last optimizer step of the training step)"),
+    "actor/lr": _m("learning rate of the step's last optimizer step"),
+    "actor/packed_rows_frac": _m(
+        "share of trained rows whose group was packed into one row (its prompt once)", "share"
+    ),
+    "actor/skipped_steps": _m("optimizer steps skipped in this step for a non-finite gradient", "steps"),
+    "actor/skipped_steps_total": _m("optimizer steps skipped so far in the run", "steps"),
+    "actor/threads": _m("the most CPU threads a consumer's training step ran with", "threads"),
+    # the loss
+    "loss/policy": _m("the policy loss of the step (mean over its optimizer steps and DP ranks)"),
+    "loss/kl": _m("KL(pi || pi_ref) estimate over the trained tokens (beta > 0)", "nats"),
+    "loss/approx_kl": _m("k3 estimate of KL(pi_old || pi) over the trained tokens", "nats"),
+    "loss/clipfrac": _m("share of trained tokens whose ratio was clipped", "share"),
+    "loss/dual_clipfrac": _m("share of trained tokens the dual clip bounded (negative advantages)", "share"),
+    "loss/ratio_mean": _m("mean importance ratio pi / pi_old over the trained tokens"),
+    "loss/ratio_min": _m("smallest importance ratio"),
+    "loss/ratio_max": _m("largest importance ratio"),
+    "loss/is_weight_mean": _m("mean off-policy correction weight (pi_old / engine) over the trained tokens"),
+    "loss/is_weight_max": _m("largest off-policy correction weight after truncation"),
+    "loss/is_ratio_max": _m("largest pi_old / engine ratio before truncation"),
+    "loss/is_corrected_frac": _m("share of trained tokens the correction truncated or masked", "share"),
+    "loss/is_unavailable_frac": _m("share of trained tokens without valid engine log-probs (no correction)", "share"),
+    # completions
+    "response/length_mean": _m("mean completion length of the trained rows", "tokens"),
+    "response/tokens": _m("completion tokens of the trained rows", "tokens"),
+    "response/truncated_frac": _m("share of trained completions cut at max_new_tokens", "share"),
+    # rewards
+    "reward/mean": _m("mean reward (after shaping) of the trained completions"),
+    "reward/train_batch_mean": _m("mean task reward (before shaping) of the trained completions"),
+    "reward/component/{name}": _m("mean of one named reward component before weighting"),
+    "reward/strict_accuracy": _m("share of trained completions whose answer the strict check accepts", "share"),
+    "reward/lenient_accuracy": _m("share of trained completions whose answer the lenient check accepts", "share"),
+    "reward/scored": _m("completions scored this step", "completions"),
+    "reward/errors": _m("completions whose reward function raised", "completions"),
+    "reward/timeouts": _m("completions whose reward call ran past item_timeout_s", "completions"),
+    "reward/no_score": _m(
+        "completions no reward function scored (None): out of their group's statistics", "completions"
+    ),
+    "reward/rm_truncated": _m("completions cut to fit the reward model's context", "completions"),
+    "reward/judge_unread": _m("completions whose judge verdict could not be read", "completions"),
+    "reward/sandbox_degraded": _m("1 when model-written code ran without bwrap (allow_degraded_sandbox)", "0/1"),
+    # environments
+    "env/turns_mean": _m("mean model turns per trained episode", "turns"),
+    "env/turns_max": _m("most model turns of a trained episode", "turns"),
+    "env/tool_calls_mean": _m("mean tool calls per trained episode", "calls"),
+    "env/turn_limit_frac": _m("share of trained episodes ended by the turn limit", "share"),
+    "env/errors": _m("episodes whose environment raised, hung or answered nonsense", "episodes"),
+    # rollouts and the buffer
+    "rollout/draws": _m("rollout calls the step's groups came from", "calls"),
+    "rollout/drawn_groups": _m("groups drawn for this step (trained, dropped or kept for the next)", "groups"),
+    "rollout/dropped_zero_signal_groups": _m("groups dropped because their task rewards were all equal", "groups"),
+    "rollout/filled_zero_signal_groups": _m("groups without signal trained to fill the step", "groups"),
+    "rollout/stale_dropped_groups": _m("groups dropped as older than max_staleness", "groups"),
+    "rollout/skipped_prompts": _m("prompts passed over without a draw (their last group had no signal)", "prompts"),
+    "rollout/prompt_index": _m("the dataset rows of the trained groups", "rows"),
+    "rollout/policy_lag_mean": _m(
+        "mean versions between a trained row's oldest token and the trained weights", "versions"
+    ),
+    "rollout/policy_lag_max": _m("largest such lag", "versions"),
+    "rollout/token_lag_mean": _m("mean versions between a trained token's sampler and the trained weights", "versions"),
+    "rollout/lag{k}_groups": _m("trained groups k versions old", "groups"),
+    "rollout/mixed_version_rows": _m("trained rows whose tokens span a weight push", "rows"),
+    "rollout/logprob_gap_abs": _m("mean |trainer - engine| log-prob over the trained tokens", "nats"),
+    "rollout/engine_trainer_gap_abs": _m(
+        "the same over rows sampled whole by the weights the step starts from", "nats"
+    ),
+    "rollout/trained_tokens": _m("tokens the trainer computed (prompts and completions)", "tokens"),
+    "rollout/trained_tokens_unique": _m("the same with each group's prompt counted once", "tokens"),
+    "rollout/trained_response_tokens": _m("completion tokens trained", "tokens"),
+    "rollout/threads": _m("the most CPU threads a producer's rollout call ran with", "threads"),
+    "rollout/rows_lent_cores": _m("rows generated with cores lent by the consumers", "rows"),
+    "rollout/rows_cores_taken_back": _m("rows whose call had lent cores taken back", "rows"),
+    # time
+    "time/step": _m("wall time of the step at the driver", "s"),
+    "time/rollout_wait": _m("driver time waiting for the step's rollouts", "s"),
+    "time/train": _m("driver time waiting for the training step", "s"),
+    "time/weight_push": _m("driver time of the weight push", "s"),
+    "time/overhead": _m("step time that is none of the above (batching, object store, metrics)", "s"),
+    "time/train_step": _m("a consumer's training step", "s"),
+    "time/old_logprobs": _m("a consumer's forward for the old log-probs", "s"),
+    "time/generate": _m("producers' generation time for the step's rows (mean over calls)", "s"),
+    "time/reward_wait": _m("producers' wait for rewards after generation", "s"),
+    "time/producer_total": _m("producers' whole rollout call", "s"),
+    "time/sleep": _m("producers freeing accelerator memory (sleep_while_training)", "s"),
+    "time/wake": _m("producers taking it back", "s"),
+    "time/elapsed": _m("time since the run started (written by the run folder's reporter)", "s"),
+    # weight pushes
+    "weights/transfers": _m("collective calls of the push", "calls"),
+    "weights/bytes": _m("bytes pushed", "bytes"),
+    "weights/direct_fraction": _m("share of bytes sent straight from the trainer's weights (not packed)", "share"),
+    "weights/in_place_fraction": _m("share of bytes received straight into the engine's weights", "share"),
+    "weights/receive_s": _m("an engine's time receiving and loading the push", "s"),
+    "weights/paused_s": _m("seconds generation stood still for the push", "s"),
+    "weights/load_threads": _m("threads an engine loaded the push with", "threads"),
+    "weights/attest_s": _m("time fingerprinting what the engines hold", "s"),
+    "weights/attested": _m("1 when every engine's fingerprints matched what the trainer sent", "0/1"),
+    # memory
+    "inference/mem_awake_mb": _m("producers' accelerator memory before sleeping", "MiB"),
+    "inference/mem_asleep_mb": _m("the same asleep", "MiB"),
+    # evaluation
+    "eval/strict": _m("held-out greedy accuracy, strict check", "share"),
+    "eval/lenient": _m("held-out greedy accuracy, lenient check", "share"),
+    "eval/count": _m("held-out items evaluated", "items"),
+    "eval/reward_errors": _m("held-out items whose scoring failed", "items"),
+}
+
+PAYLOADS = ("samples", "eval_samples")
+"""what a step's record carries besides metrics: sample completions (``samples.jsonl``) and held-out predictions
+(``eval_samples.jsonl``)"""
+
+_FAMILIES = [re.compile("^" + re.sub(r"\\\{\w+\\\}", r"[^/]+", re.escape(key)) + "$") for key in METRICS if "{" in key]
+_WARNED: set[str] = set()
+
+
+def declared(key: str) -> bool:
+    return key in METRICS or any(f.match(key) for f in _FAMILIES)
+
+
+def check_declared(metrics: dict) -> None:
+    """Warn once per key of ``metrics`` that ``METRICS`` lacks; raise where ``COATI_STRICT_METRICS=1``."""
+    missing = sorted(k for k in metrics if k not in PAYLOADS and not declared(k))
+    if not missing:
+        return
+    if os.environ.get("COATI_STRICT_METRICS") == "1":
+        raise KeyError(f"metrics {missing} are not declared in coati/distributed/metrics.py; declare each once there")
+    for key in set(missing) - _WARNED:
+        _WARNED.add(key)
+        log.warning("metric %s is not declared in coati/distributed/metrics.py", key)

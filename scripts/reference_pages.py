@@ -1,0 +1,108 @@
+"""The reference pages, generated from the code so they cannot drift from it: ``docs/reference/config.md`` lists every
+field of every section of the config tree with its flag(s), type, default and meaning (the field's docstring);
+``docs/reference/metrics.md`` every metric a run logs, from the registry in ``coati/distributed/metrics.py``.
+``python scripts/reference_pages.py`` writes them; ``--check`` exits 1 if a page differs (``make check`` and the test
+suite run the check)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coati.distributed.config.cli import flags  # noqa: E402
+from coati.distributed.metrics import METRICS  # noqa: E402
+
+REFERENCE = ROOT / "docs" / "reference"
+
+INTRO = """# Configuration reference
+
+Every field of the config tree, by section, generated from the tree's own field docstrings by
+`python scripts/reference_pages.py`. A field is set in a config file (`--config run.yaml`, the section as a mapping:
+`consumer: {learning_rate: 1.0e-6}`), by its flag, or as a keyword of `Config` in Python; flags override the file.
+`--print-config` prints the resolved tree of a command, `--help-all` every flag. The `algorithm` section overrides
+fields of the preset that `--algo` names; its defaults are the preset's (see [Algorithms](../algorithms.md)).
+"""
+
+
+def _type(kind: type, optional: bool) -> str:
+    name = getattr(kind, "__name__", str(kind))
+    name = {"tuple": "list", "str": "text", "int": "integer", "float": "number", "bool": "true/false"}.get(name, name)
+    return f"{name} or null" if optional else name
+
+
+def _default(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        value = list(value)
+    return f"`{value!r}`" if not isinstance(value, str) else f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+METRICS_INTRO = """# Metrics
+
+Every metric a run logs in `metrics.jsonl` (and TensorBoard or wandb), with its meaning and unit, generated from the
+registry in `coati/distributed/metrics.py` by `python scripts/reference_pages.py`. A name with a `{...}` part stands
+for a family (`reward/component/math`). Counts are per step; means are over the step's trained rows or tokens unless
+the meaning says otherwise. A run that logs a name the registry lacks warns once; the test suite fails on it.
+"""
+
+
+def render_metrics() -> str:
+    out = [METRICS_INTRO]
+    sections: dict[str, list] = {}
+    for key, metric in METRICS.items():
+        sections.setdefault(key.split("/")[0] if "/" in key else "step", []).append((key, metric))
+    for section, rows in sections.items():
+        out.append(f"\n## {section}\n")
+        out.append("| metric | unit | meaning |")
+        out.append("|---|---|---|")
+        out += [f"| `{key}` | {m.unit} | {_cell(m.meaning)} |" for key, m in rows]
+    return "\n".join(out) + "\n"
+
+
+def render() -> str:
+    sections: dict[str, list] = {}
+    for flag in flags():
+        section = flag.key.split(".")[0] if "." in flag.key else "(top level)"
+        sections.setdefault(section, []).append(flag)
+    out = [INTRO]
+    for section, rows in sections.items():
+        out.append(f"\n## {section}\n")
+        out.append("| field | flag | type | default | meaning |")
+        out.append("|---|---|---|---|---|")
+        for f in rows:
+            field = f.key.split(".", 1)[1] if "." in f.key else f.key
+            names = ", ".join(f"`{n}`" for n in f.names)
+            default = "the preset's" if section == "algorithm" else _default(f.default)
+            out.append(f"| `{field}` | {names} | {_type(f.kind, f.optional)} | {default} | {_cell(f.help)} |")
+    return "\n".join(out) + "\n"
+
+
+def pages() -> dict[Path, str]:
+    return {REFERENCE / "config.md": render(), REFERENCE / "metrics.md": render_metrics()}
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        stale = [path for path, text in pages().items() if not path.exists() or path.read_text() != text]
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is not the code's; run python scripts/reference_pages.py")
+        return 1 if stale else 0
+    REFERENCE.mkdir(parents=True, exist_ok=True)
+    for path, text in pages().items():
+        path.write_text(text)
+        print(path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
