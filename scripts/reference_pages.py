@@ -87,8 +87,63 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+RESULTS = ROOT / "benchmarks" / "results"
+
+RESULTS_INTRO = """# Result files
+
+Every committed result file under `benchmarks/results/`, rendered by `python scripts/reference_pages.py`: the command
+that made it, the commit it ran, when, on what machine, and its values. A benchmark writes its file when a piece of
+work is finished; machines of this kind differ by up to 2x in speed, so times compare only within one file.
+"""
+
+
+def _leaves(value, prefix: str = ""):
+    """(dotted key, value) of the numbers, booleans and short strings in a result, lists of them shortened."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(value, list):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value) and value:
+            shown = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value[:8])
+            yield prefix, f"[{shown}{', ...' if len(value) > 8 else ''}]"
+        else:
+            for i, v in enumerate(value[:12]):
+                yield from _leaves(v, f"{prefix}[{i}]")
+    elif isinstance(value, bool) or value is None:
+        yield prefix, str(value).lower()
+    elif isinstance(value, float):
+        yield prefix, f"{value:.4g}"
+    elif isinstance(value, int):
+        yield prefix, str(value)
+    elif isinstance(value, str) and len(value) <= 80:
+        yield prefix, value
+
+
+def render_results() -> str:
+    import json
+
+    out = [RESULTS_INTRO]
+    for path in sorted(RESULTS.glob("*.json")):
+        record = json.loads(path.read_text())
+        m = record.get("machine", {})
+        out.append(f"\n## {path.stem}\n")
+        out.append(f"`{record.get('command', '?')}`\n")
+        out.append(
+            f"commit `{str(record.get('commit', '?'))[:10]}`, {record.get('date', '?')}, {m.get('cpu', '?')} "
+            f"({m.get('cores', '?')} cores), Python {m.get('python', '?')}\n"
+        )
+        out.append("| value | |")
+        out.append("|---|---|")
+        out += [f"| `{k}` | {_cell(v)} |" for k, v in _leaves(record.get("result"))][:150]
+    return "\n".join(out) + "\n"
+
+
 def pages() -> dict[Path, str]:
-    return {REFERENCE / "config.md": render(), REFERENCE / "metrics.md": render_metrics()}
+    return {
+        REFERENCE / "config.md": render(),
+        REFERENCE / "metrics.md": render_metrics(),
+        REFERENCE / "results.md": render_results(),
+    }
 
 
 def main(argv: list[str]) -> int:
