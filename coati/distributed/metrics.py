@@ -16,123 +16,123 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Metric:
     meaning: str
-    unit: str
-
-
-def _m(meaning: str, unit: str = "") -> Metric:
-    return Metric(meaning, unit)
+    unit: str = ""
 
 
 METRICS: dict[str, Metric] = {
     # the step
-    "step": _m("the training step (0: the evaluation before training)", "step"),
-    "total_steps": _m("the run's length in steps", "steps"),
+    "step": Metric("the training step (0: the evaluation before training)", "step"),
+    "total_steps": Metric("the run's length in steps", "steps"),
     # the trainer
-    "actor/entropy": _m("mean entropy of the policy over the trained tokens", "nats"),
-    "actor/grad_norm": _m("gradient norm before clipping (the last optimizer step of the training step)"),
-    "actor/lr": _m("learning rate of the step's last optimizer step"),
-    "actor/packed_rows_frac": _m(
+    "actor/entropy": Metric("mean entropy of the policy over the trained tokens", "nats"),
+    "actor/grad_norm": Metric("gradient norm before clipping (the last optimizer step of the training step)"),
+    "actor/lr": Metric("learning rate of the step's last optimizer step"),
+    "actor/packed_rows_frac": Metric(
         "share of trained rows whose group was packed into one row (its prompt once)", "share"
     ),
-    "actor/skipped_steps": _m("optimizer steps skipped in this step for a non-finite gradient", "steps"),
-    "actor/skipped_steps_total": _m("optimizer steps skipped so far in the run", "steps"),
-    "actor/threads": _m("the most CPU threads a consumer's training step ran with", "threads"),
+    "actor/skipped_steps": Metric("optimizer steps skipped in this step for a non-finite gradient", "steps"),
+    "actor/skipped_steps_total": Metric("optimizer steps skipped so far in the run", "steps"),
+    "actor/threads": Metric("the most CPU threads a consumer's training step ran with", "threads"),
     # the loss
-    "loss/policy": _m("the policy loss of the step (mean over its optimizer steps and DP ranks)"),
-    "loss/kl": _m("KL(pi || pi_ref) estimate over the trained tokens (beta > 0)", "nats"),
-    "loss/approx_kl": _m("k3 estimate of KL(pi_old || pi) over the trained tokens", "nats"),
-    "loss/clipfrac": _m("share of trained tokens whose ratio was clipped", "share"),
-    "loss/dual_clipfrac": _m("share of trained tokens the dual clip bounded (negative advantages)", "share"),
-    "loss/ratio_mean": _m("mean importance ratio pi / pi_old over the trained tokens"),
-    "loss/ratio_min": _m("smallest importance ratio"),
-    "loss/ratio_max": _m("largest importance ratio"),
-    "loss/is_weight_mean": _m("mean off-policy correction weight (pi_old / engine) over the trained tokens"),
-    "loss/is_weight_max": _m("largest off-policy correction weight after truncation"),
-    "loss/is_ratio_max": _m("largest pi_old / engine ratio before truncation"),
-    "loss/is_corrected_frac": _m("share of trained tokens the correction truncated or masked", "share"),
-    "loss/is_unavailable_frac": _m("share of trained tokens without valid engine log-probs (no correction)", "share"),
+    "loss/policy": Metric("the policy loss of the step (mean over its optimizer steps and DP ranks)"),
+    "loss/kl": Metric("KL(pi || pi_ref) estimate over the trained tokens (beta > 0)", "nats"),
+    "loss/approx_kl": Metric("k3 estimate of KL(pi_old || pi) over the trained tokens", "nats"),
+    "loss/clipfrac": Metric("share of trained tokens whose ratio was clipped", "share"),
+    "loss/dual_clipfrac": Metric("share of trained tokens the dual clip bounded (negative advantages)", "share"),
+    "loss/ratio_mean": Metric("mean importance ratio pi / pi_old over the trained tokens"),
+    "loss/ratio_min": Metric("smallest importance ratio"),
+    "loss/ratio_max": Metric("largest importance ratio"),
+    "loss/is_weight_mean": Metric("mean off-policy correction weight (pi_old / engine) over the trained tokens"),
+    "loss/is_weight_max": Metric("largest off-policy correction weight after truncation"),
+    "loss/is_ratio_max": Metric("largest pi_old / engine ratio before truncation"),
+    "loss/is_corrected_frac": Metric("share of trained tokens the correction truncated or masked", "share"),
+    "loss/is_unavailable_frac": Metric(
+        "share of trained tokens without valid engine log-probs (no correction)", "share"
+    ),
     # completions
-    "response/length_mean": _m("mean completion length of the trained rows", "tokens"),
-    "response/tokens": _m("completion tokens of the trained rows", "tokens"),
-    "response/truncated_frac": _m("share of trained completions cut at max_new_tokens", "share"),
+    "response/length_mean": Metric("mean completion length of the trained rows", "tokens"),
+    "response/tokens": Metric("completion tokens of the trained rows", "tokens"),
+    "response/truncated_frac": Metric("share of trained completions cut at max_new_tokens", "share"),
     # rewards
-    "reward/mean": _m("mean reward (after shaping) of the trained completions"),
-    "reward/train_batch_mean": _m("mean task reward (before shaping) of the trained completions"),
-    "reward/component/{name}": _m("mean of one named reward component before weighting"),
-    "reward/strict_accuracy": _m("share of trained completions whose answer the strict check accepts", "share"),
-    "reward/lenient_accuracy": _m("share of trained completions whose answer the lenient check accepts", "share"),
-    "reward/scored": _m("completions scored this step", "completions"),
-    "reward/errors": _m("completions whose reward function raised", "completions"),
-    "reward/timeouts": _m("completions whose reward call ran past item_timeout_s", "completions"),
-    "reward/no_score": _m(
+    "reward/mean": Metric("mean reward (after shaping) of the trained completions"),
+    "reward/train_batch_mean": Metric("mean task reward (before shaping) of the trained completions"),
+    "reward/component/{name}": Metric("mean of one named reward component before weighting"),
+    "reward/strict_accuracy": Metric("share of trained completions whose answer the strict check accepts", "share"),
+    "reward/lenient_accuracy": Metric("share of trained completions whose answer the lenient check accepts", "share"),
+    "reward/scored": Metric("completions scored this step", "completions"),
+    "reward/errors": Metric("completions whose reward function raised", "completions"),
+    "reward/timeouts": Metric("completions whose reward call ran past item_timeout_s", "completions"),
+    "reward/no_score": Metric(
         "completions no reward function scored (None): out of their group's statistics", "completions"
     ),
-    "reward/rm_truncated": _m("completions cut to fit the reward model's context", "completions"),
-    "reward/judge_unread": _m("completions whose judge verdict could not be read", "completions"),
-    "reward/sandbox_degraded": _m("1 when model-written code ran without bwrap (allow_degraded_sandbox)", "0/1"),
+    "reward/rm_truncated": Metric("completions cut to fit the reward model's context", "completions"),
+    "reward/judge_unread": Metric("completions whose judge verdict could not be read", "completions"),
+    "reward/sandbox_degraded": Metric("1 when model-written code ran without bwrap (allow_degraded_sandbox)", "0/1"),
     # environments
-    "env/turns_mean": _m("mean model turns per trained episode", "turns"),
-    "env/turns_max": _m("most model turns of a trained episode", "turns"),
-    "env/tool_calls_mean": _m("mean tool calls per trained episode", "calls"),
-    "env/turn_limit_frac": _m("share of trained episodes ended by the turn limit", "share"),
-    "env/errors": _m("episodes whose environment raised, hung or answered nonsense", "episodes"),
+    "env/turns_mean": Metric("mean model turns per trained episode", "turns"),
+    "env/turns_max": Metric("most model turns of a trained episode", "turns"),
+    "env/tool_calls_mean": Metric("mean tool calls per trained episode", "calls"),
+    "env/turn_limit_frac": Metric("share of trained episodes ended by the turn limit", "share"),
+    "env/errors": Metric("episodes whose environment raised, hung or answered nonsense", "episodes"),
     # rollouts and the buffer
-    "rollout/draws": _m("rollout calls the step's groups came from", "calls"),
-    "rollout/drawn_groups": _m("groups drawn for this step (trained, dropped or kept for the next)", "groups"),
-    "rollout/dropped_zero_signal_groups": _m("groups dropped because their task rewards were all equal", "groups"),
-    "rollout/filled_zero_signal_groups": _m("groups without signal trained to fill the step", "groups"),
-    "rollout/stale_dropped_groups": _m("groups dropped as older than max_staleness", "groups"),
-    "rollout/skipped_prompts": _m("prompts passed over without a draw (their last group had no signal)", "prompts"),
-    "rollout/prompt_index": _m("the dataset rows of the trained groups", "rows"),
-    "rollout/policy_lag_mean": _m(
+    "rollout/draws": Metric("rollout calls the step's groups came from", "calls"),
+    "rollout/drawn_groups": Metric("groups drawn for this step (trained, dropped or kept for the next)", "groups"),
+    "rollout/dropped_zero_signal_groups": Metric("groups dropped because their task rewards were all equal", "groups"),
+    "rollout/filled_zero_signal_groups": Metric("groups without signal trained to fill the step", "groups"),
+    "rollout/stale_dropped_groups": Metric("groups dropped as older than max_staleness", "groups"),
+    "rollout/skipped_prompts": Metric("prompts passed over without a draw (their last group had no signal)", "prompts"),
+    "rollout/prompt_index": Metric("the dataset rows of the trained groups", "rows"),
+    "rollout/policy_lag_mean": Metric(
         "mean versions between a trained row's oldest token and the trained weights", "versions"
     ),
-    "rollout/policy_lag_max": _m("largest such lag", "versions"),
-    "rollout/token_lag_mean": _m("mean versions between a trained token's sampler and the trained weights", "versions"),
-    "rollout/lag{k}_groups": _m("trained groups k versions old", "groups"),
-    "rollout/mixed_version_rows": _m("trained rows whose tokens span a weight push", "rows"),
-    "rollout/logprob_gap_abs": _m("mean |trainer - engine| log-prob over the trained tokens", "nats"),
-    "rollout/engine_trainer_gap_abs": _m(
+    "rollout/policy_lag_max": Metric("largest such lag", "versions"),
+    "rollout/token_lag_mean": Metric(
+        "mean versions between a trained token's sampler and the trained weights", "versions"
+    ),
+    "rollout/lag{k}_groups": Metric("trained groups k versions old", "groups"),
+    "rollout/mixed_version_rows": Metric("trained rows whose tokens span a weight push", "rows"),
+    "rollout/logprob_gap_abs": Metric("mean |trainer - engine| log-prob over the trained tokens", "nats"),
+    "rollout/engine_trainer_gap_abs": Metric(
         "the same over rows sampled whole by the weights the step starts from", "nats"
     ),
-    "rollout/trained_tokens": _m("tokens the trainer computed (prompts and completions)", "tokens"),
-    "rollout/trained_tokens_unique": _m("the same with each group's prompt counted once", "tokens"),
-    "rollout/trained_response_tokens": _m("completion tokens trained", "tokens"),
-    "rollout/threads": _m("the most CPU threads a producer's rollout call ran with", "threads"),
-    "rollout/rows_lent_cores": _m("rows generated with cores lent by the consumers", "rows"),
-    "rollout/rows_cores_taken_back": _m("rows whose call had lent cores taken back", "rows"),
+    "rollout/trained_tokens": Metric("tokens the trainer computed (prompts and completions)", "tokens"),
+    "rollout/trained_tokens_unique": Metric("the same with each group's prompt counted once", "tokens"),
+    "rollout/trained_response_tokens": Metric("completion tokens trained", "tokens"),
+    "rollout/threads": Metric("the most CPU threads a producer's rollout call ran with", "threads"),
+    "rollout/rows_lent_cores": Metric("rows generated with cores lent by the consumers", "rows"),
+    "rollout/rows_cores_taken_back": Metric("rows whose call had lent cores taken back", "rows"),
     # time
-    "time/step": _m("wall time of the step at the driver", "s"),
-    "time/rollout_wait": _m("driver time waiting for the step's rollouts", "s"),
-    "time/train": _m("driver time waiting for the training step", "s"),
-    "time/weight_push": _m("driver time of the weight push", "s"),
-    "time/overhead": _m("step time that is none of the above (batching, object store, metrics)", "s"),
-    "time/train_step": _m("a consumer's training step", "s"),
-    "time/old_logprobs": _m("a consumer's forward for the old log-probs", "s"),
-    "time/generate": _m("producers' generation time for the step's rows (mean over calls)", "s"),
-    "time/reward_wait": _m("producers' wait for rewards after generation", "s"),
-    "time/producer_total": _m("producers' whole rollout call", "s"),
-    "time/sleep": _m("producers freeing accelerator memory (sleep_while_training)", "s"),
-    "time/wake": _m("producers taking it back", "s"),
-    "time/elapsed": _m("time since the run started (written by the run folder's reporter)", "s"),
+    "time/step": Metric("wall time of the step at the driver", "s"),
+    "time/rollout_wait": Metric("driver time waiting for the step's rollouts", "s"),
+    "time/train": Metric("driver time waiting for the training step", "s"),
+    "time/weight_push": Metric("driver time of the weight push", "s"),
+    "time/overhead": Metric("step time that is none of the above (batching, object store, metrics)", "s"),
+    "time/train_step": Metric("a consumer's training step", "s"),
+    "time/old_logprobs": Metric("a consumer's forward for the old log-probs", "s"),
+    "time/generate": Metric("producers' generation time for the step's rows (mean over calls)", "s"),
+    "time/reward_wait": Metric("producers' wait for rewards after generation", "s"),
+    "time/producer_total": Metric("producers' whole rollout call", "s"),
+    "time/sleep": Metric("producers freeing accelerator memory (sleep_while_training)", "s"),
+    "time/wake": Metric("producers taking it back", "s"),
+    "time/elapsed": Metric("time since the run started (written by the run folder's reporter)", "s"),
     # weight pushes
-    "weights/transfers": _m("collective calls of the push", "calls"),
-    "weights/bytes": _m("bytes pushed", "bytes"),
-    "weights/direct_fraction": _m("share of bytes sent straight from the trainer's weights (not packed)", "share"),
-    "weights/in_place_fraction": _m("share of bytes received straight into the engine's weights", "share"),
-    "weights/receive_s": _m("an engine's time receiving and loading the push", "s"),
-    "weights/paused_s": _m("seconds generation stood still for the push", "s"),
-    "weights/load_threads": _m("threads an engine loaded the push with", "threads"),
-    "weights/attest_s": _m("time fingerprinting what the engines hold", "s"),
-    "weights/attested": _m("1 when every engine's fingerprints matched what the trainer sent", "0/1"),
+    "weights/transfers": Metric("collective calls of the push", "calls"),
+    "weights/bytes": Metric("bytes pushed", "bytes"),
+    "weights/direct_fraction": Metric("share of bytes sent straight from the trainer's weights (not packed)", "share"),
+    "weights/in_place_fraction": Metric("share of bytes received straight into the engine's weights", "share"),
+    "weights/receive_s": Metric("an engine's time receiving and loading the push", "s"),
+    "weights/paused_s": Metric("seconds generation stood still for the push", "s"),
+    "weights/load_threads": Metric("threads an engine loaded the push with", "threads"),
+    "weights/attest_s": Metric("time fingerprinting what the engines hold", "s"),
+    "weights/attested": Metric("1 when every engine's fingerprints matched what the trainer sent", "0/1"),
     # memory
-    "inference/mem_awake_mb": _m("producers' accelerator memory before sleeping", "MiB"),
-    "inference/mem_asleep_mb": _m("the same asleep", "MiB"),
+    "inference/mem_awake_mb": Metric("producers' accelerator memory before sleeping", "MiB"),
+    "inference/mem_asleep_mb": Metric("the same asleep", "MiB"),
     # evaluation
-    "eval/strict": _m("held-out greedy accuracy, strict check", "share"),
-    "eval/lenient": _m("held-out greedy accuracy, lenient check", "share"),
-    "eval/count": _m("held-out items evaluated", "items"),
-    "eval/reward_errors": _m("held-out items whose scoring failed", "items"),
+    "eval/strict": Metric("held-out greedy accuracy, strict check", "share"),
+    "eval/lenient": Metric("held-out greedy accuracy, lenient check", "share"),
+    "eval/count": Metric("held-out items evaluated", "items"),
+    "eval/reward_errors": Metric("held-out items whose scoring failed", "items"),
 }
 
 PAYLOADS = ("samples", "eval_samples")

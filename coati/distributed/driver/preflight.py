@@ -156,7 +156,7 @@ def check_inputs(config: Config) -> Inputs:
         check_env_inputs(cfg, rows, "training set", tokenizer)
         if eval_rows:
             check_env_inputs(cfg, eval_rows, "eval set", tokenizer)
-    check_counts(cfg, len(rows))
+    check_counts(cfg, len(rows))  # again: the overlong rows dropped above may leave too few
     sandbox, degraded, per_run = check_sandbox(cfg.reward)
     return Inputs(
         files.train_model_path,
@@ -221,7 +221,8 @@ def check_files(config: Config) -> Files:
             check_reward_inputs(cfg, eval_rows, "eval set")
     check_counts(cfg, len(rows))
     if config.run.address is None:  # a local cluster: its accelerators are this machine's
-        check_models(cfg, train_model_path, inference_model_path, local_gpus(), local_gpus())
+        gpu = local_gpus()
+        check_models(cfg, train_model_path, inference_model_path, producer_gpu=gpu, consumer_gpu=gpu)
     return Files(
         train_model_path,
         inference_model_path,

@@ -78,9 +78,14 @@ def link_latest(folder: str) -> None:
     os.replace(tmp, link)
 
 
+def run_files(folder: Path) -> list[str]:
+    """The files of ``RUN_FILES`` a run left in ``folder``."""
+    return [name for name in RUN_FILES if (Path(folder) / name).exists()]
+
+
 def holds_run(folder: Path) -> bool:
     """Whether a run left its files in ``folder``."""
-    return any((Path(folder) / name).exists() for name in RUN_FILES)
+    return bool(run_files(folder))
 
 
 def run_of(folder: str) -> str:
@@ -142,7 +147,7 @@ class RunFolder:
         return held
 
     def _check_contents(self, mode: str) -> None:
-        present = [name for name in RUN_FILES if (self.path / name).exists()]  # holds_run, naming what it holds
+        present = run_files(self.path)
         if mode == "new" and present:
             raise RunFolderError(
                 f"run folder {self.path} holds another run ({', '.join(present)}); resume it (--resume latest), "
