@@ -48,8 +48,9 @@ def seed_in_range(name: str, value) -> None:
     )
 
 
-def finite(obj, *names: str, low: float | None = None, strict: bool = False) -> None:
-    """Each field a finite number, at least ``low`` (above it when ``strict``)."""
+def finite(obj, *names: str, low: float | None = None, strict: bool = False, where: str | None = None) -> None:
+    """Each field a finite number, at least ``low`` (above it when ``strict``); errors name it ``where.name`` (by
+    default the section's class)."""
     import math
 
     for name in names:
@@ -58,15 +59,15 @@ def finite(obj, *names: str, low: float | None = None, strict: bool = False) -> 
         bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
         if ok and low is not None:
             ok = value > low if strict else value >= low
-        require(ok, f"{type(obj).__name__}.{name} must be a finite number{bound}, got {value!r}")
+        require(ok, f"{where or type(obj).__name__}.{name} must be a finite number{bound}, got {value!r}")
 
 
-def positive(obj, *names: str) -> None:
+def positive(obj, *names: str, where: str | None = None) -> None:
     for name in names:
         value = getattr(obj, name)
         require(
             isinstance(value, int) and value > 0,
-            f"{type(obj).__name__}.{name} must be a positive integer, got {value!r}",
+            f"{where or type(obj).__name__}.{name} must be a positive integer, got {value!r}",
         )
 
 

@@ -307,7 +307,7 @@ BAD = [
         "environment without its column",
         lambda t, d: {"grpo_config": {**GRPO, "env": "tool_math"}},
         ValueError,
-        r"training set row 0: env 'tool_math' with env_kwargs \{\} cannot start an episode: .*needs a gt_answer column",
+        r"training set row 0: env 'tool_math' with kwargs \{\} cannot start an episode: .*needs a gt_answer column",
     ),
     (
         "unknown environment option",
@@ -316,13 +316,13 @@ BAD = [
             "train_dataset_config": {"rows": ANSWERED},
         },
         ValueError,
-        r"env 'retry' with env_kwargs \{'colour': 1\} cannot start an episode: TypeError: .*'colour'",
+        r"env 'retry' with kwargs \{'colour': 1\} cannot start an episode: TypeError: .*'colour'",
     ),
     (
         "episode budget over the prompt limit",
         lambda t, d: {"grpo_config": {**GRPO, "env": "retry", "env_max_tokens": 300}},
         ValueError,
-        r"env_max_tokens=300 > max_prompt_tokens=256: each turn's prompt is the conversation so far",
+        r"reward.env.max_tokens=300 > max_prompt_tokens=256: each turn's prompt is the conversation so far",
     ),
     (
         "stop strings in episodes",

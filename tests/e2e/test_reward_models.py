@@ -93,7 +93,7 @@ def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, ti
         launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": str(tmp_path)}))
     with pytest.raises(ValueError, match=r"a reward model is a \.\.\.ForSequenceClassification with one"):
         launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": tiny}))  # a causal LM
-    with pytest.raises(ValueError, match="the rm component and rm_path go together"):
+    with pytest.raises(ValueError, match="the rm component and reward.rm.path go together"):
         launch_distributed(
             **run_kwargs(tiny, grpo_config={**grpo, "reward_components": {REWARD: 1.0}, "rm_path": tiny})
         )

@@ -11,18 +11,22 @@ from coati.distributed.checks import field_docs
 from coati.distributed.config.cli import build_parser, flags, parse_config
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 from coati.distributed.driver.launch import config_from_launch_kwargs
-from coati.distributed.trainer.config import PluginConfig
 
 
 def leaf_keys():
+    def leaves(prefix, cls):
+        for f in dataclasses.fields(cls):
+            sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            if sub is not None and dataclasses.is_dataclass(sub):
+                yield from leaves(f"{prefix}.{f.name}", sub)
+            else:
+                yield f"{prefix}.{f.name}"
+
     keys = {"algo"}
     for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            if f.name == "plugin":
-                keys |= {f"{section}.plugin.{g.name}" for g in dataclasses.fields(PluginConfig)}
-            else:
-                keys.add(f"{section}.{f.name}")
+        keys |= set(leaves(section, cls))
     keys |= {f"algorithm.{f.name}" for f in dataclasses.fields(AlgorithmConfig)}
+    assert {"consumer.plugin.tp_size", "reward.rm.path", "reward.judge.template", "reward.env.name"} <= keys
     return keys
 
 
@@ -33,8 +37,9 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
         if key in ("config", "reward_weights"):  # a file of the tree; a spelling of reward.components
             continue
         *parents, name = key.split(".")
-        cls = {"algorithm": AlgorithmConfig, "plugin": PluginConfig}.get(parents[-1] if parents else "", None)
-        cls = cls or (SECTIONS[parents[0]] if parents else Config)
+        cls = AlgorithmConfig if parents == ["algorithm"] else (SECTIONS[parents[0]] if parents else Config)
+        for parent in parents[1:]:  # a nested section: consumer.plugin, reward.rm
+            cls = next(f.default_factory for f in dataclasses.fields(cls) if f.name == parent)
         assert flag.help.startswith(field_docs(cls)[name]), key
     text = build_parser(everything=True).format_help()
     assert "completions sampled per prompt (the group size G) (default: 4)" in " ".join(text.split())
@@ -300,7 +305,7 @@ def test_the_trl_verl_tables_name_only_real_flags(page, least):
         (["-lr", "nan"], "learning_rate must be a finite number > 0, got nan"),
         (["--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0, got -0.1"),
         (["--cpus-per-actor", "-1"], "cpus_per_actor must be a finite number > 0, got -1.0"),
-        (["--reward-rm-cpus", "-2"], "rm_cpus must be a finite number >= 0, got -2.0"),
+        (["--reward-rm-cpus", "-2"], "reward.rm.cpus must be a finite number >= 0, got -2.0"),
         (["--reward-components", '{"math": NaN}'], "reward components need finite weights, got {'math': nan}"),
         (["--reward-components", '{"math": 1e400}'], "reward components need finite weights, got {'math': inf}"),
     ],

@@ -102,7 +102,10 @@ def test_derived_values():
 
 
 def test_every_field_has_a_docstring():
-    for cls in (GenerationConfig, AlgorithmConfig, ProducerConfig, PluginConfig, ConsumerConfig, Config, RunConfig):
+    from coati.distributed.reward.config import EnvConfig, JudgeConfig, RewardConfig, RewardModelConfig
+
+    sections = (GenerationConfig, AlgorithmConfig, ProducerConfig, PluginConfig, ConsumerConfig, Config, RunConfig)
+    for cls in (*sections, RewardConfig, EnvConfig, RewardModelConfig, JudgeConfig):
         docs = field_docs(cls)
         missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
         assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
@@ -242,3 +245,49 @@ def test_a_run_folder_s_config_yaml_runs_the_same_tree_again(tmp_path):
     env = json.loads(files["env.json"])
     assert env["machine"]["cores"] >= 1 and "torch" in env["versions"] and env["matmul_gflops_1_thread"]["float32"] > 0
     assert "python" in files["command.txt"]
+
+
+def test_the_reward_section_nests_its_environment_reward_model_and_judge(tmp_path):
+    """A config file writes ``reward.rm``, ``reward.judge`` and ``reward.env`` as sections of their own (an
+    environment also by its name alone); the flat spelling of a nested field is refused naming its place; the flags
+    keep their names."""
+    from coati.distributed.config.cli import parse_config
+    from coati.distributed.config.tree import config_from_dict
+
+    tree = {
+        "reward": {
+            "components": {"math": 1.0, "rm": 0.5},
+            "rm": {"path": "rm_folder", "normalize": "group", "servers": 2},
+            "judge": {"max_score": 5},
+            "env": "retry",
+        }
+    }
+    cfg = config_from_dict(tree)
+    assert (cfg.reward.rm.path, cfg.reward.rm.normalize, cfg.reward.rm.servers) == ("rm_folder", "group", 2)
+    assert cfg.reward.judge.max_score == 5.0 and cfg.reward.env.name == "retry" and cfg.reward.episodes
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['rm_path'\].*reward.rm_path is reward.rm.path"):
+        config_from_dict({"reward": {"rm_path": "rm_folder"}})
+    with pytest.raises(ValueError, match=r"reward.rm.normalize must be one of"):
+        config_from_dict({"reward": {"rm": {"normalize": "zscore"}}})
+    argv = ["--reward-rm-path", "rm_folder", "--reward-components", '{"math": 1, "rm": 1}', "--env", "retry"]
+    flagged = parse_config(argv + ["--env-max-turns", "2", "--reward-judge-timeout-s", "9"])
+    assert flagged.reward.rm.path == "rm_folder" and flagged.reward.env == type(cfg.reward.env)("retry", max_turns=2)
+    assert flagged.reward.judge.timeout_s == 9.0
+
+
+def test_a_checkpoint_recorded_with_the_flat_reward_section_resumes_under_the_nested_names():
+    """A checkpoint's record from a run whose reward section was flat (``rm_path``, ``env``) matches the same run
+    now; a value that really differs is still named."""
+    from coati.distributed.driver.checkpoint import check_compatible, config_dict
+    from coati.distributed.reward.config import RewardConfig, RewardModelConfig
+
+    cfg = Config(reward=RewardConfig(components={"math": 1.0, "rm": 1.0}, rm=RewardModelConfig(path="rm", servers=2)))
+    record = config_dict(cfg)
+    flat = {k: v for k, v in record["reward"].items() if k not in ("env", "rm", "judge")}
+    for section in ("rm", "judge", "env"):
+        for name, value in record["reward"][section].items():
+            flat[section if (section, name) == ("env", "name") else f"{section}_{name}"] = value
+    old = {**record, "reward": flat}
+    check_compatible({"config": old}, {"config": record}, "step-3")
+    with pytest.raises(ValueError, match=r"config.reward.rm.servers: checkpoint 3, this run 2"):
+        check_compatible({"config": {**old, "reward": {**flat, "rm_servers": 3}}}, {"config": record}, "step-3")

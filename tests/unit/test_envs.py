@@ -236,4 +236,4 @@ def test_a_data_system_prompt_is_refused_with_an_environment():
 
     with pytest.raises(ValueError, match="env 'retry' writes each episode's first messages itself"):
         config_from_dict({"reward": {"env": "retry"}, "data": {"system_prompt": "Be brief."}})
-    assert config_from_dict({"reward": {"env": "retry"}}).reward.env == "retry"
+    assert config_from_dict({"reward": {"env": "retry"}}).reward.env.name == "retry"

@@ -59,7 +59,7 @@ def test_the_template_shows_question_completion_and_reference():
 
 def test_a_rubric_column_reaches_the_template_and_a_row_without_one_is_refused(tmp_path):
     from coati.distributed.driver.preflight import check_judge
-    from coati.distributed.reward.config import RewardConfig
+    from coati.distributed.reward.config import JudgeConfig
     from coati.distributed.reward.judge import template_fields
 
     template = "Q: {question}\nA: {completion}\nRubric: {rubric}\nScore: 0-10"
@@ -75,6 +75,6 @@ def test_a_rubric_column_reaches_the_template_and_a_row_without_one_is_refused(t
         match=r"no field but \['question', 'completion', 'reference', 'rubric'\], got "
         r"fields \['completion', 'question', 'score'\]",
     ):
-        RewardConfig(judge_template="{question} {completion} {score}")
-    with pytest.raises(ValueError, match="judge_template is not a format string"):
-        RewardConfig(judge_template="{question} {completion} {")
+        JudgeConfig(template="{question} {completion} {score}")
+    with pytest.raises(ValueError, match="reward.judge.template is not a format string"):
+        JudgeConfig(template="{question} {completion} {")

@@ -22,7 +22,6 @@ from pathlib import Path
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.checks import field_docs
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
-from coati.distributed.trainer.config import PluginConfig
 
 PREFIXED = {"model", "data", "reward"}
 """sections whose flags carry the section name (their field names alone would be unclear)"""
@@ -68,11 +67,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "generation.max_new_tokens": ("-mnt",),
     "generation.max_prompt_tokens": ("-mpt",),
     "reward.fn": ("-rt", "--reward-type"),
-    "reward.env": ("--env",),
-    "reward.env_kwargs": ("--env-kwargs",),
-    "reward.env_max_turns": ("--env-max-turns",),
-    "reward.env_max_tokens": ("--env-max-tokens",),
-    "reward.env_step_timeout_s": ("--env-step-timeout-s",),
+    "reward.env.name": ("--env", "--reward-env"),
+    "reward.env.kwargs": ("--env-kwargs",),
+    "reward.env.max_turns": ("--env-max-turns",),
+    "reward.env.max_tokens": ("--env-max-tokens",),
+    "reward.env.step_timeout_s": ("--env-step-timeout-s",),
     "algo": ("-a",),
     "algorithm.beta": ("-kl", "--kl-coeff"),
 }
@@ -128,12 +127,16 @@ def flags() -> list[Flag]:
 
 
 def _section_flags(key: str, cls: type, prefixed: bool) -> list[Flag]:
+    """A section's flags; a nested section's (``consumer.plugin``, ``reward.rm``) follow its parent's prefix, with
+    the sub-section's name added where the parent's flags are prefixed (``--reward-rm-path``)."""
     out = []
     for f in dataclasses.fields(cls):
-        if f.type in ("PluginConfig", PluginConfig):
-            out += _section_flags(f"{key}.{f.name}", PluginConfig, False)
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub):
+            out += _section_flags(f"{key}.{f.name}", sub, prefixed)
             continue
-        out.append(_flag(f"{key}.{f.name}", cls, f.name, key.split(".")[0] if prefixed else None))
+        prefix = key.replace(".", "-").replace("_", "-") if prefixed else None
+        out.append(_flag(f"{key}.{f.name}", cls, f.name, prefix))
     return out
 
 
@@ -252,7 +255,7 @@ FIRST: dict[str, tuple[str, ...]] = {
         "data.system_prompt",
         "config",
     ),
-    "algorithm and reward": ("algo", "reward.fn", WEIGHTS, "reward.kwargs", "reward.env"),
+    "algorithm and reward": ("algo", "reward.fn", WEIGHTS, "reward.kwargs", "reward.env.name"),
     "training": (
         "consumer.learning_rate",
         "consumer.train_batch_size",

@@ -306,10 +306,10 @@ class Config:
         object.__setattr__(self, "algo", preset_name(self.algo))
         self.algo_config  # the preset and its overrides, checked now
         self._check_sections()
-        if self.reward.env is not None and (self.data.system_prompt or self.data.raw_prompt):
+        if self.reward.episodes and (self.data.system_prompt or self.data.raw_prompt):
             raise ValueError(
-                f"env {self.reward.env!r} writes each episode's first messages itself: drop "
-                "data.system_prompt/raw_prompt (an environment may take a system_prompt in env_kwargs)"
+                f"env {self.reward.env.name!r} writes each episode's first messages itself: drop "
+                "data.system_prompt/raw_prompt (an environment may take a system_prompt in reward.env.kwargs)"
             )
 
     def _check_sections(self) -> None:
@@ -341,17 +341,17 @@ class Config:
             buffer < self.generation.max_new_tokens,
             f"overlong buffer of {buffer} tokens must be shorter than max_new_tokens={self.generation.max_new_tokens}",
         )
-        g, r = self.generation, self.reward
-        if r.env is not None:
+        g, env = self.generation, self.reward.env
+        if env.name is not None:
             require(
-                r.env_max_tokens <= g.max_prompt_tokens,
-                f"env_max_tokens={r.env_max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's prompt "
-                f"is the conversation so far; raise max_prompt_tokens to {r.env_max_tokens} or lower "
-                "env_max_tokens",
+                env.max_tokens <= g.max_prompt_tokens,
+                f"reward.env.max_tokens={env.max_tokens} > max_prompt_tokens={g.max_prompt_tokens}: each turn's "
+                f"prompt is the conversation so far; raise max_prompt_tokens to {env.max_tokens} or lower "
+                "reward.env.max_tokens",
             )
             require(
                 not g.stop_strings,
-                f"stop_strings {list(g.stop_strings)} with env {r.env!r}: a model turn ends at the end-of-turn "
+                f"stop_strings {list(g.stop_strings)} with env {env.name!r}: a model turn ends at the end-of-turn "
                 "token the chat template closes it with; drop the stop strings",
             )
 
@@ -427,15 +427,32 @@ def build_section(cls: type, value, where: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(value) - set(fields))
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown} in config section {where}; known: {sorted(fields)}")
+        raise ValueError(
+            f"unknown field(s) {unknown} in config section {where}; known: {sorted(fields)}"
+            + "".join(f"; {where}.{k} is {hint}" for k in unknown if (hint := _nested_spelling(cls, k, where)))
+        )
     kwargs = {}
     hints = typing.get_type_hints(cls)
     for name, v in value.items():
         sub = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
-        if sub is not None and dataclasses.is_dataclass(sub) and isinstance(v, dict):
-            v = build_section(sub, v, f"{where}.{name}")
+        if sub is not None and dataclasses.is_dataclass(sub):
+            if isinstance(v, str) and "name" in {f.name for f in dataclasses.fields(sub)}:
+                v = {"name": v}  # a sub-section named by its name alone: reward.env: retry
+            if isinstance(v, dict):
+                v = build_section(sub, v, f"{where}.{name}")
         kwargs[name] = typed_value(v, hints[name], f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _nested_spelling(cls: type, key: str, where: str) -> str | None:
+    """How a flat key (``rm_path``) is spelled in the nested sub-section that holds it (``rm.path``), if one does."""
+    for f in dataclasses.fields(cls):
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub) and key.startswith(f"{f.name}_"):
+            rest = key[len(f.name) + 1 :]
+            if rest in {g.name for g in dataclasses.fields(sub)}:
+                return f"{where}.{f.name}.{rest} (write {f.name}: {{{rest}: ...}})"
+    return None
 
 
 def typed_value(value, hint, where: str):

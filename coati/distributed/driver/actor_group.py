@@ -189,31 +189,15 @@ class ActorGroups:
 
         r = self.cfg.reward
         wanted = {}
-        if r.rm_path is not None:
-            wanted["rm"] = (
-                RewardModelServer,
-                r.rm_servers,
-                r.rm_cpus,
-                r.rm_gpus,
-                dict(path=r.rm_path, batch_size=r.rm_batch_size),
-            )
-        if r.judge_path is not None:
-            wanted["judge"] = (
-                JudgeServer,
-                r.judge_servers,
-                r.judge_cpus,
-                r.judge_gpus,
-                dict(
-                    path=r.judge_path,
-                    backend=r.judge_backend,
-                    template=r.judge_template,
-                    max_score=r.judge_max_score,
-                    max_new_tokens=r.judge_max_new_tokens,
-                    max_prompt_tokens=r.judge_max_prompt_tokens,
-                ),
-            )
+        if r.rm.path is not None:
+            wanted["rm"] = (RewardModelServer, r.rm, dict(path=r.rm.path, batch_size=r.rm.batch_size))
+        if r.judge.path is not None:
+            j = r.judge
+            options = ("path", "backend", "template", "max_score", "max_new_tokens", "max_prompt_tokens")
+            wanted["judge"] = (JudgeServer, j, {k: getattr(j, k) for k in options})
         servers: dict[str, list] = {}
-        for component, (cls, count, cpus, gpus, kwargs) in wanted.items():
+        for component, (cls, section, kwargs) in wanted.items():
+            count, cpus, gpus = section.servers, section.cpus, section.gpus
             remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
             names = [f"{self.run_name}-{component}-{i}" for i in range(count)]
             slots = self.plan.server_slots[component]

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -47,10 +48,23 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+FLAT_REWARD = re.compile(r"(^|\.)reward\.(env|rm|judge)(?:_(\w+))?$")
+"""a key of a record whose reward section was flat (``reward.rm_path``; ``reward.env``, the environment's name)"""
+
+
+def _nested(key: str) -> str:
+    """A checkpoint record's key as the tree names it now (``reward.rm_path`` -> ``reward.rm.path``)."""
+    m = FLAT_REWARD.search(key)
+    if m is None:
+        return key
+    return f"{key[: m.start()]}{m.group(1)}reward.{m.group(2)}.{m.group(3) or 'name'}"
+
+
 def check_compatible(saved: dict, current: dict, where: str, allow=()) -> None:
     """Raise naming every field whose value differs between the checkpoint's record and this run's, except those
-    that may change (``RESUMABLE_CHANGES``) and those the caller allows (a field name or a prefix of one)."""
-    a, b = _flatten(saved), _flatten(current)
+    that may change (``RESUMABLE_CHANGES``) and those the caller allows (a field name or a prefix of one). A record
+    written with the reward section flat is read under the nested names."""
+    a, b = {_nested(k): v for k, v in _flatten(saved).items()}, _flatten(current)
     allowed = set(RESUMABLE_CHANGES) | set(allow)
     diffs = [
         k

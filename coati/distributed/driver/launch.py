@@ -61,22 +61,15 @@ _GRPO_KEYS = {
     "reward_timeout_s": "reward.item_timeout_s",
     "reward_batch_size": "reward.batch_size",
     "reward_stop_on_first_step_error": "reward.stop_on_first_step_error",
-    "env": "reward.env",
-    "env_kwargs": "reward.env_kwargs",
-    "env_max_turns": "reward.env_max_turns",
-    "env_max_tokens": "reward.env_max_tokens",
-    "env_step_timeout_s": "reward.env_step_timeout_s",
+    "env": "reward.env.name",
+    **{f"env_{k}": f"reward.env.{k}" for k in ("kwargs", "max_turns", "max_tokens", "step_timeout_s")},
     "reward_components": "reward.components",
-    "rm_path": "reward.rm_path",
-    "rm_servers": "reward.rm_servers",
-    "rm_cpus": "reward.rm_cpus",
-    "rm_gpus": "reward.rm_gpus",
-    "rm_batch_size": "reward.rm_batch_size",
-    "rm_normalize": "reward.rm_normalize",
-    "rm_placement": "reward.rm_placement",
-    "rm_timeout_s": "reward.rm_timeout_s",
     **{
-        f"judge_{k}": f"reward.judge_{k}"
+        f"rm_{k}": f"reward.rm.{k}"
+        for k in ("path", "servers", "cpus", "gpus", "batch_size", "normalize", "placement", "timeout_s")
+    },
+    **{
+        f"judge_{k}": f"reward.judge.{k}"
         for k in (
             "path",
             "backend",

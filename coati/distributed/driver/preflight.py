@@ -152,7 +152,7 @@ def check_inputs(config: Config) -> Inputs:
             if not data:
                 raise ValueError(f"every {what} row's prompt is over max_prompt_tokens={limit}; raise it")
         overlong[what] = len(over)
-    if cfg.reward.env is not None:  # the environment scores episodes: its inputs instead of the reward function's
+    if cfg.reward.episodes:  # the environment scores episodes: its inputs instead of the reward function's
         check_env_inputs(cfg, rows, "training set", tokenizer)
         if eval_rows:
             check_env_inputs(cfg, eval_rows, "eval set", tokenizer)
@@ -211,11 +211,11 @@ def check_files(config: Config) -> Files:
         check_model_files(inference_model_path, "inference model")
     rows = load_rows(**train_dataset)
     eval_rows = load_rows(**eval_dataset) if eval_dataset else []
-    if cfg.reward.rm_path is not None:
-        check_reward_model(cfg.reward.rm_path)
-    if cfg.reward.judge_path is not None:
-        check_judge(cfg.reward.judge_path, cfg.reward.judge_template, {"training set": rows, "eval set": eval_rows})
-    if cfg.reward.env is None:
+    if cfg.reward.rm.path is not None:
+        check_reward_model(cfg.reward.rm.path)
+    if cfg.reward.judge.path is not None:
+        check_judge(cfg.reward.judge.path, cfg.reward.judge.template, {"training set": rows, "eval set": eval_rows})
+    if not cfg.reward.episodes:
         check_reward_inputs(cfg, rows, "training set")
         if eval_rows:
             check_reward_inputs(cfg, eval_rows, "eval set")
@@ -303,10 +303,9 @@ def resources_needed(r, slots: list) -> dict[str, float]:
     """{"CPU": n, "GPU": n} the run's actors take: producers and consumers (``slots``) and the reward's model
     servers."""
     cpus, gpus = sum(s.num_cpus for s in slots), sum(s.num_gpus for s in slots)
-    if r.rm_path is not None:
-        cpus, gpus = cpus + r.rm_servers * r.rm_cpus, gpus + r.rm_servers * r.rm_gpus
-    if r.judge_path is not None:
-        cpus, gpus = cpus + r.judge_servers * r.judge_cpus, gpus + r.judge_servers * r.judge_gpus
+    for server in (r.rm, r.judge):
+        if server.path is not None:
+            cpus, gpus = cpus + server.servers * server.cpus, gpus + server.servers * server.gpus
     return {"CPU": cpus, "GPU": gpus}
 
 
@@ -318,8 +317,8 @@ def check_sandbox(r) -> tuple[str | None, bool, bool]:
     """Where the run executes model-written code: (the sandbox's description, whether its isolation is degraded,
     whether it bounds each run as a whole), after refusing degraded isolation the run does not allow; (None, False,
     True) where it executes none."""
-    if r.env is not None:
-        runs_code = r.env in CODE_ENVS
+    if r.episodes:
+        runs_code = r.env.name in CODE_ENVS
     else:
         runs_code = r.fn in CODE_REWARDS or bool(set(r.components) & set(CODE_REWARDS))
     if not runs_code:
@@ -406,16 +405,16 @@ def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, li
     """({component: server slots}, producer slots) for the reward's model components (rm, judge)."""
 
     slots = {}
-    for c, path in (("rm", r.rm_path), ("judge", r.judge_path)):
-        if path is not None:
+    for c, server in (("rm", r.rm), ("judge", r.judge)):
+        if server.path is not None:
             slots[c], producers = plan_servers(
-                getattr(r, f"{c}_placement"),
-                getattr(r, f"{c}_servers"),
-                getattr(r, f"{c}_cpus"),
-                getattr(r, f"{c}_gpus"),
+                server.placement,
+                server.servers,
+                server.cpus,
+                server.gpus,
                 nodes,
                 producers,
-                f"{c}_placement",
+                f"reward.{c}.placement",
             )
     return slots, producers
 
@@ -442,7 +441,7 @@ def check_reward_model(path: str) -> None:
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
-            f"reward model {path} is not a model folder (no config.json); rm_path takes a local "
+            f"reward model {path} is not a model folder (no config.json); reward.rm.path takes a local "
             "AutoModelForSequenceClassification folder"
         )
     config = AutoConfig.from_pretrained(path)
@@ -458,14 +457,15 @@ def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> No
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
-            f"judge {path} is not a model folder (no config.json); judge_path takes a local generative model folder"
+            f"judge {path} is not a model folder (no config.json); reward.judge.path takes a local generative model "
+            "folder"
         )
     if "rubric" in template_fields(template):
         for what, rows in row_sets.items():
             missing = [i for i, row in enumerate(rows) if row.get("rubric") in (None, "")]
             if missing:
                 raise ValueError(
-                    f"judge_template shows {{rubric}}, but {what} row {missing[0]} ({len(missing)} rows "
+                    f"reward.judge.template shows {{rubric}}, but {what} row {missing[0]} ({len(missing)} rows "
                     "in all) has no 'rubric' column value; add one to every row or drop {rubric} from "
                     "the template"
                 )
@@ -473,23 +473,23 @@ def check_judge(path: str, template: str, row_sets: dict[str, list[dict]]) -> No
 
 def check_env_inputs(cfg: Config, rows: list[dict], what: str, tokenizer) -> None:
     """The environment resolves, its chat template closes turns with the end-of-turn token, and each row makes an
-    episode whose first messages fit in env_max_tokens (with room for a turn)."""
+    episode whose first messages fit in reward.env.max_tokens (with room for a turn)."""
 
-    r = cfg.reward
-    env_cls, template = resolve_environment(r.env), TurnTemplate(tokenizer)
+    env = cfg.reward.env
+    env_cls, template = resolve_environment(env.name), TurnTemplate(tokenizer)
     for i, row in enumerate(rows):
         try:
-            messages = check_messages(env_cls(row, **r.env_kwargs).reset(), "reset()")
+            messages = check_messages(env_cls(row, **env.kwargs).reset(), "reset()")
         except (TypeError, ValueError, KeyError) as e:
             raise ValueError(
-                f"{what} row {i}: env {r.env!r} with env_kwargs {r.env_kwargs} cannot start an episode: "
+                f"{what} row {i}: env {env.name!r} with kwargs {env.kwargs} cannot start an episode: "
                 f"{type(e).__name__}: {e}"
             ) from e
         n = len(template.prompt(messages))
-        if n >= r.env_max_tokens:
+        if n >= env.max_tokens:
             raise ValueError(
-                f"{what} row {i}: the episode's first messages take {n} tokens, env_max_tokens is "
-                f"{r.env_max_tokens}; raise env_max_tokens (and max_prompt_tokens)"
+                f"{what} row {i}: the episode's first messages take {n} tokens, reward.env.max_tokens is "
+                f"{env.max_tokens}; raise it (--env-max-tokens, and max_prompt_tokens)"
             )
 
 
@@ -581,7 +581,7 @@ def dataset_kwargs(spec: dict) -> dict:
 def resolve_stream(cfg: Config, backend, max_staleness: int) -> int:
     """``producer.stream_prompts``, refused with the reason where the run cannot keep groups in the engine across
     draws."""
-    requested, lora, env = cfg.producer.stream_prompts, cfg.consumer.lora_rank, cfg.reward.env
+    requested, lora, env = cfg.producer.stream_prompts, cfg.consumer.lora_rank, cfg.reward.env.name
     why = None
     if not backend.STREAMS:
         why = f"the {backend.__name__} engine generates rounds only; use the vllm backend"

@@ -15,6 +15,125 @@ from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """A multi-turn environment: each rollout is an episode of model turns and environment replies, scored by the
+    environment (the reward function is then unused)."""
+
+    name: str | None = None
+    """the environment (tool_math, retry or package.module:Class); None: one completion per prompt"""
+    kwargs: dict = field(default_factory=dict)
+    """options passed to the environment by name"""
+    max_turns: int | None = None
+    """model turns per episode (None: the environment's own limit)"""
+    max_tokens: int = 256
+    """tokens per episode, its first prompt included; a longer conversation is cut there and flagged (at most
+    generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
+    step_timeout_s: float = 30.0
+    """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
+
+    def __post_init__(self):
+        require(
+            self.name is None or (isinstance(self.name, str) and self.name),
+            f"reward.env.name must be an environment name or package.module:Class, got {self.name!r}",
+        )
+        require(isinstance(self.kwargs, dict), f"reward.env.kwargs must be a JSON object (dict), got {self.kwargs!r}")
+        require(
+            self.max_turns is None or self.max_turns >= 1,
+            f"reward.env.max_turns must be >= 1 (or None), got {self.max_turns}",
+        )
+        require(
+            self.max_tokens >= 1 and self.step_timeout_s > 0,
+            f"reward.env.max_tokens must be >= 1 and reward.env.step_timeout_s > 0, got {self.max_tokens}, "
+            f"{self.step_timeout_s}",
+        )
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """A reward model (the ``rm`` component) and the Ray actors that host it."""
+
+    path: str | None = None
+    """an AutoModelForSequenceClassification folder with one output, scoring prompt + completion under its chat
+    template"""
+    servers: int = 1
+    """Ray actors hosting the reward model, shared by all producers"""
+    cpus: float = 1.0
+    """CPUs reserved for each reward-model actor"""
+    gpus: float = 0.0
+    """GPUs (or a share of one) for each reward-model actor"""
+    placement: str = "any"
+    """where the reward-model actors run: any (Ray places them by cpus/gpus), node:K (the K-th alive node, in the
+    order producers fill from), or producer (server i beside producer i mod num_producers; with gpus > 0 it takes
+    that share of the producer's GPU, which then needs one GPU per producer)"""
+    batch_size: int = 8
+    """pairs per reward-model forward"""
+    normalize: str = "none"
+    """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
+    mean and std of every score so far (running)"""
+    timeout_s: float = 120.0
+    """a reward-model call that takes longer stops the run, naming the server"""
+
+    def __post_init__(self):
+        require(
+            self.normalize in NORMALIZATIONS,
+            f"reward.rm.normalize must be one of {NORMALIZATIONS}, got {self.normalize!r}",
+        )
+        check_server_placement(self.placement, "reward.rm.placement")
+        finite(self, "cpus", "gpus", low=0, where="reward.rm")
+        positive(self, "servers", "batch_size", where="reward.rm")
+        require(self.timeout_s > 0, f"reward.rm.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """An LLM judge (the ``judge`` component) and the Ray actors that host it."""
+
+    path: str | None = None
+    """a generative model folder that grades each completion through the template (in [0, 1]; a reply without a
+    readable score counts 0, with the reason)"""
+    backend: str = "transformers"
+    """the judge's inference backend (transformers, vllm)"""
+    template: str = JUDGE_TEMPLATE
+    """the judge's user turn, with {question}, {completion}, and optionally {reference} (the row's gt_answer, or
+    '(none)') and {rubric} (the row's rubric column, which every row must then have)"""
+    max_score: float = 10.0
+    """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
+    max_new_tokens: int = 32
+    """tokens the judge may write per grade"""
+    max_prompt_tokens: int = 1024
+    """the longest judge prompt (template, question, completion, reference); with max_new_tokens at most the judge
+    model's context"""
+    servers: int = 1
+    """Ray actors hosting the judge, shared by all producers"""
+    cpus: float = 1.0
+    """CPUs reserved for each judge actor"""
+    gpus: float = 0.0
+    """GPUs (or a share of one) for each judge actor"""
+    placement: str = "any"
+    """where the judge actors run: any, node:K or producer, as reward.rm.placement"""
+    timeout_s: float = 300.0
+    """a judge call that takes longer stops the run, naming the server"""
+
+    def __post_init__(self):
+        try:
+            fields = template_fields(self.template)
+        except ValueError as e:
+            raise ValueError(f"reward.judge.template is not a format string ({e}): {self.template!r}") from None
+        require(
+            {"question", "completion"} <= fields <= set(FIELDS),
+            f"reward.judge.template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, "
+            f"got fields {sorted(fields)} in {self.template!r}",
+        )
+        positive(self, "servers", "max_new_tokens", "max_prompt_tokens", where="reward.judge")
+        require(
+            self.timeout_s > 0 and self.max_score > 0,
+            f"reward.judge.timeout_s and max_score must be > 0, got {self.timeout_s}, {self.max_score}",
+        )
+        check_server_placement(self.placement, "reward.judge.placement")
+        finite(self, "cpus", "gpus", low=0, where="reward.judge")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     """How completions are scored, and how many scoring failures a run tolerates."""
 
@@ -39,86 +158,21 @@ class RewardConfig:
     """where the code sandbox cannot run bwrap (no unprivileged user namespaces), run model-written code (the code
     reward, tool_math) anyway under degraded isolation: rlimits and, as root, a private network, but no filesystem
     isolation; the console and the run summary say so. Default: such a run is refused at launch"""
-    env: str | None = None
-    """multi-turn environment (tool_math, retry or package.module:Class): each rollout is an episode of model turns
-    and environment replies, scored by the environment (``fn`` is then unused); None: one completion per prompt"""
-    env_kwargs: dict = field(default_factory=dict)
-    """options passed to the environment by name"""
-    env_max_turns: int | None = None
-    """model turns per episode (None: the environment's own limit)"""
-    env_max_tokens: int = 256
-    """tokens per episode, its first prompt included; a longer conversation is cut there and flagged (at most
-    generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
-    env_step_timeout_s: float = 30.0
-    """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
     components: dict = field(default_factory=dict)
     """weights of the reward's named components, summed: the reward function by its name (``fn``), further reward
     functions (registered names or package.module:function, as TRL's list of reward functions with its weights; a
-    function's None counts 0 beside the others'), ``rm`` (the reward model at rm_path) and ``judge``, e.g.
-    {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
-    rm_path: str | None = None
-    """a reward model: an AutoModelForSequenceClassification folder with one output, scoring prompt + completion
-    under its chat template (the ``rm`` component)"""
-    rm_servers: int = 1
-    """Ray actors hosting the reward model, shared by all producers"""
-    rm_cpus: float = 1.0
-    """CPUs reserved for each reward-model actor"""
-    rm_gpus: float = 0.0
-    """GPUs (or a share of one) for each reward-model actor"""
-    rm_placement: str = "any"
-    """where the reward-model actors run: any (Ray places them by rm_cpus/rm_gpus), node:K (the K-th alive node,
-    in the order producers fill from), or producer (server i beside producer i mod num_producers; with rm_gpus > 0
-    it takes that share of the producer's GPU, which then needs one GPU per producer)"""
-    rm_batch_size: int = 8
-    """pairs per reward-model forward"""
-    rm_normalize: str = "none"
-    """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
-    mean and std of every score so far (running)"""
-    rm_timeout_s: float = 120.0
-    """a reward-model call that takes longer stops the run, naming the server"""
-    judge_path: str | None = None
-    """an LLM judge: a generative model folder that grades each completion through judge_template (the ``judge``
-    component, in [0, 1]; a reply without a readable score counts 0, with the reason)"""
-    judge_backend: str = "transformers"
-    """the judge's inference backend (transformers, vllm)"""
-    judge_template: str = JUDGE_TEMPLATE
-    """the judge's user turn, with {question}, {completion}, and optionally {reference} (the row's gt_answer, or
-    '(none)') and {rubric} (the row's rubric column, which every row must then have)"""
-    judge_max_score: float = 10.0
-    """the top of the judge's 'Score: N' scale (a reply 'Score: x/M' uses its own M)"""
-    judge_max_new_tokens: int = 32
-    """tokens the judge may write per grade"""
-    judge_max_prompt_tokens: int = 1024
-    """the longest judge prompt (template, question, completion, reference); with judge_max_new_tokens at most the
-    judge model's context"""
-    judge_servers: int = 1
-    """Ray actors hosting the judge, shared by all producers"""
-    judge_cpus: float = 1.0
-    """CPUs reserved for each judge actor"""
-    judge_gpus: float = 0.0
-    """GPUs (or a share of one) for each judge actor"""
-    judge_placement: str = "any"
-    """where the judge actors run: any, node:K or producer, as rm_placement"""
-    judge_timeout_s: float = 300.0
-    """a judge call that takes longer stops the run, naming the server"""
+    function's None counts 0 beside the others'), ``rm`` (the reward model, rm.path) and ``judge`` (judge.path),
+    e.g. {"math": 1.0, "rm": 0.5}; empty: the reward function alone"""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """a multi-turn environment in place of the reward function"""
+    rm: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """a reward model"""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """an LLM judge"""
 
     def __post_init__(self):
         require(isinstance(self.fn, str) and self.fn, f"reward fn must be a name or module:function, got {self.fn!r}")
-        require(
-            self.env is None or (isinstance(self.env, str) and self.env),
-            f"env must be an environment name or package.module:Class, got {self.env!r}",
-        )
-        require(isinstance(self.env_kwargs, dict), f"env_kwargs must be a JSON object (dict), got {self.env_kwargs!r}")
-        require(
-            self.env_max_turns is None or self.env_max_turns >= 1,
-            f"env_max_turns must be >= 1 (or None), got {self.env_max_turns}",
-        )
         self._check_components()
-        require(
-            self.env_max_tokens >= 1 and self.env_step_timeout_s > 0,
-            f"env_max_tokens must be >= 1 and env_step_timeout_s > 0, got {self.env_max_tokens}, "
-            f"{self.env_step_timeout_s}",
-        )
         require(
             isinstance(self.kwargs, dict),
             f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
@@ -135,7 +189,6 @@ class RewardConfig:
         )
 
     def _check_components(self) -> None:
-
         known = {self.fn, "rm", "judge"}
         require(
             isinstance(self.components, dict)
@@ -156,41 +209,20 @@ class RewardConfig:
             "reward NaN); give each component a finite number",
         )
         require(
-            ("rm" in self.components) == (self.rm_path is not None),
-            f"the rm component and rm_path go together: components {sorted(self.components)}, rm_path "
-            f"{self.rm_path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm_path set",
+            ("rm" in self.components) == (self.rm.path is not None),
+            f"the rm component and reward.rm.path go together: components {sorted(self.components)}, rm.path "
+            f"{self.rm.path!r}; e.g. components {{'{self.fn}': 1.0, 'rm': 0.5}} with rm.path set",
         )
         require(
-            ("judge" in self.components) == (self.judge_path is not None),
-            f"the judge component and judge_path go together: components {sorted(self.components)}, judge_path "
-            f"{self.judge_path!r}",
+            ("judge" in self.components) == (self.judge.path is not None),
+            f"the judge component and reward.judge.path go together: components {sorted(self.components)}, "
+            f"judge.path {self.judge.path!r}",
         )
 
-        try:
-            fields = template_fields(self.judge_template)
-        except ValueError as e:
-            raise ValueError(f"judge_template is not a format string ({e}): {self.judge_template!r}") from None
-        require(
-            {"question", "completion"} <= fields <= set(FIELDS),
-            f"judge_template must contain {{question}} and {{completion}} and no field but {list(FIELDS)}, got "
-            f"fields {sorted(fields)} in {self.judge_template!r}",
-        )
-        positive(self, "judge_servers")
-        require(
-            self.judge_timeout_s > 0 and self.judge_max_score > 0,
-            f"judge_timeout_s and judge_max_score must be > 0, got {self.judge_timeout_s}, {self.judge_max_score}",
-        )
-        require(
-            self.rm_normalize in NORMALIZATIONS,
-            f"rm_normalize must be one of {NORMALIZATIONS}, got {self.rm_normalize!r}",
-        )
-
-        check_server_placement(self.rm_placement, "rm_placement")
-        check_server_placement(self.judge_placement, "judge_placement")
-        finite(self, "rm_cpus", "rm_gpus", "judge_cpus", "judge_gpus", low=0)
-        positive(self, "rm_servers")
-        positive(self, "rm_batch_size")
-        require(self.rm_timeout_s > 0, f"rm_timeout_s must be > 0, got {self.rm_timeout_s}")
+    @property
+    def episodes(self) -> bool:
+        """Rollouts are episodes of a multi-turn environment (``env.name`` set)."""
+        return self.env.name is not None
 
     def calls_of(self, name: str, group_size: int) -> int:
         """Completions per call of reward function ``name`` (``batch_size`` resolved)."""

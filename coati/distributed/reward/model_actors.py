@@ -60,7 +60,7 @@ class RewardModelClient:
             except GetTimeoutError as e:
                 raise RuntimeError(
                     f"reward model server {self.names[i]} did not answer within {self.timeout_s:g} s "
-                    "(reward.rm_timeout_s)"
+                    "(reward.rm.timeout_s)"
                 ) from e
             except RayActorError as e:
                 raise RuntimeError(f"reward model server {self.names[i]} died: {e}") from e

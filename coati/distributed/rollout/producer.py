@@ -86,14 +86,15 @@ class Producer:
         r = self.reward
         self.scorer = Scorer(r, self.n, self.tokenizer, self.reward_servers)
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
-        if r.env is not None:
+        if r.episodes:
+            env = r.env
             self.episodes = EpisodeRunner(
-                resolve_environment(r.env),
-                r.env_kwargs,
+                resolve_environment(env.name),
+                env.kwargs,
                 TurnTemplate(self.tokenizer),
-                r.env_max_turns,
-                r.env_max_tokens,
-                r.env_step_timeout_s,
+                env.max_turns,
+                env.max_tokens,
+                env.step_timeout_s,
             )
         self.draws = self._draws()
         wire = self.backend.weight_dtype()

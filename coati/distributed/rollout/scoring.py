@@ -44,7 +44,7 @@ class Scorer:
             }
             pool = RewardPools(pool, others)
         self.pool = pool
-        timeouts = {"rm": r.rm_timeout_s, "judge": r.judge_timeout_s}
+        timeouts = {"rm": r.rm.timeout_s, "judge": r.judge.timeout_s}
         self.models = {
             c: RewardModelClient([a for _, a in named], [n for n, _ in named], timeouts[c])
             for c, named in (servers or {}).items()
@@ -138,10 +138,10 @@ class Scorer:
             out.extras["rm_truncated"] = np.array([bool(note) for _, note in scored])  # scored on the text's end
             if not np.isfinite(scores).all():
                 raise ValueError(
-                    f"reward model {r.rm_path} returned {int((~np.isfinite(scores)).sum())} non-finite "
+                    f"reward model {r.rm.path} returned {int((~np.isfinite(scores)).sum())} non-finite "
                     f"scores of {len(scores)}; check the model (its head, its dtype)"
                 )
-            values["rm"] = normalize(r.rm_normalize, scores, out.group_ids, self.rm_norm)
+            values["rm"] = normalize(r.rm.normalize, scores, out.group_ids, self.rm_norm)
         if "judge" in self.models:
             graded = self.models["judge"].score(
                 prompts, texts, [row.get("gt_answer") for row in owners], [row.get("rubric") for row in owners]
