@@ -139,11 +139,10 @@ def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags
 
 def held_out_rows(job, size: int) -> list[dict]:
     """``size`` rows of the default job's held-out task, drawn as it draws its own."""
-    from coati.distributed.driver.preflight import dataset_kwargs
-    from coati.distributed.rollout.data import load_rows
+    import dataclasses
 
     _, spec = job.data.datasets(job.run.seed)
-    return load_rows(**dataset_kwargs(dict(spec, size=size)))
+    return dataclasses.replace(spec, size=size).load()
 
 
 def ratio(coati: float, trl: float) -> str:
@@ -186,8 +185,6 @@ def main():
 
     from coati.default_model import default_model_path
     from coati.distributed.config.cli import parse_config
-    from coati.distributed.driver.preflight import dataset_kwargs
-    from coati.distributed.rollout.data import load_rows
 
     flags = shlex.split(args.coati_flags)
     try:
@@ -221,7 +218,7 @@ def main():
         seconds, steps = loop_seconds(folder)
         times = [loop_seconds(folder, n)[0] for n in sorted(args.at_steps)]
         train_spec, _ = job.data.datasets(seed)
-        train = load_rows(**dataset_kwargs(train_spec))
+        train = train_spec.load()
         with tempfile.TemporaryDirectory() as d:
             print(f"  seed {seed}: TRL for {seconds:.0f} s of training", flush=True)
             trl = run_trl(

@@ -414,7 +414,7 @@ def test_jsonl_is_used_whole_unless_a_size_is_given():
     from coati.distributed.config.cli import parse_config
 
     def train_size(argv):
-        return parse_config(argv).data.datasets(0)[0]["size"]
+        return parse_config(argv).data.datasets(0)[0].size
 
     assert train_size(["-d", "data.jsonl"]) is None
     assert train_size(["-d", "data.jsonl", "--train-size", "5"]) == 5

@@ -11,6 +11,7 @@ from coati.distributed.checks import field_docs
 from coati.distributed.config.cli import build_parser, flags, parse_config
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 from coati.distributed.driver.launch import config_from_launch_kwargs
+from coati.distributed.rollout.data import DatasetSpec
 
 
 def leaf_keys():
@@ -252,8 +253,15 @@ def test_launch_distributed_refuses_what_has_no_field():
         grpo_config={"lr": 1e-3, "reward_kwargs": {"a": 1}},
         save_dir="out/run",
     )
-    assert c.data.datasets(0)[0] == {"rows": [{"prompt": "q"}], "seed": 5, "size": 1}
+    assert c.data.datasets(0)[0] == DatasetSpec([{"prompt": "q"}], seed=5, size=1)
     assert c.consumer.learning_rate == 1e-3 and c.reward.kwargs == {"a": 1} and c.run.folder == "out/run"
+    # The reward's flat keys reach its nested sections.
+    grpo = {"rm_path": "rm", "rm_servers": 2, "reward_components": {"math": 1, "rm": 1}, "env": "retry"}
+    c = config_from_launch_kwargs(
+        **base, train_dataset_config={"path": "x"}, grpo_config={**grpo, "env_max_turns": 2, "judge_max_score": 5}
+    )
+    assert (c.reward.rm.path, c.reward.rm.servers, c.reward.judge.max_score) == ("rm", 2, 5)
+    assert (c.reward.env.name, c.reward.env.max_turns) == ("retry", 2)
     # A dataset dict's split and column options reach the data section (none is dropped) ...
     c = config_from_launch_kwargs(
         **base,

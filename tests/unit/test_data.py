@@ -239,9 +239,8 @@ def test_a_held_out_set_of_the_training_task_shares_no_prompt_with_the_training_
     """The default job's held-out prompts come from the training task's generator with another seed; 11 of its 96
     were training prompts. They are drawn apart from the training set now, still 96 of them."""
     from coati.distributed.config.tree import Config
-    from coati.distributed.driver.preflight import dataset_kwargs
 
     train, held_out = Config().data.datasets(0)
-    train_rows, held_rows = load_rows(**dataset_kwargs(train)), load_rows(**dataset_kwargs(held_out))
+    train_rows, held_rows = train.load(), held_out.load()
     assert len(held_rows) == 96 and len(train_rows) == 512
     assert not {r["prompt"] for r in train_rows} & {r["prompt"] for r in held_rows}

@@ -23,7 +23,7 @@ from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.loggers import LOGGERS
 from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.config import ProducerConfig
-from coati.distributed.rollout.data import PromptFormat
+from coati.distributed.rollout.data import DatasetSpec, PromptFormat
 from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
@@ -126,42 +126,20 @@ class DataConfig:
         local = not isinstance(self.train, str) or os.path.exists(self.train)  # rows or files: no splits
         return local or self.eval_split == self.train_split
 
-    def datasets(self, run_seed: int) -> tuple[dict, dict | None]:
-        """(the training set, the held-out set or None) as the preflight reads them."""
+    def datasets(self, run_seed: int) -> tuple[DatasetSpec, DatasetSpec | None]:
+        """(the training set, the held-out set or None) as the run reads them."""
         gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")
         seed = run_seed if self.train_seed is None else self.train_seed
-        columns = {
-            k: v
-            for k, v in (
-                ("subset", self.subset),
-                ("prompt_column", self.prompt_column),
-                ("answer_column", self.answer_column),
-            )
-            if v is not None
-        }
-        train = {
-            "rows" if isinstance(self.train, list) else "path": self.train,
-            "seed": seed,
-            "size": DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size,
-            **columns,
-        }
-        if self.train_split != "train":
-            train["split"] = self.train_split
-        if self.system_prompt is not None:
-            train["system_prompt"] = self.system_prompt
+        columns = {"subset": self.subset, "prompt_column": self.prompt_column, "answer_column": self.answer_column}
+        size = DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size
+        train = DatasetSpec(self.train, size, seed, self.train_split, **columns)
         source = self.eval if self.eval is not None else (self.train if gym else None)
         if source is None:
             return train, None
-        held_out = {
-            "rows" if isinstance(source, list) else "path": source,
-            "size": self.eval_size,
-            "seed": seed + 10_000 if self.eval_seed is None else self.eval_seed,
-            "split": self.eval_split,
-            **columns,
-        }
-        if gym and source == self.train:  # the same generator: its held-out prompts are none of the training ones
-            held_out["disjoint_from"] = {k: v for k, v in train.items() if k != "system_prompt"}
-        return train, held_out
+        held_seed = seed + 10_000 if self.eval_seed is None else self.eval_seed
+        # the same generator: the held-out prompts are drawn apart from the training ones
+        apart = train if gym and source == self.train else None
+        return train, DatasetSpec(source, self.eval_size, held_seed, self.eval_split, **columns, disjoint_from=apart)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def dry_run(config: Config) -> dict:
         "reward_servers": {k: len(v) for k, v in plan.server_slots.items()},
         "model": plan.train_model_path,
         "training_rows": plan.num_rows,
-        "held_out_rows": None if plan.eval_dataset is None else plan.eval_dataset.get("size"),
+        "held_out_rows": None if plan.eval_dataset is None else plan.eval_dataset.size,
         "prompts_per_step": per_step,
         "completions_per_step": per_step * config.producer.num_generations,
         "steps_per_episode": plan.steps_per_episode,

@@ -24,10 +24,11 @@ from coati.distributed.driver.checkpoint import (
     fingerprint,
 )
 from coati.distributed.driver.loop import Run
-from coati.distributed.driver.preflight import Inputs, dataset_kwargs, preflight
+from coati.distributed.driver.preflight import Inputs, preflight
 from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.run_folder import RunFolder, check_shared
 from coati.distributed.model_files import run_disk_bytes
+from coati.distributed.rollout.data import dataset_spec
 
 __all__ = ["ALGO_MAP", "Config", "launch", "resolve_algorithm"]
 log = logging.getLogger(__name__)
@@ -239,8 +240,11 @@ def config_from_launch_kwargs(
         raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(set(_GRPO_KEYS) | _ALGO_FIELDS)}")
     tree: dict[str, dict] = {"producer": {}, "consumer": {}, "reward": {}}
     for key, value in grpo.items():
-        section, field_name = _GRPO_KEYS[key].split(".")
-        tree[section][field_name] = value
+        *parents, field_name = _GRPO_KEYS[key].split(".")
+        node = tree
+        for parent in parents:  # a nested section: reward.rm.path
+            node = node.setdefault(parent, {})
+        node[field_name] = value
     train, held_out = _dataset_fields(train_dataset_config, "train"), _dataset_fields(eval_dataset_config, "eval")
     system_prompt = (train_dataset_config or {}).get("system_prompt")
     inference = dict(inference_model_config)
@@ -307,13 +311,11 @@ def _dataset_fields(spec: dict | None, prefix: str) -> dict:
 
     if spec is None:
         return {}
-    checked = dataset_kwargs({k: v for k, v in spec.items() if k != "system_prompt"})
-    if "exclude" in checked:
-        raise ValueError("exclude is set by filter_overlong_prompts, not by a dataset config; remove it")
-    out = {prefix: checked["source"], f"{prefix}_size": checked["size"], f"{prefix}_seed": spec.get("seed")}
-    if "split" in checked:
-        out[f"{prefix}_split"] = checked["split"]
-    return out | {k: checked[k] for k in ("subset", "prompt_column", "answer_column") if k in checked}
+    checked = dataset_spec(spec)
+    out = {prefix: checked.source, f"{prefix}_size": checked.size, f"{prefix}_seed": spec.get("seed")}
+    if "split" in spec:
+        out[f"{prefix}_split"] = checked.split
+    return out | {k: spec[k] for k in ("subset", "prompt_column", "answer_column") if spec.get(k) is not None}
 
 
 def _merge_datasets(train: dict, held_out: dict) -> dict:
@@ -341,10 +343,8 @@ def run_record(config: Config, plan) -> dict:
         "system_prompt": plan.prompt_format.system_prompt,
         "raw_prompt": plan.prompt_format.raw,
     }
-    spec = plan.train_dataset
     dataset = {
-        "source": spec["source"] if isinstance(spec["source"], str) else f"{len(spec['source'])} rows given",
-        **{k: spec[k] for k in ("split", "subset", "prompt_column", "answer_column", "size") if spec.get(k)},
+        **plan.train_dataset.description(),
         "rows": plan.num_rows,
         "overlong_dropped": plan.overlong.get("train", 0),
     }

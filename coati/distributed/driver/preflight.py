@@ -5,6 +5,7 @@ plan, the number of rows) into a ``Plan``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -26,10 +27,10 @@ from coati.distributed.reward.math_reward import boxed, check_gold, math_reward,
 from coati.distributed.reward.sandbox import Sandbox, SandboxUnavailable
 from coati.distributed.rollout.data import (
     HUB_ID,
+    DatasetSpec,
     PromptFormat,
     check_chat_template,
     hub_offline,
-    load_rows,
     reward_fields,
 )
 
@@ -78,10 +79,10 @@ class Inputs:
     train_model_path: str
     inference_model_path: str
     tokenizer_path: str
-    train_dataset: dict
-    """``load_rows`` arguments of the training set"""
-    eval_dataset: dict | None
-    """``load_rows`` arguments of the held-out set (None: no evaluation)"""
+    train_dataset: DatasetSpec
+    """the training set (overlong rows excluded where they are dropped)"""
+    eval_dataset: DatasetSpec | None
+    """the held-out set (None: no evaluation)"""
     num_rows: int
     prompt_format: PromptFormat
     """chat template and system prompt, or raw text"""
@@ -142,12 +143,12 @@ def check_inputs(config: Config) -> Inputs:
                 f"model {path} has vocab_size={vocab} but its tokenizer has {len(tokenizer)} tokens: sampled ids past "
                 "the vocabulary would crash generation; resize the model's embeddings or use its own tokenizer"
             )
-    overlong = {}
+    overlong, specs = {}, {"train": files.train_dataset, "eval": files.eval_dataset}
     limit, drop = cfg.generation.max_prompt_tokens, cfg.data.filter_overlong_prompts
-    for what, spec, data in (("train", files.train_dataset, rows), ("eval", files.eval_dataset, eval_rows)):
+    for what, data in (("train", rows), ("eval", eval_rows)):
         over = overlong_rows(data, files.prompt_format, tokenizer, limit, what, drop)
         if over:  # the producers read the same rows and leave these out
-            spec["exclude"], dropped = tuple(over), set(over)
+            specs[what], dropped = dataclasses.replace(specs[what], exclude=tuple(over)), set(over)
             data[:] = [row for i, row in enumerate(data) if i not in dropped]
             if not data:
                 raise ValueError(f"every {what} row's prompt is over max_prompt_tokens={limit}; raise it")
@@ -162,8 +163,8 @@ def check_inputs(config: Config) -> Inputs:
         files.train_model_path,
         files.inference_model_path,
         files.tokenizer_path,
-        files.train_dataset,
-        files.eval_dataset,
+        specs["train"],
+        specs["eval"],
         len(rows),
         files.prompt_format,
         rows_digest(rows),
@@ -177,13 +178,13 @@ def check_inputs(config: Config) -> Inputs:
 
 @dataclass
 class Files:
-    """What ``check_files`` resolved: the model folders, the datasets as ``load_rows`` arguments and their rows."""
+    """What ``check_files`` resolved: the model folders, the datasets and their rows."""
 
     train_model_path: str
     inference_model_path: str
     tokenizer_path: str
-    train_dataset: dict
-    eval_dataset: dict | None
+    train_dataset: DatasetSpec
+    eval_dataset: DatasetSpec | None
     prompt_format: PromptFormat
     rows: tuple[list[dict], list[dict]]
     """(training rows, held-out rows)"""
@@ -199,18 +200,12 @@ def check_files(config: Config) -> Files:
     tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
     backend_class(cfg.producer.backend).check_options(m.inference_options or {})
     train_dataset, eval_dataset = config.data.datasets(config.run.seed)
-    train_dataset = dict(train_dataset)
-    prompt_format = PromptFormat(train_dataset.pop("system_prompt", None), config.data.raw_prompt)
-    eval_dataset = dict(eval_dataset) if eval_dataset else None
-    if eval_dataset:
-        eval_dataset.pop("system_prompt", None)
-    train_dataset = dataset_kwargs(train_dataset)
-    eval_dataset = dataset_kwargs(eval_dataset) if eval_dataset else None
+    train_dataset, eval_dataset = train_dataset.absolute(), eval_dataset and eval_dataset.absolute()
     check_model_files(train_model_path, "train model")
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
-    rows = load_rows(**train_dataset)
-    eval_rows = load_rows(**eval_dataset) if eval_dataset else []
+    rows = train_dataset.load()
+    eval_rows = eval_dataset.load() if eval_dataset else []
     if cfg.reward.rm.path is not None:
         check_reward_model(cfg.reward.rm.path)
     if cfg.reward.judge.path is not None:
@@ -229,7 +224,7 @@ def check_files(config: Config) -> Files:
         tokenizer_path,
         train_dataset,
         eval_dataset,
-        prompt_format,
+        config.data.prompt_format(),
         (rows, eval_rows),
     )
 
@@ -536,46 +531,6 @@ def _row_excerpt(row: dict, limit: int = 120) -> str:
 
     text = json.dumps(row, default=str, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + "...}"
-
-
-DATASET_KEYS = (
-    "path",
-    "rows",
-    "size",
-    "seed",
-    "system_prompt",
-    "split",
-    "subset",
-    "prompt_column",
-    "answer_column",
-    "exclude",
-)
-
-
-def dataset_kwargs(spec: dict) -> dict:
-    """A dataset config as ``load_rows`` arguments, a local file or folder made absolute (actors run elsewhere)."""
-    spec = dict(spec)
-    source = spec.pop("path", None) or spec.pop("rows", None) or spec.pop("source", None)
-    out = {"source": source, "size": spec.pop("size", None), "seed": spec.pop("seed", 0)}
-    if out["source"] is None:
-        raise ValueError(
-            "dataset config needs 'path' (a dataset file, folder, hub id or reasoning_gym:<task>) or 'rows' (a list)"
-        )
-    for key in ("split", "subset", "prompt_column", "answer_column", "exclude"):
-        if spec.get(key) is not None:
-            out[key] = spec.pop(key)
-        spec.pop(key, None)
-    if spec.get("disjoint_from") is not None:  # the training set the held-out one is drawn apart from
-        out["disjoint_from"] = dataset_kwargs(spec.pop("disjoint_from"))
-    spec.pop("disjoint_from", None)
-    if spec:
-        raise ValueError(f"unknown dataset config key(s) {sorted(spec)}; known: {', '.join(DATASET_KEYS)}")
-    if isinstance(source, str) and not source.startswith("reasoning_gym:") and os.path.exists(source):
-        out["source"] = os.path.abspath(source)
-    size = out["size"]
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-        raise ValueError(f"dataset size must be a positive integer (or None for every row), got {size!r}")
-    return out
 
 
 def resolve_stream(cfg: Config, backend, max_staleness: int) -> int:

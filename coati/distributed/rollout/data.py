@@ -21,12 +21,83 @@ import math
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
 """file suffix -> the ``datasets`` builder that reads it (JSONL files are read here unless inside a folder)"""
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One set of prompts as a run reads it: the source and how rows are taken from it (``load_rows``'s
+    arguments). The driver makes it from the data section (``DataConfig.datasets``) and hands it to the producers
+    whole."""
+
+    source: str | list
+    """a file, folder, hub id or reasoning_gym:<task>, or a list of rows"""
+    size: int | None = None
+    """rows taken (None: every row; a reasoning-gym task draws this many)"""
+    seed: int = 0
+    """the seed a reasoning-gym task draws from"""
+    split: str = "train"
+    subset: str | None = None
+    prompt_column: str | None = None
+    answer_column: str | None = None
+    exclude: tuple[int, ...] = ()
+    """row indices left out (the overlong prompts the driver dropped)"""
+    disjoint_from: DatasetSpec | None = None
+    """a set of the same reasoning-gym task whose prompts this one passes over (the training set, for the
+    held-out set drawn from the same generator)"""
+
+    def __post_init__(self):
+        if isinstance(self.source, str) and not self.source.strip() or not isinstance(self.source, (str, list)):
+            raise ValueError(
+                f"dataset source must be a dataset file, folder, hub id or reasoning_gym:<task>, or a list of rows, "
+                f"got {self.source!r}"
+            )
+        size = self.size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"dataset size must be a positive integer (or None for every row), got {size!r}")
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+    def load(self) -> list[dict]:
+        """The rows (see ``load_rows``)."""
+        return load_rows(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    def absolute(self) -> DatasetSpec:
+        """The spec with a local file or folder made absolute (actors may run in other folders)."""
+        source, under = self.source, self.disjoint_from
+        if isinstance(source, str) and not source.startswith("reasoning_gym:") and os.path.exists(source):
+            source = os.path.abspath(source)
+        return replace(self, source=source, disjoint_from=under.absolute() if under else None)
+
+    def description(self) -> dict:
+        """What a run folder records of it: the source (a list as its length) and the options that are set."""
+        source = self.source if isinstance(self.source, str) else f"{len(self.source)} rows given"
+        shown = ("split", "subset", "prompt_column", "answer_column", "size")
+        return {"source": source, **{k: getattr(self, k) for k in shown if getattr(self, k)}}
+
+
+DATASET_KEYS = ("path", "rows", "size", "seed", "system_prompt", "split", "subset", "prompt_column", "answer_column")
+"""the keys of a ColossalChat dataset config (``train_dataset_config``)"""
+
+
+def dataset_spec(config: dict) -> DatasetSpec:
+    """A ColossalChat dataset config ({path or rows, size, seed, system_prompt}, plus split and the column options;
+    the system prompt aside) as a ``DatasetSpec``, refusing keys it does not have."""
+    unknown = sorted(set(config) - set(DATASET_KEYS))
+    if unknown:
+        why = " (set by filter_overlong_prompts, not by a dataset config)" if "exclude" in unknown else ""
+        raise ValueError(f"unknown dataset config key(s) {unknown}{why}; known: {', '.join(DATASET_KEYS)}")
+    source = config.get("path") or config.get("rows")
+    if source is None:
+        raise ValueError(
+            "dataset config needs 'path' (a dataset file, folder, hub id or reasoning_gym:<task>) or 'rows' (a list)"
+        )
+    options = {k: config[k] for k in ("split", "subset", "prompt_column", "answer_column") if config.get(k) is not None}
+    return DatasetSpec(source, config.get("size"), config.get("seed") or 0, **options)
 
 
 def load_rows(
@@ -38,7 +109,7 @@ def load_rows(
     prompt_column: str | None = None,
     answer_column: str | None = None,
     exclude: tuple[int, ...] = (),
-    disjoint_from: dict | None = None,
+    disjoint_from: DatasetSpec | None = None,
 ) -> list[dict]:
     """Rows from ``source`` (see the module docstring): the first ``size`` (for a reasoning-gym task, ``size`` items
     drawn from ``seed``), mapped to rows by the column options, minus the indices in ``exclude``. A reasoning-gym
@@ -48,7 +119,7 @@ def load_rows(
     if isinstance(source, list):
         rows = [as_row(r, *columns, f"row {i}") for i, r in enumerate(source)]
     elif isinstance(source, str) and source.startswith("reasoning_gym:"):
-        taken = {r["prompt"] for r in load_rows(**disjoint_from)} if disjoint_from else set()
+        taken = {r["prompt"] for r in disjoint_from.load()} if disjoint_from else set()
         rows = disjoint_gym_rows(source.split(":", 1)[1], size or 100, seed, taken)
     elif isinstance(source, str) and source.endswith(".jsonl") and os.path.isfile(source):
         rows = read_jsonl(source, columns)

@@ -20,7 +20,7 @@ from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch
 from coati.distributed.reward import RewardResult
-from coati.distributed.rollout.data import DataCursor, load_rows
+from coati.distributed.rollout.data import DataCursor
 from coati.distributed.rollout.draw import Rounds, Stream, label_versions
 from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
 from coati.distributed.rollout.receipt import PushReceipt
@@ -72,7 +72,7 @@ class Producer:
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
         self.backend.between_steps = self.threads.apply  # in the generating thread, whose OpenMP setting it uses
         self.tokenizer = self.backend.tokenizer
-        self.rows = load_rows(**self.dataset_spec)
+        self.rows = self.dataset_spec.load()
         a = self.algorithm
         self.cursor = DataCursor(
             len(self.rows),
@@ -82,7 +82,7 @@ class Producer:
             skip_after=a.skip_no_signal_after,
             recheck=a.skip_recheck,
         )
-        self.eval_rows = load_rows(**self.eval_spec) if self.eval_spec else []
+        self.eval_rows = self.eval_spec.load() if self.eval_spec else []
         r = self.reward
         self.scorer = Scorer(r, self.n, self.tokenizer, self.reward_servers)
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
