@@ -65,56 +65,28 @@ def build_tiny_model(
     ``max_positions`` the longest sequence (prompt and response) it takes. GPT-2
     always ties its LM head to the embedding; the Gemma families tie it unless told otherwise."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {list(ARCHITECTURES)}, got {arch!r}")
     path = Path(path)
     tokenizer = char_tokenizer(path)
-    vocab = -(-len(tokenizer) // vocab_multiple) * vocab_multiple
-    if tie_word_embeddings is None:
-        tie_word_embeddings = arch in ("gemma2", "gemma3")
-    special = dict(
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id
+    shape = dict(
+        vocab_size=-(-len(tokenizer) // vocab_multiple) * vocab_multiple,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_positions=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
     )
     if arch == "gpt2":
-        config = transformers.GPT2Config(
-            vocab_size=vocab,
-            n_embd=hidden_size,
-            n_layer=num_layers,
-            n_head=num_heads,
-            n_positions=max_positions,
-            n_inner=intermediate_size,
-            **special,
-        )
+        config = _gpt2_config(**shape)
     else:
-        classes = {
-            "llama": "LlamaConfig",
-            "qwen2": "Qwen2Config",
-            "qwen3": "Qwen3Config",
-            "mistral": "MistralConfig",
-            "gemma2": "Gemma2Config",
-            "gemma3": "Gemma3TextConfig",
-            "phi3": "Phi3Config",
-        }
-        extra = (
-            {}
-            if head_dim is None and arch not in ("qwen3", "gemma2", "gemma3", "llama", "mistral")
-            else {"head_dim": head_dim or hidden_size // num_heads}
-        )
-        config = getattr(transformers, classes[arch])(
-            vocab_size=vocab,
-            hidden_size=hidden_size,
-            intermediate_size=intermediate_size or 2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=num_kv_heads or num_heads,
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=tie_word_embeddings,
-            **extra,
-            **special,
-        )
+        tied = arch in ("gemma2", "gemma3") if tie_word_embeddings is None else tie_word_embeddings
+        config = _decoder_config(arch, tied, num_kv_heads, head_dim, **shape)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -122,6 +94,62 @@ def build_tiny_model(
     model.save_pretrained(str(path))
     (path / "coati_tiny.json").write_text(json.dumps({"arch": arch, "seed": seed}))
     return path
+
+
+def _gpt2_config(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_positions, **special):
+    import transformers
+
+    return transformers.GPT2Config(
+        vocab_size=vocab_size,
+        n_embd=hidden_size,
+        n_layer=num_layers,
+        n_head=num_heads,
+        n_positions=max_positions,
+        n_inner=intermediate_size,
+        **special,
+    )
+
+
+DECODER_CONFIGS = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "mistral": "MistralConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3": "Gemma3TextConfig",
+    "phi3": "Phi3Config",
+}
+"""the transformers config class of each decoder family but GPT-2"""
+
+
+def _decoder_config(
+    arch,
+    tied,
+    num_kv_heads,
+    head_dim,
+    vocab_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    intermediate_size,
+    max_positions,
+    **special,
+):
+    import transformers
+
+    sized_heads = head_dim is not None or arch in ("qwen3", "gemma2", "gemma3", "llama", "mistral")
+    return getattr(transformers, DECODER_CONFIGS[arch])(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tied,
+        **({"head_dim": head_dim or hidden_size // num_heads} if sized_heads else {}),
+        **special,
+    )
 
 
 def build_tiny_reward_model(path: str | Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:

@@ -158,7 +158,7 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
                 assert_same(ray.get(c.weights.remote()), after)
         if layout == {**DP2, "core_algo": "RLOO"}:
             # Metrics are reduced over DP ranks: both return the same values (each used to report its own shard's).
-            batch = run._take(3)
+            batch = run.rollouts.take(3)
             metrics = ray.get([c.train_step.remote(batch) for c in run.consumers])
             keys = [k for k in metrics[0] if not k.startswith("time/")]
             assert {k: metrics[0][k] for k in keys} == {k: metrics[1][k] for k in keys}

@@ -117,7 +117,7 @@ def test_streamed_groups_cross_draws_and_pushes_within_the_bound_and_none_is_los
         out = run.loop(max_steps=6, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
         before = ray.get(producer.state.remote())  # the engine emptied: what it held goes back to the cursor
         first = ray.get(producer.generate.remote(4))
-        run.version += 1
+        run.progress.version += 1
         run.push_weights()
         second = ray.get(producer.generate.remote(4))
         after = ray.get(producer.state.remote())

@@ -407,3 +407,26 @@ def test_print_config_prints_the_resolved_tree_that_config_reads_back(tmp_path, 
     again = parse_config(["--config", str(tmp_path / "c.yaml")])
     assert again.algo == "RLOO" and again.producer.num_generations == 8
     assert again.algo_config == parse_config(["--algo", "RLOO"]).algo_config
+
+
+def test_every_launch_argument_reaches_the_tree():
+    """``launch_distributed``'s arguments are mapped by a table; an argument added to the signature and not to the
+    table (or read apart) would be dropped."""
+    import inspect
+
+    from coati.distributed.driver.launch import _LAUNCH_ARGS, config_from_launch_kwargs
+
+    read_apart = {
+        "train_dataset_config",
+        "eval_dataset_config",
+        "inference_model_config",
+        "train_model_config",
+        "tokenizer_config",
+        "generate_config",
+        "grpo_config",
+        "plugin_config",
+        "dataloaders_config",
+        "resume_allow",
+    }
+    params = set(inspect.signature(config_from_launch_kwargs).parameters)
+    assert params == set(_LAUNCH_ARGS) | read_apart, params ^ (set(_LAUNCH_ARGS) | read_apart)

@@ -202,6 +202,32 @@ def _grpo(grpo: dict, generation: dict, prompt_tokens: int | None, kw: dict, say
         if variation not in _LOSS_VARIATION:
             raise ValueError(f"grpo_config loss_variation={variation!r}; known: {sorted(_LOSS_VARIATION)}")
         grpo["loss_agg_mode"] = _LOSS_VARIATION[variation]
+    _lengths(moved, generation, prompt_tokens)
+    tags = moved.get("response_format_tags")
+    if tags is not None:
+        grpo["reward_kwargs"] = {**grpo.get("reward_kwargs", {}), "tags": tags}
+    if moved.get("filter_range") is not None or moved.get("dynamic_batching"):
+        _filter_range(moved, kw.get("num_generations", 8))
+        grpo["dynamic_sampling"] = True
+    if moved.get("soft_over_length_punishment"):
+        budget = generation.get("max_new_tokens")
+        cache = moved.get("cache_length")
+        if budget is None or cache is None:
+            raise ValueError(
+                "soft_over_length_punishment needs cache_length and max_new_tokens (the penalty ramps "
+                "over the budget's last cache_length tokens)"
+            )
+        grpo["overlong_buffer_ratio"] = cache / budget
+    if moved.get("filter_truncated_response"):
+        grpo["mask_truncated"] = True
+    if "skip_threshold" in moved:
+        say("skip_threshold", moved["skip_threshold"])
+    if moved.get("code_verifier_api_url") is not None:
+        say("code_verifier_api_url", moved["code_verifier_api_url"])
+
+
+def _lengths(moved: dict, generation: dict, prompt_tokens: int | None) -> None:
+    """ColossalChat's max_new_tokens and max_length (prompt plus response) as the generation budgets (in place)."""
     new = moved.get("max_new_tokens")
     if new is not None and generation.get("max_new_tokens", new) != new:
         raise ValueError(
@@ -221,35 +247,19 @@ def _grpo(grpo: dict, generation: dict, prompt_tokens: int | None, kw: dict, say
             f"max_length={total} is less than the prompt budget {prompt_tokens} plus the response "
             f"budget {budget}; raise max_length or lower max_new_tokens"
         )
-    tags = moved.get("response_format_tags")
-    if tags is not None:
-        grpo["reward_kwargs"] = {**grpo.get("reward_kwargs", {}), "tags": tags}
-    if moved.get("filter_range") is not None or moved.get("dynamic_batching"):
-        low, high = moved.get("filter_range") or (0.0, 1.0)
-        g = kw.get("num_generations", 8)
-        if not (0 <= low < 1 / g and 1 - 1 / g < high <= 1) or not moved.get("dynamic_batching", True):
-            raise ValueError(
-                f"filter_range={[low, high]} with dynamic_batching={moved.get('dynamic_batching')}: "
-                f"only dropping the groups whose {g} answers are all wrong or all right (and drawing "
-                f"more to fill the batch) is supported: a range within (0, {1 / g:.3g}) and "
-                f"({1 - 1 / g:.3g}, 1) with dynamic_batching=True"
-            )
-        grpo["dynamic_sampling"] = True
-    if moved.get("soft_over_length_punishment"):
-        budget = generation.get("max_new_tokens")
-        cache = moved.get("cache_length")
-        if budget is None or cache is None:
-            raise ValueError(
-                "soft_over_length_punishment needs cache_length and max_new_tokens (the penalty ramps "
-                "over the budget's last cache_length tokens)"
-            )
-        grpo["overlong_buffer_ratio"] = cache / budget
-    if moved.get("filter_truncated_response"):
-        grpo["mask_truncated"] = True
-    if "skip_threshold" in moved:
-        say("skip_threshold", moved["skip_threshold"])
-    if moved.get("code_verifier_api_url") is not None:
-        say("code_verifier_api_url", moved["code_verifier_api_url"])
+
+
+def _filter_range(moved: dict, g: int) -> None:
+    """ColossalChat's filter_range and dynamic_batching are supported where they drop the groups of one verdict
+    (all wrong or all right) and draw more to fill the batch."""
+    low, high = moved.get("filter_range") or (0.0, 1.0)
+    if not (0 <= low < 1 / g and 1 - 1 / g < high <= 1) or not moved.get("dynamic_batching", True):
+        raise ValueError(
+            f"filter_range={[low, high]} with dynamic_batching={moved.get('dynamic_batching')}: "
+            f"only dropping the groups whose {g} answers are all wrong or all right (and drawing "
+            f"more to fill the batch) is supported: a range within (0, {1 / g:.3g}) and "
+            f"({1 - 1 / g:.3g}, 1) with dynamic_batching=True"
+        )
 
 
 def _model(m: dict, name: str, kw: dict, say) -> dict:

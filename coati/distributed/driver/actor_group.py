@@ -94,6 +94,42 @@ def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) 
     return [max(1, cores[node] // busy[node]) if w else 1 for node, w in zip(nodes, working, strict=True)]
 
 
+def actor_env() -> dict:
+    """Every actor's runtime environment: one thread until it is lent more, the driver's hub setting, and the
+    driver's folder on the path, so user reward modules (module:function) import there too."""
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env_vars = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}
+    return {"runtime_env": {"env_vars": {**env_vars, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}
+
+
+def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -> dict[str, list]:
+    """The reward-model and judge actors of the reward's model components ({component: [(name, actor)]}), each
+    with its own resources; ready on return, so a model that fails to load stops the run before the producers
+    start."""
+    import ray
+
+    wanted = {}
+    if r.rm.path is not None:
+        wanted["rm"] = (RewardModelServer, r.rm, dict(path=r.rm.path, batch_size=r.rm.batch_size))
+    if r.judge.path is not None:
+        j = r.judge
+        options = ("path", "backend", "template", "max_score", "max_new_tokens", "max_prompt_tokens")
+        wanted["judge"] = (JudgeServer, j, {k: getattr(j, k) for k in options})
+    servers: dict[str, list] = {}
+    for component, (cls, section, kwargs) in wanted.items():
+        cpus, gpus = section.cpus, section.gpus
+        remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
+        names = [f"{run_name}-{component}-{i}" for i in range(section.servers)]
+        servers[component] = [
+            (name, remote.options(name=name, **actor_options(slot, shared_gpus, cpus, gpus), **env).remote(**kwargs))
+            for name, slot in zip(names, plan.server_slots[component], strict=True)
+        ]
+        for name, a in servers[component]:
+            ACTOR_NAMES[a._actor_id.hex()] = name
+    get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")
+    return servers
+
+
 class ActorGroups:
     """Producers (on the low-index nodes) and consumers (on the high-index ones), as the plan placed them."""
 
@@ -114,59 +150,13 @@ class ActorGroups:
     def start(self, consumers: bool = True) -> None:
         """Start the plan's actors (the reward's model servers, the producers and, unless ``consumers`` is False,
         the consumers) and set them up."""
-        import ray
-
-        from coati.distributed.trainer.consumer import GRPOConsumer  # deferred: imports Ray's collective module
-
-        # The driver's folder goes on the actors' path so user reward modules (module:function) import there too.
-        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-        env = {
-            "runtime_env": {
-                "env_vars": {
-                    "OMP_NUM_THREADS": "1",
-                    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
-                    "TOKENIZERS_PARALLELISM": "false",
-                    "PYTHONPATH": path,
-                }
-            }
-        }
-        c, p = self.cfg, self.plan
-        # With in-flight updates a push is received on a second thread while the first one generates; with threads
-        # following the work, an actor is lent cores on another thread while the first one trains or generates.
-        concurrency = 1 + self.in_flight + self.follow_work
-        threads = {"max_concurrency": concurrency} if concurrency > 1 else {}
-        lend = {"max_concurrency": 2} if self.follow_work else {}
+        p, env = self.plan, actor_env()
         servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
-        self.reward_servers = self._start_reward_servers(env)
-        for i, slot in enumerate(p.producer_slots):
-            options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(Producer).options(
-                **options, **cpu_actor_env(env, slot.num_gpus), **threads, name=f"{self.run_name}-producer-{i}"
-            )
-            self.producers.append(actor.remote(i, c, p, self.reward_servers))
-        world = c.consumer.num_consumer_procs
-        addr = self.master_addr or p.consumer_slots[0].address
-        port = self.master_port or _free_port()
-        for rank, slot in enumerate(p.consumer_slots if consumers else []):
-            options = actor_options(slot, self.shared_gpus)
-            actor = ray.remote(GRPOConsumer).options(
-                **options, **cpu_actor_env(env, slot.num_gpus), **lend, name=f"{self.run_name}-consumer-{rank}"
-            )
-            self.consumers.append(
-                actor.remote(
-                    rank,
-                    world,
-                    addr,
-                    port,
-                    p.train_model_path,
-                    c.consumer,
-                    c.algo_config,
-                    c.generation,
-                    c.producer.num_generations,
-                    seed=self.seed,
-                )
-            )
+        self.reward_servers = start_reward_servers(self.cfg.reward, p, self.run_name, self.shared_gpus, env)
+        self._start_producers(env)
+        if consumers:
+            self._start_consumers(env)
         for kind, group in (("producer", self.producers), ("consumer", self.consumers)):
             for i, a in enumerate(group):
                 ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
@@ -176,44 +166,42 @@ class ActorGroups:
         consumers = [a.setup.remote() for a in self.consumers]
         self.producer_info = get(producers, "producer setup")
         self.consumer_info = get(consumers, "consumer setup")
-        infos = self.producer_info + self.consumer_info
         self.cores = {}
-        for info in infos:  # the CPUs each node lets its actors run on
+        for info in self.producer_info + self.consumer_info:  # the CPUs each node lets its actors run on
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
 
-    def _start_reward_servers(self, env: dict) -> dict[str, list]:
-        """The reward-model and judge actors of the reward's model components ({component: [(name, actor)]}), each
-        with its own resources; ready on return, so a model that fails to load stops the run before the producers
-        start."""
+    def _start_producers(self, env: dict) -> None:
         import ray
 
-        r = self.cfg.reward
-        wanted = {}
-        if r.rm.path is not None:
-            wanted["rm"] = (RewardModelServer, r.rm, dict(path=r.rm.path, batch_size=r.rm.batch_size))
-        if r.judge.path is not None:
-            j = r.judge
-            options = ("path", "backend", "template", "max_score", "max_new_tokens", "max_prompt_tokens")
-            wanted["judge"] = (JudgeServer, j, {k: getattr(j, k) for k in options})
-        servers: dict[str, list] = {}
-        for component, (cls, section, kwargs) in wanted.items():
-            count, cpus, gpus = section.servers, section.cpus, section.gpus
-            remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
-            names = [f"{self.run_name}-{component}-{i}" for i in range(count)]
-            slots = self.plan.server_slots[component]
-            servers[component] = [
-                (
-                    name,
-                    remote.options(name=name, **actor_options(slot, self.shared_gpus, cpus, gpus), **env).remote(
-                        **kwargs
-                    ),
-                )
-                for name, slot in zip(names, slots, strict=True)
-            ]
-            for name, a in servers[component]:
-                ACTOR_NAMES[a._actor_id.hex()] = name
-        get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")
-        return servers
+        # With in-flight updates a push is received on a second thread while the first one generates; with threads
+        # following the work, an actor is lent cores on another thread while the first one trains or generates.
+        concurrency = 1 + self.in_flight + self.follow_work
+        threads = {"max_concurrency": concurrency} if concurrency > 1 else {}
+        for i, slot in enumerate(self.plan.producer_slots):
+            options = actor_options(slot, self.shared_gpus)
+            actor = ray.remote(Producer).options(
+                **options, **cpu_actor_env(env, slot.num_gpus), **threads, name=f"{self.run_name}-producer-{i}"
+            )
+            self.producers.append(actor.remote(i, self.cfg, self.plan, self.reward_servers))
+
+    def _start_consumers(self, env: dict) -> None:
+        import ray
+
+        from coati.distributed.trainer.consumer import GRPOConsumer  # deferred: imports Ray's collective module
+
+        c, slots = self.cfg, self.plan.consumer_slots
+        lend = {"max_concurrency": 2} if self.follow_work else {}  # a second thread takes lent cores
+        addr, port = self.master_addr or slots[0].address, self.master_port or _free_port()
+        sections = (c.consumer, c.algo_config, c.generation, c.producer.num_generations)
+        for rank, slot in enumerate(slots):
+            options = actor_options(slot, self.shared_gpus)
+            actor = ray.remote(GRPOConsumer).options(
+                **options, **cpu_actor_env(env, slot.num_gpus), **lend, name=f"{self.run_name}-consumer-{rank}"
+            )
+            model = self.plan.train_model_path
+            self.consumers.append(
+                actor.remote(rank, c.consumer.num_consumer_procs, addr, port, model, *sections, seed=self.seed)
+            )
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
         """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers

@@ -25,7 +25,7 @@ import numpy as np
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.actor_group import RunError, get
 from coati.distributed.guards import all_finite
-from coati.distributed.lora import write_adapter
+from coati.distributed.lora import peft_config, write_adapter
 from coati.distributed.record import RolloutBatch
 
 # Fields that may change on resume without breaking the saved state; others only when named in ``allow``.
@@ -283,6 +283,26 @@ def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:
     atomically."""
 
     return write_atomically(path, lambda tmp: write_adapter(adapter, lora_config, tokenizer, tmp))
+
+
+def export_policy(actors, consumer, model_path: str, tokenizer, path: str) -> str:
+    """Write the consumers' model as a Hugging Face folder (weights, config, tokenizer), atomically; with LoRA
+    (``consumer.lora_rank``) the adapter as a PEFT folder, and the merged model in ``<path>/merged`` when
+    ``consumer.lora_export_merged``."""
+    if not consumer.lora_rank:
+        return export_model(actors.full_weights(), model_path, tokenizer, path)
+    export_lora(actors, consumer, model_path, tokenizer, path)
+    if consumer.lora_export_merged:
+        export_model(actors.full_weights(), model_path, tokenizer, os.path.join(path, "merged"))
+    return path
+
+
+def export_lora(actors, consumer, model_path: str, tokenizer, path: str) -> str:
+    """The consumers' LoRA adapter (DP replicas hold the same one) as a PEFT folder."""
+    adapter = get(actors.consumers[0].adapter.remote(), "gathering the adapter")
+    c = consumer
+    config = peft_config(c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_target_modules, model_path)
+    return export_adapter(adapter, config, tokenizer, path)
 
 
 def write_atomically(path: str, write) -> str:

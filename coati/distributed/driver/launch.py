@@ -231,78 +231,90 @@ def config_from_launch_kwargs(
     """ColossalChat's ``launch_distributed`` arguments as the config tree (``run_config.Config``): each maps onto one
     field; whatever has no field is refused, never dropped. ``save_dir`` is the run folder itself (None: write
     nothing); ``max_steps=None`` runs every episode."""
+    given = dict(locals())  # the arguments, by name
     if dataloaders_config:
         raise ValueError("dataloaders_config is not supported: producers read their shard themselves; remove it")
+    tree = _grpo_tree(grpo_config)
+    for name, key in _LAUNCH_ARGS.items():
+        _put(tree, key, given[name])
+    train, held_out = _dataset_fields(train_dataset_config, "train"), _dataset_fields(eval_dataset_config, "eval")
+    inference = dict(inference_model_config)
+    tree["model"] = {
+        "path": train_model_config["path"],
+        "inference_path": inference.pop("path"),
+        "tokenizer_path": (tokenizer_config or {}).get("path"),
+        "inference_options": inference,
+    }
+    tree["data"] = {
+        **_merge_datasets(train, held_out),
+        "system_prompt": (train_dataset_config or {}).get("system_prompt"),
+    }
+    tree["consumer"]["plugin"] = dict(plugin_config or {})
+    tree["generation"] = dict(generate_config or {})
+    tree["run"]["save_dir"] = None if save_dir is None else os.path.dirname(save_dir) or "."
+    tree["run"]["resume_allow"] = tuple(resume_allow)
+    return config_from_dict(tree)
+
+
+_LAUNCH_ARGS = {
+    "core_algo": "algo",
+    **{
+        k: f"producer.{k}"
+        for k in ("num_producers", "num_proc_per_producer", "inference_batch_size", "inference_microbatch_size")
+    },
+    "num_generations": "producer.num_generations",
+    "inference_backend": "producer.backend",
+    "stream_prompts": "producer.stream_prompts",
+    **{k: f"consumer.{k}" for k in ("num_consumer_procs", "train_batch_size", "train_minibatch_size")},
+    "reward_workers": "reward.workers",
+    "project_name": "run.project",
+    "save_dir": "run.run_dir",
+    **{
+        k: f"run.{k}"
+        for k in (
+            "max_steps",
+            "num_episodes",
+            "max_staleness",
+            "in_flight_weight_updates",
+            "threads_follow_work",
+            "eval_interval",
+            "save_interval",
+            "keep_checkpoints",
+            "resume",
+            "overwrite",
+            "max_restarts",
+            "seed",
+            "colocate",
+            "sleep_while_training",
+            "cpus_per_actor",
+            "weight_sync_timeout_s",
+            "master_addr",
+            "master_port",
+        )
+    },
+}
+"""``launch_distributed``'s plain arguments -> the tree's fields (the dict arguments are read apart)"""
+
+
+def _put(tree: dict, key: str, value) -> None:
+    """Set the dotted ``key`` (``reward.rm.path``) in the nested dict ``tree``."""
+    *parents, name = key.split(".")
+    for parent in parents:
+        tree = tree.setdefault(parent, {})
+    tree[name] = value
+
+
+def _grpo_tree(grpo_config: dict | None) -> dict:
+    """ColossalChat's grpo_config as the tree: the algorithm's fields as overrides, every other key at its field."""
     grpo = dict(grpo_config or {})
-    algorithm = {k: grpo.pop(k) for k in list(grpo) if k in _ALGO_FIELDS}
-    unknown = sorted(set(grpo) - set(_GRPO_KEYS))
+    unknown = sorted(set(grpo) - set(_GRPO_KEYS) - _ALGO_FIELDS)
     if unknown:
         raise ValueError(f"unknown grpo_config key(s) {unknown}; known: {sorted(set(_GRPO_KEYS) | _ALGO_FIELDS)}")
-    tree: dict[str, dict] = {"producer": {}, "consumer": {}, "reward": {}}
+    tree: dict = {"algorithm": {k: v for k, v in grpo.items() if k in _ALGO_FIELDS}, "consumer": {}, "run": {}}
     for key, value in grpo.items():
-        *parents, field_name = _GRPO_KEYS[key].split(".")
-        node = tree
-        for parent in parents:  # a nested section: reward.rm.path
-            node = node.setdefault(parent, {})
-        node[field_name] = value
-    train, held_out = _dataset_fields(train_dataset_config, "train"), _dataset_fields(eval_dataset_config, "eval")
-    system_prompt = (train_dataset_config or {}).get("system_prompt")
-    inference = dict(inference_model_config)
-    return config_from_dict(
-        {
-            "algo": core_algo,
-            "algorithm": algorithm,
-            "model": {
-                "path": train_model_config["path"],
-                "inference_path": inference.pop("path"),
-                "tokenizer_path": (tokenizer_config or {}).get("path"),
-                "inference_options": inference,
-            },
-            "data": {**_merge_datasets(train, held_out), "system_prompt": system_prompt},
-            "producer": {
-                "num_producers": num_producers,
-                "num_proc_per_producer": num_proc_per_producer,
-                "inference_batch_size": inference_batch_size,
-                "inference_microbatch_size": inference_microbatch_size,
-                "num_generations": num_generations,
-                "backend": inference_backend,
-                "stream_prompts": stream_prompts,
-            },
-            "consumer": {
-                "num_consumer_procs": num_consumer_procs,
-                "train_batch_size": train_batch_size,
-                "train_minibatch_size": train_minibatch_size,
-                "plugin": dict(plugin_config or {}),
-                **tree["consumer"],
-            },
-            "generation": dict(generate_config or {}),
-            "reward": {"workers": reward_workers, **tree["reward"]},
-            "run": {
-                "project": project_name,
-                "save_dir": None if save_dir is None else os.path.dirname(save_dir) or ".",
-                "run_dir": save_dir,
-                "max_steps": max_steps,
-                "num_episodes": num_episodes,
-                "max_staleness": max_staleness,
-                "in_flight_weight_updates": in_flight_weight_updates,
-                "threads_follow_work": threads_follow_work,
-                "eval_interval": eval_interval,
-                "save_interval": save_interval,
-                "keep_checkpoints": keep_checkpoints,
-                "resume": resume,
-                "resume_allow": tuple(resume_allow),
-                "overwrite": overwrite,
-                "max_restarts": max_restarts,
-                "seed": seed,
-                "colocate": colocate,
-                "sleep_while_training": sleep_while_training,
-                "cpus_per_actor": cpus_per_actor,
-                "weight_sync_timeout_s": weight_sync_timeout_s,
-                "master_addr": master_addr,
-                "master_port": master_port,
-            },
-        }
-    )
+        if key not in _ALGO_FIELDS:
+            _put(tree, _GRPO_KEYS[key], value)
+    return tree
 
 
 def _dataset_fields(spec: dict | None, prefix: str) -> dict:

@@ -66,19 +66,21 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     """``reward/*`` and ``response/*`` over the rows drawn for this step (``draws.rollouts``, before filtering);
     ``reward/train_batch_mean``, the lags and two sample rows over the rows it trained (``batch``, trained from
     version step - 1). Row lag: from the row's oldest token; token lag: per trained token."""
-
-    n = num_generations
     drawn = RolloutBatch.concat(draws.rollouts) if draws.rollouts else batch
+    return {
+        **drawn_metrics(drawn, draws, num_generations),
+        **trained_metrics(step, batch, num_generations, max_staleness),
+        "samples": sample_rows(batch, tokenizer, num_generations),
+    }
+
+
+def drawn_metrics(drawn, draws, n: int) -> dict:
+    """The rewards, responses, draws and producer threads of the rows drawn for a step (``drawn``)."""
     ex = drawn.extras
-    lag = (step - 1) - batch.policy_version
-    mask = batch.trained_mask()  # the sampled tokens (an episode's environment tokens carry no version)
-    token_lag = ((step - 1) - batch.token_versions)[mask]
-    versions = np.where(mask, batch.token_versions, batch.policy_version[:, None])
     out = {
         "reward/mean": float(drawn.rewards.mean()),
         "reward/strict_accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
         "reward/lenient_accuracy": float(np.mean(ex["lenient_ok"])) if "lenient_ok" in ex else float("nan"),
-        "reward/train_batch_mean": float(batch.rewards.mean()),
         "response/length_mean": float(drawn.response_lengths.mean()),
         "response/truncated_frac": float(drawn.truncated.mean()),
         "response/tokens": int(drawn.response_lengths.sum()),
@@ -93,14 +95,6 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         # the next training step began before the round ended.
         "rollout/rows_lent_cores": int((ex["threads"] > ex["threads_start"]).sum()) if "threads_start" in ex else 0,
         "rollout/rows_cores_taken_back": int((ex["threads"] > ex["threads_end"]).sum()) if "threads_end" in ex else 0,
-        "rollout/policy_lag_mean": float(lag.mean()),
-        "rollout/policy_lag_max": int(lag.max()),
-        "rollout/token_lag_mean": float(token_lag.mean()) if token_lag.size else 0.0,
-        # Real tokens the step trained on, and the same with each group's prompt counted once (the compute needed).
-        "rollout/trained_tokens": int(batch.prompt_mask.sum() + batch.response_lengths.sum()),
-        "rollout/trained_tokens_unique": int(batch.prompt_mask[::n].sum() + batch.response_lengths.sum()),
-        "rollout/trained_response_tokens": int(batch.response_lengths.sum()),
-        "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
         **reward_failures(drawn.failed(), drawn.reward_status == RewardStatus.TIMEOUT),
         **episode_metrics(ex),
         "reward/judge_unread": int(ex["judge_unread"].sum()) if "judge_unread" in ex else 0,
@@ -116,11 +110,36 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
     for key in ("time/generate", "time/reward_wait", "time/producer_total"):
         if key in ex:
             out[key] = float(np.max(ex[key]))
+    return out
+
+
+def trained_metrics(step: int, batch, n: int, max_staleness: int) -> dict:
+    """The reward, lags, versions and token counts of the rows a step trained (``batch``, from version step - 1)."""
+    lag = (step - 1) - batch.policy_version
+    mask = batch.trained_mask()  # the sampled tokens (an episode's environment tokens carry no version)
+    token_lag = ((step - 1) - batch.token_versions)[mask]
+    versions = np.where(mask, batch.token_versions, batch.policy_version[:, None])
+    out = {
+        "reward/train_batch_mean": float(batch.rewards.mean()),
+        "rollout/policy_lag_mean": float(lag.mean()),
+        "rollout/policy_lag_max": int(lag.max()),
+        "rollout/token_lag_mean": float(token_lag.mean()) if token_lag.size else 0.0,
+        # Real tokens the step trained on, and the same with each group's prompt counted once (the compute needed).
+        "rollout/trained_tokens": int(batch.prompt_mask.sum() + batch.response_lengths.sum()),
+        "rollout/trained_tokens_unique": int(batch.prompt_mask[::n].sum() + batch.response_lengths.sum()),
+        "rollout/trained_response_tokens": int(batch.response_lengths.sum()),
+        "rollout/mixed_version_rows": int((versions.max(-1) > versions.min(-1)).sum()),
+    }
     group_lag = (step - 1) - group_versions(batch)
     for j, count in enumerate(np.bincount(group_lag[::n], minlength=max_staleness + 1)):
         out[f"rollout/lag{j}_groups"] = int(count)  # trained groups whose oldest row started j versions back
     out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
-    out["samples"] = [
+    return out
+
+
+def sample_rows(batch, tokenizer, n: int) -> list[dict]:
+    """The first row of the first two trained groups, decoded, with its reward, version and verdicts."""
+    return [
         {
             "prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
             "response": tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
@@ -130,7 +149,6 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
         }
         for i in range(0, min(len(batch), 2 * n), n)
     ]
-    return out
 
 
 def _verdicts(ex: dict, i: int) -> dict:

@@ -130,35 +130,47 @@ def ray_broadcast_tensor_dict(
         result = VersionedDict(tensor_dict)
         _send(g, src, schema, tensor_dict, device)
     else:
-        known = _recv_schema.setdefault(group_name, {})
-        if blob_len:
-            known.clear()
-            known[sid] = pickle.loads(_broadcast_bytes(g, None, src, device, blob_len))
-        if sid not in known:
-            raise CollectiveError(
-                f"group {group_name!r} rank {rank}: push {version} reuses schema {sid:x} this rank never received; "
-                "every rank must take part in every push of a group"
-            )
-        schema = known[sid]
-        result = VersionedDict(schema.extras)
-        for tensors in _receive(g, src, schema, device, into or {}, on_bucket is not None, result):
-            if on_bucket is not None:
-                if tensors:
-                    on_bucket(tensors)
-            else:
-                result.update(tensors)
-        if on_bucket is None:
-            for e in schema.entries:  # received in place: hand back the destination
-                if e.key not in result:
-                    result[e.key] = into[e.key]
-            # Keep the sender's key order, in the same dict (what ``_receive`` recorded on it stays).
-            order = {e.key: i for i, e in enumerate(schema.entries)}
-            ordered = sorted(result.items(), key=lambda kv: order.get(kv[0], -1))
-            result.clear()
-            result.update(ordered)
+        schema = _known_schema(g, src, device, version, sid, blob_len)
+        result = _receive_all(g, src, schema, device, into or {}, on_bucket)
     result.version = version
     result.transfers, result.nbytes = len(schema.sizes), sum(schema.sizes)
     result.direct_bytes = sum(size for size, d in zip(schema.sizes, schema.direct, strict=True) if d)
+    return result
+
+
+def _known_schema(g, src: int, device, version: int, sid: int, blob_len: int) -> Schema:
+    """The push's schema on a receiver: the one broadcast with it, or the one last received under its id."""
+    known = _recv_schema.setdefault(g.group_name, {})
+    if blob_len:
+        known.clear()
+        known[sid] = pickle.loads(_broadcast_bytes(g, None, src, device, blob_len))
+    if sid not in known:
+        raise CollectiveError(
+            f"group {g.group_name!r} rank {g.rank}: push {version} reuses schema {sid:x} this rank never received; "
+            "every rank must take part in every push of a group"
+        )
+    return known[sid]
+
+
+def _receive_all(g, src: int, schema: Schema, device, into: dict, on_bucket) -> VersionedDict:
+    """A receiver's side of a push: every tensor into ``into``, to ``on_bucket`` or into the returned dict, which
+    keeps the sender's key order."""
+    result = VersionedDict(schema.extras)
+    for tensors in _receive(g, src, schema, device, into, on_bucket is not None, result):
+        if on_bucket is not None:
+            if tensors:
+                on_bucket(tensors)
+        else:
+            result.update(tensors)
+    if on_bucket is None:
+        for e in schema.entries:  # received in place: hand back the destination
+            if e.key not in result:
+                result[e.key] = into[e.key]
+        # Keep the sender's key order, in the same dict (what ``_receive`` recorded on it stays).
+        order = {e.key: i for i, e in enumerate(schema.entries)}
+        ordered = sorted(result.items(), key=lambda kv: order.get(kv[0], -1))
+        result.clear()
+        result.update(ordered)
     return result
 
 
