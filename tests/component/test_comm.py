@@ -8,6 +8,7 @@ import ray
 import torch
 
 from coati.distributed.transport import CollectiveError
+from tests.helpers import wait_until
 
 
 class PeerBase:
@@ -303,12 +304,22 @@ def test_broadcast_object(topology):
     assert out == [obj, obj, obj]
 
 
+def _dead(actor) -> bool:
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=1)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:
+        pass
+    return False
+
+
 def test_dead_peer_gives_named_error_within_timeout(ray_cluster):
     sender, alive, doomed = Peer.remote(), Peer.remote(), Peer.remote()
     group = new_group()
     ray.get([a.join.remote(3, i, group, 5.0) for i, a in enumerate([sender, alive, doomed])])
     ray.kill(doomed)
-    time.sleep(0.5)
+    wait_until(lambda: _dead(doomed), 10, "the killed peer's death")
     big = {"w": torch.randn(1 << 20)}
     msg, elapsed = ray.get(sender.push_timed.remote(group, big), timeout=60)
     assert group in msg and "rank 0/3" in msg, msg

@@ -7,7 +7,7 @@ import pytest
 
 from coati.distributed.config.tree import config_from_dict, config_to_dict
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
-from tests.e2e.test_launch import run_kwargs
+from tests.e2e.runs import run_kwargs
 
 
 def parquet_folder(tmp_path, n_train=12, n_test=5, long_row=3):

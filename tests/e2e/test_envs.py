@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from tests.e2e.test_launch import start_run
+from tests.e2e.runs import start_run
 
 ROWS = [{"prompt": f"{a}+{b}=", "gt_answer": str(a + b)} for a in range(8) for b in range(8)]
 TOOL = {"system_prompt": "Run <tool>code</tool> or answer in \\boxed{}.", "nudge": "Wrong, try again."}

@@ -9,7 +9,7 @@ import torch
 
 from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
-from tests.e2e.test_launch import run_kwargs, start_run
+from tests.e2e.runs import run_kwargs, start_run
 
 pytestmark = pytest.mark.gpu
 

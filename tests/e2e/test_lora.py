@@ -7,7 +7,8 @@ import pytest
 import ray
 import torch
 
-from tests.e2e.test_launch import FP32, REWARD, launch_distributed, run_kwargs, start_run
+from coati.distributed.launch import launch_distributed
+from tests.e2e.runs import FP32, REWARD, run_kwargs, start_run
 
 HEAD = ("q_proj", "v_proj", "lm_head")
 """with the LM head adapted too, a tiny random model can shift its output distribution within a few steps"""

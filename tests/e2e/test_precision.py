@@ -7,7 +7,7 @@ import ray
 import torch
 
 from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
-from tests.e2e.test_launch import REWARD, start_run
+from tests.e2e.runs import REWARD, start_run
 
 
 @pytest.fixture(scope="module")

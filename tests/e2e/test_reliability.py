@@ -277,7 +277,7 @@ def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
 
 
 def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster, tiny, tmp_path):
-    from tests.e2e.test_launch import start_run
+    from tests.e2e.runs import start_run
 
     run = start_run(
         tiny,

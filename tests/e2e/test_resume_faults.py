@@ -10,7 +10,8 @@ from coati.distributed.driver.actor_group import RunError
 from coati.distributed.launch import launch_distributed
 from coati.distributed.model_files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
 from coati.models import build_tiny_model
-from tests.e2e.test_launch import FP32
+from tests.e2e.runs import FP32
+from tests.helpers import wait_until
 
 REWARD = "tests.component.reward_fns:digit_fraction"
 
@@ -110,8 +111,8 @@ def test_killed_actor_ends_the_run_naming_it(ray_cluster, tiny, tmp_path, victim
     message = str(err.value)
     assert killed["name"] in message and "died" in message, message
     assert "last checkpoint: none" in message
-    time.sleep(1)
-    assert not [n for n in ray.util.list_named_actors() if n.startswith(killed["name"].rsplit("-", 2)[0])]
+    prefix = killed["name"].rsplit("-", 2)[0]
+    wait_until(lambda: not [n for n in ray.util.list_named_actors() if n.startswith(prefix)], 10, "actors left")
 
 
 def write(tmp_path, name, text):

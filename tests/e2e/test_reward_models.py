@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from tests.e2e.test_launch import REWARD, launch_distributed, run_kwargs
+from coati.distributed.launch import launch_distributed
+from tests.e2e.runs import REWARD, run_kwargs
 
 
 @pytest.fixture(scope="module")

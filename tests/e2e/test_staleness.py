@@ -3,7 +3,7 @@
 import pytest
 
 from coati.distributed.launch import launch_distributed
-from tests.e2e.test_launch import REWARD, run_kwargs
+from tests.e2e.runs import REWARD, run_kwargs
 
 
 @pytest.fixture(scope="module")

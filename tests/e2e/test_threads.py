@@ -10,7 +10,7 @@ import ray
 from transformers import AutoConfig
 
 from coati.models import build_tiny_model
-from tests.e2e.test_launch import REWARD, start_run
+from tests.e2e.runs import REWARD, start_run
 
 
 def training_takes_the_producers_cores(run, cores: int, layers: int) -> None:

@@ -17,7 +17,7 @@ from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.consumer import GRPOConsumer
 from coati.distributed.trainer.schedule import lr_factor
-from tests.e2e.test_launch import REWARD, start_run
+from tests.e2e.runs import REWARD, start_run
 
 LR = 1e-3
 

