@@ -60,6 +60,22 @@ from coati.distributed.threads import cores
 EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
 
 
+def sampling_params(g: GenerationConfig, n: int, greedy: bool):
+    """vLLM's sampling parameters for ``n`` samples of a prompt (greedy: the held-out evaluation's), with the
+    log-prob of each sampled token."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=n,
+        temperature=0.0 if greedy else g.temperature,
+        top_k=0 if greedy else g.top_k,
+        top_p=1.0 if greedy else g.top_p,
+        max_tokens=g.max_new_tokens,
+        stop=list(g.stop_strings) or None,
+        logprobs=0,
+    )
+
+
 class VLLMBackend(VLLMOptions):
     """The engine: generation in rounds or streamed, pushes received between (or during) its steps, LoRA adapters
     served or merged; its options and checks are ``VLLMOptions``'."""
@@ -128,20 +144,6 @@ class VLLMBackend(VLLMOptions):
         self._requests = 0
         """requests added so far: the next request's id is ``coati-{this + 1}``"""
 
-    def _params(self, n: int, greedy: bool):
-        from vllm import SamplingParams
-
-        g = self.generation
-        return SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else g.temperature,
-            top_k=0 if greedy else g.top_k,
-            top_p=1.0 if greedy else g.top_p,
-            max_tokens=g.max_new_tokens,
-            stop=list(g.stop_strings) or None,
-            logprobs=0,
-        )
-
     def _enqueue(self, prompts: list[list[int]], params) -> list[str]:
         """Add one request per prompt under ids of this backend's own (what the engine's outputs and aborts name),
         salted with the weights' version; their ids."""
@@ -159,7 +161,7 @@ class VLLMBackend(VLLMOptions):
         return ids
 
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
-        ids = self._enqueue(prompts, self._params(n, greedy))
+        ids = self._enqueue(prompts, sampling_params(self.generation, n, greedy))
         return rollout_from_vllm(self._run(ids), prompts, n, self.pad_id, logprobs_valid=True)
 
     def _run(self, ids: list[str]) -> list:
@@ -195,7 +197,7 @@ class VLLMBackend(VLLMOptions):
     def submit(self, key: int, prompt: list[int], n: int) -> None:
         """Enqueue one group of ``n`` samples of ``prompt``, labelled ``key``, to run until ``collect`` returns it
         (across any number of calls and pushes) or ``withdraw`` removes it."""
-        (request_id,) = self._enqueue([prompt], self._params(n, False))
+        (request_id,) = self._enqueue([prompt], sampling_params(self.generation, n, False))
         self._streamed[request_id] = (key, prompt, n)
 
     def collect(self) -> list[tuple[int, RolloutBatch]]:
