@@ -26,19 +26,29 @@ def train(argv=None, prog: str = "coati train") -> dict:
     import yaml
 
     from coati.distributed.config.cli import parse_command
-    from coati.distributed.driver.job import description, dry_run, run_job
 
     if os.getcwd() not in sys.path:  # a reward module beside the user's data (-rt my_reward:fn), as the actors see it
         sys.path.insert(0, os.getcwd())
     config, actions = parse_command(argv, TRAIN_DOC, prog)
     if "print-config" in actions:
+        from coati.distributed.driver.job import description
+
         print(description(config)["config.yaml"], end="")
         return {"printed": "config"}
     if "dry-run" in actions:
+        from coati.distributed.driver.job import dry_run
+
         plan = dry_run(config)
         print(yaml.safe_dump(plan, sort_keys=False), end="")
         return plan
-    summary = run_job(config)
+    from coati.distributed.driver.preflight import check_inputs  # without torch: a mistake ends before it loads
+    from coati.distributed.driver.reporting import phase
+
+    phase("checking the inputs")
+    inputs = check_inputs(config)
+    from coati.distributed.driver.job import run_job  # the driver, actors and trainer: torch, Ray, transformers
+
+    summary = run_job(config, inputs)
     print_summary(
         summary, summary["run_folder"], "training rows" if config.data.evaluates_training_rows else "held-out"
     )
@@ -72,8 +82,7 @@ def train_cli(argv=None, prog: str = "coati train") -> int:
     registered name's KeyError, a missing file) is one line on stderr and exit status 2, and a run its guards stop
     (rewards failing, engines computing another model, actors lost past the restarts) says why with exit status 1;
     neither prints a traceback (``--debug`` prints it)."""
-    from coati.distributed.driver.actor_group import RunError
-    from coati.distributed.guards import EngineMismatch, RewardFailure
+    from coati.distributed.guards import EngineMismatch, RewardFailure, RunError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

@@ -8,6 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 
+class RunError(RuntimeError):
+    """An actor died, failed or stopped answering; the message names it and the last checkpoint."""
+
+
 class RewardFailure(RuntimeError):
     """Too many completions of a step could not be scored; the message carries the first error and its row."""
 

@@ -11,4 +11,7 @@ def no_ray(monkeypatch):
     import coati.distributed.driver.job as job
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+    import coati.distributed.driver.preflight as preflight
+
     monkeypatch.setattr(job, "check_inputs", lambda config: None)
+    monkeypatch.setattr(preflight, "check_inputs", lambda config: None)

@@ -10,13 +10,30 @@ Nothing here imports ray or touches CUDA; every function runs on whatever device
 - ``presets``: ``ALGO_MAP``, each algorithm as a bundle of the above
 """
 
-from coati.distributed.algo.advantage import ADVANTAGE_ESTIMATORS, AdvantageOutput
-from coati.distributed.algo.aggregation import LOSS_AGGREGATIONS, LossNorm, aggregate_loss
-from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
-from coati.distributed.algo.kl import KL_ESTIMATORS
-from coati.distributed.algo.loss import LossInput, compute_policy_loss
-from coati.distributed.algo.policy_loss import POLICY_LOSSES
-from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm
+import importlib
+
+_HOMES = {
+    "ADVANTAGE_ESTIMATORS": "advantage",
+    "AdvantageOutput": "advantage",
+    "LOSS_AGGREGATIONS": "aggregation",
+    "LossNorm": "aggregation",
+    "aggregate_loss": "aggregation",
+    "OFF_POLICY_CORRECTIONS": "correction",
+    "KL_ESTIMATORS": "kl",
+    "LossInput": "loss",
+    "compute_policy_loss": "loss",
+    "POLICY_LOSSES": "policy_loss",
+    "ALGO_MAP": "presets",
+    "resolve_algorithm": "presets",
+}
+"""each public name and its module: imported when first asked for, so the config (presets, names) loads without torch"""
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

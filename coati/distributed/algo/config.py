@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coati.distributed.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-from coati.distributed.algo.correction import OFF_POLICY_CORRECTIONS
 from coati.distributed.checks import require
 
 SIGNALS = ("task_reward", "reward")
@@ -66,14 +64,6 @@ class AlgorithmConfig:
     """epsilon added to standard deviations in advantage normalisation"""
 
     def __post_init__(self):
-
-        for registry, name in (
-            (ADVANTAGE_ESTIMATORS, self.advantage_estimator),
-            (POLICY_LOSSES, self.policy_loss),
-            (LOSS_AGGREGATIONS, self.loss_agg_mode),
-            (KL_ESTIMATORS, self.kl_estimator),
-        ):
-            require(name in registry, f"unknown {registry.kind} {name!r}; known: {', '.join(registry.names())}")
         require(0 <= self.clip_eps_low <= 1, f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
         require(self.clip_eps_high >= 0, f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
         require(
@@ -82,11 +72,6 @@ class AlgorithmConfig:
         )
         require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
 
-        require(
-            self.off_policy_correction in OFF_POLICY_CORRECTIONS,
-            f"unknown off-policy correction {self.off_policy_correction!r}; known: "
-            f"{', '.join(OFF_POLICY_CORRECTIONS.names())}",
-        )
         require(
             isinstance(self.tis_cap, (int, float)) and self.tis_cap >= 1,
             f"tis_cap must be a number >= 1 (off: off_policy_correction='none'), got {self.tis_cap!r}",
@@ -121,3 +106,24 @@ class AlgorithmConfig:
 
     def overlong_buffer_len(self, max_new_tokens: int) -> int:
         return int(round(self.overlong_buffer_ratio * max_new_tokens))
+
+
+REGISTERED = {
+    "advantage_estimator": ("coati.distributed.algo.advantage", "ADVANTAGE_ESTIMATORS"),
+    "policy_loss": ("coati.distributed.algo.policy_loss", "POLICY_LOSSES"),
+    "loss_agg_mode": ("coati.distributed.algo.aggregation", "LOSS_AGGREGATIONS"),
+    "kl_estimator": ("coati.distributed.algo.kl", "KL_ESTIMATORS"),
+    "off_policy_correction": ("coati.distributed.algo.correction", "OFF_POLICY_CORRECTIONS"),
+}
+"""the fields that name a registered function, and the registry (module, name) that holds each"""
+
+
+def check_registered(algorithm: AlgorithmConfig, fields=tuple(REGISTERED)) -> None:
+    """Each of ``fields`` names a function of its registry. It imports the registries (and torch with them): the
+    names a preset holds are checked by a test, so a run that overrides none of them starts without it."""
+    import importlib
+
+    for name in fields:
+        module, attr = REGISTERED[name]
+        registry, value = getattr(importlib.import_module(module), attr), getattr(algorithm, name)
+        require(value in registry, f"unknown {registry.kind} {value!r}; known: {', '.join(registry.names())}")

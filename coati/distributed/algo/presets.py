@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.algo.config import REGISTERED, AlgorithmConfig, check_registered
 from coati.registry import Registry
 
 ALGO_MAP: Registry = Registry("algorithm")
@@ -114,4 +114,6 @@ def resolve_algorithm(name: str, **overrides) -> AlgorithmConfig:
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown algorithm option(s) {unknown}; known: {', '.join(sorted(known))}")
-    return dataclasses.replace(preset, **{k: v for k, v in overrides.items() if v is not None})
+    algorithm = dataclasses.replace(preset, **{k: v for k, v in overrides.items() if v is not None})
+    check_registered(algorithm, [k for k in REGISTERED if getattr(algorithm, k) != getattr(preset, k)])
+    return algorithm

@@ -9,7 +9,8 @@ import os
 import time
 
 from coati.distributed.attest import compare
-from coati.distributed.inference import backend_class
+from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
+from coati.distributed.inference import backend_options
 from coati.distributed.placement import actor_options, reserve_shared_gpus, weight_backend
 from coati.distributed.reward.judge import JudgeServer
 from coati.distributed.reward.model_actors import RewardModelServer
@@ -27,10 +28,6 @@ A ``GLIBC_TUNABLES`` in the driver's environment is passed on instead."""
 
 ACTOR_NAMES: dict[str, str] = {}
 """actor id (hex) -> the name the driver gave it, for error messages"""
-
-
-class RunError(RuntimeError):
-    """An actor died, failed or stopped answering; the message names it and the last checkpoint."""
 
 
 def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
@@ -253,7 +250,7 @@ class ActorGroups:
         for g in groups:  # members look rank 0 up by name: none may find one an earlier run of this name left
             forget_group_address(g)
         # Engines with worker processes (vLLM) put each of them in the group; the others one process per producer.
-        per = backend_class(self.cfg.producer.backend).weight_ranks(self.plan.inference_options)
+        per = backend_options(self.cfg.producer.backend).weight_ranks(self.plan.inference_options)
         world = 1 + len(self.producers) * per
         # Full pushes travel in the engines' weight dtype where they all hold one (they cast to it on arrival).
         dtypes = {info["weight_dtype"] for info in self.producer_info}

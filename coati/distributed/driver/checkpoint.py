@@ -97,10 +97,6 @@ def fingerprint(path: str) -> dict:
     return {"config": config, "weights": weights.hexdigest()[:16]}
 
 
-def rows_digest(rows: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class CheckpointManager:
     def __init__(self, root: str, keep_last: int = 2):
         self.root = Path(root)

@@ -76,10 +76,12 @@ def with_run_folder(config: Config, create: bool = True) -> Config:
     return dataclasses.replace(config, run=dataclasses.replace(r, run_dir=folder))
 
 
-def run_job(config: Config) -> dict:
-    """Ray (``run.address``, or a local cluster), then ``run_reported``; returns the run's summary."""
-    phase("checking the inputs")
-    inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
+def run_job(config: Config, inputs: Inputs | None = None) -> dict:
+    """Ray (``run.address``, or a local cluster), then ``run_reported``; returns the run's summary. ``inputs``: what
+    ``check_inputs`` resolved, when the caller has checked them (else they are checked here, before Ray starts)."""
+    if inputs is None:
+        phase("checking the inputs")
+        inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
 
     def start() -> None:
         phase("starting Ray")

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from coati.default_model import default_model_path
 from coati.distributed.architectures import check_layout, check_positions, load_config
 from coati.distributed.config.tree import Config
-from coati.distributed.driver.checkpoint import rows_digest
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.base import check_messages
 from coati.distributed.envs.episodes import TurnTemplate
-from coati.distributed.inference import backend_class
+from coati.distributed.inference import backend_options
 from coati.distributed.model_files import read_safetensors_header, weight_files
 from coati.distributed.placement import alive_nodes, check_free, plan_placement, plan_servers
 from coati.distributed.reward import RewardSignature, resolve_reward_fn
@@ -32,6 +31,7 @@ from coati.distributed.rollout.data import (
     check_chat_template,
     hub_offline,
     reward_fields,
+    rows_digest,
 )
 
 
@@ -169,7 +169,7 @@ def check_inputs(config: Config) -> Inputs:
         files.prompt_format,
         rows_digest(rows),
         overlong,
-        resolve_stream(cfg, backend_class(cfg.producer.backend), config.run.max_staleness),
+        resolve_stream(cfg, backend_options(cfg.producer.backend), config.run.max_staleness),
         sandbox,
         degraded,
         per_run,
@@ -198,7 +198,7 @@ def check_files(config: Config) -> Files:
     train_model_path = resolve_model_path(m.path or default_model_path(), "train model")
     inference_model_path = resolve_model_path(m.inference_path or train_model_path, "inference model")
     tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
-    backend_class(cfg.producer.backend).check_options(m.inference_options or {})
+    backend_options(cfg.producer.backend).check_options(m.inference_options or {})
     train_dataset, eval_dataset = config.data.datasets(config.run.seed)
     train_dataset, eval_dataset = train_dataset.absolute(), eval_dataset and eval_dataset.absolute()
     check_model_files(train_model_path, "train model")
@@ -266,7 +266,7 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
     )
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
     check_free(resources_needed(cfg.reward, producers + consumers), ray.available_resources, ray.cluster_resources())
-    backend = backend_class(cfg.producer.backend)
+    backend = backend_options(cfg.producer.backend)
     check_models(
         cfg,
         train_model_path,
@@ -367,7 +367,7 @@ def check_models(
     """What the workers would refuse, decided from the models' config.json: the parallel layout (architectures),
     the rollout engine on this device (``check_model``), sequences past the position table, fp16 training on CPU.
     Run before Ray starts for a local cluster (its devices are this machine's) and again on the placed actors'."""
-    backend, options = backend_class(cfg.producer.backend), cfg.model.inference_options or {}
+    backend, options = backend_options(cfg.producer.backend), cfg.model.inference_options or {}
 
     p = cfg.consumer.plugin
     train, inference = load_config(train_path), load_config(inference_path)

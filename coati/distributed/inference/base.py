@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.inference.options import BackendOptions
 from coati.distributed.record import RolloutBatch
 
 
@@ -40,20 +41,9 @@ def checkpoint_dtype(model_path: str) -> str:
     return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
 
 
-class InferenceBackend:
-    """Base class; one implementation per module, chosen by name from ``BACKEND_MAP``."""
-
-    OPTIONS: dict[str, str] = {}
-    """engine options a user may pass (``inference_model_config`` keys beside ``path``), with what each does"""
-    IN_FLIGHT_UPDATES = False
-    """whether ``receive_weights`` may run while ``generate`` runs (another thread): generation pauses between
-    engine steps, keeping its requests and KV cache, the weights load, generation resumes; the batch it returns
-    records the version that sampled each token (``token_versions``)"""
-    LORA = False
-    """whether the engine applies LoRA pushes (``receive_adapter``)"""
-    STREAMS = False
-    """whether the engine keeps groups across calls (``submit``, ``collect``, ``withdraw``): a producer then keeps it
-    full, adding a prompt as each group finishes, instead of generating rounds to their end"""
+class InferenceBackend(BackendOptions):
+    """Base class of the engines; one implementation per module, chosen by name from ``BACKEND_MAP`` through its
+    options class (``options.BackendOptions``)."""
 
     def __init__(self, model_path: str, generation: GenerationConfig, lora_rank: int = 0, **options):
         # lora_rank (set by engine_options when pushes carry adapters) is for the engines that size for it (vLLM)
@@ -64,78 +54,6 @@ class InferenceBackend:
         self.between_steps: Callable[[], None] = lambda: None
         """called by the generating thread between decode steps (engines stepped in this process): the producer
         applies cores lent to it mid-round there"""
-
-    @classmethod
-    def check_options(cls, options: Mapping) -> None:
-        """Refuse options this backend does not know, naming them and the known ones (nothing is ignored)."""
-        unknown = sorted(set(options) - set(cls.OPTIONS))
-        if unknown:
-            known = ", ".join(f"{k} ({v})" for k, v in cls.OPTIONS.items()) or "none"
-            raise ValueError(f"inference option(s) {unknown} are not known to {cls.__name__}; known: {known}")
-
-    @classmethod
-    def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
-        """Refuse, before any actor starts, a model this engine cannot serve on this device (``config``: its
-        config.json), naming the alternative; by default any causal LM is served."""
-
-    @classmethod
-    def check_available(cls) -> None:
-        """Raise ImportError, with the install command, when the engine is not installed."""
-
-    @classmethod
-    def engine_options(
-        cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False, lora_rank: int = 0
-    ) -> dict:
-        """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
-        producer (``num_proc_per_producer``), whether producers sleep while consumers train, whether pushes load
-        while a batch is being generated (``in_flight_weight_updates``), and whether they are placed on GPUs."""
-        cls.check_options(options)
-        cls.check_processes(processes, gpu)
-        if sleep and (reason := cls.cannot_sleep(options, gpu)):
-            raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
-        if in_flight and not cls.IN_FLIGHT_UPDATES:
-            raise ValueError(
-                f"in_flight_weight_updates=True, but the {cls.__name__} engine loads weights only "
-                "between batches; use the vllm backend or turn in_flight_weight_updates off"
-            )
-        if lora_rank and not cls.LORA:
-            raise ValueError(
-                f"lora_rank={lora_rank}, but the {cls.__name__} engine cannot apply LoRA pushes yet; use "
-                "the transformers or vllm backend, or lora_rank 0"
-            )
-        if lora_rank and in_flight:
-            raise ValueError(
-                "in_flight_weight_updates with LoRA is not supported yet: an adapter loads between "
-                "batches; turn one of them off"
-            )
-        options = cls.launch_options(options, processes, sleep)
-        if lora_rank:
-            options["lora_rank"] = lora_rank
-        return {**options, "in_flight_updates": True} if in_flight else options
-
-    @classmethod
-    def check_processes(cls, processes: int, gpu: bool) -> None:
-        """Refuse a number of engine processes per producer the backend cannot run (the default engine is one)."""
-        if processes != 1:
-            raise ValueError(
-                f"num_proc_per_producer={processes}, but the {cls.__name__} engine runs in the producer's process; "
-                f"use 1, or a backend with tensor-parallel engines (vllm, sglang)"
-            )
-
-    @classmethod
-    def launch_options(cls, options: Mapping, processes: int, sleep: bool) -> dict:
-        """The checked user options plus what the launch decides (by default nothing)."""
-        return dict(options)
-
-    @classmethod
-    def cannot_sleep(cls, options: Mapping, gpu: bool) -> str | None:
-        """Why ``sleep`` cannot be honoured with these options on this device, or None when it can."""
-        return None
-
-    @classmethod
-    def weight_ranks(cls, options: Mapping) -> int:
-        """Members of each weight group that one producer brings (its engine's processes that hold weights)."""
-        return 1
 
     def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
         raise NotImplementedError
@@ -238,13 +156,6 @@ class InferenceBackend:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The engine's current weights under the Hugging Face names (tests compare them with the consumer's)."""
         raise NotImplementedError
-
-    @staticmethod
-    def _require(module: str, hint: str) -> None:
-        import importlib.util
-
-        if importlib.util.find_spec(module) is None:
-            raise ImportError(f"the {module} inference backend needs {module} installed: {hint}")
 
     @staticmethod
     def _as_batches(weights) -> Iterable[Mapping[str, torch.Tensor]]:

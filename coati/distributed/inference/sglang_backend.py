@@ -26,13 +26,12 @@ from collections.abc import Mapping
 
 import torch
 
-from coati.distributed.inference import INSTALL_HINTS
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_sglang
+from coati.distributed.inference.options import DEFAULT_MEM_FRACTION, SGLangOptions
 from coati.distributed.record import RolloutBatch
 
-DEFAULT_MEM_FRACTION = 0.5
 LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
 
@@ -54,39 +53,7 @@ def logprobs_valid(generation: GenerationConfig, greedy: bool) -> bool:
     return greedy or (generation.top_k == 0 and generation.top_p == 1.0)
 
 
-class SGLangBackend(InferenceBackend):
-    OPTIONS = {
-        "mem_fraction_static": f"fraction of the GPU for weights and KV cache (default {DEFAULT_MEM_FRACTION:g}; "
-        "lower it with colocate)",
-        "dtype": "weights dtype, e.g. bfloat16 (default: the checkpoint's)",
-        "seed": "sampling seed (set per producer by the launcher)",
-    }
-
-    @classmethod
-    def check_available(cls) -> None:
-        cls._require("sglang", INSTALL_HINTS["sglang"])
-
-    @classmethod
-    def check_options(cls, options: Mapping) -> None:
-        super().check_options(options)
-        fraction = options.get("mem_fraction_static")
-        if fraction is not None and (
-            isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1
-        ):
-            raise ValueError(f"inference option mem_fraction_static must be in (0, 1), got {fraction!r}")
-
-    @classmethod
-    def check_processes(cls, processes: int, gpu: bool) -> None:
-        if not gpu:
-            raise ValueError(
-                "the sglang backend runs only on CUDA GPUs, but producers are placed without GPUs; give producers "
-                "GPUs (producer num_gpus > 0) or use -b vllm or -b transformers"
-            )
-
-    @classmethod
-    def launch_options(cls, options: Mapping, processes: int, sleep: bool) -> dict:
-        return {**options, "tensor_parallel_size": processes, "enable_memory_saver": sleep}
-
+class SGLangBackend(InferenceBackend, SGLangOptions):
     @staticmethod
     def engine_kwargs(
         model_path: str,

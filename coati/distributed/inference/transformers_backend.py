@@ -16,18 +16,12 @@ from coati.distributed.algo.logprobs import token_logprobs
 from coati.distributed.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.inference.options import TransformersOptions
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.wire_layout import flatten_parameters
 
 
-class TransformersBackend(InferenceBackend):
-    LORA = True
-    OPTIONS = {
-        "device": "torch device (default: cuda when available, else cpu)",
-        "dtype": "weights dtype, e.g. bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
-        "seed": "unused: sampling draws from the producer's seeded torch RNG",
-    }
-
+class TransformersBackend(InferenceBackend, TransformersOptions):
     def __init__(
         self,
         model_path: str,

@@ -49,7 +49,7 @@ import typing
 import torch
 
 from coati.distributed.attest import adapter_fingerprints
-from coati.distributed.inference.base import checkpoint_dtype, one_dtype
+from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.inference.vllm_options import VLLMOptions, engine_kwargs, on_cuda
@@ -76,7 +76,7 @@ def sampling_params(g: GenerationConfig, n: int, greedy: bool):
     )
 
 
-class VLLMBackend(VLLMOptions):
+class VLLMBackend(InferenceBackend, VLLMOptions):
     """The engine: generation in rounds or streamed, pushes received between (or during) its steps, LoRA adapters
     served or merged; its options and checks are ``VLLMOptions``'."""
 

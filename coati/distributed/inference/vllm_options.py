@@ -7,11 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import torch
-
 from coati.distributed.architectures import head_size
-from coati.distributed.inference import INSTALL_HINTS
-from coati.distributed.inference.base import InferenceBackend
+from coati.distributed.inference.hints import INSTALL_HINTS
+from coati.distributed.inference.options import BackendOptions
 
 CPU_KV_CACHE_GIB = 1.0
 CPU_BLOCK_SIZE = 32
@@ -28,6 +26,8 @@ CPU_ENV = {
 
 
 def on_cuda() -> bool:
+    import torch
+
     return torch.cuda.is_available()
 
 
@@ -36,9 +36,11 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 this list against the installed engine's)"""
 
 
-class VLLMOptions(InferenceBackend):
+class VLLMOptions(BackendOptions):
     """vLLM's options and the checks the driver runs on them before any actor starts (no vLLM import); the engine
     itself is ``vllm_backend.VLLMBackend``."""
+
+    ENGINE = "coati.distributed.inference.vllm_backend:VLLMBackend"
 
     OPTIONS = {
         "gpu_memory_utilization": "GPU: fraction of the GPU vLLM may take (default 0.5; lower it with colocate)",

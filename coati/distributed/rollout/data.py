@@ -16,6 +16,7 @@ checkpoint can save and restore.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -135,6 +136,12 @@ def load_rows(
     if not rows:
         raise ValueError(f"dataset {source!r} has no rows")
     return rows
+
+
+def rows_digest(rows: list[dict]) -> str:
+    """A hash of the rows' content (a checkpoint records the training rows' digest: a resume on other data is
+    refused)."""
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def hub_offline() -> bool:
