@@ -8,14 +8,22 @@ milliseconds, the ratio, the largest difference between their outputs and the pa
 transformers backend generates: one decode step's attention (one query per row against a cache of 60-100 keys, left
 padding masked, bf16, no gradient).
 
+Writes ``benchmarks/results/attention.json``.
+
     python benchmarks/bench_attention.py [--threads 1] [--widths 142 300 600 1200]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_result  # noqa: E402
 
 
 def packed_mask(groups: int, width: int, seed: int = 0):
@@ -71,6 +79,7 @@ def main():
         f"({kv_heads} key/value) of {dim}, {args.threads} thread(s)"
     )
     print(f"{'row tokens':>10} {'SDPA ms':>9} {'coati ms':>9} {'speed-up':>9} {'max |diff|':>11}  coati's path")
+    training = []
     for width in args.widths:
         g = torch.Generator().manual_seed(width)
         # Queries and keys in fp32, values in bf16: what the rotary embedding leaves under autocast.
@@ -83,15 +92,28 @@ def main():
         ours, got = timed(attention.attention, q, k, v, mask, repeats)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             path = "bf16 matmuls" if attention.takes_bf16_path(q, k, mask, 0.0, False) else "SDPA (too many scores)"
-        print(
-            f"{width:>10} {1e3 * sdpa:>9.2f} {1e3 * ours:>9.2f} "
-            f"{sdpa / ours:>8.2f}x {(got - want).abs().max():>11.4f}  "
-            f"{path}"
+        diff = float((got - want).abs().max())
+        print(f"{width:>10} {1e3 * sdpa:>9.2f} {1e3 * ours:>9.2f} {sdpa / ours:>8.2f}x {diff:>11.4f}  {path}")
+        training.append(
+            {
+                "row_tokens": width,
+                "sdpa_ms": 1e3 * sdpa,
+                "coati_ms": 1e3 * ours,
+                "speedup": sdpa / ours,
+                "max_abs_diff": diff,
+                "path": path,
+            }
         )
-    decode_steps(heads, kv_heads, dim)
+    result = {
+        "threads": args.threads,
+        "shape": {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": dim},
+        "training_forward_backward": training,
+        "decode_step": decode_steps(heads, kv_heads, dim),
+    }
+    print(f"wrote {write_result('attention', result)}")
 
 
-def decode_steps(heads: int, kv_heads: int, dim: int) -> None:
+def decode_steps(heads: int, kv_heads: int, dim: int) -> list[dict]:
     """One decode step's attention as the transformers backend runs it with bf16 weights: one query per row against
     the row's cache, left padding masked, no gradient."""
     import torch
@@ -101,6 +123,7 @@ def decode_steps(heads: int, kv_heads: int, dim: int) -> None:
 
     print("one layer's attention in a decode step, bf16, no gradient, microseconds per call")
     print(f"{'rows':>10} {'keys':>9} {'SDPA us':>9} {'coati us':>9} {'speed-up':>9}")
+    out = []
     layer = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
     for rows, keys in ((16, 60), (16, 100), (32, 100)):
         g = torch.Generator().manual_seed(rows * keys)
@@ -118,6 +141,10 @@ def decode_steps(heads: int, kv_heads: int, dim: int) -> None:
                     fn(layer, q, k, v, mask)
                 micros.append((time.perf_counter() - start) / 200 * 1e6)
         print(f"{rows:>10} {keys:>9} {micros[0]:>9.0f} {micros[1]:>9.0f} {micros[0] / micros[1]:>8.2f}x")
+        out.append(
+            {"rows": rows, "keys": keys, "sdpa_us": micros[0], "coati_us": micros[1], "speedup": micros[0] / micros[1]}
+        )
+    return out
 
 
 if __name__ == "__main__":

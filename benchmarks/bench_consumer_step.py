@@ -12,6 +12,8 @@ Both train SmolLM2-135M (the default model) on the batches of ``bench_step_profi
 a time: their steps alternate, each batch trained by one then the other, so that drift in the machine's speed falls
 on both.
 
+Writes ``benchmarks/results/consumer_step.json``.
+
     python benchmarks/bench_consumer_step.py [--steps 12]
 """
 
@@ -25,6 +27,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.results_file import write_result  # noqa: E402
 
 
 def rollout_batch(seed: int):
@@ -108,6 +113,12 @@ def main() -> None:
         print(f"{name:<11} mean {mean[name]:.3f} s per step, median {statistics.median(t):.3f} ({len(t)} steps)")
     print(f"ColossalAI / coati: {mean['ColossalAI'] / mean['coati']:.3f}x")
     ray.shutdown()
+    result = {
+        "steps": args.steps,
+        "seconds_per_step": {name: {"mean": mean[name], "median": statistics.median(t)} for name, t in times.items()},
+        "colossalai_over_coati": mean["ColossalAI"] / mean["coati"],
+    }
+    print(f"wrote {write_result('consumer_step', result)}")
 
 
 if __name__ == "__main__":

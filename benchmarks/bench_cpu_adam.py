@@ -5,16 +5,23 @@ kernel, same formula), side by side in one run, on fp32 parameters the size of S
     python benchmarks/bench_cpu_adam.py [--params 134515008] [--threads 1 2]
 
 Prints seconds per optimizer step (median of 5 after one warm-up) and the memory traffic it implies (an update reads
-parameter, gradient and both moments and writes three of them: 28 bytes per parameter).
+parameter, gradient and both moments and writes three of them: 28 bytes per parameter); writes
+``benchmarks/results/cpu_adam.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_result  # noqa: E402
 
 
 def portable_kernel():
@@ -60,6 +67,7 @@ def main():
         raise SystemExit("CUDA is present: HybridAdam uses ColossalAI's own kernels and the shim is not applied")
     print(f"HybridAdam step on {args.params / 1e6:.1f}M fp32 parameters, seconds (GB/s of update traffic)")
     print(f"{'threads':>7} {'portable kernel':>18} {'torch fused (coati)':>20} {'speed-up':>9}")
+    rows = []
     for threads in args.threads:
         old = seconds_per_step(portable_kernel(), args.params, threads)
         new = seconds_per_step(_TorchFusedCpuAdamKernel, args.params, threads)
@@ -67,6 +75,8 @@ def main():
         print(
             f"{threads:>7} {old:>10.3f} ({gbs[0]:>4.0f}) {new:>12.3f} ({gbs[1]:>4.0f}) {old / new:>8.2f}x", flush=True
         )
+        rows.append({"threads": threads, "portable_s": old, "torch_fused_s": new, "speedup": old / new})
+    print(f"wrote {write_result('cpu_adam', {'params': args.params, 'steps': rows})}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 kept copy of W0) or served through peft's LoRA layers (x W0 + s (x A) B at every step). Side by side in one process, one
 thread, on the default model (SmolLM2-135M-Instruct) with a random adapter on all seven linear layers of every block,
 prompts of the default task: the time to apply a push and the generation speed afterwards (same prompts, samples and
-token budget; best of ``--reps`` timed calls after a warm-up), in each weight dtype.
+token budget; best of ``--reps`` timed calls after a warm-up), in each weight dtype. Writes
+``benchmarks/results/lora_apply.json``.
 
     python benchmarks/bench_lora_apply.py [--rank 16] [--prompts 8] [--n 4] [--new-tokens 64]
         [--dtypes bfloat16,float32]
@@ -11,11 +12,16 @@ token budget; best of ``--reps`` timed calls after a warm-up), in each weight dt
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from coati.distributed.config.tree import DEFAULT_TASK
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_result  # noqa: E402
+from coati.distributed.config.tree import DEFAULT_TASK  # noqa: E402
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -105,6 +111,7 @@ def main() -> None:
         "| weights | apply a push: merge | apply a push: peft | generate merged tok/s | generate peft tok/s | "
         "peft / merged |\n|---|---|---|---|---|---|"
     )
+    rows = []
     for dtype in args.dtypes.split(","):
         r = measure(dtype, args)
         print(
@@ -112,6 +119,9 @@ def main() -> None:
             f"{r['peft_tok_s']:.1f} | {r['peft_tok_s'] / r['merged_tok_s']:.2f}x |",
             flush=True,
         )
+        rows.append({**r, "peft_over_merged": r["peft_tok_s"] / r["merged_tok_s"]})
+    settings = {k: getattr(args, k) for k in ("rank", "prompts", "n", "new_tokens", "reps", "task")}
+    print(f"wrote {write_result('lora_apply', {'settings': settings, 'dtypes': rows})}")
 
 
 if __name__ == "__main__":

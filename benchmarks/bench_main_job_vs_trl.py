@@ -5,7 +5,7 @@ For each seed, coati runs the default job (``rl_example.py --algo DAPO --seed S`
 replaced at each invocation unless ``--reuse``) and TRL trains SmolLM2-135M-Instruct on that run's training prompts
 (reasoning-gym chain_sum, 2-3 terms, 1-2 digits; the rows and chat template the seed draws), 4 prompts x 4 completions
 per step, 48 new tokens, temperature 1.0, the default job's constant learning rate, DAPO's loss (clip 0.2/0.28,
-token-mean, no KL), with the last-number reward (benchmarks/bench_reward.py: the default job's lenient check;
+token-mean, no KL), with the last-number reward (benchmarks/shared_reward.py: the default job's lenient check;
 ``--trl-overlong`` adds DAPO's soft overlong punishment as the job shapes its reward, with TRL's own
 ``get_soft_overlong_punishment`` over the same last tokens of the budget and the same factor, which lowered TRL's gain
 here), with the same seed, for the coati run's training-loop seconds (evaluations excluded on both sides; TRL's model is
@@ -19,6 +19,8 @@ steps (``--save-interval``; its folder ``runs/bench-main-job-curve-S``), its tim
 first N steps, and TRL saves its model after its first step past each of those times. A checkpoint first waits for the
 rollout round in flight, outside any step's time, so coati's later marks gain up to one round's generation per
 checkpoint: the printed waits (the round's end and the checkpoint's writing) bound that gain.
+
+Writes ``benchmarks/results/main_job_vs_trl.json``.
 
     python benchmarks/bench_main_job_vs_trl.py [--seeds 0 1 2] [--eval-rows 480] [--trl-bf16] [--reuse]
         [--at-steps 10 20] [--trl-overlong] [--coati-flags "--skip-no-signal-after 0"]
@@ -44,6 +46,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_file import write_result  # noqa: E402
 
 
 def evaluate(model_dir: str, tokenizer_dir: str, rows: list[dict], max_new_tokens: int, microbatch: int = 32) -> dict:
@@ -126,15 +131,17 @@ def coati_args(seed: int, at_steps: list[int], max_steps: int, flags: list[str])
 
 def coati_run(seed: int, reuse: bool, at_steps: list[int], max_steps: int, flags: list[str]) -> Path:
     """The default job with this seed and ``flags`` (see ``coati_args``), run in a process of its own; its folder."""
-    folder = ROOT / "runs" / coati_project(seed, at_steps, flags)
-    if reuse and (folder / "final").is_dir():
-        return folder
+    from coati.distributed.driver.run_folder import run_of
+
+    project = ROOT / "runs" / coati_project(seed, at_steps, flags)
+    if reuse and (Path(run_of(str(project))) / "final").is_dir():
+        return Path(run_of(str(project)))
     cmd = [sys.executable, "rl_example.py", *coati_args(seed, at_steps, max_steps, flags)]
     print(f"  seed {seed}: {' '.join(cmd[1:])}", flush=True)
     out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"coati run for seed {seed} failed:\n{out.stderr[-3000:]}")
-    return folder
+    return Path(run_of(str(project)))  # the project's latest run: this one
 
 
 def held_out_rows(job, size: int) -> list[dict]:
@@ -280,6 +287,17 @@ def main():
     )
     if args.at_steps:
         print_curve(marks, rows, gains, before)
+    result = {
+        "held_out_rows": len(held_out),
+        "before": before,
+        "seeds": rows,
+        "marks": marks,
+        "mean_gain": {side: statistics.mean(g) for side, g in gains.items()},
+        "ratio_of_mean_gains": ratio_of_means,
+        "coati_flags": flags,
+        "trl": {"bf16": args.trl_bf16, "overlong": overlong},
+    }
+    print(f"wrote {write_result('main_job_vs_trl', result)}")
 
 
 def print_curve(marks: list[list[dict]], rows: list[dict], gains: dict, before: float) -> None:

@@ -1,4 +1,5 @@
-"""Reward throughput through RewardPool on this machine: math verifications/s and code solutions/s.
+"""Reward throughput through RewardPool on this machine: math verifications/s and code solutions/s. Writes
+``benchmarks/results/rewards.json``.
 
 python benchmarks/bench_rewards.py [--workers 2] [--n 400]
 """
@@ -8,9 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
+from pathlib import Path
 
-from coati.distributed.reward import RewardPool
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_result  # noqa: E402
+from coati.distributed.reward import RewardPool  # noqa: E402
 
 
 def main():
@@ -43,6 +49,12 @@ def main():
     print(f"workers: {args.workers}")
     print(f"math: {args.n} items in {math_s:.2f} s = {args.n / math_s:.0f} verifications/s ({correct} correct)")
     print(f"code: {n_code} solutions x 5 stdin/stdout cases in {code_s:.2f} s = {n_code / code_s:.1f} solutions/s")
+    result = {
+        "workers": args.workers,
+        "math": {"items": args.n, "seconds": math_s, "per_s": args.n / math_s, "correct": correct},
+        "code": {"solutions": n_code, "cases_each": 5, "seconds": code_s, "per_s": n_code / code_s},
+    }
+    print(f"wrote {write_result('rewards', result)}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ differ; and a few percent between two processes is within this machine's noise, 
 CPU sampler compiles two helpers at its first step; the test suite runs with them eager): the first call's seconds
 show the compile, the timed calls what it buys.
 
+Writes ``benchmarks/results/rollout.json``.
+
     python benchmarks/bench_rollout.py [--prompts 8] [--n 4] [--new-tokens 64] [--dtypes float32,bfloat16]
         [--vllm-block-sizes 32,128] [--vllm-samplers inverse_cdf,vllm] [--transformers-attentions coati_sdpa,sdpa]
         [--vllm-compile on,off]
@@ -24,7 +26,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_result  # noqa: E402
 
 
 def run_backend(name: str, dtype: str, options: dict, args: dict, queue) -> None:
@@ -136,8 +144,9 @@ def main():
         ]
         + [("vllm", {"block_size": blocks[0], "sampler": samplers[0], "compile": False})] * eager
     )
+    result = {"settings": settings, "dtypes": {}}
     for dtype in args.dtypes.split(","):
-        rates = {}
+        rates, loads = {}, {}
         for name, options in runs:
             queue = ctx.Queue()
             proc = ctx.Process(target=run_backend, args=(name, dtype, options, settings, queue))
@@ -148,7 +157,7 @@ def main():
             load_s, warm_s, rate, tokens = queue.get()
             label = f"vllm {options['block_size']}" if name == "vllm" else f"{name} {options['attention']}"
             label += " eager" if options.get("compile") is False else ""
-            rates[label] = rate
+            rates[label], loads[label] = rate, {"load_s": load_s, "first_call_s": warm_s, "tokens": tokens}
             print(
                 f"{label:<25}{dtype:<10} load {load_s:6.1f} s  first call {warm_s:5.1f} s  {rate:8.1f} tokens/s  "
                 f"({tokens} tokens)",
@@ -179,6 +188,8 @@ def main():
             ),
             flush=True,
         )
+        result["dtypes"][dtype] = {"tokens_per_s": rates, "runs": loads}
+    print(f"wrote {write_result('rollout', result)}")
 
 
 if __name__ == "__main__":

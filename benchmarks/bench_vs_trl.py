@@ -1,7 +1,7 @@
 """coati vs TRL's GRPOTrainer, same workload, same machine, one invocation.
 
 Both train the same weights and tokenizer on the same prompts (reasoning-gym chain_sum), with the same reward
-function (bench_reward.py, shared verbatim), 4 prompts x 4 completions per step, the same max new tokens, learning
+function (shared_reward.py, shared verbatim), 4 prompts x 4 completions per step, the same max new tokens, learning
 rate, DAPO loss (clip 0.2/0.28, token-mean, no KL), and the same number of steps. coati runs synchronously
 (max_staleness 0) and overlapped (1), with DAPO's dynamic sampling and overlong shaping off to match TRL. Throughput
 is completions per second of training-loop wall time (model loading excluded on both sides). TRL runs in the same
@@ -20,6 +20,8 @@ fault in the memory its tensors grow into, and each larger batch after them some
 of a few steps weighs and a long run does not).
 
     pip install -r benchmarks/requirements.txt
+Writes ``benchmarks/results/vs_trl.json``.
+
     python benchmarks/bench_vs_trl.py [--sizes tiny smollm2] [--steps 12 6] [--precisions fp32 best]
 """
 
@@ -36,6 +38,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.results_file import write_result  # noqa: E402
+
 PROMPTS, GENERATIONS = 4, 4
 PRECISIONS = {
     # name: (TRL's bf16 flag, coati's consumer.compute_dtype; coati's engine weights follow it)
@@ -177,7 +183,7 @@ def coati_kwargs(
         generate_config={"max_new_tokens": max_new_tokens, "temperature": 1.0},
         grpo_config={
             "lr": lr,
-            "reward_fn_type": "benchmarks.bench_reward:last_number_reward",
+            "reward_fn_type": "benchmarks.shared_reward:last_number_reward",
             "train_microbatch_size": PROMPTS * GENERATIONS,
             "dynamic_sampling": False,
             "skip_no_signal_after": 0,
@@ -284,6 +290,8 @@ def print_size(runs: dict, steps: int, weights, peaks: dict) -> dict:
     return {
         "rates": {f"{p}/{n}": v for (p, n), v in rates.items()},
         "trainer": {f"{p}/{n}": v for (p, n), v in trainer.items()},
+        "reward_per_step": {f"{p}/{n}": r["rewards"] for (p, n), r in runs.items()},
+        "steps": steps,
     }
 
 
@@ -322,6 +330,7 @@ def main():
         runs = measure(size, model, steps, args, python, rows)
         report[size] = print_size(runs, steps, matmul_weights(model), peaks)
     ray.shutdown()
+    print(f"wrote {write_result('vs_trl', report)}")
     return report
 
 

@@ -19,6 +19,8 @@ Every method lands the bytes in the receiver's preallocated copy of the weights,
 every method once, in turn, so a slow spell of the machine hits them all. Prints GB/s (median of --reps) and the
 ratios the targets are stated in, then push bytes and time of each LoRA rank beside the full push.
 
+Writes ``benchmarks/results/weight_sync.json``.
+
     python benchmarks/bench_weight_sync.py [--reps 15] [--layers 30] [--bucket-mb 16 128] [--lora-ranks 8 16 64]
 """
 
@@ -26,12 +28,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import ray
 import torch
 
-from coati.distributed.transport.wire_layout import flatten_parameters
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_result  # noqa: E402
+from coati.distributed.transport.wire_layout import flatten_parameters  # noqa: E402
 
 
 def llama_like_state_dict(layers: int = 30, hidden: int = 576, inter: int = 1536, kv: int = 192, vocab: int = 49152):
@@ -228,14 +235,25 @@ def main():
         ratios = "  ".join(f"{results[b] / results[label]:.2f}x {b}" for b in baselines)
         print(f"{label} throughput: {ratios}")
     print("targets: >= 0.8x raw-flat, >= 3x one tensor at a time")
-    lora_pushes(src, dst, group, args, nbytes, results[f"bucketed-flat-{max(args.bucket_mb)}MiB"])
+    lora = lora_pushes(src, dst, group, args, nbytes, results[f"bucketed-flat-{max(args.bucket_mb)}MiB"])
     ray.shutdown()
+    result = {
+        "state_dict": {"tensors": ntensors, "bytes": nbytes},
+        "reps": args.reps,
+        "median_seconds": results,
+        "throughput_ratios": {
+            label: {b: results[b] / results[label] for b in baselines} for label, *_ in runs[: -len(baselines)]
+        },
+        "lora": lora,
+    }
+    print(f"wrote {write_result('weight_sync', result)}")
 
 
-def lora_pushes(src, dst, group: str, args, full_bytes: int, full_s: float) -> None:
+def lora_pushes(src, dst, group: str, args, full_bytes: int, full_s: float) -> list[dict]:
     """Push bytes and seconds (to the receiver's merge's end) of an adapter of each rank, beside the full push."""
+    out = []
     if not args.lora_ranks:
-        return
+        return out
     print(f"\n{'push':<22}{'MB':>10}{'seconds':>10}{'vs full':>10}")
     print(f"{'full (bucketed-flat)':<22}{full_bytes / 1e6:>10.1f}{full_s:>10.3f}{1.0:>9.2f}x")
     for r in args.lora_ranks:
@@ -250,6 +268,8 @@ def lora_pushes(src, dst, group: str, args, full_bytes: int, full_s: float) -> N
             f"{f'lora-{r}':<22}{nbytes / 1e6:>10.1f}{t:>10.3f}{t / full_s:>9.2f}x "
             f" ({full_bytes / nbytes:.0f}x fewer bytes)"
         )
+        out.append({"rank": r, "bytes": nbytes, "seconds": t, "over_full": t / full_s})
+    return out
 
 
 if __name__ == "__main__":

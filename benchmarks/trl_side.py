@@ -22,7 +22,7 @@ if __name__ == "__main__":
     from trl.rewards import get_soft_overlong_punishment
 
     sys.path.insert(0, spec["bench_dir"])
-    from bench_reward import last_number_reward
+    from shared_reward import last_number_reward
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "gt_answer": r["gt_answer"]} for r in spec["rows"]]
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
