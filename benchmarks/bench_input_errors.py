@@ -1,7 +1,7 @@
 """A newcomer's commonest mistakes, each typed as a command in a fresh process from the user's own folder: the exit
-status, the lines printed, whether Ray started, and the seconds from the command to the error, beside the floor of any
-command (the interpreter starting and importing torch, which the config's algorithms need). Writes
-``benchmarks/results/input_errors.json``.
+status, the lines printed, whether Ray started, whether torch was imported (once more, under a wrapper that says so at
+exit), and the seconds from the command to the error, beside two floors measured in the same run: the interpreter
+alone, and the interpreter importing torch. Writes ``benchmarks/results/input_errors.json``.
 
     python benchmarks/bench_input_errors.py [--repeats 3]
 """
@@ -52,6 +52,20 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess
     return time.perf_counter() - start, out
 
 
+WRAPPER = (
+    "import atexit, runpy, sys\n"
+    "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, file=sys.stderr))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def torch_imported(args: list[str], cwd: Path) -> bool:
+    """Whether the command imported torch before it ended."""
+    cmd = [sys.executable, "-c", WRAPPER, str(ROOT / "rl_example.py"), *args, "-sd", str(cwd / "runs")]
+    return "torch imported: True" in timed(cmd, cwd)[1].stderr
+
+
 def main(repeats: int) -> dict:
     result = {"floor": {}, "mistakes": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,10 +93,12 @@ def main(repeats: int) -> dict:
                 "ray_started": "Ray" in out.stdout + out.stderr,
                 "seconds_median": round(statistics.median(seconds), 2),
                 "seconds_max": round(max(seconds), 2),
+                "torch_imported": torch_imported(args, cwd),
             }
     torch_floor = result["floor"]["python + import torch"]
     for row in result["mistakes"].values():
         row["over_torch_floor"] = round(row["seconds_median"] / torch_floor, 2)
+        row["under_torch_floor_s"] = round(torch_floor - row["seconds_median"], 2)
     result["floor"] = {k: round(v, 2) for k, v in result["floor"].items()}
     return result
 
@@ -96,6 +112,7 @@ if __name__ == "__main__":
     for name, row in result["mistakes"].items():
         print(
             f"{name:40s} exit {row['exit_status']}  {row['lines']} line(s)  ray={row['ray_started']}  "
-            f"{row['seconds_median']:.2f} s (max {row['seconds_max']:.2f}, {row['over_torch_floor']:.2f}x the floor)"
+            f"{row['seconds_median']:.2f} s (max {row['seconds_max']:.2f}, {row['over_torch_floor']:.2f}x the torch "
+            f"floor)  torch imported: {row['torch_imported']}"
         )
     print(write_result("input_errors", result))
