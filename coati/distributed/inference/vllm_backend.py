@@ -44,7 +44,6 @@ import shutil
 import tempfile
 import threading
 import time
-import typing
 
 import torch
 
@@ -94,16 +93,10 @@ class VLLMBackend(InferenceBackend, VLLMOptions):
         cuda = on_cuda()
         if enable_sleep_mode and not cuda:
             raise ValueError(self.cannot_sleep(options, gpu=False))
-        engine = engine_kwargs(options, cuda, tensor_parallel_size, enable_sleep_mode, in_flight_updates)
         self.lora_merge = bool(options.get("lora_merge", not cuda)) and bool(lora_rank)
-        if lora_rank and not self.lora_merge:  # one adapter at a time, replaced by each push
-            from vllm.config.lora import MaxLoRARanks
-
-            engine.update(
-                enable_lora=True,
-                max_loras=1,
-                max_lora_rank=min(r for r in typing.get_args(MaxLoRARanks) if r >= lora_rank),
-            )
+        served = 0 if self.lora_merge else lora_rank  # the rank of the adapters vLLM serves itself (0: none)
+        engine = engine_kwargs(options, cuda, tensor_parallel_size, enable_sleep_mode, in_flight_updates, served)
+        if served:
             self._lora_dir = tempfile.mkdtemp(prefix="coati-lora-")
         self._lora = None
         from vllm import LLM

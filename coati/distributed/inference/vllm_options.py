@@ -127,9 +127,19 @@ class VLLMOptions(BackendOptions):
         return int(options.get("tensor_parallel_size", 1))
 
 
-def engine_kwargs(options: Mapping, cuda: bool, tensor_parallel_size: int, sleep: bool, in_flight: bool) -> dict:
-    """``vllm.LLM``'s engine arguments for these options on this device (a CPU's set here, whatever the options say)."""
+def engine_kwargs(
+    options: Mapping, cuda: bool, tensor_parallel_size: int, sleep: bool, in_flight: bool, lora_rank: int = 0
+) -> dict:
+    """``vllm.LLM``'s engine arguments for these options on this device (a CPU's set here, whatever the options say);
+    ``lora_rank``: serve LoRA adapters of that rank, one at a time, replaced by each push (0: none)."""
     engine: dict = {}
+    if lora_rank:
+        import typing
+
+        from vllm.config.lora import MaxLoRARanks
+
+        max_rank = min(r for r in typing.get_args(MaxLoRARanks) if r >= lora_rank)
+        engine.update(enable_lora=True, max_loras=1, max_lora_rank=max_rank)
     if in_flight:
         # Steps driven from this process, one at a time, so a push lands between two of them.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
