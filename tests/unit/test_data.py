@@ -244,3 +244,11 @@ def test_a_held_out_set_of_the_training_task_shares_no_prompt_with_the_training_
     train_rows, held_rows = train.load(), held_out.load()
     assert len(held_rows) == 96 and len(train_rows) == 512
     assert not {r["prompt"] for r in train_rows} & {r["prompt"] for r in held_rows}
+
+
+def test_a_dataset_spec_describes_the_options_set_away_from_their_defaults():
+    from coati.distributed.rollout.data import DatasetSpec
+
+    assert DatasetSpec("d.jsonl").description() == {"source": "d.jsonl"}
+    spec = DatasetSpec([{"prompt": "q"}] * 3, size=2, split="dev", answer_column="a.b")
+    assert spec.description() == {"source": "3 rows given", "split": "dev", "answer_column": "a.b", "size": 2}

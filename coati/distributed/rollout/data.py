@@ -75,10 +75,12 @@ class DatasetSpec:
         return replace(self, source=source, disjoint_from=under.absolute() if under else None)
 
     def description(self) -> dict:
-        """What a run folder records of it: the source (a list as its length) and the options that are set."""
+        """What a run folder records of it: the source (a list as its length) and the options set away from their
+        defaults."""
         source = self.source if isinstance(self.source, str) else f"{len(self.source)} rows given"
         shown = ("split", "subset", "prompt_column", "answer_column", "size")
-        return {"source": source, **{k: getattr(self, k) for k in shown if getattr(self, k)}}
+        default = DatasetSpec(source)
+        return {"source": source, **{k: getattr(self, k) for k in shown if getattr(self, k) != getattr(default, k)}}
 
 
 DATASET_KEYS = ("path", "rows", "size", "seed", "system_prompt", "split", "subset", "prompt_column", "answer_column")
