@@ -9,8 +9,7 @@ import ray
 from coati.distributed.guards import EngineMismatch
 from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
-
-REWARD = "tests.component.reward_fns:digit_fraction"
+from tests.e2e.runs import REWARD, run_kwargs
 
 
 def skew_final_norm(producer) -> None:
@@ -54,26 +53,15 @@ def test_an_engine_computing_another_model_stops_the_run_at_the_next_step(ray_cl
         r"\(tolerance 0.005 for these precisions\): the engines generate from another model",
     ):
         launch_distributed(
-            num_producers=1,
-            num_proc_per_producer=1,
-            num_consumer_procs=1,
-            num_episodes=1,
-            inference_batch_size=4,
-            inference_microbatch_size=4,
-            train_batch_size=4,
-            train_minibatch_size=4,
-            train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(64)]},
-            inference_model_config={"path": path, "dtype": "float32"},
-            train_model_config={"path": path},
-            generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
-            grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
-            num_generations=4,
-            core_algo="GRPO",
-            max_steps=3,
-            inference_backend=backend,
-            max_staleness=0,
-            plugin_config={},
-            project_name=project,
-            on_step=on_step,
+            **run_kwargs(
+                path,
+                inference_model_config={"path": path, "dtype": "float32"},
+                generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
+                grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
+                max_steps=3,
+                inference_backend=backend,
+                project_name=project,
+                on_step=on_step,
+            )
         )
     assert len(gaps) == 1 and gaps[0] < 1e-4, gaps  # a correct engine and trainer: float tolerance

@@ -17,6 +17,7 @@ from coati.distributed.driver.run_folder import RunFolderError
 from coati.distributed.guards import RewardFailure
 from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
+from tests.e2e.runs import run_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 FNS = "tests.component.reward_fns"
@@ -32,29 +33,14 @@ def rows(n=16, **fields):
 
 
 def kwargs(tiny, **over):
-    kw = dict(
-        num_producers=1,
-        num_proc_per_producer=1,
-        num_consumer_procs=1,
-        num_episodes=1,
-        inference_batch_size=4,
-        inference_microbatch_size=4,
-        train_batch_size=4,
-        train_minibatch_size=4,
+    base = run_kwargs(
+        tiny,
         train_dataset_config={"rows": rows()},
-        inference_model_config={"path": tiny},
-        train_model_config={"path": tiny},
         generate_config={"max_new_tokens": 6},
         grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
-        plugin_config={},
-        num_generations=4,
-        core_algo="GRPO",
         max_steps=1,
-        inference_backend="transformers",
-        max_staleness=0,
     )
-    kw.update(over)
-    return kw
+    return {**base, **over}
 
 
 def no_actors_left():

@@ -7,6 +7,7 @@ import pytest
 
 from coati.distributed.launch import launch_distributed
 from coati.models import build_tiny_model
+from tests.e2e.runs import run_kwargs
 
 pytest.importorskip("trl", reason="TRL comes with benchmarks/requirements.txt, which make test installs")
 
@@ -22,27 +23,8 @@ def run(tmp_path, reward: str, **grpo):
         }
         for i in range(8)
     ]
-    return launch_distributed(
-        num_producers=1,
-        num_proc_per_producer=1,
-        num_consumer_procs=1,
-        num_episodes=1,
-        inference_batch_size=4,
-        inference_microbatch_size=4,
-        train_batch_size=4,
-        train_minibatch_size=4,
-        train_dataset_config={"rows": rows},
-        inference_model_config={"path": path},
-        train_model_config={"path": path},
-        generate_config={"max_new_tokens": 12, "temperature": 1.0},
-        grpo_config={"lr": 1e-3, "reward_fn_type": reward, "train_microbatch_size": 8, **grpo},
-        plugin_config={},
-        num_generations=4,
-        core_algo="GRPO",
-        max_steps=2,
-        inference_backend="transformers",
-        max_staleness=0,
-    )
+    grpo_config = {"lr": 1e-3, "reward_fn_type": reward, "train_microbatch_size": 8, **grpo}
+    return launch_distributed(**run_kwargs(path, train_dataset_config={"rows": rows}, grpo_config=grpo_config))
 
 
 def test_trl_accuracy_reward_scores_message_lists_and_its_none_is_no_score(ray_cluster, tmp_path):
