@@ -44,8 +44,10 @@ class Engine:
 
     def cached_prompt_tokens(self, prompts, n):
         """vLLM's count, per prompt, of prompt tokens its prefix cache served in one round of n samples each."""
+        from coati.distributed.inference.vllm_backend import sampling_params
+
         b = self.backend
-        return [out.num_cached_tokens for out in b._run(b._enqueue(prompts, b._params(n, False)))]
+        return [out.num_cached_tokens for out in b._run(b._enqueue(prompts, sampling_params(b.generation, n, False)))]
 
     def join(self, world_size, rank, group):
         self.backend.join_weight_group(world_size, rank, group, "gloo", 60.0)
