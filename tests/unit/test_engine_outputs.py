@@ -187,3 +187,14 @@ def test_streaming_is_refused_before_any_actor_starts_where_a_run_cannot_stream(
     for over, reason in cases:
         with pytest.raises(ValueError, match=f"stream_prompts=16, but {reason}.*or use stream_prompts=0"):
             resolved(producer={"stream_prompts": 16}, **over)
+
+
+def test_the_driver_s_checks_name_the_engine_not_its_options_class():
+    """The driver checks a backend through its options class (no engine import); its messages still name the
+    engine a user picked."""
+    from coati.distributed.inference import backend_options
+
+    with pytest.raises(ValueError, match="not known to VLLMBackend"):
+        backend_options("vllm").check_options({"nope": 1})
+    with pytest.raises(ValueError, match="the TransformersBackend engine runs in the producer's process"):
+        backend_options("transformers").check_processes(2, gpu=False)

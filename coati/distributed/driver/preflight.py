@@ -539,7 +539,7 @@ def resolve_stream(cfg: Config, backend, max_staleness: int) -> int:
     requested, lora, env = cfg.producer.stream_prompts, cfg.consumer.lora_rank, cfg.reward.env.name
     why = None
     if not backend.STREAMS:
-        why = f"the {backend.__name__} engine generates rounds only; use the vllm backend"
+        why = f"the {backend.engine_name()} engine generates rounds only; use the vllm backend"
     elif max_staleness < 1:
         why = (
             "max_staleness=0 trains only rows of the weights being trained, and groups left in the engine "

@@ -18,6 +18,12 @@ class BackendOptions:
 
     ENGINE: str = ""
     """the engine class, as package.module:Class"""
+
+    @classmethod
+    def engine_name(cls) -> str:
+        """The engine class's name (what messages call the backend), without importing it."""
+        return cls.ENGINE.rpartition(":")[2] or cls.__name__
+
     OPTIONS: dict[str, str] = {}
     """engine options a user may pass (``inference_model_config`` keys beside ``path``), with what each does"""
     IN_FLIGHT_UPDATES = False
@@ -36,7 +42,7 @@ class BackendOptions:
         unknown = sorted(set(options) - set(cls.OPTIONS))
         if unknown:
             known = ", ".join(f"{k} ({v})" for k, v in cls.OPTIONS.items()) or "none"
-            raise ValueError(f"inference option(s) {unknown} are not known to {cls.__name__}; known: {known}")
+            raise ValueError(f"inference option(s) {unknown} are not known to {cls.engine_name()}; known: {known}")
 
     @classmethod
     def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
@@ -60,12 +66,12 @@ class BackendOptions:
             raise ValueError(f"sleep_while_training=True, but {reason}; turn sleep_while_training off")
         if in_flight and not cls.IN_FLIGHT_UPDATES:
             raise ValueError(
-                f"in_flight_weight_updates=True, but the {cls.__name__} engine loads weights only "
+                f"in_flight_weight_updates=True, but the {cls.engine_name()} engine loads weights only "
                 "between batches; use the vllm backend or turn in_flight_weight_updates off"
             )
         if lora_rank and not cls.LORA:
             raise ValueError(
-                f"lora_rank={lora_rank}, but the {cls.__name__} engine cannot apply LoRA pushes yet; use "
+                f"lora_rank={lora_rank}, but the {cls.engine_name()} engine cannot apply LoRA pushes yet; use "
                 "the transformers or vllm backend, or lora_rank 0"
             )
         if lora_rank and in_flight:
@@ -83,8 +89,8 @@ class BackendOptions:
         """Refuse a number of engine processes per producer the backend cannot run (the default engine is one)."""
         if processes != 1:
             raise ValueError(
-                f"num_proc_per_producer={processes}, but the {cls.__name__} engine runs in the producer's process; "
-                f"use 1, or a backend with tensor-parallel engines (vllm, sglang)"
+                f"num_proc_per_producer={processes}, but the {cls.engine_name()} engine runs in the producer's "
+                "process; use 1, or a backend with tensor-parallel engines (vllm, sglang)"
             )
 
     @classmethod
