@@ -1,5 +1,6 @@
 """A benchmark's raw result as a file: ``benchmarks/results/<name>.json`` holding the command that made it, the
-commit, the package versions, the machine and the result itself. Docs quote these files, not numbers typed by hand."""
+commit, the package versions, the machine (CPU, its vector features, cores and a one-thread matmul probe) and the
+result itself. Docs quote these files, not numbers typed by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from coati.provenance import commit, machine, versions
+from coati.provenance import commit, machine, matmul_probe, versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -21,7 +22,7 @@ def write_result(name: str, result, argv: list[str] | None = None) -> Path:
         "commit": commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
-        "machine": machine(),
+        "machine": {**machine(), "matmul_gflops_1_thread": matmul_probe()},
         "result": result,
     }
     path = RESULTS / f"{name}.json"

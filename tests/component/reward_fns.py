@@ -1,6 +1,7 @@
 """User reward functions for the pool tests (resolved by dotted path in worker processes)."""
 
 import os
+import time
 
 from coati.distributed.reward.base import RewardResult
 
@@ -72,7 +73,10 @@ def batch_sizes(completions, **fields):
 
 
 def by_text(completions, **fields):
-    """A TRL-style verdict read from the completion: "none" -> no score, "boom" -> raises, else its number."""
+    """A TRL-style verdict read from the completion: "none" -> no score, "boom" -> raises, "slow" -> sleeps past any
+    short time limit, else its number."""
     if "boom" in completions:
         raise RuntimeError("boom in the scorer")
+    if "slow" in completions:
+        time.sleep(30)
     return [None if c == "none" else float(c) for c in completions]

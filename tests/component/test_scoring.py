@@ -3,10 +3,15 @@ the record's typed reward fields (task rewards, status, error, no-signal verdict
 what happened to each row."""
 
 import numpy as np
+import pytest
+import torch
 
+from coati.distributed.algo import ADVANTAGE_ESTIMATORS
+from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.record import RewardStatus, batch_from_responses
 from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.scoring import Scorer
+from coati.distributed.trainer.step import batch_advantages
 from coati.models import char_tokenizer
 
 N = 4
@@ -36,10 +41,61 @@ def test_a_draw_s_reward_fields_say_what_happened_to_each_row():
     # a call that raised is retried one completion per call: only "boom" fails
     assert status[8:] == [0, RewardStatus.ERROR, 0, 0] and "boom in the scorer" in batch.reward_error[9]
     assert batch.reward_error[8] == "" and batch.failed().tolist() == [False] * 9 + [True, False, False]
-    # an unscored row takes its group's scored mean; it trains nothing
+    # an unscored or failed row takes its group's scored mean; it trains nothing
     assert np.allclose(batch.task_rewards[:4], [1, 0, 2 / 3, 1]) and np.allclose(batch.rewards, batch.task_rewards)
+    assert np.isclose(batch.task_rewards[9], 2 / 3) and not batch.loss_mask[9].any()
     assert not batch.loss_mask[2].any() and not batch.loss_mask[6].any() and batch.loss_mask[0].any()
     # the second group's scored rows agree: no signal, decided here once
     assert batch.no_signal.tolist() == [False] * 4 + [True] * 4 + [False] * 4
     assert list(batch.extras["reference"][:5]) == ["1"] * 4 + [""]  # kept with the samples a run logs
     assert batch.validate() is batch
+
+
+# Ten groups, four failures among their 40 completions (10%): three rewards that raise, one that runs past its limit.
+FAILING = [
+    ["1", "0", "boom", "1"],
+    ["2", "2", "2", "boom"],  # its scored rows agree: no signal, which a failure scored 0 would have faked
+    ["0", "3", "1", "2"],
+    ["1", "slow", "0", "0"],
+    ["5", "4", "3", "2"],
+    ["1", "1", "0", "1"],
+    ["boom", "0", "2", "4"],
+    ["3", "3", "1", "0"],
+    ["0", "0", "0", "1"],
+    ["2", "1", "1", "1"],
+]
+
+
+@pytest.fixture(scope="module")
+def failing_draw():
+    tokenizer = char_tokenizer()
+    scorer = Scorer(RewardConfig(fn="tests.component.reward_fns:by_text", workers=1, item_timeout_s=1.0), N, tokenizer)
+    try:
+        rows = [{"prompt": str(g)} for g in range(len(FAILING))]
+        batch = draw(tokenizer, FAILING)
+        scorer.apply(batch, [f.result() for f in scorer.submit(batch, rows, version=0)], rows)
+    finally:
+        scorer.close()
+    return batch
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo", "reinforce_ppb"])
+def test_failed_completions_give_the_advantages_of_a_draw_without_them(failing_draw, name):
+    """A reward error or timeout is not scored 0: the other completions' advantages are those the estimator computes
+    on the draw with the failed completions removed, and a failed one trains nothing."""
+    batch = failing_draw
+    texts = [t for g in FAILING for t in g]
+    failed = np.array([t in ("boom", "slow") for t in texts])
+    assert batch.failed().tolist() == failed.tolist() and failed.mean() == 0.1
+    assert (batch.reward_status == RewardStatus.TIMEOUT).sum() == 1
+    assert batch.no_signal[4:8].all() and not batch.no_signal[:4].any()
+    cfg = AlgorithmConfig(advantage_estimator=name)
+    loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)
+    assert not loss_mask[torch.from_numpy(failed)].any()
+    advantages = batch_advantages(batch, loss_mask, cfg)
+    kept = torch.from_numpy(~failed)
+    rewards = torch.tensor([float(t) for t, f in zip(texts, failed) if not f])
+    groups = torch.from_numpy(batch.group_ids[~failed])
+    alone = ADVANTAGE_ESTIMATORS.get(name)(rewards, groups, loss_mask[kept], cfg).advantages
+    assert torch.allclose(advantages[kept], alone, atol=1e-6), (advantages[kept], alone)
+    assert torch.all(advantages[~kept] == 0)

@@ -3,8 +3,9 @@ producer.
 
 Each worker is a single-threaded process (math_verify's signal-based timeouts need a main thread). A dispatcher thread
 feeds idle workers from a bounded queue (``submit`` blocks when it is full: back-pressure), enforces a wall-clock
-limit per item by killing the worker, and replaces any worker that dies; the item it held is scored 0 with the
-reason in ``info['error']``. Results come back as futures.
+limit per item by killing the worker, and replaces any worker that dies; the item it held fails, with the reason in
+``info['error']`` (a failed item is left out of its group's statistics and the loss, not trained as a 0). Results come
+back as futures.
 
 A worker is a fresh interpreter that imports this module and the reward function only: multiprocessing's spawn would
 also re-run the parent's main module, which in a Ray actor is Ray's worker script (about half a second of CPU at
@@ -215,11 +216,11 @@ class RewardPool:
         return [f.result() for f in futures]
 
     def _fail(self, fut: Future, reason: str, timeout: bool = False) -> None:
-        log.warning("reward item scored 0: %s", reason)
+        log.warning("reward item failed (left out of its group): %s", reason)
         fut.set_result(RewardResult(0.0, False, False, {"error": reason, "timeout": timeout}))
 
     def _failed(self, items: list[_Item], reason: str, timeout: bool = False) -> None:
-        """A call failed: a single item is scored 0 with the reason; several go back to be scored one by one."""
+        """A call failed: a single item fails with the reason; several go back to be scored one by one."""
         if len(items) == 1:
             self._fail(items[0].fut, reason, timeout)
             return

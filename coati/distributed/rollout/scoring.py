@@ -80,9 +80,9 @@ class Scorer:
 
     def apply(self, out: RolloutBatch, results: list[RewardResult], rows: list[dict]) -> None:
         """Fill ``out``'s reward fields from its rows' ``results`` (row i of ``out`` answers ``rows[i // n]``):
-        ``task_rewards`` (the components' weighted sum; an unscored row its group's scored mean), ``reward_status``,
-        ``reward_error``, ``no_signal``, ``rewards`` (= task rewards, for the caller to shape) and the verdicts among
-        the extras; an unscored row is masked from the loss."""
+        ``task_rewards`` (the components' weighted sum; an unscored or failed row its group's scored mean),
+        ``reward_status``, ``reward_error``, ``no_signal``, ``rewards`` (= task rewards, for the caller to shape) and
+        the verdicts among the extras; an unscored or failed row is masked from the loss."""
         r = self.reward
         rewards = np.array([x.reward for x in results], dtype=np.float64)
         status = np.array([_status(x) for x in results], dtype=np.int8)
@@ -104,9 +104,12 @@ class Scorer:
         status[(status == RewardStatus.NO_SCORE) & ~unscored] = RewardStatus.SCORED  # another function scored it
         rewards = np.where(np.isfinite(rewards), rewards, 0.0)
         rewards = self._compose(rewards.astype(np.float32), out, rows, others)
-        if unscored.any():  # no score: its group's mean (so reported means stay finite), and no loss on it
-            rewards = fill_unscored(rewards, unscored, self.n).astype(np.float32)
-            out.loss_mask = out.trained_mask() & ~unscored[:, None]
+        # No score, or scoring failed (an error, a timeout, a sandbox crash): its group's mean of the scored rows (so
+        # reported means stay finite and no group gains a false signal), and no loss on it.
+        left_out = unscored | np.isin(status, (RewardStatus.ERROR, RewardStatus.TIMEOUT))
+        if left_out.any():
+            rewards = fill_unscored(rewards, left_out, self.n).astype(np.float32)
+            out.loss_mask = out.trained_mask() & ~left_out[:, None]
             out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
         out.task_rewards = rewards.astype(np.float32)
         out.rewards = out.task_rewards.copy()

@@ -31,11 +31,11 @@ log = logging.getLogger(__name__)
 
 def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torch.Tensor:
     """[B, T] advantages of a batch under ``algo``'s estimator; a completion without a score (its reward function's
-    None) is left out of its group's statistics, and its loss mask is empty."""
+    None, or a scoring error or timeout) is left out of its group's statistics, and its loss mask is empty."""
     group_ids = torch.tensor(batch.group_ids)
-    unscored = batch.unscored()
-    if unscored.any():
-        group_ids = without_unscored(group_ids, torch.tensor(~unscored))
+    left_out = batch.left_out()
+    if left_out.any():
+        group_ids = without_unscored(group_ids, torch.tensor(~left_out))
     return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
         torch.tensor(batch.rewards), group_ids, loss_mask, algo
     ).advantages
