@@ -1,10 +1,10 @@
 """TRL's side of bench_vs_trl.py; runs in a subprocess of its own (same environment). Reads a JSON workload from
-argv[1], trains with GRPOTrainer, writes per-step rewards and wall time to argv[2]. The learning rate is constant, as
-coati's; with ``max_seconds`` training stops after the first step that ends past that wall-clock budget (``steps`` is
-then only an upper bound). With ``save_at`` (seconds of training, ascending, and ``save_dir``), the model is saved
-after the first step past each mark, the time spent saving left out of the training wall-clock. With ``overlong``
-(``[buffer tokens, factor]``), TRL's own soft overlong punishment (DAPO's length shaping, as coati's presets apply it)
-is added to the reward with that weight."""
+argv[1], trains with GRPOTrainer, writes per-step rewards, wall time and the moment its first optimizer step ended to
+argv[2]. The learning rate is constant, as coati's; with ``max_seconds`` training stops after the first step that
+ends past that wall-clock budget (``steps`` is then only an upper bound). With ``save_at`` (seconds of training,
+ascending, and ``save_dir``), the model is saved after the first step past each mark, the time spent saving left out
+of the training wall-clock. With ``overlong`` (``[buffer tokens, factor]``), TRL's own soft overlong punishment
+(DAPO's length shaping, as coati's presets apply it) is added to the reward with that weight."""
 
 import json
 import sys
@@ -60,8 +60,12 @@ if __name__ == "__main__":
 
     marks, saves, saving = list(spec.get("save_at") or []), [], [0.0]  # saving[0]: seconds spent saving
 
+    first_step_at = []  # the wall-clock time (epoch seconds) the first optimizer step ended
+
     class Budget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
+            if not first_step_at:
+                first_step_at.append(time.time())
             trained = time.perf_counter() - start - saving[0]
             if marks and trained >= marks[0]:
                 begun, path = time.perf_counter(), f"{spec['save_dir']}/at-{len(saves)}"
@@ -91,6 +95,7 @@ if __name__ == "__main__":
             "step_times": step_times,
             "steps": trainer.state.global_step,
             "saves": saves,
+            "first_step_at": first_step_at[0] if first_step_at else None,
         },
         open(sys.argv[2], "w"),
     )

@@ -1,13 +1,10 @@
-"""The attention of the trainer and of the transformers backend: transformers' SDPA attention, except in bf16 on a
-CPU at the sizes of a training micro-batch or a decode step, where torch's fused CPU kernel is slow. There the
-scores are one batched matmul into an additive mask (``baddbmm``), a softmax and a second matmul, all in bf16 with
-the matmuls accumulating in fp32, as transformers' eager attention rounds them. Forward and backward of one layer on
-a default-job packed micro-batch late in a run (4 groups, rows of 142 tokens, SmolLM2-135M's 9 query and 3
-key/value heads, one thread of this machine's CPU): 4.6 ms against 17.3 ms; rows of 600 tokens: 1.6x
-(``benchmarks/bench_attention.py``). A decode step's (one query per row against its cache, 16 rows of 100 keys):
-0.11 ms against 1.13 ms. The scores (and their softmax, kept for the backward) are held whole, so calls with more than
-``MAX_SCORES`` of them (about where the fused kernel catches up), fp32, CUDA, dropout, additive float masks and masks
-per head all take the SDPA path.
+"""The attention of the trainer and of the transformers backend: transformers' SDPA attention, except in bf16 on a CPU
+at the sizes of a training micro-batch or a decode step, where torch's fused CPU kernel is slow. There the scores are
+one batched matmul into an additive mask (``baddbmm``), a softmax and a second matmul, all in bf16 with the matmuls
+accumulating in fp32, as transformers' eager attention rounds them (``benchmarks/bench_attention.py`` times a
+training pass's and a decode step's attention each way). The scores (and their softmax, kept for the backward) are
+held whole, so calls with more than ``MAX_SCORES`` of them (about where the fused kernel catches up), fp32, CUDA,
+dropout, additive float masks and masks per head all take the SDPA path.
 
 Registered with transformers as ``NAME`` (its masks are SDPA's: boolean, True where a query attends to a key); the
 consumer and the transformers backend set it on CPU models whose attention is SDPA.

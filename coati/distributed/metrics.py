@@ -133,6 +133,7 @@ METRICS: dict[str, Metric] = {
     "eval/lenient": Metric("held-out greedy accuracy, lenient check", "share"),
     "eval/count": Metric("held-out items evaluated", "items"),
     "eval/reward_errors": Metric("held-out items whose scoring failed", "items"),
+    "eval/cached": Metric("1 where the evaluation before training was the base model's cached one (not rerun)", "flag"),
 }
 
 PAYLOADS = ("samples", "eval_samples")

@@ -170,6 +170,10 @@ class RunConfig:
     next micro-batch on once they stop); False: every actor 1 thread always"""
     eval_interval: int = 0
     """evaluate on the held-out set before training, at the end, and every N steps when N > 0"""
+    eval_cache: bool = True
+    """reuse the base model's evaluation before training from an earlier run with the same model, held-out rows,
+    generation, prompt format, reward, backend, engine dtype and code (kept under $COATI_CACHE/evals); False:
+    evaluate again"""
     save_interval: int = 0
     """checkpoint every N steps (0: only at the end)"""
     keep_checkpoints: int = 2

@@ -19,6 +19,7 @@ import os
 import time
 
 from coati.distributed.config.tree import Config
+from coati.distributed.driver import eval_cache
 from coati.distributed.driver.actor_group import ActorGroups, RunError, get
 from coati.distributed.driver.checkpoint import (
     CheckpointManager,
@@ -167,8 +168,7 @@ class Run:
         tolerance = self._gap_tolerance()
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
         if self.plan.eval_dataset and self.progress.start_step == 0:
-            phase("evaluating before training")
-            predictions = self._evaluate_at(0, evals)
+            predictions = self._evaluate_base(evals)
             check_declared(evals[-1])
             if on_step is not None:
                 on_step({**evals[-1], "eval_samples": predictions} if predictions else dict(evals[-1]))
@@ -201,6 +201,22 @@ class Run:
             engine_dtypes.pop() if len(engine_dtypes) == 1 else None,
             self.cfg.consumer.plugin.precision == "fp32" and all(i["compute_dtype"] == "fp32" for i in info[1]),
         )
+
+    def _evaluate_base(self, evals: list) -> list | None:
+        """The evaluation before training, from the cache where the base model's is there (``eval_cache``), else
+        run and stored; appended to ``evals``, its predictions returned."""
+        key = eval_cache.base_key(self.cfg, self.plan, self.actors.producer_info) if self.cfg.run.eval_cache else None
+        cached = eval_cache.read(key) if key else None
+        if cached is None:
+            phase("evaluating before training")
+            predictions = self._evaluate_at(0, evals)
+            if key:
+                eval_cache.write(key, {**evals[-1], "eval_samples": predictions})
+            return predictions
+        phase("evaluating before training: the base model's evaluation from the cache")
+        predictions = cached.pop("eval_samples", None)
+        evals.append({**cached, "step": 0, "eval/cached": 1})
+        return predictions
 
     def _evaluate_at(self, step: int, evals: list) -> list | None:
         """Evaluate on the held-out set, append the result to ``evals``; returns its predictions (or None)."""

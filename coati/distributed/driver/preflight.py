@@ -88,6 +88,8 @@ class Inputs:
     """chat template and system prompt, or raw text"""
     dataset_digest: str
     """a hash of the training rows: a checkpoint records it, so a resume on other data is refused"""
+    eval_digest: str
+    """a hash of the held-out rows ("" without them): part of the key of the base model's cached evaluation"""
     overlong: dict
     """{"train": n, "eval": n}: rows dropped for prompts over max_prompt_tokens (filter_overlong_prompts)"""
     stream_prompts: int
@@ -168,6 +170,7 @@ def check_inputs(config: Config) -> Inputs:
         len(rows),
         files.prompt_format,
         rows_digest(rows),
+        rows_digest(eval_rows) if eval_rows else "",
         overlong,
         resolve_stream(cfg, backend_options(cfg.producer.backend), config.run.max_staleness),
         sandbox,

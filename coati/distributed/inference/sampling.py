@@ -1,9 +1,8 @@
 """Token sampling for the vLLM engine on a CPU: inverse-CDF sampling, used in place of vLLM's Gumbel-max kernel for
 plain temperature sampling (no top-k, no top-p, no per-request seed).
 
-vLLM's CPU sampler draws one Gumbel noise value per vocabulary entry per row (``fused_gumbel_argmax``): for the
-default job's 64 rows of a 49,152-token vocabulary, 17.5 ms of a ~130 ms decode step with the log-probs, against
-7.5 ms for this draw and the log-probs together (``benchmarks/bench_rollout.py`` compares the two in one engine).
+vLLM's CPU sampler draws one Gumbel noise value per vocabulary entry per row (``fused_gumbel_argmax``), where this
+draws one uniform number per row (``benchmarks/bench_rollout.py`` compares the two in one engine).
 The engine computes the processed log-probs of every row anyway (``logprobs_mode="processed_logprobs"``), so one
 uniform number per row and a cumulative sum of their exponentials draw the same distribution: token i is drawn with
 probability ``exp(logprob_i)``, exactly as the Gumbel-max trick draws it.

@@ -42,7 +42,7 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
-        attention.use(self.model, self.device)  # bf16 on a CPU: decode-step attention 7-14x faster than SDPA's
+        attention.use(self.model, self.device)  # bf16 on a CPU: coati's attention, not SDPA's
         # Flat buffers, laid out as the consumer's (which flattens alike): pushes arrive in a few in-place transfers.
         flatten_parameters(self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -15,7 +15,7 @@ CPU_KV_CACHE_GIB = 1.0
 CPU_BLOCK_SIZE = 32
 """tokens per KV-cache block on CPU, the unit its prefix cache shares: the smallest the CPU attention takes. The CPU
 build's own default (128) is longer than short prompts, so a group's samples shared none of their prompt
-(benchmarks/bench_rollout.py: 32 is 1.34x faster on the default job's prompts, the same tokens drawn)"""
+(``benchmarks/bench_rollout.py`` measures both sizes on the default job's prompts)"""
 SAMPLERS = ("inverse_cdf", "vllm")
 CPU_ENV = {
     # The engine core runs in this process: collective_rpc reaches the worker directly and no process is spawned.

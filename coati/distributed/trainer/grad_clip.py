@@ -9,8 +9,8 @@ consumer installs two replacements on that wrapper:
 - the norm: sqrt(sum_i ||g_i||^2), each gradient's squared norm the sum, in float64, of float32 norms of blocks of
   ``BLOCK`` elements (float32 accumulates well over a block; float64 across blocks and tensors). Within 1e-7
   (relative) of the float64 norm, as ColossalAI's is (it rounds its float64 sum to float32), where one float32
-  norm of SmolLM2-135M's 28M-element embedding gradient is 2e-3 off; 8x faster than the float64 copies (that
-  model's gradients on one thread: 21 ms against 167 ms).
+  norm of SmolLM2-135M's 28M-element embedding gradient is 2e-3 off; without the float64 copies of every gradient
+  (``benchmarks/bench_consumer_step.py`` times a consumer's step each way).
 - the clip: the same factor, applied by Adam's update as the divisor of the gradients (HybridAdam's ``div_scale``,
   which torch's fused kernel applies as it reads them) instead of a separate pass over them.
 """
