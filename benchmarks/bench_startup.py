@@ -1,8 +1,9 @@
 """Time to the first training step, coati against TRL, side by side in one run on the default job's workload.
 
 coati: the default job (``rl_example.py --algo DAPO``, one step), its start-up account from the run's
-``summary.json`` (each phase's time from the command, and the first step's end; the default job evaluates the base
-model before training, so that evaluation is inside its first step's time). TRL: GRPOTrainer on the same model, rows,
+``summary.json`` (each phase's time from the command, and the first step's end), twice: evaluating the base model
+before training (``--no-eval-cache``, a first run), then as a later run does, taking that evaluation from the cache
+when an earlier run of this code left it there (the file says whether it did). TRL: GRPOTrainer on the same model, rows,
 4 prompts x 4 completions, new tokens and learning rate, one step, in a subprocess of its own (``trl_side.py``), from
 the command to the end of its first optimizer step. The default model is converted before either runs, so neither
 pays the conversion. Writes ``benchmarks/results/startup.json``.
@@ -29,18 +30,23 @@ sys.path.insert(0, str(HERE))
 from benchmarks.results_file import write_result  # noqa: E402
 
 
-def coati_first_step(out_dir: str) -> dict:
-    """One step of the default job from a fresh process: its start-up phases and first step (from its summary), and
-    the command's whole time."""
+def coati_first_step(out_dir: str, flags: list[str]) -> dict:
+    """One step of the default job from a fresh process: its start-up phases and first step (from its summary),
+    whether its evaluation before training came from the cache, and the command's whole time."""
     cmd = [sys.executable, str(ROOT / "rl_example.py"), "--algo", "DAPO", "--max-steps", "1", "--no-progress"]
-    cmd += ["--save-dir", out_dir, "-p", "startup", "--overwrite"]
+    cmd += ["--save-dir", out_dir, "-p", "startup", "--overwrite", *flags]
     begun = time.time()
     subprocess.run(cmd, check=True, cwd=out_dir, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wall = time.time() - begun
     from coati.distributed.driver.run_folder import run_of
 
     summary = json.loads((Path(run_of(str(Path(out_dir) / "startup"))) / "summary.json").read_text())
-    return {"first_step_s": summary["startup"]["first_step_s"], "phases": summary["startup"]["phases"], "wall_s": wall}
+    return {
+        "first_step_s": summary["startup"]["first_step_s"],
+        "phases": summary["startup"]["phases"],
+        "eval_cached": bool(summary["evals"][0].get("eval/cached")),
+        "wall_s": wall,
+    }
 
 
 def trl_first_step(job, bf16: bool) -> dict:
@@ -81,18 +87,21 @@ def main() -> None:
     bf16 = native_bf16(torch.device("cpu"))  # as coati's auto precision decides
     runs = []
     for i in range(args.repeats):
-        with tempfile.TemporaryDirectory() as d:
-            coati = coati_first_step(d)
+        coati = {}
+        for name, flags in (("evaluating", ["--no-eval-cache"]), ("later_run", [])):
+            with tempfile.TemporaryDirectory() as d:
+                coati[name] = coati_first_step(d, flags)
         trl = trl_first_step(job, bf16)
         runs.append({"coati": coati, "trl": trl})
-        print(
-            f"run {i}: time to the first step, coati {coati['first_step_s']:.1f} s (the evaluation before training "
-            f"included), TRL {trl['first_step_s']:.1f} s ({'bf16' if bf16 else 'fp32'}); coati / TRL "
-            f"{coati['first_step_s'] / trl['first_step_s']:.2f}x",
-            flush=True,
-        )
-        for p in coati["phases"]:
-            print(f"  coati {p['at_s']:7.1f} s  {p['phase']}")
+        print(f"run {i}: time to the first step, TRL {trl['first_step_s']:.1f} s ({'bf16' if bf16 else 'fp32'})")
+        for name, c in coati.items():
+            print(
+                f"  coati ({name}; evaluation before training {'from the cache' if c['eval_cached'] else 'run'}) "
+                f"{c['first_step_s']:.1f} s, {c['first_step_s'] / trl['first_step_s']:.2f}x TRL's"
+            )
+            for p in c["phases"]:
+                print(f"    {p['at_s']:7.1f} s  {p['phase']}")
+        sys.stdout.flush()
     print(f"wrote {write_result('startup', {'runs': runs})}")
 
 

@@ -46,6 +46,6 @@ def test_a_second_run_takes_the_base_model_s_evaluation_from_the_cache(ray_clust
 
     _, phases = run(tiny, rows(4))  # other held-out rows: another key
     assert "evaluating before training" in phases
-    _, phases = run(tiny, rows(3), eval_cache=False)
+    _, phases = run(tiny, rows(3), eval_cache=False)  # evaluates again, and keeps the fresh result
     assert "evaluating before training" in phases
     assert len(list((tmp_path / "evals").glob("*.json"))) == 2

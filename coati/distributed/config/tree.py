@@ -173,7 +173,7 @@ class RunConfig:
     eval_cache: bool = True
     """reuse the base model's evaluation before training from an earlier run with the same model, held-out rows,
     generation, prompt format, reward, backend, engine dtype and code (kept under $COATI_CACHE/evals); False:
-    evaluate again"""
+    evaluate again (the fresh result replaces the kept one)"""
     save_interval: int = 0
     """checkpoint every N steps (0: only at the end)"""
     keep_checkpoints: int = 2

@@ -204,9 +204,10 @@ class Run:
 
     def _evaluate_base(self, evals: list) -> list | None:
         """The evaluation before training, from the cache where the base model's is there (``eval_cache``), else
-        run and stored; appended to ``evals``, its predictions returned."""
-        key = eval_cache.base_key(self.cfg, self.plan, self.actors.producer_info) if self.cfg.run.eval_cache else None
-        cached = eval_cache.read(key) if key else None
+        run and stored (also with the cache off: a fresh result replaces the kept one); appended to ``evals``, its
+        predictions returned."""
+        key = eval_cache.base_key(self.cfg, self.plan, self.actors.producer_info)
+        cached = eval_cache.read(key) if key and self.cfg.run.eval_cache else None
         if cached is None:
             phase("evaluating before training")
             predictions = self._evaluate_at(0, evals)
