@@ -46,13 +46,34 @@ def train(argv=None, prog: str = "coati train") -> dict:
 
     phase("checking the inputs")
     inputs = check_inputs(config)
-    from coati.distributed.driver.job import run_job  # the driver, actors and trainer: torch, Ray, transformers
-
+    run_job = start_ray_importing_driver(config.run.address)
     summary = run_job(config, inputs)
     print_summary(
         summary, summary["run_folder"], "training rows" if config.data.evaluates_training_rows else "held-out"
     )
     return summary
+
+
+def start_ray_importing_driver(address: str | None):
+    """Start (or join) Ray while another thread imports the driver (torch, transformers, ColossalAI: seconds of one
+    core each, where Ray's start mostly waits for its processes); returns the driver's ``run_job``."""
+    import importlib
+    import threading
+
+    from coati.distributed.driver.ray_start import start_ray
+    from coati.distributed.driver.reporting import phase
+
+    imported: list = []
+    importer = threading.Thread(
+        target=lambda: imported.append(importlib.import_module("coati.distributed.driver.job")), daemon=True
+    )
+    importer.start()
+    phase("starting Ray")
+    start_ray(address)
+    importer.join()
+    if not imported:  # the import failed in the thread: again here, so that its error is raised
+        importlib.import_module("coati.distributed.driver.job")
+    return imported[0].run_job
 
 
 def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> None:

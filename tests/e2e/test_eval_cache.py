@@ -36,6 +36,8 @@ def test_a_second_run_takes_the_base_model_s_evaluation_from_the_cache(ray_clust
     monkeypatch.setenv("COATI_CACHE", str(tmp_path))
     first, phases = run(tiny, rows(3))
     assert "evaluating before training" in phases and "eval/cached" not in first["evals"][0]
+    # the start-up account ends when the first step has trained, before the evaluation that follows it
+    assert phases[-2:] == ["step 1: first rollouts and training", "first step trained"]
     assert len(list((tmp_path / "evals").glob("*.json"))) == 1
 
     second, phases = run(tiny, rows(3))

@@ -51,3 +51,19 @@ def test_the_trainers_rate_counts_each_prompt_once_and_the_head_on_response_toke
     assert WARMUP_STEPS == 2 and trainer_gflops(steps[WARMUP_STEPS:], (body, head)) == pytest.approx(
         flops[2] / 2.0 / 1e9
     )
+
+
+def test_a_result_file_records_the_machine_s_vector_features_and_probe(tmp_path, monkeypatch):
+    """Machines of one name differ by 100x in bf16 with and without AVX512-BF16: a result file says which it ran on."""
+    import json
+
+    from benchmarks import results_file
+    from coati.provenance import ISA_FLAGS
+
+    monkeypatch.setattr(results_file, "RESULTS", tmp_path)
+    record = json.loads(results_file.write_result("probe", {"x": 1}, ["bench.py"]).read_text())
+    machine = record["machine"]
+    assert set(machine["isa"]) <= set(ISA_FLAGS) and machine["cores"] >= 1
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
+    assert ("avx512_bf16" in machine["isa"]) == ("avx512_bf16" in flags)
+    assert machine["matmul_gflops_1_thread"]["float32"] > 0 and record["result"] == {"x": 1}

@@ -20,6 +20,7 @@ from coati.distributed.driver.actor_group import ActorGroups
 from coati.distributed.driver.launch import config_from_launch_kwargs, launch
 from coati.distributed.driver.loop import evaluation_result
 from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
+from coati.distributed.driver.ray_start import check_address, start_ray  # noqa: F401 (check_address: public here)
 from coati.distributed.driver.reporting import Reporter, phase
 from coati.distributed.driver.run_folder import (
     RunFolder,
@@ -84,7 +85,10 @@ def run_job(config: Config, inputs: Inputs | None = None) -> dict:
         inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
 
     def start() -> None:
-        phase("starting Ray")
+        import ray
+
+        if not ray.is_initialized():
+            phase("starting Ray")
         start_ray(config.run.address)
 
     return run_reported(config, start=start, inputs=inputs)[1]
@@ -185,51 +189,3 @@ def run_reported(config: Config, on_step=None, start=None, inputs: Inputs | None
         return result, reporter.finish(result)
     finally:
         folder.release()
-
-
-JOB_DRIVER_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-"""set by Ray's job supervisor in the environment of a submitted job's driver (``ray job submit``), beside
-RAY_ADDRESS, the job's cluster"""
-
-
-def start_ray(address: str | None) -> None:
-    """Join the cluster at ``address`` (checked first); with None, the cluster of the Ray job this process is the
-    driver of (``ray job submit``), else a local cluster of the job's own, whatever RAY_ADDRESS or clusters started
-    with `ray start` exist on the machine (unless this process already has one)."""
-    import ray
-
-    if address:
-        check_address(address)
-        ray.init(address=address)
-    elif ray.is_initialized():
-        return
-    elif os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"):
-        ray.init()  # the submitted job's cluster, with the job's runtime environment
-    else:
-        ray.init(address="local", include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
-
-
-HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-"""an HTTP/2 client's connection preface and an empty SETTINGS frame: what a gRPC client (Ray's) opens with"""
-
-
-def check_address(address: str, timeout_s: float = 5.0) -> None:
-    """Fail within ``timeout_s`` unless a Ray cluster's gRPC server answers at a host:port address: nothing listening,
-    or something else listening (``ray.init`` waited far longer, or forever)."""
-    import socket
-
-    if address == "auto" or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    fix = "start one with `ray start --head` on that node, or leave --address out to start a local one"
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s) as conn:
-            conn.settimeout(timeout_s)
-            conn.sendall(HTTP2_PREFACE)
-            frame = conn.recv(9)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--address {address}: no Ray cluster answers there ({e}); {fix}") from None
-    if len(frame) < 9 or frame[3] != 4:  # a gRPC server answers with its own SETTINGS frame (type 4)
-        raise SystemExit(
-            f"--address {address}: something that is not a Ray cluster listens there (no gRPC reply); {fix}"
-        )

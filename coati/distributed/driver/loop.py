@@ -30,7 +30,7 @@ from coati.distributed.driver.checkpoint import (
     write_checkpoint,
 )
 from coati.distributed.driver.preflight import Plan
-from coati.distributed.driver.reporting import phase
+from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, phase
 from coati.distributed.driver.rollouts import Progress, Rollouts
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, gap_tolerance
 from coati.distributed.metrics import check_declared
@@ -176,6 +176,8 @@ class Run:
             if step == self.progress.start_step + 1:
                 phase(f"step {step}: first rollouts and training")
             metrics = self._step(step, total)
+            if step == self.progress.start_step + 1:
+                phase(FIRST_STEP_TRAINED)  # the start-up account ends here, before any evaluation after the step
             predictions = None
             if self.plan.eval_dataset and ((eval_interval and step % eval_interval == 0) or step == total):
                 predictions = self._evaluate_at(step, evals)

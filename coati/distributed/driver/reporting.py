@@ -94,6 +94,10 @@ PHASES = logging.getLogger("coati.phase")
 the progress bar by a reporter, otherwise at INFO level"""
 
 
+FIRST_STEP_TRAINED = "first step trained"
+"""the phase the loop marks when its first step has trained and pushed (before any evaluation after it): the end of
+the start-up account (``first_step_s``)"""
+
 STARTUP: list[tuple[str, float]] = []
 """every phase of this process so far: (message, seconds since the process started), the start-up account's source"""
 
@@ -194,7 +198,8 @@ class Reporter:
             self._truncate(step)
         self.last_step = step
         if step > 0 and self.first_step_s is None:
-            self.first_step_s = round(since_process_start(), 2)
+            marks = [at for message, at in STARTUP if message == FIRST_STEP_TRAINED]
+            self.first_step_s = marks[-1] if marks else round(since_process_start(), 2)
         if step > 0:
             self.history.append(metrics)
             truncated = metrics.get("response/truncated_frac", 0.0)
