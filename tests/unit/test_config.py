@@ -327,3 +327,27 @@ def test_the_command_line_and_the_file_checks_run_without_torch(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "refused: dataset file or folder nope.jsonl does not exist" in out.stdout, out.stdout
+
+
+def test_a_machine_without_a_gpu_is_told_without_importing_torch(tmp_path, monkeypatch):
+    """``local_gpus`` decides from torch's build and the GPU device files, importing torch (seconds) only where a GPU
+    may be there."""
+    import importlib.metadata
+    import sys
+
+    from coati.distributed.driver import preflight
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch would fail
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.13.0+cpu")
+    (tmp_path / "nvidia0").touch()
+    assert preflight.local_gpus(str(tmp_path)) is False  # a CPU build sees no GPU, device file or not
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
+    (tmp_path / "nvidia0").unlink()
+    assert preflight.local_gpus(str(tmp_path)) is False  # a CUDA build, but no device file
+    (tmp_path / "nvidia0").touch()
+    try:
+        preflight.local_gpus(str(tmp_path))
+    except ImportError:
+        pass  # with a device file it asks torch
+    else:
+        raise AssertionError("local_gpus decided without torch where a GPU may be there")

@@ -232,8 +232,24 @@ def check_files(config: Config) -> Files:
     )
 
 
-def local_gpus() -> bool:
-    """Whether this machine has an accelerator a local cluster's actors would get."""
+GPU_DEVICE_NODES = ("nvidia[0-9]*", "kfd", "dxg")
+"""the device files a CUDA (NVIDIA, WSL) or ROCm GPU shows under /dev; without one no torch build sees a GPU"""
+
+
+def local_gpus(dev: str = "/dev") -> bool:
+    """Whether this machine has an accelerator a local cluster's actors would get. Where none can be there (a CPU
+    build of torch, or no GPU device file) torch is not imported: that takes seconds, and the driver imports it later
+    while Ray starts."""
+    import importlib.metadata
+    from pathlib import Path
+
+    try:
+        if importlib.metadata.version("torch").endswith("+cpu"):
+            return False
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if not any(any(Path(dev).glob(pattern)) for pattern in GPU_DEVICE_NODES):
+        return False
     import torch
 
     return torch.cuda.is_available()
