@@ -104,16 +104,16 @@ class Scorer:
         status[(status == RewardStatus.NO_SCORE) & ~unscored] = RewardStatus.SCORED  # another function scored it
         rewards = np.where(np.isfinite(rewards), rewards, 0.0)
         rewards = self._compose(rewards.astype(np.float32), out, rows, others)
+        out.reward_status = status
         # No score, or scoring failed (an error, a timeout, a sandbox crash): its group's mean of the scored rows (so
         # reported means stay finite and no group gains a false signal), and no loss on it.
-        left_out = unscored | np.isin(status, (RewardStatus.ERROR, RewardStatus.TIMEOUT))
+        left_out = out.left_out()
         if left_out.any():
             rewards = fill_unscored(rewards, left_out, self.n).astype(np.float32)
             out.loss_mask = out.trained_mask() & ~left_out[:, None]
             out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
         out.task_rewards = rewards.astype(np.float32)
         out.rewards = out.task_rewards.copy()
-        out.reward_status = status
         out.reward_error = np.array([str(x.info.get("error") or "")[:ERROR_CHARS] for x in results], dtype="<U300")
         out.no_signal = degenerate_groups(torch.from_numpy(out.task_rewards), torch.from_numpy(out.group_ids)).numpy()
         out.extras["answer_ok"] = np.array([x.answer_ok for x in results])
