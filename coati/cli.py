@@ -93,6 +93,12 @@ def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> N
                 print(f"{key}: {first[key]:.3f} -> {last[key]:.3f} ({eval_rows}, greedy, {first['eval/count']} items)")
     for i, why in enumerate(summary.get("restarts", []), 1):
         print(f"restart {i}: {why.splitlines()[0]}")
+    groups = summary.get("groups")
+    if groups:
+        print(
+            f"groups: {groups['trained']} trained once each, {groups['dropped_zero_signal']} without signal and "
+            f"{groups['dropped_stale']} stale dropped, {groups['waiting']} drawn ahead unused, {groups['lost']} lost"
+        )
     print(f"final model: {summary['final_model']}")
     if summary.get("report"):
         print(f"report: {summary['report']}")

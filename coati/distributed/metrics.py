@@ -82,6 +82,7 @@ METRICS: dict[str, Metric] = {
     "rollout/stale_dropped_groups": Metric("groups dropped as older than max_staleness", "groups"),
     "rollout/skipped_prompts": Metric("prompts passed over without a draw (their last group had no signal)", "prompts"),
     "rollout/prompt_index": Metric("the dataset rows of the trained groups", "rows"),
+    "rollout/epoch": Metric("the epoch of each trained group (with its row: the group's name)", "epochs"),
     "rollout/policy_lag_mean": Metric(
         "mean versions between a trained row's oldest token and the trained weights", "versions"
     ),

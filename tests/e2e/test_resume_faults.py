@@ -50,7 +50,7 @@ def kwargs(tiny, save_dir, **over):
 
 
 def trace(history):
-    return [(m["step"], m["loss/policy"], m["rollout/prompt_index"]) for m in history]
+    return [(m["step"], m["loss/policy"], list(zip(m["rollout/epoch"], m["rollout/prompt_index"]))) for m in history]
 
 
 def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
@@ -90,9 +90,12 @@ def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
     for (s1, loss1, ids1), (s2, loss2, ids2) in zip(trace(full["history"])[2:], trace(resumed["history"]), strict=True):
         assert s1 == s2 and ids1 == ids2, (s1, ids1, ids2)
         assert loss2 == pytest.approx(loss1, rel=1e-6, abs=1e-9), (s1, loss1, loss2)
-    # Every prompt of each episode trained exactly once (the episode boundary is at step 2).
+    # Every prompt of each episode trained exactly once (the episode boundary is at step 2) ...
     ids = [i for _, _, ids in trace(full["history"]) for i in ids]
-    assert sorted(ids[:4] + ids[4:8]) == sorted(list(range(8)))
+    assert sorted(ids[:8]) == [(0, r) for r in range(8)] and len(set(ids)) == len(ids) == 16
+    # ... and the ledger accounts for every group either run drew, the resumed one from the checkpoint's ledger.
+    assert full["groups"]["lost"] == full["groups"]["drawn_twice"] == 0 and full["groups"]["trained"] == 16
+    assert resumed["groups"] == full["groups"], (resumed["groups"], full["groups"])
 
 
 @pytest.mark.parametrize("victim", ["consumer", "producer"])

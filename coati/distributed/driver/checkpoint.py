@@ -174,10 +174,11 @@ def checkpoint_meta(folder: Path) -> dict:
     return meta
 
 
-def save_driver_state(folder: Path, buffer, producer_states: list) -> None:
-    """The driver's buffer (RolloutBatches) and the producers' states as JSON plus one numpy archive."""
+def save_driver_state(folder: Path, buffer, producer_states: list, ledger: dict | None = None) -> None:
+    """The driver's buffer (RolloutBatches), its ledger of groups (``Ledger.state``) and the producers' states as
+    JSON plus one numpy archive."""
     arrays: dict[str, np.ndarray] = {}
-    meta = {"buffer": [], "producers": []}
+    meta = {"buffer": [], "producers": [], "ledger": ledger}
     for k, batch in enumerate(buffer):
         names = []
         for f in dataclasses.fields(batch):
@@ -216,21 +217,24 @@ def load_driver_state(folder: Path) -> dict:
             {**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}
             for i, state in enumerate(meta["producers"])
         ]
-    return {"buffer": buffer, "producers": producers}
+    return {"buffer": buffer, "producers": producers, "ledger": meta.get("ledger")}
 
 
 # ---- the run's actors <-> a checkpoint folder, and the final export ----------------------------------------------
 
 
-def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_state: list, meta: dict, also=None) -> str:
-    """Consumers save model and optimizer, producers their positions, the driver its buffer (and ``also(folder)``
-    whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its path."""
+def write_checkpoint(
+    actors, manager: "CheckpointManager", step: int, buffer_state: list, ledger: dict, meta: dict, also=None
+) -> str:
+    """Consumers save model and optimizer, producers their positions, the driver its buffer and ledger (and
+    ``also(folder)`` whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its
+    path."""
 
     folder = manager.staging(step)
     try:
         get([c.save_checkpoint.remote(str(folder)) for c in actors.consumers], f"checkpoint {step} (consumers)")
         states = get([p.state.remote() for p in actors.producers], f"checkpoint {step} (producers)")
-        save_driver_state(folder, buffer_state, states)
+        save_driver_state(folder, buffer_state, states, ledger)
         if also is not None:
             also(str(folder))
     except (RunError, OSError) as e:
@@ -239,9 +243,9 @@ def write_checkpoint(actors, manager: "CheckpointManager", step: int, buffer_sta
     return str(manager.commit(folder, step, {"step": step, **meta}))
 
 
-def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
+def read_checkpoint(actors, folder: str) -> tuple[dict, dict]:
     """Load a checkpoint (already checked against this run) into the running actors; returns its meta and the
-    driver's buffer."""
+    driver's state ({"buffer", "ledger", "producers"}, ``load_driver_state``)."""
 
     folder = Path(folder)
     meta = json.loads((folder / "meta.json").read_text())  # checked by ``checkpoint_meta`` before the run started
@@ -252,7 +256,7 @@ def read_checkpoint(actors, folder: str) -> tuple[dict, list]:
     if len(state["producers"]) != len(actors.producers):
         raise ValueError(f"checkpoint has {len(state['producers'])} producers, this run {len(actors.producers)}")
     get([p.restore.remote(s) for p, s in zip(actors.producers, state["producers"], strict=True)], "restoring producers")
-    return meta, state["buffer"]
+    return meta, state
 
 
 def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:

@@ -127,8 +127,9 @@ class Run:
             export_lora(self.actors, c, self.plan.train_model_path, self.tokenizer, path)
 
         also = adapter if self.cfg.consumer.lora_rank else None
+        buffer = self.rollouts.buffer
         self.last_checkpoint = write_checkpoint(
-            self.actors, manager, step, self.rollouts.buffer.state(), meta, also=also
+            self.actors, manager, step, buffer.state(), buffer.ledger.state(), meta, also=also
         )
         return self.last_checkpoint
 
@@ -136,8 +137,8 @@ class Run:
         """Load a checkpoint (already checked against this run by the driver) into the running actors; returns the
         step it was taken after."""
 
-        meta, buffer = read_checkpoint(self.actors, folder)
-        self.rollouts.buffer.restore(buffer)
+        meta, state = read_checkpoint(self.actors, folder)
+        self.rollouts.buffer.restore(state["buffer"], state["ledger"])
         p = self.progress
         p.version = p.start_step = p.reported_step = meta["step"]
         self.last_checkpoint = str(folder)
@@ -190,8 +191,18 @@ class Run:
             if manager is not None and ((save_interval and step % save_interval == 0) or step == total):
                 self.checkpoint(manager, step)
         self.rollouts.settle()
+        groups = self.account_groups()
         final = self.save(os.path.join(save_dir, "final")) if save_dir else None
-        return {"history": history, "evals": evals, "final_model": final, "total_steps": total}
+        return {"history": history, "evals": evals, "final_model": final, "total_steps": total, "groups": groups}
+
+    def account_groups(self) -> dict:
+        """The ledger's account of every group the producers handed out (``Ledger.account``); a group lost or drawn
+        twice is logged as an error (the account is kept in the run's summary)."""
+        handed_out = get([p.handed_out.remote() for p in self.producers], "the producers' data positions")
+        groups = self.rollouts.buffer.account(handed_out)
+        if groups["lost"] or groups["drawn_twice"]:
+            log.error("groups lost or drawn twice: %s", groups)
+        return groups
 
     def _gap_tolerance(self) -> float:
         """How far the engine's log-probabilities may drift from the trainer's (``gap_tolerance``) given the

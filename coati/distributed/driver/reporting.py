@@ -277,6 +277,8 @@ class Reporter:
             "final_model": result.get("final_model"),
             "plots": plots,
             "restarts": result.get("restarts", []),
+            "groups": result.get("groups"),
+            # (every group the producers handed out, by fate: ``Ledger.account``)
             "sandbox": result.get("sandbox"),
         }
         flips = flipped(self.predictions["first"][1], self.predictions["last"][1]) if self.predictions else []

@@ -14,6 +14,9 @@ Dynamic sampling (DAPO): ``admit`` drops groups whose every completion got the s
 rather than a step being skipped). The signal is by default the reward function's own score (``task_reward``: for a
 verifier, the accuracy), not the length-shaped reward, so an all-wrong group is not kept for its length penalty.
 
+Every group's fate (trained by which step, dropped and why, waiting) is kept in the run's ``Ledger``
+(``ledger.py``), which refuses a step that would train a group a second time.
+
 Metrics: each draw is recorded against the step it was drawn for (``open_step``), so a step's ``rollout/*`` and
 ``reward/*`` describe the rows drawn for it, not the next step's.
 """
@@ -27,6 +30,7 @@ import torch
 
 from coati.distributed.algo.config import SIGNALS, AlgorithmConfig
 from coati.distributed.algo.grouping import degenerate_groups
+from coati.distributed.driver.ledger import Ledger, group_keys
 from coati.distributed.record import RolloutBatch, group_versions
 
 
@@ -64,6 +68,7 @@ class RolloutBuffer:
         self.max_draws = max_draws
         self.batches: list[RolloutBatch] = []
         self.logs: dict[int, DrawLog] = {}
+        self.ledger = Ledger(group_size)
 
     # ---- filling ---------------------------------------------------------------------------------------------
 
@@ -74,6 +79,7 @@ class RolloutBuffer:
         """Keep a scored draw made for step ``for_step``; with dynamic sampling, set zero-signal groups aside."""
         log = self.log(for_step)
         log.rollouts.append(batch)
+        self.ledger.draw(batch, for_step)
         if self.dynamic_sampling and len(batch):
             if self.signal == "task_reward":  # the producer's verdict
                 degenerate = np.asarray(batch.no_signal, dtype=bool)
@@ -83,6 +89,7 @@ class RolloutBuffer:
                 ).numpy()
             log.dropped_zero_signal_groups += int(degenerate.sum()) // self.group_size
             log.zero_signal.append(batch.select(np.flatnonzero(degenerate)))
+            self.ledger.drop(log.zero_signal[-1], "zero_signal")
             batch = batch.select(np.flatnonzero(~degenerate))
         if len(batch):
             self.batches.append(batch)
@@ -116,6 +123,8 @@ class RolloutBuffer:
         for b in self.batches:
             fresh = trained_version - group_versions(b) <= self.max_staleness
             log.stale_dropped_groups += int((~fresh).sum()) // self.group_size
+            if not fresh.all():
+                self.ledger.drop(b.select(np.flatnonzero(~fresh)), "stale")
             if fresh.any():
                 kept.append(b if fresh.all() else b.select(np.flatnonzero(fresh)))
         self.batches = kept
@@ -142,13 +151,22 @@ class RolloutBuffer:
         assert len(merged) >= rows, (len(merged), rows)
         assert (trained_version - merged.policy_version[order[:rows]] <= self.max_staleness).all()
         rest = order[rows:]
+        taken = merged.select(order[:rows])
+        self.ledger.train(taken, trained_version + 1)
         self.batches = [merged.select(np.sort(rest))] if len(rest) else []
-        return merged.select(order[:rows])
+        return taken
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
 
     def state(self) -> list[RolloutBatch]:
         return list(self.batches)
 
-    def restore(self, batches: list[RolloutBatch]) -> None:
+    def restore(self, batches: list[RolloutBatch], ledger: dict | None = None) -> None:
+        """The checkpoint's groups and ledger (None: a checkpoint written without one; the ledger starts empty)."""
         self.batches = list(batches)
+        if ledger is not None:
+            self.ledger.restore(ledger)
+
+    def account(self, handed_out: list[dict] | None = None) -> dict:
+        """The ledger's account of every drawn group (``Ledger.account``), the buffer's groups waiting."""
+        return self.ledger.account([k for b in self.batches for k in group_keys(b, self.group_size)], handed_out)

@@ -410,6 +410,8 @@ class DataCursor:
         self.no_signal: dict[int, int] = {}
         """row -> its consecutive groups without signal, up to now"""
         self.skipped = 0
+        self.skipped_pairs: list[tuple[int, int]] = []
+        """(episode, row) pairs passed over"""
         self.returned: list[tuple[int, int]] = []
         """(episode, row) pairs handed back, taken again before the order goes on"""
 
@@ -431,6 +433,7 @@ class DataCursor:
             if self._skip(row) and row not in passed:
                 passed.add(row)
                 self.skipped += 1
+                self.skipped_pairs.append((self.episode, row))
             else:
                 out.append((self.episode, row))
             self.position += 1
@@ -451,11 +454,20 @@ class DataCursor:
         ``take`` returns them first."""
         self.returned = [(int(e), int(r)) for e, r in pairs] + self.returned
 
+    def handed_out(self) -> dict:
+        """{"taken": every (episode, row) pair ``take`` handed out and not handed back, "skipped": the pairs passed
+        over}: the groups the run's ledger must account for."""
+        not_taken = set(self.returned) | set(self.skipped_pairs)
+        orders = [self._order_for(e) for e in range(self.episode)] + [self._order[: self.position]]
+        taken = [[e, row] for e, order in enumerate(orders) for row in order if (e, row) not in not_taken]
+        return {"taken": taken, "skipped": [list(p) for p in self.skipped_pairs]}
+
     def state(self) -> dict:
         return {
             "episode": self.episode,
             "position": self.position,
             "skipped": self.skipped,
+            "skipped_pairs": [list(p) for p in self.skipped_pairs],
             "no_signal": {str(r): c for r, c in self.no_signal.items() if c},
             "returned": [list(p) for p in self.returned],
         }
@@ -463,6 +475,7 @@ class DataCursor:
     def restore(self, state: dict) -> None:
         self.episode, self.position = int(state["episode"]), int(state["position"])
         self.skipped = int(state.get("skipped", 0))
+        self.skipped_pairs = [(int(e), int(r)) for e, r in state.get("skipped_pairs", [])]
         self.no_signal = {int(r): int(c) for r, c in state.get("no_signal", {}).items()}
         self.returned = [(int(e), int(r)) for e, r in state.get("returned", [])]
         self._order = self._order_for(self.episode)

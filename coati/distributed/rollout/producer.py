@@ -269,6 +269,12 @@ class Producer:
         state.update(self.scorer.state())
         return state
 
+    def handed_out(self) -> dict:
+        """The (episode, row) pairs this producer's cursor handed out and passed over (``DataCursor.handed_out``),
+        once a streaming engine's unfinished groups are handed back."""
+        self.draws.withdraw()
+        return self.cursor.handed_out()
+
     def restore(self, state: dict) -> None:
         self.cursor.restore(state["cursor"])
         self.calls = state["calls"]

@@ -134,6 +134,8 @@ def trained_metrics(step: int, batch, n: int, max_staleness: int) -> dict:
     for j, count in enumerate(np.bincount(group_lag[::n], minlength=max_staleness + 1)):
         out[f"rollout/lag{j}_groups"] = int(count)  # trained groups whose oldest row started j versions back
     out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
+    if "episode" in batch.extras:
+        out["rollout/epoch"] = batch.extras["episode"][::n].tolist()
     return out
 
 
