@@ -95,7 +95,7 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None, inputs
     isolated (None: the run executed none)}. Ray must be initialised by the caller
     (``ray.init(address=...)`` joins a cluster); nothing else changes between one box and a cluster. After a failure
     (``RunError``: an actor died, failed or stopped answering) the run restarts from its last checkpoint, up to
-    ``run.max_restarts`` times."""
+    ``run.max_restarts`` times (from the start when it failed before its first checkpoint)."""
     restarts: list[str] = []
     for attempt in range(config.run.max_restarts + 1):
         try:
@@ -107,8 +107,17 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None, inputs
             log.warning(
                 "run failed (%s); restarting from the last checkpoint (%d/%d)", e, attempt + 1, config.run.max_restarts
             )
-            config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="latest", overwrite=False))
+            config = restarted(config)
     raise AssertionError("unreachable")
+
+
+def restarted(config: Config) -> Config:
+    """The config of the attempt after a failure: from the run folder's last checkpoint, or, when the failed attempt
+    wrote none (it failed before its first checkpoint, or keeps no run folder), as the failed attempt began."""
+    folder = config.run.folder
+    if folder and CheckpointManager(os.path.join(folder, "checkpoints")).list():
+        return dataclasses.replace(config, run=dataclasses.replace(config.run, resume="latest", overwrite=False))
+    return config
 
 
 def _launch_once(config: Config, on_step, inputs: Inputs | None) -> dict:

@@ -182,7 +182,7 @@ class Reporter:
         if samples:
             self.samples = samples
         predictions = metrics.pop("eval_samples", None)
-        metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
+        metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or _ints(v)}
         metrics["time/elapsed"] = time.perf_counter() - self.start
         step = int(metrics["step"])
         if self.loggers is None:
@@ -288,6 +288,11 @@ class Reporter:
         for logger in self.loggers or []:
             logger.close()
         return summary
+
+
+def _ints(value) -> bool:
+    """A list of ints (the trained groups' rows and epochs: metrics.jsonl keeps them, the scalar loggers skip them)."""
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 class _BarPhases(logging.Handler):

@@ -20,7 +20,7 @@ class WandbLogger(Logger):
         self.run = self.wandb.init(project=project, config=config or {}, dir=str(out), mode=mode)
 
     def log(self, step, scalars):
-        self.run.log(scalars, step=step)
+        self.run.log({k: v for k, v in scalars.items() if not isinstance(v, list)}, step=step)
 
     def completions(self, step, rows):
         table = self.wandb.Table(columns=COLUMNS, data=[[step, *(r.get(c) for c in COLUMNS[1:])] for r in rows])
