@@ -125,7 +125,11 @@ METRICS: dict[str, Metric] = {
     "weights/paused_s": Metric("seconds generation stood still for the push", "s"),
     "weights/load_threads": Metric("threads an engine loaded the push with", "threads"),
     "weights/attest_s": Metric("time fingerprinting what the engines hold", "s"),
-    "weights/attested": Metric("1 when every engine's fingerprints matched what the trainer sent", "0/1"),
+    "weights/attested": Metric(
+        "tensors of the push whose fingerprints every engine matched (the fewest over engines; a mismatch stops the "
+        "run)",
+        "tensors",
+    ),
     # memory
     "inference/mem_awake_mb": Metric("producers' accelerator memory before sleeping", "MiB"),
     "inference/mem_asleep_mb": Metric("the same asleep", "MiB"),

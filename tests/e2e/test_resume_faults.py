@@ -1,6 +1,7 @@
 """Resume restores everything; faults end the run with the actor named; bad input never starts an actor."""
 
 import json
+import re
 import time
 
 import pytest
@@ -53,9 +54,16 @@ def trace(history):
     return [(m["step"], m["loss/policy"], list(zip(m["rollout/epoch"], m["rollout/prompt_index"]))) for m in history]
 
 
-def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
-    full = launch_distributed(**kwargs(tiny, tmp_path / "full"))
-    assert [m["step"] for m in full["history"]] == [1, 2, 3, 4]
+@pytest.fixture(scope="module")
+def full(ray_cluster, tiny, tmp_path_factory):
+    """The uninterrupted run the interrupted ones are compared with."""
+    folder = tmp_path_factory.mktemp("full")
+    out = launch_distributed(**kwargs(tiny, folder))
+    assert [m["step"] for m in out["history"]] == [1, 2, 3, 4]
+    return {**out, "folder": folder}
+
+
+def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path, full):
 
     def die_at_step_3(metrics):
         if metrics["step"] == 3:  # step 3 trained, its checkpoint not written: the run must resume from step 2
@@ -96,6 +104,70 @@ def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path):
     # ... and the ledger accounts for every group either run drew, the resumed one from the checkpoint's ledger.
     assert full["groups"]["lost"] == full["groups"]["drawn_twice"] == 0 and full["groups"]["trained"] == 16
     assert resumed["groups"] == full["groups"], (resumed["groups"], full["groups"])
+
+
+def test_a_run_stopped_between_its_last_checkpoint_and_its_export_resumes_to_export(tiny, tmp_path, full):
+    """The uninterrupted run's folder without its final model, as a run killed after writing its last checkpoint
+    leaves it: a resume trains nothing and exports the model of that checkpoint; with the model there, it is
+    refused (nothing left to do)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "stopped"
+    shutil.copytree(full["folder"], folder)
+    shutil.rmtree(folder / "final")
+    out = launch_distributed(**kwargs(tiny, folder, resume="latest"))
+    assert out["history"] == [] and out["groups"] == full["groups"]
+    exported, expected = (
+        load_file(folder / "final" / "model.safetensors"),
+        load_file(full["folder"] / "final" / "model.safetensors"),
+    )
+    assert exported.keys() == expected.keys() and all(exported[k].equal(expected[k]) for k in expected)
+    with pytest.raises(ValueError, match="is at step 4 and this run has 4 steps: nothing left to train"):
+        launch_distributed(**kwargs(tiny, folder, resume="latest"))
+
+
+def actor_pids(kind: str) -> list[int]:
+    """The pids of this machine's Ray actor processes of ``kind`` (Producer, GRPOConsumer), by their title."""
+    import psutil
+
+    return [
+        p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(f"ray::{kind}")
+    ]
+
+
+def test_kill_9s_at_fixed_points_train_every_group_once_with_the_uninterrupted_losses(
+    ray_cluster, tiny, tmp_path, full
+):
+    """SIGKILL of a producer's process after step 1 (before the run's first checkpoint: the restart begins again)
+    and of the consumer's after step 3 (the restart resumes from step 2's checkpoint), with --max-restarts: the run
+    ends with the uninterrupted run's steps, groups, losses and ledger, and every push attested."""
+    import os
+    import signal
+
+    steps, killed = {}, []
+
+    def kill_at_fixed_points(metrics):
+        steps[metrics["step"]] = metrics  # a step trained again after a restart replaces its first record
+        for step, kind in ((1, "Producer"), (3, "GRPOConsumer")):
+            if metrics["step"] == step and kind not in killed:
+                (pid,) = actor_pids(kind)[:1]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(kind)
+
+    out = launch_distributed(**kwargs(tiny, tmp_path, on_step=kill_at_fixed_points, max_restarts=2))
+    assert killed == ["Producer", "GRPOConsumer"] and len(out["restarts"]) == 2, out["restarts"]
+    assert re.search(r"producer-\d died", out["restarts"][0]) and "last checkpoint: none" in out["restarts"][0]
+    assert "consumer-0 died" in out["restarts"][1] and "step-2" in out["restarts"][1]
+    history = [steps[k] for k in sorted(steps)]
+    for (s1, loss1, ids1), (s2, loss2, ids2) in zip(trace(full["history"]), trace(history), strict=True):
+        assert s1 == s2 and ids1 == ids2, (s1, ids1, ids2)
+        assert loss2 == pytest.approx(loss1, rel=1e-6, abs=1e-9), (s1, loss1, loss2)
+    assert out["groups"] == full["groups"] and out["groups"]["lost"] == 0, out["groups"]
+    # Every push attested (the same tensors compared as in the uninterrupted run), no attestation among the errors.
+    assert [m["weights/attested"] for m in history] == [m["weights/attested"] for m in full["history"]]
+    assert not [r for r in out["restarts"] if "unlike the consumers sent" in r]
 
 
 @pytest.mark.parametrize("victim", ["consumer", "producer"])

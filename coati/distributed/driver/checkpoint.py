@@ -259,6 +259,11 @@ def read_checkpoint(actors, folder: str) -> tuple[dict, dict]:
     return meta, state
 
 
+def final_folder(save_dir: str) -> str:
+    """Where a run exports its final model (complete once there: it is written elsewhere and renamed)."""
+    return os.path.join(save_dir, "final")
+
+
 def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
     """Write ``state`` as a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM,
     atomically (a temporary folder renamed into place)."""

@@ -21,6 +21,7 @@ from coati.distributed.driver.checkpoint import (
     check_compatible,
     checkpoint_meta,
     config_dict,
+    final_folder,
     fingerprint,
 )
 from coati.distributed.driver.loop import Run
@@ -390,7 +391,8 @@ def run_record(config: Config, plan) -> dict:
 def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, model_path, keep_checkpoints):
     """Lock the run folder (refusing another run's, or a full or read-only disk, counting what an overwrite will free)
     and, when resuming, find the checkpoint and check it matches this run; returns (folder or None, checkpoint path or
-    None)."""
+    None). A checkpoint of the run's last step resumes while the final model is not exported yet (the run stopped
+    between the two): the resumed run trains nothing and exports it."""
 
     if resume and not save_dir:
         raise ValueError("resume needs save_dir (checkpoints live in <save_dir>/checkpoints)")
@@ -412,7 +414,7 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
         saved = {"config": meta["config"], "identity": meta.get("identity", {})}
         current = {"config": record["config"], "identity": record["identity"]}  # the dataset's description aside
         check_compatible(saved, current, str(checkpoint), allow)
-        if meta["step"] >= total_steps:
+        if meta["step"] > total_steps or (meta["step"] == total_steps and os.path.isdir(final_folder(save_dir))):
             raise ValueError(
                 f"checkpoint {checkpoint} is at step {meta['step']} and this run has {total_steps} steps: nothing "
                 "left to train; raise max_steps or num_episodes to continue"

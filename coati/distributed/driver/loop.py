@@ -26,6 +26,7 @@ from coati.distributed.driver.checkpoint import (
     config_dict,
     export_lora,
     export_policy,
+    final_folder,
     read_checkpoint,
     write_checkpoint,
 )
@@ -192,7 +193,7 @@ class Run:
                 self.checkpoint(manager, step)
         self.rollouts.settle()
         groups = self.account_groups()
-        final = self.save(os.path.join(save_dir, "final")) if save_dir else None
+        final = self.save(final_folder(save_dir)) if save_dir else None
         return {"history": history, "evals": evals, "final_model": final, "total_steps": total, "groups": groups}
 
     def account_groups(self) -> dict:
