@@ -202,6 +202,14 @@ def test_environment_faults_fail_only_their_episode(template):
     assert all(e.reward == 0.0 and e.done for e in eps[:5]) and eps[5].reward == 1.0 and eps[5].answer_ok
     forever = eps[4]
     assert forever.info["turn_limit"] and forever.info["turns"] == 3 and retokenized_equal(forever, template)
+    # A failed episode is a failed sample (an error; a hung step a timeout), left out of its group's statistics and
+    # the loss as a failed reward is; the episode that only ran out of turns is scored.
+    from coati.distributed.record import RewardStatus
+    from coati.distributed.rollout.scoring import _status, episode_results
+
+    statuses = [_status(r) for r in episode_results(episodes_batch(eps, 1, pad_id=0))]
+    assert statuses[:4] == [RewardStatus.ERROR, RewardStatus.TIMEOUT, RewardStatus.ERROR, RewardStatus.ERROR]
+    assert statuses[4:] == [RewardStatus.SCORED] * 2
 
 
 def test_a_conversation_that_outgrows_its_budget_is_cut_and_flagged(template):

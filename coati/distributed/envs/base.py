@@ -7,8 +7,8 @@ are plain Python objects that run in the producer: no Ray, no tokens, no model; 
 (``episodes.py``) turns the conversation into the trained token sequence and masks everything the model did not
 generate.
 
-A step that raises, hangs past its timeout or returns something malformed fails that episode (reward 0, the reason
-in its info), never the run.
+A step that raises, hangs past its timeout or returns something malformed fails that episode (the reason in its
+info): a failed sample, left out of its group's statistics and the loss (``rollout.scoring.episode_results``).
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ as the model wrote it (the ``retokenized_equal`` check; a template that rewrites
 their reasoning, or a sampled token split the tokenizer would not make, differ there, and the sampled tokens are kept:
 they are what the policy produced).
 
-An environment that raises, hangs past ``step_timeout_s`` or returns a malformed step fails its episode (reward 0,
-the reason in ``info["error"]``); an episode that reaches ``max_turns`` without finishing ends with reward 0
-(``info["turn_limit"]``); one whose context would outgrow ``max_tokens`` is cut there and flagged ``truncated``.
+An environment that raises, hangs past ``step_timeout_s`` or returns a malformed step fails its episode (the reason
+in ``info["error"]``; the producer leaves it out as a failed sample); an episode that reaches ``max_turns`` without
+finishing ends with reward 0 (``info["turn_limit"]``); one whose context would outgrow ``max_tokens`` is cut there
+and flagged ``truncated``.
 """
 
 from __future__ import annotations

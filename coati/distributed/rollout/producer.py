@@ -19,12 +19,11 @@ from coati.distributed.inference import backend_class
 from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch
-from coati.distributed.reward import RewardResult
 from coati.distributed.rollout.data import DataCursor
 from coati.distributed.rollout.draw import Rounds, Stream, label_versions
 from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
 from coati.distributed.rollout.receipt import PushReceipt
-from coati.distributed.rollout.scoring import Scorer, shaped_rewards
+from coati.distributed.rollout.scoring import Scorer, episode_results, shaped_rewards
 from coati.distributed.threads import ThreadLease
 
 
@@ -189,16 +188,7 @@ class Producer:
             self.backend.pad_id,
             self.version,
         )
-        # an environment's failure is the episode's (env_error), not a scoring error
-        results = [
-            RewardResult(
-                float(batch.rewards[i]),
-                answer_ok=bool(batch.extras["answer_ok"][i]),
-                info={"lenient_ok": bool(batch.extras["lenient_ok"][i])},
-            )
-            for i in range(len(batch))
-        ]
-        return batch, Scorer.done(results)
+        return batch, Scorer.done(episode_results(batch))
 
     def evaluate(self, max_items: int | None = None, threads: int | None = None) -> EvalShare:
         """Greedy accuracy on this producer's share of the held-out rows (strict and lenient), with ``threads`` CPU

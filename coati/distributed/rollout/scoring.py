@@ -168,6 +168,25 @@ class Scorer:
         self.pool.close()
 
 
+ENV_TIMEOUT = "no reply within"
+"""how an episode's error says its environment's step hung past ``step_timeout_s`` (``envs.episodes``)"""
+
+
+def episode_results(batch: RolloutBatch) -> list[RewardResult]:
+    """The reward results of a batch of episodes, scored by their environment: an episode whose environment failed
+    (raised, hung past its step timeout, or replied malformed: ``env_error``) is a failed sample, an error or a
+    timeout, left out of its group's statistics and the loss as a failed reward is (not scored 0)."""
+    ex = batch.extras
+    out = []
+    for i in range(len(batch)):
+        info = {"lenient_ok": bool(ex["lenient_ok"][i])}
+        if bool(ex["env_error"][i]):
+            message = f"environment {ex['env_error_msg'][i]}"
+            info.update({"error": message, "timeout": ENV_TIMEOUT in message})
+        out.append(RewardResult(float(batch.rewards[i]), answer_ok=bool(ex["answer_ok"][i]), info=info))
+    return out
+
+
 def _status(result: RewardResult) -> RewardStatus:
     if result.info.get("timeout"):
         return RewardStatus.TIMEOUT
