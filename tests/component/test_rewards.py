@@ -141,6 +141,21 @@ def test_crashed_worker_is_replaced_and_item_scored_zero():
         assert pool.replaced_workers == 1
 
 
+def test_a_worker_killed_while_idle_is_replaced_and_the_next_items_are_scored():
+    """SIGKILL of an idle worker (nothing of it in flight): the next completions go to its replacement and are
+    scored (they were put back and waited forever for the dead worker)."""
+    import os
+    import signal
+
+    with RewardPool("tests.component.reward_fns:crashy", num_workers=1, item_timeout_s=10) as pool:
+        assert pool.score(["fine"], {})[0].reward == 1.0
+        os.kill(pool._workers[0].proc.pid, signal.SIGKILL)
+        pool._workers[0].proc.wait(timeout=10)
+        futures = [pool.submit("fine", {}) for _ in range(3)]
+        assert [f.result(timeout=30).reward for f in futures] == [1.0] * 3
+        assert pool.replaced_workers == 1
+
+
 def test_completions_submitted_together_share_calls_and_a_failed_call_is_retried_one_by_one():
     """TRL calls a reward function with lists: a pool of batch size 4 scores 10 completions submitted together in
     3 calls (4, 4, 2); a call that raises, hangs or kills its worker is split, so only the completion at fault

@@ -170,6 +170,32 @@ def test_kill_9s_at_fixed_points_train_every_group_once_with_the_uninterrupted_l
     assert not [r for r in out["restarts"] if "unlike the consumers sent" in r]
 
 
+def test_a_stopped_actor_is_named_within_the_hang_timeout(ray_cluster, tiny, tmp_path):
+    """SIGSTOP of a producer's process after step 1: it neither answers nor dies. The driver, waiting for its
+    rollouts, names it once it has been silent for run.hang_timeout_s (not after the hour a fan-out may take)."""
+    import os
+    import signal
+
+    stopped = {}
+
+    def stop_after_step_1(metrics):
+        if metrics["step"] == 1:
+            stopped["pid"] = actor_pids("Producer")[0]
+            os.kill(stopped["pid"], signal.SIGSTOP)
+            stopped["at"] = time.monotonic()
+
+    try:
+        with pytest.raises(RunError, match=r"actor coati-\w+-producer-\d has given no sign of life for \d+ s"):
+            launch_distributed(**kwargs(tiny, tmp_path, on_step=stop_after_step_1, hang_timeout_s=8))
+        assert time.monotonic() - stopped["at"] < 8 + 15
+    finally:
+        if "pid" in stopped:
+            try:
+                os.kill(stopped["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
 @pytest.mark.parametrize("victim", ["consumer", "producer"])
 def test_killed_actor_ends_the_run_naming_it(ray_cluster, tiny, tmp_path, victim):
     killed = {}

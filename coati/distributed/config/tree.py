@@ -202,6 +202,9 @@ class RunConfig:
     """CPUs Ray reserves per actor"""
     weight_sync_timeout_s: float = 300.0
     """seconds a weight push may take before the run stops naming who did not answer"""
+    hang_timeout_s: float = 60.0
+    """seconds an actor may give no sign of life (its heartbeat: its process stopped, stuck in native code, or gone)
+    while the driver waits on the run's actors before the run stops naming it"""
     report_to: tuple[str, ...] = ("jsonl",)
     """where step metrics and sample completions go besides the run folder's summary and plots: any of jsonl
     (metrics.jsonl, samples.jsonl), tensorboard (<run folder>/tensorboard), wandb (offline unless WANDB_API_KEY is
@@ -247,6 +250,7 @@ class RunConfig:
         seed_in_range("run.seed", self.seed)
         finite(self, "cpus_per_actor", low=0, strict=True)
         finite(self, "weight_sync_timeout_s", low=0, strict=True)
+        finite(self, "hang_timeout_s", low=0, strict=True)
         require(not (self.resume and self.overwrite), "resume and overwrite contradict each other: choose one")
         require(
             not (self.resume and self.folder is None),

@@ -11,6 +11,7 @@ import time
 from coati.distributed.attest import compare
 from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
 from coati.distributed.inference import backend_options
+from coati.distributed.liveness import Watchdog
 from coati.distributed.placement import actor_options, reserve_shared_gpus, weight_backend
 from coati.distributed.reward.judge import JudgeServer
 from coati.distributed.reward.model_actors import RewardModelServer
@@ -30,11 +31,19 @@ ACTOR_NAMES: dict[str, str] = {}
 """actor id (hex) -> the name the driver gave it, for error messages"""
 
 
+WATCH: dict = {}
+"""the running run's watchdog ("watchdog": its actor handle, "limit_s": run.hang_timeout_s), set while its actors
+live (``liveness``)"""
+
+
 def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
-    """ray.get bounded in time, with failures re-raised as RunError naming what was being waited for."""
+    """ray.get bounded in time, with failures re-raised as RunError naming what was being waited for; while the run's
+    actors live, an actor silent longer than ``run.hang_timeout_s`` ends the wait naming it (``liveness``)."""
     import ray
 
     try:
+        if WATCH:
+            _wait_watching(refs, what, timeout)
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.RayActorError as e:
         name = ACTOR_NAMES.get(getattr(e, "actor_id", None) or "", getattr(e, "actor_id", "unknown"))
@@ -43,6 +52,28 @@ def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
         raise RunError(f"{what} failed: {_first_line(e)}") from e
     except ray.exceptions.GetTimeoutError as e:
         raise RunError(f"{what}: no answer within {timeout:.0f} s") from e
+
+
+def _wait_watching(refs, what: str, timeout: float | None) -> None:
+    """Wait for ``refs`` (up to ``timeout``) in slices, asking the watchdog after each which actors are silent."""
+    import ray
+
+    pending = list(refs) if isinstance(refs, (list, tuple)) else [refs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return  # the caller's ray.get reports the timeout
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left or 5.0, 5.0), fetch_local=False)
+        if not pending:
+            return
+        silent = ray.get(WATCH["watchdog"].silent.remote(WATCH["limit_s"]), timeout=30)
+        if silent:
+            name, seconds = max(silent.items(), key=lambda kv: kv[1])
+            raise RunError(
+                f"{what}: actor {name} has given no sign of life for {seconds:.0f} s (its process is stopped, stuck "
+                f"in native code or gone; run.hang_timeout_s={WATCH['limit_s']:g}, --hang-timeout-s)"
+            )
 
 
 def ready(refs) -> bool:
@@ -148,6 +179,7 @@ class ActorGroups:
         """Start the plan's actors (the reward's model servers, the producers and, unless ``consumers`` is False,
         the consumers) and set them up."""
         p, env = self.plan, actor_env()
+        self._start_watchdog()
         servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
         self.reward_servers = start_reward_servers(self.cfg.reward, p, self.run_name, self.shared_gpus, env)
@@ -166,6 +198,20 @@ class ActorGroups:
         self.cores = {}
         for info in self.producer_info + self.consumer_info:  # the CPUs each node lets its actors run on
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
+
+    def _start_watchdog(self) -> None:
+        """The run's watchdog (``liveness``), on the driver's node with no CPU reserved, before the actors that beat
+        to it."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        where = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=True)
+        self.watchdog = (
+            ray.remote(Watchdog)
+            .options(name=f"{self.run_name}-watchdog", num_cpus=0, scheduling_strategy=where)
+            .remote()
+        )
+        WATCH.update(watchdog=self.watchdog, limit_s=self.cfg.run.hang_timeout_s)
 
     def _start_producers(self, env: dict) -> None:
         import ray
@@ -358,7 +404,8 @@ class ActorGroups:
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         servers = [a for group in getattr(self, "reward_servers", {}).values() for _, a in group]
-        for a in self.producers + self.consumers + servers:
+        WATCH.clear()
+        for a in self.producers + self.consumers + servers + ([self.watchdog] if hasattr(self, "watchdog") else []):
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)

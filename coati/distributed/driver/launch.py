@@ -239,6 +239,7 @@ def config_from_launch_kwargs(
     sleep_while_training: bool = False,
     reward_workers: int = _DEFAULTS.reward.workers,
     weight_sync_timeout_s: float = _DEFAULTS.run.weight_sync_timeout_s,
+    hang_timeout_s: float = _DEFAULTS.run.hang_timeout_s,
     resume: str | None = None,
     keep_checkpoints: int = _DEFAULTS.run.keep_checkpoints,
     dataloaders_config: dict[str, Any] | None = None,
@@ -306,6 +307,7 @@ _LAUNCH_ARGS = {
             "sleep_while_training",
             "cpus_per_actor",
             "weight_sync_timeout_s",
+            "hang_timeout_s",
             "master_addr",
             "master_port",
         )

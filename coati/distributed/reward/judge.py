@@ -15,6 +15,7 @@ import re
 
 from coati.distributed.inference import backend_class
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.liveness import start_heartbeat
 
 TEMPLATE = (
     "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"
@@ -77,6 +78,7 @@ class JudgeServer:
     ):
         import torch
 
+        start_heartbeat()
         torch.set_num_threads(threads)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens)
         self.backend = backend_class(backend)(path, generation)

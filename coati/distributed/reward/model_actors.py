@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from coati.distributed.liveness import start_heartbeat
 from coati.distributed.reward.reward_model import RewardModel
 
 
@@ -16,7 +17,7 @@ class RewardModelServer:
     """Hosts one reward model; run as a Ray actor (``ray.remote(RewardModelServer)``)."""
 
     def __init__(self, path: str, batch_size: int = 8, max_tokens: int | None = None, threads: int = 1):
-
+        start_heartbeat()
         torch.set_num_threads(threads)
         self.model = RewardModel(
             path, batch_size=batch_size, max_tokens=max_tokens, device="cuda" if torch.cuda.is_available() else "cpu"

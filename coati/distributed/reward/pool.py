@@ -264,8 +264,10 @@ class RewardPool:
                         w.conn.send(
                             ([x.task_id for x in items], [x.completion for x in items], [x.fields for x in items])
                         )
-                    except (BrokenPipeError, OSError):
+                    except (BrokenPipeError, OSError):  # it died while idle: its items wait for its replacement
                         self._waiting.extendleft(reversed(items))
+                        log.warning("reward worker %d died while idle (exit code %s)", w.proc.pid, w.exit_code(5.0))
+                        self._replace(self._workers.index(w))
                         continue
                     self.calls += 1
                     w.task = (items, time.monotonic() + self.item_timeout_s)

@@ -16,6 +16,7 @@ import torch
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 from coati.distributed.inference import backend_class
+from coati.distributed.liveness import start_heartbeat
 from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch
@@ -34,6 +35,7 @@ class Producer:
     ``reward_servers`` the reward's model components ({component: [(name, actor)]}), shared by all producers."""
 
     def __init__(self, producer_idx: int, config, plan, reward_servers: dict[str, list] | None = None):
+        start_heartbeat()
         c = config.consumer
         self.idx, self.num_producers = producer_idx, config.producer.num_producers
         self.model_path, self.backend_name = plan.inference_model_path, config.producer.backend

@@ -14,6 +14,7 @@ import torch
 
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.liveness import start_heartbeat
 from coati.distributed.record import RolloutBatch
 from coati.distributed.threads import ThreadLease
 from coati.distributed.trainer.config import ConsumerConfig
@@ -39,6 +40,7 @@ class GRPOConsumer:
         num_generations: int,
         seed: int = 0,
     ):
+        start_heartbeat()
         self.threads = ThreadLease()
         """the cores of the training step in progress, raised by ``set_threads``"""
         self.rank, self.world_size = rank, world_size
