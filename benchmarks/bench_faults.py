@@ -1,11 +1,12 @@
 """Each kind of fault, injected into a tiny-model run: what the user sees and how many seconds after the fault.
 
 Every fault is made for real on this machine: a process killed with SIGKILL (a producer, the consumer, the reward
-model's server, a reward worker), a reward function that stops answering, a run folder whose disk fills up during
-the run, a read-only run folder, a Ray address where nothing listens, a cluster whose CPUs another job holds. The
-seconds run from the fault to the error the run ends with (or, where the run goes on, to the end of the step that
-met it); a run's start-up is not counted, except for the faults found before any actor starts, timed from the call.
-Faults not made here are listed with the deadline that bounds them and why they are not measured.
+model's server, a reward worker) or stopped with SIGSTOP (a producer), a reward function that stops answering, a run
+folder whose disk fills up during the run, a read-only run folder, a Ray address where nothing listens, a cluster
+whose CPUs another job holds. The seconds run from the fault to the error the run ends with (or, where the run goes
+on, to the end of the step that met it); a run's start-up is not counted, except for the faults found before any
+actor starts, timed from the call. Faults not made here are listed with the deadline that bounds them and why they
+are not measured.
 
     python benchmarks/bench_faults.py [--only NAME ...]
 
@@ -127,6 +128,17 @@ def dead_consumer(tiny, work):
     return run_until(job(tiny), kill("ray::GRPOConsumer"))
 
 
+def stopped_producer(tiny, work):
+    """SIGSTOP: the producer neither answers nor dies (``run.hang_timeout_s`` 60 s, the default)."""
+
+    def stop():
+        (pid,) = pids("ray::Producer")[:1]
+        os.kill(pid, signal.SIGSTOP)
+        return f"SIGSTOP to pid {pid} (ray::Producer)"
+
+    return {**run_until(job(tiny), stop), "bound_s": 60.0}
+
+
 def dead_reward_worker(tiny, work):
     return run_until(job(tiny), kill("ray::Producer", children=True))
 
@@ -214,6 +226,7 @@ class _Holder:
 FAULTS = {
     "dead producer": dead_producer,
     "dead consumer": dead_consumer,
+    "stopped producer": stopped_producer,
     "dead reward worker": dead_reward_worker,
     "dead reward-model server": dead_reward_model_server,
     "hung reward": hung_reward,
@@ -229,8 +242,6 @@ NOT_MADE_HERE = {
     "hung environment step": "bounded by reward.env.step_timeout_s; the step fails and its episode is left out",
     "actor killed for memory": "the kernel's or Ray's OOM killer ends the process as SIGKILL does: as a dead producer "
     "or consumer above",
-    "hung actor (a stopped process)": "the driver waits up to STEP_TIMEOUT_S (3600 s) for a fan-out: no liveness "
-    "probe yet",
 }
 
 

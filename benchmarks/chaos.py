@@ -46,7 +46,7 @@ TARGETS = ("driver", "producer", "consumer", "reward_worker", "reward_model")
 """what a kill may hit"""
 ATTESTATION = "unlike the consumers sent them"
 """what the error of a push an engine did not load whole says (``ActorGroups.attest``)"""
-RUN_LIMIT_S = 1800
+RUN_LIMIT_S = 600
 """a run that has not ended this long after its last kill is reported as hung"""
 
 
