@@ -46,6 +46,8 @@ TARGETS = ("driver", "producer", "consumer", "reward_worker", "reward_model")
 """what a kill may hit"""
 ATTESTATION = "unlike the consumers sent them"
 """what the error of a push an engine did not load whole says (``ActorGroups.attest``)"""
+FINISHED = "nothing left to train"
+"""a resume's refusal of a run whose last step was trained and whose final model was exported"""
 RUN_LIMIT_S = 600
 """a run that has not ended this long after its last kill is reported as hung"""
 
@@ -241,10 +243,10 @@ def chaos_run(index: int, args, models, address: str, work: Path, rng: random.Ra
             best = top
         if not job.alive():
             code = job.proc.returncode
-            if code == 0:
-                break
+            tail = (work / f"{project}.log").read_text().strip().splitlines()[-1:]
+            if code == 0 or (code == 2 and tail and FINISHED in tail[0]):
+                break  # ended; or killed after exporting its final model, before reporting: nothing left to do
             if code != -signal.SIGKILL:  # the run stopped by itself: a finding, then resumed as a user would
-                tail = (work / f"{project}.log").read_text().strip().splitlines()[-1:]
                 driver_exits.append({"status": code, "last_line": tail[0] if tail else ""})
             job.start(resume=has_checkpoint(save_dir, project))
             continue
