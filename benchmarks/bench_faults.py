@@ -91,6 +91,8 @@ def run_until(kw: dict, fault, at_step: int = 1) -> dict:
     try:
         launch_distributed(**kw, on_step=on_step)
     except Exception as e:  # the fault's error: what the user sees
+        if "t" not in mark:  # failed before the fault was made
+            return {"injected": None, "seconds": None, "error": first_line(e)}
         return {"injected": mark.get("what"), "seconds": time.monotonic() - mark["t"], "error": first_line(e)}
     return {"injected": mark.get("what"), "seconds": mark.get("next"), "error": None, "run_went_on": mark}
 
@@ -158,11 +160,11 @@ def hung_reward(tiny, work):
 
 
 def disk_full(tiny, work):
-    """The run folder on a 64 MiB tmpfs (enough for the run's checkpoints, checked before it starts), filled to the
+    """The run folder on a 256 MiB tmpfs (enough for the run's checkpoints, checked before it starts), filled to the
     last byte after step 1; step 1's checkpoint follows."""
     mount = work / "small_disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)], check=True)
     try:
 
         def fill():
