@@ -42,9 +42,8 @@ def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
     import ray
 
     try:
-        if WATCH:
-            _wait_watching(refs, what, timeout)
-        return ray.get(refs, timeout=timeout)
+        left = _wait_watching(refs, what, timeout) if WATCH else timeout
+        return ray.get(refs, timeout=left)
     except ray.exceptions.RayActorError as e:
         name = ACTOR_NAMES.get(getattr(e, "actor_id", None) or "", getattr(e, "actor_id", "unknown"))
         raise RunError(f"{what}: actor {name} died ({_first_line(e)})") from e
@@ -54,19 +53,20 @@ def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
         raise RunError(f"{what}: no answer within {timeout:.0f} s") from e
 
 
-def _wait_watching(refs, what: str, timeout: float | None) -> None:
-    """Wait for ``refs`` (up to ``timeout``) in slices, asking the watchdog after each which actors are silent."""
+def _wait_watching(refs, what: str, timeout: float | None) -> float | None:
+    """Wait for ``refs`` (up to ``timeout``) in slices, asking the watchdog after each which actors are silent;
+    returns what is left of ``timeout`` (None: no limit) for the caller's ``ray.get``."""
     import ray
 
     pending = list(refs) if isinstance(refs, (list, tuple)) else [refs]
     deadline = None if timeout is None else time.monotonic() + timeout
-    while pending:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return  # the caller's ray.get reports the timeout
-        done, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left or 5.0, 5.0), fetch_local=False)
+    while True:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not pending or left == 0:
+            return left  # done, or the caller's ray.get reports the timeout at once
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left or 5.0, 5.0), fetch_local=False)
         if not pending:
-            return
+            continue
         silent = ray.get(WATCH["watchdog"].silent.remote(WATCH["limit_s"]), timeout=30)
         if silent:
             name, seconds = max(silent.items(), key=lambda kv: kv[1])
