@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.chaos import pids  # noqa: E402
 from benchmarks.results_file import write_result  # noqa: E402
 
 REWARD = "benchmarks.fault_rewards:digits"
@@ -61,12 +62,6 @@ def job(tiny: str, **over) -> dict:
     kw.update(over)
     kw["grpo_config"] = {**kw["grpo_config"], **grpo}
     return kw
-
-
-def pids(title: str) -> list[int]:
-    import psutil
-
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
 
 
 def first_line(e: BaseException) -> str:

@@ -125,28 +125,32 @@ def job_command(policy: str, rm: str, rows: str, save_dir: str, project: str, ad
 # ---- the processes of a job ----------------------------------------------------------------------------------------
 
 
-def victims(driver_pid: int) -> dict[str, list[int]]:
-    """The job's processes by target: Ray's actor processes are found by their title (``ray::Producer`` ...), a
-    producer's reward workers as its children."""
+def pids(title: str) -> list[int]:
+    """This machine's processes whose title starts with ``title`` (a Ray actor's: ``ray::Producer`` ...)."""
     import psutil
 
-    found: dict[str, list[int]] = {t: [] for t in TARGETS}
-    found["driver"] = [driver_pid]
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        title = " ".join(p.info["cmdline"] or [])
-        if not title.startswith("ray::"):
-            continue
-        if title.startswith("ray::Producer"):
-            found["producer"].append(p.pid)
-            try:
-                found["reward_worker"] += [c.pid for c in p.children(recursive=True)]
-            except psutil.Error:
-                pass
-        elif title.startswith("ray::GRPOConsumer"):
-            found["consumer"].append(p.pid)
-        elif title.startswith("ray::RewardModel"):
-            found["reward_model"].append(p.pid)
-    return found
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
+
+
+def victims(driver_pid: int) -> dict[str, list[int]]:
+    """The job's processes by target: Ray's actor processes found by their title, a producer's reward workers as
+    its children."""
+    import psutil
+
+    producers = pids("ray::Producer")
+    workers = []
+    for pid in producers:
+        try:
+            workers += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            pass
+    return {
+        "driver": [driver_pid],
+        "producer": producers,
+        "consumer": pids("ray::GRPOConsumer"),
+        "reward_worker": workers,
+        "reward_model": pids("ray::RewardModel"),
+    }
 
 
 def steps_trained(run_folder: Path | None) -> dict[int, dict]:

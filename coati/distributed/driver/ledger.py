@@ -80,7 +80,7 @@ class Ledger:
         producer's cursor's ``handed_out()`` ({"taken", "skipped"}: (epoch, row) pairs), to find groups handed out
         but never drawn (None: not checked)."""
         waiting_set = set(waiting) - set(self.trained)
-        dropped = [why for key, why in self.dropped.items() if key not in self.trained and key not in waiting_set]
+        dropped = [why for key, why in self.dropped.items() if key not in waiting_set]  # ``train`` takes a key out
         fated = set(self.trained) | set(self.dropped) | waiting_set
         lost = sorted(set(self.drawn) - fated)
         skipped = 0
