@@ -163,7 +163,7 @@ def disk_full(tiny, work):
     try:
 
         def fill():
-            with open(mount / "filler", "wb") as f:
+            with open(mount / "filler", "wb", buffering=0) as f:  # unbuffered: nothing left to fail at its close
                 try:
                     while True:
                         f.write(b"\0" * (1 << 20))

@@ -12,6 +12,11 @@ class RunError(RuntimeError):
     """An actor died, failed or stopped answering; the message names it and the last checkpoint."""
 
 
+NOT_SCORED = "not scored"
+"""how a failed row's reason begins when it was not waited for: its draw had already failed past
+``max_error_fraction`` (``Scorer.gather``)"""
+
+
 class RewardFailure(RuntimeError):
     """Too many completions of a step could not be scored; the message carries the first error and its row."""
 
@@ -37,7 +42,8 @@ def check_reward_failures(
     counts = reward_failures(failed, timed_out)
     errors, total = counts["reward/errors"], counts["reward/scored"]
     if errors and (first_step or errors > max_fraction * total):
-        i = int(np.flatnonzero(failed)[0])
+        scored = [i for i in np.flatnonzero(failed) if not str(messages[i]).startswith(NOT_SCORED)]
+        i = int(scored[0] if scored else np.flatnonzero(failed)[0])  # an error seen, not a row left unscored
         rule = "on the run's first step" if first_step else f"more than {max_fraction:.0%} of the step"
         raise RewardFailure(
             f"{where}: reward function {reward_fn} failed on {errors} of {total} completions ({rule}); first error, "

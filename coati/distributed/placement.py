@@ -30,6 +30,35 @@ def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
 
 
+def free_port() -> int:
+    """A TCP port nothing on this machine holds now, for a server socket another process binds moments later (the
+    consumers' torch.distributed world). It is drawn between Ray's worker ports (10002-19999 by default) and the
+    kernel's ephemeral range, whose ports every outgoing connection takes: a port handed out by ``bind(0)`` comes from
+    that range, and an outgoing connection of Ray's can take it again before the server binds it (EADDRINUSE)."""
+    import random
+    import socket
+
+    low, high = 20000, _ephemeral_start() - 1
+    for port in random.sample(range(low, high + 1), min(64, max(high - low + 1, 0))):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no such range on this machine, or all of it taken
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 FREE_WAIT_S = 30.0
 """how long a run waits for the resources its actors need to become free (actors of a run that just ended give theirs
 back within moments) before it is refused"""

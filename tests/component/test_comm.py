@@ -7,6 +7,7 @@ import pytest
 import ray
 import torch
 
+from coati.distributed.placement import free_port
 from coati.distributed.transport import CollectiveError
 from tests.helpers import wait_until
 
@@ -177,20 +178,19 @@ def topology(ray_cluster):
     """Two consumers in their own torch.distributed world; consumer 0 feeds two producers that also share a group."""
     consumers = [Peer.remote() for _ in range(2)]
     producers = [Peer.remote() for _ in range(2)]
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert ray.get([c.init_default_world.remote(i, 2, port) for i, c in enumerate(consumers)]) == [2, 2]
-    weights, data = new_group(), new_group()
-    ray.get(
-        [consumers[0].join.remote(3, 0, weights)] + [p.join.remote(3, i + 1, weights) for i, p in enumerate(producers)]
-    )
-    ray.get([p.join.remote(2, i, data) for i, p in enumerate(producers)])
-    yield consumers, producers, weights, data
-    for a in consumers + producers:
-        ray.kill(a)
+    try:  # killed however the set-up ends: a left actor holds its CPUs for the rest of the session
+        port = free_port()
+        assert ray.get([c.init_default_world.remote(i, 2, port) for i, c in enumerate(consumers)]) == [2, 2]
+        weights, data = new_group(), new_group()
+        ray.get(
+            [consumers[0].join.remote(3, 0, weights)]
+            + [p.join.remote(3, i + 1, weights) for i, p in enumerate(producers)]
+        )
+        ray.get([p.join.remote(2, i, data) for i, p in enumerate(producers)])
+        yield consumers, producers, weights, data
+    finally:
+        for a in consumers + producers:
+            ray.kill(a)
 
 
 def broadcast(sender, receivers, group, tensors, **kw):

@@ -200,3 +200,22 @@ def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path):
     first, second = (p["at_s"] for p in startup["phases"])
     assert 0 < first <= second <= startup["first_step_s"] <= since_process_start()
     assert STARTUP == []  # the next run reports its own
+
+
+def test_a_full_disk_under_the_run_folder_is_a_run_error_naming_it(tmp_path):
+    """The kernel's own ENOSPC (``/dev/full`` behind the metrics file): the run stops with a RunError that names the
+    folder and the space left, not a bare ``OSError: [Errno 28]`` from deep in a logger."""
+    from coati.distributed.guards import RunError
+
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    reporter = Reporter(str(tmp_path), report_to=("jsonl",), progress=False)
+    with pytest.raises(
+        RunError,
+        match=rf"writing step 1's metrics into {tmp_path} failed \(No space left on device; "
+        r"\d+ MiB free there\); free some space or use another --save-dir",
+    ):
+        reporter.on_step(next(steps()))
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "summary.json").symlink_to("/dev/full")
+    with pytest.raises(RunError, match=rf"writing the run's summary into {tmp_path} failed \(No space left"):
+        reporter.finish({})

@@ -73,7 +73,7 @@ def failing_draw():
     try:
         rows = [{"prompt": str(g)} for g in range(len(FAILING))]
         batch = draw(tokenizer, FAILING)
-        scorer.apply(batch, [f.result() for f in scorer.submit(batch, rows, version=0)], rows)
+        scorer.apply(batch, scorer.gather(scorer.submit(batch, rows, version=0)), rows)  # 10%: all waited for
     finally:
         scorer.close()
     return batch
@@ -99,3 +99,36 @@ def test_failed_completions_give_the_advantages_of_a_draw_without_them(failing_d
     alone = ADVANTAGE_ESTIMATORS.get(name)(rewards, groups, loss_mask[kept], cfg).advantages
     assert torch.allclose(advantages[kept], alone, atol=1e-6), (advantages[kept], alone)
     assert torch.all(advantages[~kept] == 0)
+
+
+def test_a_draw_past_its_error_fraction_is_not_waited_for():
+    """A reward function that hangs on every completion: once more of the draw has failed than
+    ``max_error_fraction`` allows (the driver stops the run on it whatever the rest scores), the rest is failed as not
+    scored at once, rather than one item limit per completion, one worker at a time; the run's error names the
+    timeout seen, not a row left unscored."""
+    from coati.distributed.guards import NOT_SCORED, RewardFailure, check_reward_failures
+
+    tokenizer = char_tokenizer()
+    cfg = RewardConfig(fn="tests.component.reward_fns:by_text", workers=1, item_timeout_s=1.0, max_error_fraction=0.25)
+    scorer = Scorer(cfg, N, tokenizer)
+    try:
+        rows = [{"prompt": "a"}, {"prompt": "b"}]
+        batch = draw(tokenizer, [["slow"] * N, ["slow"] * N])
+        scorer.apply(batch, scorer.gather(scorer.submit(batch, rows, version=0)), rows)
+    finally:
+        scorer.close()
+    status = batch.reward_status.tolist()
+    assert status[:3] == [RewardStatus.TIMEOUT] * 3, status  # 3 of 8 > 25%: the draw has failed
+    assert status[3:] == [RewardStatus.ERROR] * 5 and all(e.startswith(NOT_SCORED) for e in batch.reward_error[3:])
+    assert batch.failed().all() and not batch.loss_mask.any()
+    with pytest.raises(RewardFailure, match=r"failed on 8 of 8 completions .* dataset row 0: .*time"):
+        check_reward_failures(
+            batch.failed(),
+            batch.reward_status == RewardStatus.TIMEOUT,
+            batch.reward_error,
+            batch.extras["prompt_index"],
+            cfg.fn,
+            cfg.max_error_fraction,
+            False,
+            "rollout",
+        )

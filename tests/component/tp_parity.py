@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
+
+from coati.distributed.placement import free_port
 
 STEPS = 2
 LR = 0.5
@@ -20,18 +21,12 @@ LR = 0.5
 a wrong magnitude)"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tp_parity(paths: list[str], steps: int = STEPS) -> dict[str, dict]:
     """Train each model ``steps`` SGD steps under TP=2 (two processes) and whole; the gaps (module docstring)."""
     import torch.multiprocessing as mp
 
     out = tempfile.mktemp(suffix=".json")
-    mp.spawn(_rank, args=(2, _free_port(), list(paths), steps, out), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), list(paths), steps, out), nprocs=2, join=True)
     with open(out) as f:
         result = json.load(f)
     os.unlink(out)

@@ -8,12 +8,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from coati.distributed.placement import free_port
 from coati.models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,13 +31,10 @@ PORT_FLAGS = (
 
 
 def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(free_port())
+    return sorted(ports)
 
 
 def session_pids(sid: int) -> list[int]:

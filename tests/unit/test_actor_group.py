@@ -17,3 +17,20 @@ def test_shares_never_oversubscribe_a_node():
         counts = thread_counts(nodes, {"a": 2}, working)
         assert sum(c for c, w in zip(counts, working) if w) <= max(2, sum(working))  # one thread each at the least
     assert thread_counts(nodes, {"a": 7}, [True] * 3) == [2, 2, 2]
+
+
+def test_the_consumers_world_port_is_outside_the_range_outgoing_connections_take():
+    """``bind(0)`` hands out a port of the kernel's ephemeral range, which any outgoing connection (Ray opens many
+    while the consumers start) can take before torch.distributed binds it: CI once failed with EADDRINUSE on such a
+    port. The consumers' port is drawn below that range and above Ray's worker ports, and is free when returned."""
+    import socket
+
+    from coati.distributed.placement import _ephemeral_start, free_port
+
+    start = _ephemeral_start()
+    assert start > 20001, f"this machine's ephemeral range starts at {start}: nothing to draw from"
+    for _ in range(20):
+        port = free_port()
+        assert 20000 <= port < start, port
+        with socket.socket() as s:
+            s.bind(("", port))  # free on every address, as the c10d store binds it

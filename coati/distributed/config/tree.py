@@ -202,7 +202,7 @@ class RunConfig:
     """CPUs Ray reserves per actor"""
     weight_sync_timeout_s: float = 300.0
     """seconds a weight push may take before the run stops naming who did not answer"""
-    hang_timeout_s: float = 60.0
+    hang_timeout_s: float = 45.0
     """seconds an actor may give no sign of life (its heartbeat: its process stopped, stuck in native code, or gone)
     while the driver waits on the run's actors before the run stops naming it"""
     report_to: tuple[str, ...] = ("jsonl",)

@@ -12,7 +12,7 @@ from coati.distributed.attest import compare
 from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
 from coati.distributed.inference import backend_options
 from coati.distributed.liveness import Watchdog
-from coati.distributed.placement import actor_options, reserve_shared_gpus, weight_backend
+from coati.distributed.placement import actor_options, free_port, reserve_shared_gpus, weight_backend
 from coati.distributed.reward.judge import JudgeServer
 from coati.distributed.reward.model_actors import RewardModelServer
 from coati.distributed.rollout.producer import Producer
@@ -36,6 +36,11 @@ WATCH: dict = {}
 live (``liveness``)"""
 
 
+WATCH_SLICE_S = 2.0
+"""seconds between two questions to the watchdog while waiting: a stopped actor is named within
+``run.hang_timeout_s`` plus a heartbeat (``liveness.HEARTBEAT_S``) plus this"""
+
+
 def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
     """ray.get bounded in time, with failures re-raised as RunError naming what was being waited for; while the run's
     actors live, an actor silent longer than ``run.hang_timeout_s`` ends the wait naming it (``liveness``)."""
@@ -53,19 +58,22 @@ def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
         raise RunError(f"{what}: no answer within {timeout:.0f} s") from e
 
 
-def _wait_watching(refs, what: str, timeout: float | None) -> float | None:
-    """Wait for ``refs`` (up to ``timeout``) in slices, asking the watchdog after each which actors are silent;
-    returns what is left of ``timeout`` (None: no limit) for the caller's ``ray.get``."""
+def _wait_watching(refs, what: str, timeout: float | None, num_returns: int | None = None) -> float | None:
+    """Wait for ``refs`` (``num_returns`` of them; None: all) up to ``timeout`` in slices, asking the watchdog after
+    each which actors are silent; returns what is left of ``timeout`` (None: no limit) for the caller's ``ray.get``."""
     import ray
 
     pending = list(refs) if isinstance(refs, (list, tuple)) else [refs]
+    wanted = len(pending) if num_returns is None else num_returns
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if not pending or left == 0:
+        if wanted <= 0 or left == 0:
             return left  # done, or the caller's ray.get reports the timeout at once
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left or 5.0, 5.0), fetch_local=False)
-        if not pending:
+        slice_s = min(left or WATCH_SLICE_S, WATCH_SLICE_S)
+        done, pending = ray.wait(pending, num_returns=min(wanted, len(pending)), timeout=slice_s, fetch_local=False)
+        wanted -= len(done)
+        if wanted <= 0:
             continue
         silent = ray.get(WATCH["watchdog"].silent.remote(WATCH["limit_s"]), timeout=30)
         if silent:
@@ -83,12 +91,15 @@ def ready(refs) -> bool:
     return len(ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)[0]) == len(refs)
 
 
-def wait_any(*ref_lists) -> None:
-    """Block until one more of these refs finishes (or none is left unfinished)."""
+def wait_any(*ref_lists, what: str) -> None:
+    """Block until one more of these refs finishes (or none is left unfinished); while the run's actors live, an
+    actor silent longer than ``run.hang_timeout_s`` ends the wait naming it, as in ``get``."""
     import ray
 
     pending = [r for refs in ref_lists for r in refs if not ready([r])]
-    if pending:
+    if pending and WATCH:
+        _wait_watching(pending, what, STEP_TIMEOUT_S, num_returns=1)
+    elif pending:
         ray.wait(pending, num_returns=1, timeout=STEP_TIMEOUT_S, fetch_local=False)
 
 
@@ -234,7 +245,7 @@ class ActorGroups:
 
         c, slots = self.cfg, self.plan.consumer_slots
         lend = {"max_concurrency": 2} if self.follow_work else {}  # a second thread takes lent cores
-        addr, port = self.master_addr or slots[0].address, self.master_port or _free_port()
+        addr, port = self.master_addr or slots[0].address, self.master_port or _port_on(slots[0].node_id)
         sections = (c.consumer, c.algo_config, c.generation, c.producer.num_generations)
         for rank, slot in enumerate(slots):
             options = actor_options(slot, self.shared_gpus)
@@ -413,9 +424,13 @@ class ActorGroups:
             forget_group_address(name)
 
 
-def _free_port() -> int:
-    import socket
+def _port_on(node_id: str) -> int:
+    """A free port on the node whose consumer (rank 0) serves the consumers' world: asked there when it is not the
+    driver's node (a port free here says nothing about another machine)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    if node_id == ray.get_runtime_context().get_node_id():
+        return free_port()
+    there = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return ray.get(ray.remote(num_cpus=0)(free_port).options(scheduling_strategy=there).remote(), timeout=60)

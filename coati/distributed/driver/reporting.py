@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from coati.distributed.driver.report_page import flipped, write_report
+from coati.distributed.driver.run_folder import writing
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
 from coati.distributed.loggers.jsonl_logger import truncate_jsonl
@@ -178,6 +179,10 @@ class Reporter:
 
     def on_step(self, metrics: dict) -> None:
         """A training step's metrics, or (step 0) the evaluation before training."""
+        with writing(self.out, f"step {metrics.get('step')}'s metrics"):
+            self._on_step(metrics)
+
+    def _on_step(self, metrics: dict) -> None:
         samples = metrics.pop("samples", None)
         if samples:
             self.samples = samples
@@ -261,7 +266,12 @@ class Reporter:
             self.bar = None
 
     def finish(self, result: dict) -> dict:
+        """Write the run's summary, plots and report page; the summary."""
         self.close_bar()
+        with writing(self.out, "the run's summary"):
+            return self._finish(result)
+
+    def _finish(self, result: dict) -> dict:
         (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
         plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
         summary = {

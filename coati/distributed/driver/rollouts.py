@@ -137,7 +137,7 @@ class Rollouts:
                     self.actors.lend_to_consumers()  # the producers are done until the push
                     break
                 self.start_round(step + 1, target - self.buffer.groups(step), training=True)
-            wait_any(self.round.refs, train_refs)
+            wait_any(self.round.refs, train_refs, what=f"rollout and training step {step}")
             if ready(self.round.refs):
                 self.collect()
         if not self.in_flight:  # the push waits for the round in flight, which takes the idle consumers' cores

@@ -14,11 +14,14 @@ the consumers' nodes see the folder too (they write their checkpoint shards into
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import time
 from pathlib import Path
+
+from coati.distributed.guards import RunError
 
 RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "summary.json", "evals.json", "samples.jsonl", "tensorboard")
 """what a run leaves in its folder; any of them marks the folder as holding a run"""
@@ -240,3 +243,20 @@ def submitted_job_folder_error(path: str) -> str | None:
         f"({os.getcwd()}), which is deleted with the Ray session; pass an absolute --save-dir (or --run-dir), on "
         "storage every consumer node mounts"
     )
+
+
+@contextlib.contextmanager
+def writing(folder: Path, what: str):
+    """Writes of ``what`` into the run folder ``folder``: a failed one (a full disk, a folder gone read-only) raises
+    RunError naming the folder and the space left there, not a bare OSError."""
+    try:
+        yield
+    except OSError as e:
+        try:
+            free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = "its disk unreadable"
+        raise RunError(
+            f"writing {what} into {folder} failed ({e.strerror or e}; {free}); free some space or use another "
+            "--save-dir, then resume (--resume latest)"
+        ) from e

@@ -155,7 +155,7 @@ class Producer:
         drawn.label(self.n)
         picks = drawn.picks
         t0 = time.perf_counter()
-        results = [f.result() for f in drawn.futures]
+        results = self.scorer.gather(drawn.futures)
         wait_s = time.perf_counter() - t0
         out = RolloutBatch.concat(drawn.batches, pad_id=self.backend.pad_id)
         self.scorer.apply(out, results, [self.rows[i] for _, i in picks])

@@ -6,13 +6,14 @@ drive it in process."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import numpy as np
 import torch
 
 from coati.distributed.algo.grouping import degenerate_groups
 from coati.distributed.algo.shaping import overlong_penalty
+from coati.distributed.guards import NOT_SCORED
 from coati.distributed.record import RewardStatus, RolloutBatch
 from coati.distributed.reward import RewardPool, RewardResult
 from coati.distributed.reward.base import TrainerState
@@ -77,6 +78,19 @@ class Scorer:
             futures.append(Future())
             futures[-1].set_result(result)
         return futures
+
+    def gather(self, futures: list[Future]) -> list[RewardResult]:
+        """The results of a draw's ``futures``, in order. Once more than ``max_error_fraction`` of the draw has failed
+        (the driver stops the run on this draw whatever the rest scores) the rest is not waited for: each is failed
+        as ``NOT_SCORED`` at once, so a reward function that hangs on every completion stops the run after a few
+        item limits rather than one limit per completion."""
+        allowed, failed, pending = self.reward.max_error_fraction * len(futures), 0, set(futures)
+        while pending and failed <= allowed:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            failed += sum(_status(f.result()) in (RewardStatus.ERROR, RewardStatus.TIMEOUT) for f in done)
+        reason = f"{NOT_SCORED}: {failed} of the draw's {len(futures)} completions had failed"
+        skipped = RewardResult(0.0, info={"error": reason, "components": dict.fromkeys(self.reward.other_fns)})
+        return [f.result() if f.done() else skipped for f in futures]
 
     def apply(self, out: RolloutBatch, results: list[RewardResult], rows: list[dict]) -> None:
         """Fill ``out``'s reward fields from its rows' ``results`` (row i of ``out`` answers ``rows[i // n]``):
