@@ -126,14 +126,16 @@ def dead_consumer(tiny, work):
 
 
 def stopped_producer(tiny, work):
-    """SIGSTOP: the producer neither answers nor dies (``run.hang_timeout_s`` 60 s, the default)."""
+    """SIGSTOP: the producer neither answers nor dies (``run.hang_timeout_s``, the default)."""
 
     def stop():
         (pid,) = pids("ray::Producer")[:1]
         os.kill(pid, signal.SIGSTOP)
         return f"SIGSTOP to pid {pid} (ray::Producer)"
 
-    return {**run_until(job(tiny), stop), "bound_s": 60.0}
+    from coati.distributed.config.tree import RunConfig
+
+    return {**run_until(job(tiny), stop), "bound_s": RunConfig().hang_timeout_s}
 
 
 def dead_reward_worker(tiny, work):
@@ -152,6 +154,19 @@ def hung_reward(tiny, work):
     flag = work / "hang"
     grpo = {"reward_kwargs": {"hang_flag": str(flag)}, "reward_timeout_s": 10.0}
     return {**run_until(job(tiny, grpo=grpo), lambda: flag.touch() or f"{REWARD} hangs from step 2"), "bound_s": 10.0}
+
+
+def hung_environment_step(tiny, work):
+    """A one-turn environment whose step hangs from step 2 on (``reward.env.step_timeout_s`` 10 s)."""
+    flag = work / "env_hang"
+    grpo = {
+        "env": "benchmarks.fault_rewards:HangingEnv",
+        "env_kwargs": {"hang_flag": str(flag)},
+        "env_step_timeout_s": 10.0,
+        "env_max_tokens": 64,
+    }
+    fault = lambda: flag.touch() or "the environment's step hangs from step 2"  # noqa: E731
+    return {**run_until(job(tiny, grpo=grpo), fault), "bound_s": 10.0}
 
 
 def disk_full(tiny, work):
@@ -227,6 +242,7 @@ FAULTS = {
     "dead reward worker": dead_reward_worker,
     "dead reward-model server": dead_reward_model_server,
     "hung reward": hung_reward,
+    "hung environment step": hung_environment_step,
     "full disk": disk_full,
     "unwritable folder": read_only_folder,
     "unreachable Ray address": unreachable_address,
@@ -236,7 +252,6 @@ FAULTS = {
 NOT_MADE_HERE = {
     "hung collective": "a weight push that stops mid-way is bounded by run.weight_sync_timeout_s (default 300 s); a "
     "push cannot be stopped half-way from outside the actors without a hook in the transport",
-    "hung environment step": "bounded by reward.env.step_timeout_s; the step fails and its episode is left out",
     "actor killed for memory": "the kernel's or Ray's OOM killer ends the process as SIGKILL does: as a dead producer "
     "or consumer above",
 }

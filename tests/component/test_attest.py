@@ -116,6 +116,67 @@ class Sender:
         return True
 
 
+class DyingSender(Sender):
+    def push_and_die(self, group, tensors, version, transfers):
+        """Push ``tensors``, the process killed (SIGKILL) once ``transfers`` of the push's transfers have gone out:
+        a kill landing inside a push, the receivers holding some of its buckets."""
+        import os
+        import signal
+
+        from coati.distributed.transport import ray_broadcast_tensor_dict
+        from coati.distributed.transport.group import TorchGroup
+
+        wait, done = TorchGroup.wait, [0]
+
+        def dying(g, work, what):
+            out = wait(g, work, what)
+            done[0] += 1
+            if done[0] == transfers:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+
+        TorchGroup.wait = dying
+        ray_broadcast_tensor_dict(tensors, 0, group_name=group, version=version, bucket_bytes=1 << 16)
+
+
+class InterruptedProducer(Producer):
+    def receive_interrupted(self, group, version):
+        """A push received as a producer does, its sender killed inside it: the error the receive raised, and the
+        engine's fingerprints as the push left it."""
+        try:
+            self.backend.receive_weights(group)
+        except Exception as e:  # noqa: BLE001 - what the producer's task would end with
+            return f"{type(e).__name__}: {e}", self.backend.fingerprints(version)
+        return None, self.backend.fingerprints(version)
+
+
+def test_a_push_interrupted_by_a_kill_fails_and_the_half_loaded_engine_is_named(ray_cluster, tmp_path):
+    """The consumer SIGKILLed after 3 transfers of a push: the producer's receive does not return as if loaded (it
+    raises, which ends its task and the run's step naming the dead actor), and the attestation of what the engine
+    then holds names every tensor that did not land, while those that did read back as sent."""
+    from safetensors.torch import load_file
+
+    path = str(build_tiny_model(tmp_path / "m", hidden_size=128, num_heads=2, vocab_multiple=8))
+    producer = ray.remote(num_cpus=0.5)(InterruptedProducer).remote("transformers", path)
+    sender = ray.remote(num_cpus=0.5)(DyingSender).remote()
+    group = f"attest-{uuid.uuid4().hex[:8]}"
+    try:
+        ray.get([sender.join.remote(group), producer.join.remote(group)])
+        base = load_file(f"{path}/model.safetensors")
+        torch.manual_seed(0)
+        state = {k: v + 0.01 * torch.randn_like(v) for k, v in base.items()}
+        dying = sender.push_and_die.remote(group, state, 5, 3)
+        error, held = ray.get(producer.receive_interrupted.remote(group, 5), timeout=120)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(dying, timeout=60)
+        assert error is not None and "rank 0" in error, error
+        wrong, n = compare(fingerprints(state, 5), held)
+        assert 0 < len(wrong) < n, (len(wrong), n)  # some buckets landed, the rest is named
+    finally:
+        for actor in (producer, sender):
+            ray.kill(actor)
+
+
 @pytest.mark.parametrize("backend, arch", [("transformers", "llama"), ("vllm", "gpt2")])
 def test_an_engine_that_did_not_take_a_push_whole_is_named(ray_cluster, tmp_path, backend, arch):
     """Tied models (a Llama with its head tied, GPT-2's head tied to transformer.wte): a clean push reads back as
