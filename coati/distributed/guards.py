@@ -31,14 +31,15 @@ def check_reward_failures(
     timed_out: np.ndarray,
     messages: np.ndarray,
     rows: np.ndarray,
-    reward_fn: str,
+    scored_by: str,
     max_fraction: float,
     first_step: bool,
     where: str,
 ) -> dict:
     """The counts of ``reward_failures`` of a step's rows (``messages``: why each failed; ``rows``: its dataset
     row); raises RewardFailure when any row failed on the run's first step or more than ``max_fraction`` of them
-    did, naming the reward function, the first error and its row."""
+    did, naming what scores them (``scored_by``: "reward function X" or "environment Y"), the first error and its
+    row."""
     counts = reward_failures(failed, timed_out)
     errors, total = counts["reward/errors"], counts["reward/scored"]
     if errors and (first_step or errors > max_fraction * total):
@@ -46,8 +47,8 @@ def check_reward_failures(
         i = int(scored[0] if scored else np.flatnonzero(failed)[0])  # an error seen, not a row left unscored
         rule = "on the run's first step" if first_step else f"more than {max_fraction:.0%} of the step"
         raise RewardFailure(
-            f"{where}: reward function {reward_fn} failed on {errors} of {total} completions ({rule}); first error, "
-            f"dataset row {int(rows[i])}: {messages[i]}. Fix the reward function or the data (or raise "
+            f"{where}: {scored_by} failed on {errors} of {total} completions ({rule}); first error, "
+            f"dataset row {int(rows[i])}: {messages[i]}. Fix the {scored_by.rsplit(' ', 1)[0]} or the data (or raise "
             "max_error_fraction)"
         )
     return counts

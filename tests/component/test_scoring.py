@@ -127,7 +127,7 @@ def test_a_draw_past_its_error_fraction_is_not_waited_for():
             batch.reward_status == RewardStatus.TIMEOUT,
             batch.reward_error,
             batch.extras["prompt_index"],
-            cfg.fn,
+            cfg.scored_by,
             cfg.max_error_fraction,
             False,
             "rollout",

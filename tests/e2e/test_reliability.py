@@ -3,6 +3,7 @@
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -333,15 +334,23 @@ def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
     assert re.search(match, capsys.readouterr().err)
 
 
-def test_unreachable_address_fails_fast():
+def test_unreachable_address_fails_fast(tiny, tmp_path):
+    """Refused as bad input: within seconds, and on the command line one line and exit status 2 (it was a bare
+    message and status 1, as a run that had stopped)."""
     import time
 
     from coati.distributed.driver.job import check_address
 
     start = time.monotonic()
-    with pytest.raises(SystemExit, match=r"--address 127.0.0.1:1: no Ray cluster answers there"):
+    with pytest.raises(ValueError, match=r"--address 127.0.0.1:1: no Ray cluster answers there"):
         check_address("127.0.0.1:1")
     assert time.monotonic() - start < 10
+    cmd = [sys.executable, str(ROOT / "rl_example.py"), "-m", tiny, "--address", "127.0.0.1:1", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert re.fullmatch(r"\S+: error: --address 127.0.0.1:1: no Ray cluster answers there .*", lines[-1]), lines
+    assert "Traceback" not in out.stderr
 
 
 def test_an_address_where_something_else_listens_fails_fast(ray_cluster):
@@ -367,7 +376,7 @@ def test_an_address_where_something_else_listens_fails_fast(ray_cluster):
         port = server.getsockname()[1]
         threading.Thread(target=serve, args=(server, reply), daemon=True).start()
         with pytest.raises(
-            SystemExit,
+            ValueError,
             match=rf"--address 127.0.0.1:{port}: (something that is not a Ray cluster "
             r"listens there|no Ray cluster answers there \(timed out\))",
         ):

@@ -207,9 +207,24 @@ def test_environment_faults_fail_only_their_episode(template):
     from coati.distributed.record import RewardStatus
     from coati.distributed.rollout.scoring import _status, episode_results
 
-    statuses = [_status(r) for r in episode_results(episodes_batch(eps, 1, pad_id=0))]
+    batch = episodes_batch(eps, 1, pad_id=0)
+    results = episode_results(batch)
+    statuses = [_status(r) for r in results]
     assert statuses[:4] == [RewardStatus.ERROR, RewardStatus.TIMEOUT, RewardStatus.ERROR, RewardStatus.ERROR]
     assert statuses[4:] == [RewardStatus.SCORED] * 2
+    # Scored as the producer scores a draw: the failed episodes train no token, and the record stays valid (their
+    # turn indices, which mark the trained tokens, went with the loss mask: a run whose every step hung had failed
+    # with "AssertionError: turn_index").
+    from coati.distributed.reward.config import RewardConfig
+    from coati.distributed.rollout.scoring import Scorer
+
+    scorer = Scorer(RewardConfig(), 1, tok)
+    try:
+        scorer.apply(batch, results, [e.env.row for e in eps])
+    finally:
+        scorer.close()
+    assert batch.validate() is batch
+    assert not batch.loss_mask[:4].any() and not batch.turn_index[:4].any() and batch.turn_index[4:].any(axis=1).all()
 
 
 def test_a_conversation_that_outgrows_its_budget_is_cut_and_flagged(template):

@@ -25,17 +25,22 @@ def test_any_error_on_the_first_step_stops_the_run_naming_the_first_one():
         match=r"train: reward function f failed on 8 of 64 completions \(on the run's "
         r"first step\); first error, dataset row 1: ZeroDivisionError",
     ):
-        check_reward_failures(*step, "f", max_fraction=0.5, first_step=True, where="train")
+        check_reward_failures(*step, "reward function f", max_fraction=0.5, first_step=True, where="train")
 
 
 def test_later_steps_stop_only_above_the_fraction_and_count_otherwise():
     step = step_rows({1: "ZeroDivisionError"}, timeouts=1)  # 4 of 64 = 6.25%
     with pytest.raises(RewardFailure, match=r"failed on 4 of 64 completions \(more than 5% of the step\)"):
-        check_reward_failures(*step, "f", max_fraction=0.05, first_step=False, where="train")
-    counts = check_reward_failures(*step, "f", max_fraction=0.1, first_step=False, where="train")
+        check_reward_failures(*step, "reward function f", max_fraction=0.05, first_step=False, where="train")
+    counts = check_reward_failures(*step, "reward function f", max_fraction=0.1, first_step=False, where="train")
     assert counts == {"reward/errors": 4, "reward/timeouts": 1, "reward/scored": 64}
     clean = step_rows({})
-    assert check_reward_failures(*clean, "f", max_fraction=0.0, first_step=True, where="train")["reward/errors"] == 0
+    assert (
+        check_reward_failures(*clean, "reward function f", max_fraction=0.0, first_step=True, where="train")[
+            "reward/errors"
+        ]
+        == 0
+    )
 
 
 def test_the_engine_trainer_tolerance_follows_the_two_precisions():

@@ -198,17 +198,18 @@ def check_files(config: Config) -> Files:
     options and whether it runs the model here, the datasets and the reward's columns, the reward model and judge
     folders, the batch arithmetic."""
     cfg, m = config, config.model
+    # the datasets first: a mistyped path is refused before the default model's first conversion (~20 s)
+    train_dataset, eval_dataset = config.data.datasets(config.run.seed)
+    train_dataset, eval_dataset = train_dataset.absolute(), eval_dataset and eval_dataset.absolute()
+    rows = train_dataset.load()
+    eval_rows = eval_dataset.load() if eval_dataset else []
     train_model_path = resolve_model_path(m.path or default_model_path(), "train model")
     inference_model_path = resolve_model_path(m.inference_path or train_model_path, "inference model")
     tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
     backend_options(cfg.producer.backend).check_options(m.inference_options or {})
-    train_dataset, eval_dataset = config.data.datasets(config.run.seed)
-    train_dataset, eval_dataset = train_dataset.absolute(), eval_dataset and eval_dataset.absolute()
     check_model_files(train_model_path, "train model")
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
-    rows = train_dataset.load()
-    eval_rows = eval_dataset.load() if eval_dataset else []
     if cfg.reward.rm.path is not None:
         check_reward_model(cfg.reward.rm.path)
     if cfg.reward.judge.path is not None:

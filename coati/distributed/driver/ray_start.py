@@ -32,8 +32,9 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 
 
 def check_address(address: str, timeout_s: float = 5.0) -> None:
-    """Fail within ``timeout_s`` unless a Ray cluster's gRPC server answers at a host:port address: nothing listening,
-    or something else listening (``ray.init`` waited far longer, or forever)."""
+    """Refuse (ValueError: bad input, before any actor) within ``timeout_s`` unless a Ray cluster's gRPC server
+    answers at a host:port address: nothing listening, or something else listening (``ray.init`` waited far longer,
+    or forever)."""
     import socket
 
     if address == "auto" or "://" in address:
@@ -46,8 +47,8 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
             conn.sendall(HTTP2_PREFACE)
             frame = conn.recv(9)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"--address {address}: no Ray cluster answers there ({e}); {fix}") from None
+        raise ValueError(f"--address {address}: no Ray cluster answers there ({e}); {fix}") from None
     if len(frame) < 9 or frame[3] != 4:  # a gRPC server answers with its own SETTINGS frame (type 4)
-        raise SystemExit(
+        raise ValueError(
             f"--address {address}: something that is not a Ray cluster listens there (no gRPC reply); {fix}"
         )

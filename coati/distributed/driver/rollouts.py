@@ -80,7 +80,7 @@ class Rollouts:
                 batch.reward_status == RewardStatus.TIMEOUT,
                 batch.reward_error,
                 batch.extras["prompt_index"],
-                self.cfg.reward.fn,
+                self.cfg.reward.scored_by,
                 self.cfg.reward.max_error_fraction,
                 self.cfg.reward.stop_on_first_step_error and self.progress.version == self.progress.start_step,
                 f"rollout for step {for_step}",

@@ -29,7 +29,8 @@ class EnvConfig:
     """tokens per episode, its first prompt included; a longer conversation is cut there and flagged (at most
     generation.max_prompt_tokens: the conversation so far is the prompt of each turn)"""
     step_timeout_s: float = 30.0
-    """wall-clock limit for one environment step; an episode whose step is later fails with reward 0"""
+    """wall-clock limit for one environment step; an episode whose step is later fails (a TIMEOUT: left out of its
+    group's statistics and the loss, and counted against ``max_error_fraction``)"""
 
     def __post_init__(self):
         require(
@@ -229,6 +230,12 @@ class RewardConfig:
         if self.batch_size is not None:
             return self.batch_size
         return group_size if follows_trl(name) else 1
+
+    @property
+    def scored_by(self) -> str:
+        """What scores a training completion, as errors name it: the environment when episodes run, else the reward
+        function."""
+        return f"environment {self.env.name}" if self.env.name else f"reward function {self.fn}"
 
     @property
     def other_fns(self) -> tuple[str, ...]:

@@ -126,6 +126,8 @@ class Scorer:
             rewards = fill_unscored(rewards, left_out, self.n).astype(np.float32)
             out.loss_mask = out.trained_mask() & ~left_out[:, None]
             out.rollout_logprobs = np.where(out.loss_mask, out.rollout_logprobs, 0.0).astype(out.rollout_logprobs.dtype)
+            if out.turn_index is not None:  # an episode's turns mark the tokens it trains: none now
+                out.turn_index = np.where(out.loss_mask, out.turn_index, 0).astype(out.turn_index.dtype)
         out.task_rewards = rewards.astype(np.float32)
         out.rewards = out.task_rewards.copy()
         out.reward_error = np.array([str(x.info.get("error") or "")[:ERROR_CHARS] for x in results], dtype="<U300")
