@@ -66,8 +66,9 @@ def main() -> None:
 
     from coati.default_model import default_model_path
     from coati.distributed.algo.presets import resolve_algorithm
-    from coati.distributed.driver.actor_group import _free_port, cpu_actor_env
+    from coati.distributed.driver.actor_group import cpu_actor_env
     from coati.distributed.inference.config import GenerationConfig
+    from coati.distributed.placement import free_port
     from coati.distributed.trainer.config import ConsumerConfig
     from coati.distributed.trainer.consumer import GRPOConsumer
 
@@ -91,7 +92,7 @@ def main() -> None:
                 0,
                 1,
                 "127.0.0.1",
-                _free_port(),
+                free_port(),
                 default_model_path(),
                 ConsumerConfig(),
                 resolve_algorithm("DAPO"),

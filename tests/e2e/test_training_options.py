@@ -11,8 +11,8 @@ import ray
 import torch
 
 from coati.distributed.algo.presets import resolve_algorithm
-from coati.distributed.driver.actor_group import _free_port
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.placement import free_port
 from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.consumer import GRPOConsumer
@@ -95,7 +95,7 @@ def consumer_after_one_step(tiny, batch, **consumer):
         ray.remote(CountingConsumer)
         .options(num_cpus=0.5)
         .remote(
-            0, 1, "127.0.0.1", _free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2
+            0, 1, "127.0.0.1", free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2
         )
     )
     try:
@@ -201,7 +201,7 @@ def one_step_of(tiny, cls, dp: int = 1, **consumer):
     """One GRPO step of ``dp`` consumers of class ``cls`` over 2 groups each (4 rows): the setup's clipping, each
     rank's all-reduce count, the gradient norm, and rank 0's Adam first moments."""
     cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2, **consumer)
-    port = _free_port()
+    port = free_port()
     actors = [
         ray.remote(cls)
         .options(num_cpus=0.5)
