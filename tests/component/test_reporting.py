@@ -219,3 +219,24 @@ def test_a_full_disk_under_the_run_folder_is_a_run_error_naming_it(tmp_path):
     (tmp_path / "summary.json").symlink_to("/dev/full")
     with pytest.raises(RunError, match=rf"writing the run's summary into {tmp_path} failed \(No space left"):
         reporter.finish({})
+
+
+def test_a_resumed_run_keeps_the_evaluations_made_before_its_checkpoint(tmp_path):
+    """evals.json and the summary hold the run's evaluations, not only the last process's: a resume from step 1
+    keeps the evaluation before training and replaces the one past its checkpoint; a resume that only exports (it
+    trains and evaluates nothing) keeps them all (it had written an empty list)."""
+    first = Reporter(str(tmp_path), report_to=("jsonl",), progress=False)
+    first.on_step({"step": 0, "eval/lenient": 0.25, "eval/count": 4})
+    for metrics in steps():
+        first.on_step(metrics)
+    first.finish({"evals": [{"step": 0, "eval/lenient": 0.25}, {"step": 2, "eval/lenient": 0.5}]})
+
+    resumed = Reporter(str(tmp_path), report_to=("jsonl",), progress=False, append=True)
+    resumed.on_step(list(steps())[1])  # step 2 again, from the checkpoint of step 1
+    summary = resumed.finish({"evals": [{"step": 2, "eval/lenient": 0.75}]})
+    expected = [{"step": 0, "eval/lenient": 0.25}, {"step": 2, "eval/lenient": 0.75}]
+    assert json.loads((tmp_path / "evals.json").read_text()) == expected and summary["evals"] == expected
+
+    exporting = Reporter(str(tmp_path), report_to=("jsonl",), progress=False, append=True)
+    assert exporting.finish({"evals": []})["evals"] == expected
+    assert json.loads((tmp_path / "evals.json").read_text()) == expected

@@ -126,6 +126,13 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_export_resumes_to_exp
     assert exported.keys() == expected.keys() and all(exported[k].equal(expected[k]) for k in expected)
     with pytest.raises(ValueError, match="is at step 4 and this run has 4 steps: nothing left to train"):
         launch_distributed(**kwargs(tiny, folder, resume="latest"))
+    # Killed between its export and its summary (as the chaos benchmark found runs): the resume exports again and
+    # writes the summary, with the run's ledger and the evaluations the earlier process made.
+    (folder / "summary.json").unlink()
+    launch_distributed(**kwargs(tiny, folder, resume="latest"))
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["groups"] == full["groups"] and summary["final_model"]
+    assert json.loads((folder / "evals.json").read_text()) == json.loads((full["folder"] / "evals.json").read_text())
 
 
 def actor_pids(kind: str) -> list[int]:

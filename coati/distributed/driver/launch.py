@@ -416,7 +416,8 @@ def claim_save_dir(save_dir, resume, overwrite, record, allow, total_steps, mode
         saved = {"config": meta["config"], "identity": meta.get("identity", {})}
         current = {"config": record["config"], "identity": record["identity"]}  # the dataset's description aside
         check_compatible(saved, current, str(checkpoint), allow)
-        if meta["step"] > total_steps or (meta["step"] == total_steps and os.path.isdir(final_folder(save_dir))):
+        finished = os.path.isdir(final_folder(save_dir)) and os.path.exists(os.path.join(save_dir, "summary.json"))
+        if meta["step"] > total_steps or (meta["step"] == total_steps and finished):
             raise ValueError(
                 f"checkpoint {checkpoint} is at step {meta['step']} and this run has {total_steps} steps: nothing "
                 "left to train; raise max_steps or num_episodes to continue"

@@ -161,6 +161,8 @@ class Reporter:
             if cls.REQUIRES:
                 require(*cls.REQUIRES)
         self._logger_args = classes, project, config or {}, append
+        self.earlier_evals: list[dict] = _read_evals(self.out / "evals.json") if append else []
+        """a resumed run's evaluations made before its checkpoint (kept in its evals.json and summary)"""
         self.last_step: int | None = None
         self.warned_truncation = False
         self.loggers: list | None = None
@@ -231,6 +233,7 @@ class Reporter:
     def _truncate(self, from_step: int) -> None:
         """Each step once: drop what was logged for ``from_step`` and later, here and in every logger."""
         self.history = [m for m in self.history if m["step"] < from_step]
+        self.earlier_evals = [e for e in self.earlier_evals if e.get("step", 0) < from_step]
         truncate_jsonl(self.out / "eval_samples.jsonl", from_step)
         for logger in self.loggers:
             logger.truncate(from_step)
@@ -272,8 +275,9 @@ class Reporter:
             return self._finish(result)
 
     def _finish(self, result: dict) -> dict:
-        (self.out / "evals.json").write_text(json.dumps(result.get("evals", []), indent=2))
-        plots = plot_history(self.history, self.out / "plots", result.get("evals", []))
+        evals = self.earlier_evals + list(result.get("evals", []))
+        (self.out / "evals.json").write_text(json.dumps(evals, indent=2))
+        plots = plot_history(self.history, self.out / "plots", evals)
         summary = {
             "steps": len(self.history),
             "run_folder": str(self.out.resolve()),
@@ -283,7 +287,7 @@ class Reporter:
             "loop": loop_summary(self.history),
             "startup": {"phases": [{"phase": m, "at_s": t} for m, t in STARTUP], "first_step_s": self.first_step_s},
             # (the phases since the process began or since the last run it reported: each run reports its own)
-            "evals": result.get("evals", []),
+            "evals": evals,
             "final_model": result.get("final_model"),
             "plots": plots,
             "restarts": result.get("restarts", []),
@@ -298,6 +302,15 @@ class Reporter:
         for logger in self.loggers or []:
             logger.close()
         return summary
+
+
+def _read_evals(path: Path) -> list[dict]:
+    """The evaluations an earlier process of this run wrote (none when it wrote none, or a file it left unreadable)."""
+    try:
+        evals = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in evals if isinstance(e, dict)] if isinstance(evals, list) else []
 
 
 def _ints(value) -> bool:
