@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def run(args: list[str], cwd: Path, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_vars}
     return subprocess.run(
         [sys.executable, str(ROOT / "rl_example.py"), *args, "-sd", str(cwd / "runs")],
         cwd=cwd,
@@ -27,19 +27,22 @@ def test_input_mistakes_end_in_one_line_before_ray_starts(tmp_path):
         "def fmt(completions, solution, **kw):\n    return [1.0] * len(completions)\n"
     )
     (tmp_path / "data.jsonl").write_text('{"prompt": "hi"}\n{"prompt": "ho"}\n')
+    (tmp_path / "answered.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
     cases = {
         ("-d", "missing.jsonl"): "dataset file or folder missing.jsonl does not exist; check the path",
         # the module is found in the current folder (the driver did not look there): the data lacks its column
         ("-d", "data.jsonl", "-rt", "my_reward:fmt"): "reward function my_reward:fmt needs column(s) ['solution']",
-        ("-d", "data.jsonl", "-m", str(tmp_path / "no_model")): "is not a local folder",
+        ("-d", "answered.jsonl", "-m", str(tmp_path / "no_model")): "is not a local folder",
     }
+    cache = tmp_path / "cache"  # as on a first use: the default model not converted yet
     for args, message in cases.items():
-        out = run(list(args), tmp_path)
+        out = run(list(args), tmp_path, COATI_CACHE=str(cache))
         assert out.returncode == 2, (args, out.stderr[-2000:])
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
         assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])
     assert not (tmp_path / "runs").exists()  # nothing written
+    assert not cache.exists()  # refused before converting the default model (its progress bars were 35 lines)
 
 
 def test_a_backend_or_layout_that_cannot_run_the_model_is_refused_before_ray_starts(tmp_path):

@@ -198,11 +198,17 @@ def check_files(config: Config) -> Files:
     options and whether it runs the model here, the datasets and the reward's columns, the reward model and judge
     folders, the batch arithmetic."""
     cfg, m = config, config.model
-    # the datasets first: a mistyped path is refused before the default model's first conversion (~20 s)
+    # the datasets, the reward's columns and the batch arithmetic first: a mistake there is refused before the
+    # default model's first conversion (~20 s of progress bars)
     train_dataset, eval_dataset = config.data.datasets(config.run.seed)
     train_dataset, eval_dataset = train_dataset.absolute(), eval_dataset and eval_dataset.absolute()
     rows = train_dataset.load()
     eval_rows = eval_dataset.load() if eval_dataset else []
+    if not cfg.reward.episodes:
+        check_reward_inputs(cfg, rows, "training set")
+        if eval_rows:
+            check_reward_inputs(cfg, eval_rows, "eval set")
+    check_counts(cfg, len(rows))
     train_model_path = resolve_model_path(m.path or default_model_path(), "train model")
     inference_model_path = resolve_model_path(m.inference_path or train_model_path, "inference model")
     tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
@@ -214,11 +220,6 @@ def check_files(config: Config) -> Files:
         check_reward_model(cfg.reward.rm.path)
     if cfg.reward.judge.path is not None:
         check_judge(cfg.reward.judge.path, cfg.reward.judge.template, {"training set": rows, "eval set": eval_rows})
-    if not cfg.reward.episodes:
-        check_reward_inputs(cfg, rows, "training set")
-        if eval_rows:
-            check_reward_inputs(cfg, eval_rows, "eval set")
-    check_counts(cfg, len(rows))
     if config.run.address is None:  # a local cluster: its accelerators are this machine's
         gpu = local_gpus()
         check_models(cfg, train_model_path, inference_model_path, producer_gpu=gpu, consumer_gpu=gpu)
