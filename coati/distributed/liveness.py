@@ -5,6 +5,12 @@ busy actor keeps beating (its work releases the GIL between operations); a proce
 debugger), stuck in native code holding the GIL, or gone stops, and the driver names it within the limit instead of
 waiting out the longest a fan-out may take.
 
+A beat also carries the actor's count of finished transfers (``note_progress``: each collective of a weight push,
+each stage an engine loads, each batch a reward-model server scores), so the driver can tell a live actor that works
+from a live actor that waits on something that never comes: a weight push whose collectives stop moving while every
+actor beats stops the run after ``run.hang_timeout_s`` without a transfer (``actor_group.get``'s ``moving``), and a
+producer stops waiting for a reward-model server that has scored nothing for ``reward.rm.timeout_s``.
+
 An actor is named ``<run>-<role>-<i>``; its watchdog is ``<run>-watchdog``, started before the run's other actors.
 """
 
@@ -16,15 +22,33 @@ import time
 HEARTBEAT_S = 2.0
 """seconds between an actor's heartbeats"""
 
+_progress = [0]
+
+
+def note_progress() -> None:
+    """Count one finished transfer of this process (sent with its next heartbeat)."""
+    _progress[0] += 1
+
+
+def progress() -> int:
+    """This process's finished transfers so far."""
+    return _progress[0]
+
 
 class Watchdog:
     """The last heartbeat of each actor of a run, by the watchdog's own clock."""
 
     def __init__(self):
         self.seen: dict[str, float] = {}
+        self.done: dict[str, int] = {}
 
-    def beat(self, name: str) -> None:
+    def beat(self, name: str, done: int = 0) -> None:
         self.seen[name] = time.monotonic()
+        self.done[name] = done
+
+    def progress(self, names: list[str]) -> dict[str, int]:
+        """{actor: finished transfers at its last heartbeat} for those of ``names`` that have beaten."""
+        return {n: self.done[n] for n in names if n in self.done}
 
     def silent(self, limit_s: float) -> dict[str, float]:
         """{actor: seconds since its last heartbeat} of the actors silent longer than ``limit_s``."""
@@ -56,7 +80,7 @@ def start_heartbeat(interval_s: float = HEARTBEAT_S) -> None:
     def beat() -> None:
         while True:
             try:
-                watchdog.beat.remote(name)
+                watchdog.beat.remote(name, progress())
             except Exception:  # noqa: BLE001 - the run is shutting down
                 return
             time.sleep(interval_s)

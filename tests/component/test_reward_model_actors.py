@@ -6,6 +6,7 @@ import time
 import pytest
 import ray
 
+from coati.distributed.liveness import HEARTBEAT_S, Watchdog
 from coati.distributed.reward.model_actors import RewardModelClient, RewardModelServer
 from coati.distributed.reward.reward_model import RewardModel
 from coati.models import build_tiny_reward_model
@@ -51,8 +52,43 @@ def test_servers_score_like_one_model_and_failures_are_named(ray_cluster, rm_pat
         client.score(prompts, completions)
     stuck = ray.remote(num_cpus=0.5)(Stuck).remote(rm_path)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"reward model server rm-stuck did not answer within 2 s"):
+    with pytest.raises(RuntimeError, match=r"reward model server rm-stuck finished no batch for 2 s while alive"):
         RewardModelClient([stuck], ["rm-stuck"], timeout_s=2).score(prompts, completions)
     assert time.monotonic() - start < 10
     for actor in (servers[0], stuck):
         ray.kill(actor)
+
+
+class SlowBatches(RewardModelServer):
+    """Scores a batch a second, as a large reward model would."""
+
+    def score(self, prompts, completions):
+        from coati.distributed.liveness import note_progress
+
+        def slowly():
+            time.sleep(1.0)
+            note_progress()
+
+        scores = self.model.score(prompts, completions, on_batch=slowly)
+        return [(s, "") for s in scores]
+
+
+def test_in_a_run_a_server_is_waited_for_while_it_scores_and_named_once_it_stops(ray_cluster, rm_path):
+    """With the run's watchdog there, the limit runs from the server's last finished batch: a server slower in all
+    than ``timeout_s`` but finishing batches is waited for; one that finishes none is named after ``timeout_s``."""
+    watchdog = ray.remote(Watchdog).options(name="rmrun-watchdog", num_cpus=0).remote()
+    slow = ray.remote(SlowBatches).options(name="rmrun-rm-0", num_cpus=0.5).remote(rm_path, batch_size=1)
+    stuck = ray.remote(Stuck).options(name="rmrun-rm-1", num_cpus=0.5).remote(rm_path)
+    prompts, completions = [f"{i}+1=" for i in range(8)], [str(i + 1) for i in range(8)]
+    try:
+        ray.get([slow.__ray_ready__.remote(), stuck.__ray_ready__.remote()])  # started, as a run's servers are
+        start = time.monotonic()
+        scored = RewardModelClient([slow], ["rmrun-rm-0"], timeout_s=5).score(prompts, completions)
+        assert len(scored) == 8 and time.monotonic() - start > 8  # longer than the limit, batch after batch
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"reward model server rmrun-rm-1 finished no batch for [56] s while"):
+            RewardModelClient([stuck], ["rmrun-rm-1"], timeout_s=5).score(prompts, completions)
+        assert time.monotonic() - start < 5 + 2 * HEARTBEAT_S + 2
+    finally:
+        for actor in (watchdog, slow, stuck):
+            ray.kill(actor)

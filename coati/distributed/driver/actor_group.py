@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 
 from coati.distributed.attest import compare
 from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
@@ -41,13 +42,14 @@ WATCH_SLICE_S = 2.0
 ``run.hang_timeout_s`` plus a heartbeat (``liveness.HEARTBEAT_S``) plus this"""
 
 
-def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
+def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S, moving: Moving | None = None):
     """ray.get bounded in time, with failures re-raised as RunError naming what was being waited for; while the run's
-    actors live, an actor silent longer than ``run.hang_timeout_s`` ends the wait naming it (``liveness``)."""
+    actors live, an actor silent longer than ``run.hang_timeout_s`` ends the wait naming it (``liveness``), and so
+    does, with ``moving``, a transfer that stops moving for as long while every actor beats."""
     import ray
 
     try:
-        left = _wait_watching(refs, what, timeout) if WATCH else timeout
+        left = _wait_watching(refs, what, timeout, moving=moving) if WATCH else timeout
         return ray.get(refs, timeout=left)
     except ray.exceptions.RayActorError as e:
         name = ACTOR_NAMES.get(getattr(e, "actor_id", None) or "", getattr(e, "actor_id", "unknown"))
@@ -58,9 +60,43 @@ def get(refs, what: str, timeout: float | None = STEP_TIMEOUT_S):
         raise RunError(f"{what}: no answer within {timeout:.0f} s") from e
 
 
-def _wait_watching(refs, what: str, timeout: float | None, num_returns: int | None = None) -> float | None:
+@dataclass
+class Moving:
+    """A transfer between actors that must keep moving while any of ``senders`` (refs) is unfinished: ``members`` are
+    (actor name, what it was asked, its ref) for every actor taking part, whose heartbeats carry their finished
+    transfers (``liveness``)."""
+
+    senders: list
+    members: list[tuple[str, str, object]]
+    count: int = -1
+    since: float = field(default_factory=time.monotonic)
+
+    def check(self, watchdog, limit_s: float, what: str) -> None:
+        """Raise RunError when no member has finished a transfer for ``limit_s`` while a sender is unfinished."""
+        import ray
+
+        if ready(self.senders):
+            return
+        names = [name for name, _, _ in self.members]
+        count = sum(ray.get(watchdog.progress.remote(names), timeout=30).values())
+        now = time.monotonic()
+        if count != self.count:
+            self.count, self.since = count, now
+        elif now - self.since > limit_s:
+            waiting = [f"{name} ({call})" for name, call, ref in self.members if not ready([ref])]
+            raise RunError(
+                f"{what}: no transfer has finished for {now - self.since:.0f} s while every actor lives (a "
+                "collective hangs: a member that never joined it, or a network that stopped carrying it); still "
+                f"waiting: {', '.join(waiting)} (run.hang_timeout_s={limit_s:g}, --hang-timeout-s)"
+            )
+
+
+def _wait_watching(
+    refs, what: str, timeout: float | None, num_returns: int | None = None, moving: Moving | None = None
+) -> float | None:
     """Wait for ``refs`` (``num_returns`` of them; None: all) up to ``timeout`` in slices, asking the watchdog after
-    each which actors are silent; returns what is left of ``timeout`` (None: no limit) for the caller's ``ray.get``."""
+    each which actors are silent (and, with ``moving``, whether its transfer still moves); returns what is left of
+    ``timeout`` (None: no limit) for the caller's ``ray.get``."""
     import ray
 
     pending = list(refs) if isinstance(refs, (list, tuple)) else [refs]
@@ -82,6 +118,8 @@ def _wait_watching(refs, what: str, timeout: float | None, num_returns: int | No
                 f"{what}: actor {name} has given no sign of life for {seconds:.0f} s (its process is stopped, stuck "
                 f"in native code or gone; run.hang_timeout_s={WATCH['limit_s']:g}, --hang-timeout-s)"
             )
+        if moving is not None:
+            moving.check(WATCH["watchdog"], WATCH["limit_s"], what)
 
 
 def ready(refs) -> bool:
@@ -328,7 +366,10 @@ class ActorGroups:
         refs = [c.push_weights.remote(version) for c in self.consumers]
         # An engine loads a push once it is whole, when the consumers have sent theirs: it may take their cores.
         refs += [p.receive_weights.remote(t) for p, t in zip(self.producers, self.threads(True, False)[0], strict=True)]
-        results = get(refs, f"weight push {version}")
+        calls = ["pushing"] * len(self.consumers) + ["receiving"] * len(self.producers)
+        names = [ACTOR_NAMES.get(a._actor_id.hex(), "?") for a in self.consumers + self.producers]
+        moving = Moving([refs[i] for i in self.senders], list(zip(names, calls, refs, strict=True)))
+        results = get(refs, f"weight push {version}", moving=moving)
         sent_by, received = results[: len(self.consumers)], results[len(self.consumers) :]
         stats = {k: v for k, v in received[0].items() if k.startswith("weights/")}
         return {**stats, **self.attest(version, sent_by, received)}

@@ -71,8 +71,9 @@ class RewardModelConfig:
     normalize: str = "none"
     """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
     mean and std of every score so far (running)"""
-    timeout_s: float = 120.0
-    """a reward-model call that takes longer stops the run, naming the server"""
+    timeout_s: float = 60.0
+    """seconds a reward-model server may go without finishing a batch (of batch_size pairs) while a producer waits on
+    it; then the run stops naming the server (a server that keeps scoring is waited for however long a draw takes)"""
 
     def __post_init__(self):
         require(
@@ -113,7 +114,8 @@ class JudgeConfig:
     placement: str = "any"
     """where the judge actors run: any, node:K or producer, as reward.rm.placement"""
     timeout_s: float = 300.0
-    """a judge call that takes longer stops the run, naming the server"""
+    """seconds a judge server may go without finishing a call (one generation over its share of a draw) while a
+    producer waits on it; then the run stops naming the server"""
 
     def __post_init__(self):
         try:

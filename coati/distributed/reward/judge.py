@@ -15,7 +15,7 @@ import re
 
 from coati.distributed.inference import backend_class
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.liveness import start_heartbeat
+from coati.distributed.liveness import note_progress, start_heartbeat
 
 TEMPLATE = (
     "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"
@@ -104,6 +104,7 @@ class JudgeServer:
             tok.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist(), skip_special_tokens=True)
             for i in range(len(batch))
         ]
+        note_progress()
         return [parse_score(reply, self.max_score) for reply in replies]
 
     def ping(self) -> bool:

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from coati.distributed.liveness import start_heartbeat
+from coati.distributed.liveness import HEARTBEAT_S, note_progress, start_heartbeat, watchdog_name
 from coati.distributed.reward.reward_model import RewardModel
 
 
@@ -25,7 +25,7 @@ class RewardModelServer:
 
     def score(self, prompts: list, completions: list[str]) -> list[tuple[float, str]]:
         """(score, note) per pair; the note says when the pair was cut to the model's limit (else "")."""
-        scores = self.model.score(prompts, completions)
+        scores = self.model.score(prompts, completions, on_batch=note_progress)
         cut = f"truncated to the reward model's last {self.model.max_tokens} tokens"
         return [(s, cut if t else "") for s, t in zip(scores, self.model.truncated, strict=True)]
 
@@ -34,8 +34,10 @@ class RewardModelServer:
 
 
 class RewardModelClient:
-    """A producer's handle on the reward-model servers: ``score`` splits the pairs evenly over them, waits up to
-    ``timeout_s`` and raises naming the server that died or did not answer."""
+    """A producer's handle on the reward-model servers: ``score`` splits the pairs evenly over them and raises naming
+    the server that died, or that finished no batch for ``timeout_s`` (one that keeps scoring, for this producer or
+    another, is waited for however long the draw takes; outside a run, with no watchdog to ask, each server's share
+    must come back within ``timeout_s``)."""
 
     def __init__(self, servers: list, names: list[str], timeout_s: float):
         assert servers and len(servers) == len(names), (len(servers), names)
@@ -43,9 +45,6 @@ class RewardModelClient:
 
     def score(self, prompts: list, completions: list[str], *columns: list) -> list:
         """The servers' (score, note) pairs, in order (a note: a judge reply left unread, a reward-model input cut)."""
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
         k = len(self.servers)
         bounds = [len(prompts) * i // k for i in range(k + 1)]
         parts = [(i, bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
@@ -54,15 +53,42 @@ class RewardModelClient:
             self.servers[i].score.remote(prompts[lo:hi], completions[lo:hi], *[x[lo:hi] for x in extra])
             for i, lo, hi in parts
         ]
-        deadline, out = time.monotonic() + self.timeout_s, []
+        out = []
         for (i, _, _), ref in zip(parts, refs, strict=True):
-            try:
-                out += ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
-            except GetTimeoutError as e:
-                raise RuntimeError(
-                    f"reward model server {self.names[i]} did not answer within {self.timeout_s:g} s "
-                    "(reward.rm.timeout_s)"
-                ) from e
-            except RayActorError as e:
-                raise RuntimeError(f"reward model server {self.names[i]} died: {e}") from e
+            out += self._wait(self.names[i], ref)
         return out
+
+    def _wait(self, name: str, ref) -> list:
+        """``ref``'s result, waited for in slices while server ``name`` finishes batches (its heartbeat's count)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        watchdog, done, since = _watchdog_of(name), None, time.monotonic()
+        while True:
+            try:
+                return ray.get(ref, timeout=min(HEARTBEAT_S, max(since + self.timeout_s - time.monotonic(), 0.0)))
+            except GetTimeoutError:
+                pass
+            except RayActorError as e:
+                raise RuntimeError(f"reward model server {name} died: {e}") from e
+            done_now = None
+            if watchdog is not None:
+                done_now = ray.get(watchdog.progress.remote([name]), timeout=30).get(name)
+            now = time.monotonic()
+            if done_now is not None and done_now != done:
+                done, since = done_now, now
+            elif now - since >= self.timeout_s:
+                raise RuntimeError(
+                    f"reward model server {name} finished no batch for {now - since:.0f} s while alive "
+                    f"(reward.rm.timeout_s / reward.judge.timeout_s={self.timeout_s:g})"
+                )
+
+
+def _watchdog_of(name: str):
+    """The watchdog of the run server ``name`` belongs to, or None (a server started outside a run)."""
+    import ray
+
+    try:
+        return ray.get_actor(watchdog_name(name))
+    except ValueError:
+        return None

@@ -50,9 +50,9 @@ class RewardModel:
         )
 
     @torch.no_grad()
-    def score(self, prompts: list, completions: list[str]) -> list[float]:
+    def score(self, prompts: list, completions: list[str], on_batch=None) -> list[float]:
         """One float per pair; texts over ``max_tokens`` keep their last tokens (the completion's end) and are
-        flagged in ``truncated``."""
+        flagged in ``truncated``; ``on_batch()`` is called after each batch (a server counts its progress)."""
         texts = [self.render(p, c) for p, c in zip(prompts, completions, strict=True)]
         lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         self.truncated = [n > self.max_tokens for n in lengths]
@@ -71,6 +71,8 @@ class RewardModel:
                 )
                 logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
                 out += [float(x) for x in logits[:, 0].float().cpu()]
+                if on_batch is not None:
+                    on_batch()
         finally:
             self.tokenizer.truncation_side = side
         return out

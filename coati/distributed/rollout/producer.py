@@ -16,7 +16,7 @@ import torch
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 from coati.distributed.inference import backend_class
-from coati.distributed.liveness import start_heartbeat
+from coati.distributed.liveness import note_progress, start_heartbeat
 from coati.distributed.placement import whereabouts
 from coati.distributed.precision import generation_dtype
 from coati.distributed.record import RolloutBatch
@@ -230,6 +230,7 @@ class Producer:
                 receipt.add(self.backend.receive_weights(name, threads), first=i == 0)
             else:
                 receipt.add(self.backend.receive_adapter(name, self.lora), first=i == 0)
+            note_progress()  # a stage loaded (an engine whose workers receive reports no collective here)
         self.version = receipt.version
         return receipt.report()
 

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from ray.util.collective.backend_registry import _global_registry, register_collective_backend
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
+from coati.distributed.liveness import note_progress
+
 DEFAULT_TIMEOUT_S = 300.0
 _group_timeouts: dict[str, float] = {}
 
@@ -121,6 +123,7 @@ class TorchGroup:
                 f"{what} in group {self.group_name!r} timed out after {self.timeout_s:.0f} s on rank "
                 f"{self.rank}/{self.world_size}; a peer is dead or never joined"
             )
+        note_progress()
 
     def broadcast_async(self, tensor: torch.Tensor, root: int):
         """Start a broadcast and return its work handle; finish it with ``wait``."""
