@@ -1,7 +1,8 @@
 """Each kind of fault, injected into a tiny-model run: what the user sees and how many seconds after the fault.
 
 Every fault is made for real on this machine: a process killed with SIGKILL (a producer, the consumer, the reward
-model's server, a reward worker) or stopped with SIGSTOP (a producer), a reward function that stops answering, a run
+model's server, a reward worker) or stopped with SIGSTOP (a producer), a reward function that stops answering, a
+weight push and a reward-model server that stop answering while their processes live (``fault_hooks``), a run
 folder whose disk fills up during the run, a read-only run folder, a Ray address where nothing listens, a cluster
 whose CPUs another job holds. The seconds run from the fault to the error the run ends with (or, where the run goes
 on, to the end of the step that met it); a run's start-up is not counted, except for the faults found before any
@@ -169,6 +170,33 @@ def hung_environment_step(tiny, work):
     return {**run_until(job(tiny, grpo=grpo), fault), "bound_s": 10.0}
 
 
+def hung_collective(tiny, work):
+    """From step 2's push on, the producer's side of the weight group's collectives waits for ever while its process
+    lives and beats (``fault_hooks``): the consumer's broadcast hangs with it (``run.hang_timeout_s``)."""
+    from coati.distributed.config.tree import RunConfig
+
+    fault = lambda: (work / "flags" / "hang-push").touch() or "the producer stops taking part in pushes"  # noqa: E731
+    try:
+        return {**run_until(job(tiny), fault), "bound_s": RunConfig().hang_timeout_s}
+    finally:
+        (work / "flags" / "hang-push").unlink(missing_ok=True)
+
+
+def silent_reward_model_server(tiny, work):
+    """From step 2 on, the reward-model server's ``score`` never returns while its process lives and beats
+    (``fault_hooks``; ``reward.rm.timeout_s``, the default)."""
+    from coati.distributed.reward.config import RewardModelConfig
+    from coati.models import build_tiny_reward_model
+
+    rm = str(build_tiny_reward_model(work / "rm"))
+    grpo = {"rm_path": rm, "reward_components": {REWARD: 0.0, "rm": 1.0}, "rm_placement": "any", "rm_cpus": 0.5}
+    fault = lambda: (work / "flags" / "hang-rm").touch() or "the reward-model server stops answering"  # noqa: E731
+    try:
+        return {**run_until(job(tiny, grpo=grpo), fault), "bound_s": RewardModelConfig().timeout_s}
+    finally:
+        (work / "flags" / "hang-rm").unlink(missing_ok=True)
+
+
 def disk_full(tiny, work):
     """The run folder on a 256 MiB tmpfs (enough for the run's checkpoints, checked before it starts), filled to the
     last byte after step 1; step 1's checkpoint follows."""
@@ -241,6 +269,8 @@ FAULTS = {
     "stopped producer": stopped_producer,
     "dead reward worker": dead_reward_worker,
     "dead reward-model server": dead_reward_model_server,
+    "silent reward-model server": silent_reward_model_server,
+    "hung collective": hung_collective,
     "hung reward": hung_reward,
     "hung environment step": hung_environment_step,
     "full disk": disk_full,
@@ -250,8 +280,6 @@ FAULTS = {
 }
 
 NOT_MADE_HERE = {
-    "hung collective": "a weight push that stops mid-way is bounded by run.weight_sync_timeout_s (default 300 s); a "
-    "push cannot be stopped half-way from outside the actors without a hook in the transport",
     "actor killed for memory": "the kernel's or Ray's OOM killer ends the process as SIGKILL does: as a dead producer "
     "or consumer above",
 }
@@ -267,12 +295,15 @@ def main() -> None:
     from coati.models import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="faults-"))
+    (work / "flags").mkdir()
     tiny = str(build_tiny_model(work / "policy"))
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env["COATI_FAULT_FLAGS"] = str(work / "flags")
     ray.init(
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}},
+        runtime_env={"env_vars": env, "worker_process_setup_hook": "benchmarks.fault_hooks.install"},
     )
     results = {}
     try:

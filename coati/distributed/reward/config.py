@@ -71,7 +71,7 @@ class RewardModelConfig:
     normalize: str = "none"
     """the reward model's scores as they are (none), standardised within each prompt's group (group), or by the
     mean and std of every score so far (running)"""
-    timeout_s: float = 60.0
+    timeout_s: float = 45.0
     """seconds a reward-model server may go without finishing a batch (of batch_size pairs) while a producer waits on
     it; then the run stops naming the server (a server that keeps scoring is waited for however long a draw takes)"""
 

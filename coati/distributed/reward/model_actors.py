@@ -35,13 +35,13 @@ class RewardModelServer:
 
 class RewardModelClient:
     """A producer's handle on the reward-model servers: ``score`` splits the pairs evenly over them and raises naming
-    the server that died, or that finished no batch for ``timeout_s`` (one that keeps scoring, for this producer or
-    another, is waited for however long the draw takes; outside a run, with no watchdog to ask, each server's share
-    must come back within ``timeout_s``)."""
+    the server that died, or that finished no batch for ``timeout_s`` (named ``setting`` in the error); one that keeps
+    scoring, for this producer or another, is waited for however long the draw takes. Outside a run, with no watchdog
+    to ask, each server's share must come back within ``timeout_s``."""
 
-    def __init__(self, servers: list, names: list[str], timeout_s: float):
+    def __init__(self, servers: list, names: list[str], timeout_s: float, setting: str = "reward.rm.timeout_s"):
         assert servers and len(servers) == len(names), (len(servers), names)
-        self.servers, self.names, self.timeout_s = list(servers), list(names), timeout_s
+        self.servers, self.names, self.timeout_s, self.setting = list(servers), list(names), timeout_s, setting
 
     def score(self, prompts: list, completions: list[str], *columns: list) -> list:
         """The servers' (score, note) pairs, in order (a note: a judge reply left unread, a reward-model input cut)."""
@@ -80,7 +80,7 @@ class RewardModelClient:
             elif now - since >= self.timeout_s:
                 raise RuntimeError(
                     f"reward model server {name} finished no batch for {now - since:.0f} s while alive "
-                    f"(reward.rm.timeout_s / reward.judge.timeout_s={self.timeout_s:g})"
+                    f"({self.setting}={self.timeout_s:g})"
                 )
 
 

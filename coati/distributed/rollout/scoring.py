@@ -47,7 +47,7 @@ class Scorer:
         self.pool = pool
         timeouts = {"rm": r.rm.timeout_s, "judge": r.judge.timeout_s}
         self.models = {
-            c: RewardModelClient([a for _, a in named], [n for n, _ in named], timeouts[c])
+            c: RewardModelClient([a for _, a in named], [n for n, _ in named], timeouts[c], f"reward.{c}.timeout_s")
             for c, named in (servers or {}).items()
         }
         self.rm_norm = RunningNorm()
