@@ -3,6 +3,7 @@
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -184,11 +185,13 @@ def test_plots_draw_evaluations_as_points_the_schedule_as_it_is_and_name_series_
     assert [legend for legend, _, _ in lines["time"][1]] == ["whole step", "training"]
 
 
-def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path):
+def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path, monkeypatch):
     """summary.json says when each start-up phase began and when the first training step ended, counted from the
-    process's start (the command's imports included)."""
+    process's start (the command's imports included) for the process's first run."""
+    from coati.distributed.driver import reporting
     from coati.distributed.driver.reporting import STARTUP, since_process_start
 
+    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "reported": False})  # as in a fresh process
     STARTUP.clear()
     phase("checking the inputs")
     reporter = Reporter(str(tmp_path), report_to=(), progress=False)
@@ -200,6 +203,27 @@ def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path):
     first, second = (p["at_s"] for p in startup["phases"])
     assert 0 < first <= second <= startup["first_step_s"] <= since_process_start()
     assert STARTUP == []  # the next run reports its own
+
+
+def test_a_later_run_of_the_same_process_counts_its_start_up_from_its_own_start(tmp_path):
+    """A script that launches several runs: the first run's account counts from the process's start, each later
+    run's from its own first phase (it counted from the process's start, so a run that took 20 s reported its first
+    step at 57 s)."""
+    from coati.distributed.driver.reporting import STARTUP, since_process_start
+
+    for i in range(2):
+        STARTUP.clear()
+        phase("checking the inputs")
+        reporter = Reporter(str(tmp_path / str(i)), report_to=(), progress=False)
+        started = time.monotonic()
+        phase("first weight push")
+        for metrics in steps():
+            reporter.on_step(metrics)
+        startup = reporter.finish({"evals": []})["startup"]
+        first, second = (p["at_s"] for p in startup["phases"])
+        if i == 1:
+            assert first == 0.0 and second <= startup["first_step_s"] <= time.monotonic() - started + 0.05
+            assert since_process_start() > startup["first_step_s"] + 1
 
 
 def test_a_full_disk_under_the_run_folder_is_a_run_error_naming_it(tmp_path):

@@ -100,12 +100,24 @@ FIRST_STEP_TRAINED = "first step trained"
 the start-up account (``first_step_s``)"""
 
 STARTUP: list[tuple[str, float]] = []
-"""every phase of this process so far: (message, seconds since the process started), the start-up account's source"""
+"""every phase of the run being started: (message, seconds since the account began), the start-up account's source"""
+
+_ACCOUNT = {"origin": 0.0, "reported": False}
+"""where the start-up account counts from: the process's start for its first run (the command's imports included);
+for a later run of the same process (a script that launches several), its own first phase"""
 
 
 def phase(message: str) -> None:
-    STARTUP.append((message, round(since_process_start(), 2)))
+    now = since_process_start()
+    if not STARTUP and _ACCOUNT["reported"]:
+        _ACCOUNT["origin"] = now
+    STARTUP.append((message, round(now - _ACCOUNT["origin"], 2)))
     PHASES.info(message)
+
+
+def since_account_start() -> float:
+    """Seconds since the start-up account of the run being started began (``_ACCOUNT``)."""
+    return since_process_start() - _ACCOUNT["origin"]
 
 
 def since_process_start() -> float:
@@ -206,7 +218,7 @@ class Reporter:
         self.last_step = step
         if step > 0 and self.first_step_s is None:
             marks = [at for message, at in STARTUP if message == FIRST_STEP_TRAINED]
-            self.first_step_s = marks[-1] if marks else round(since_process_start(), 2)
+            self.first_step_s = marks[-1] if marks else round(since_account_start(), 2)
         if step > 0:
             self.history.append(metrics)
             truncated = metrics.get("response/truncated_frac", 0.0)
@@ -299,6 +311,7 @@ class Reporter:
         summary["report"] = str(write_report(self.out, summary, self.samples, describe_loop(summary["loop"]), flips))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         STARTUP.clear()
+        _ACCOUNT["reported"] = True
         for logger in self.loggers or []:
             logger.close()
         return summary
