@@ -35,6 +35,22 @@ def progress() -> int:
     return _progress[0]
 
 
+class Stall:
+    """Seconds since a progress count (the watchdog's, ``Watchdog.progress``) last changed, by this process's clock:
+    what a wait on a transfer or a server compares with its limit."""
+
+    def __init__(self):
+        self.count: int | None = None
+        self.since = time.monotonic()
+
+    def seconds(self, count: int | None) -> float:
+        """Seconds without a change, given the count now (None: none known, so no change)."""
+        now = time.monotonic()
+        if count is not None and count != self.count:
+            self.count, self.since = count, now
+        return now - self.since
+
+
 class Watchdog:
     """The last heartbeat of each actor of a run, by the watchdog's own clock."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from coati.distributed.attest import compare
 from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
 from coati.distributed.inference import backend_options
-from coati.distributed.liveness import Watchdog
+from coati.distributed.liveness import Stall, Watchdog
 from coati.distributed.placement import actor_options, free_port, reserve_shared_gpus, weight_backend
 from coati.distributed.reward.judge import JudgeServer
 from coati.distributed.reward.model_actors import RewardModelServer
@@ -68,8 +68,7 @@ class Moving:
 
     senders: list
     members: list[tuple[str, str, object]]
-    count: int = -1
-    since: float = field(default_factory=time.monotonic)
+    stall: Stall = field(default_factory=Stall)
 
     def check(self, watchdog, limit_s: float, what: str) -> None:
         """Raise RunError when no member has finished a transfer for ``limit_s`` while a sender is unfinished."""
@@ -78,14 +77,11 @@ class Moving:
         if ready(self.senders):
             return
         names = [name for name, _, _ in self.members]
-        count = sum(ray.get(watchdog.progress.remote(names), timeout=30).values())
-        now = time.monotonic()
-        if count != self.count:
-            self.count, self.since = count, now
-        elif now - self.since > limit_s:
+        stalled = self.stall.seconds(sum(ray.get(watchdog.progress.remote(names), timeout=30).values()))
+        if stalled > limit_s:
             waiting = [f"{name} ({call})" for name, call, ref in self.members if not ready([ref])]
             raise RunError(
-                f"{what}: no transfer has finished for {now - self.since:.0f} s while every actor lives (a "
+                f"{what}: no transfer has finished for {stalled:.0f} s while every actor lives (a "
                 "collective hangs: a member that never joined it, or a network that stopped carrying it); still "
                 f"waiting: {', '.join(waiting)} (run.hang_timeout_s={limit_s:g}, --hang-timeout-s)"
             )

@@ -298,7 +298,7 @@ class Reporter:
             "wall_s": time.perf_counter() - self.start,
             "loop": loop_summary(self.history),
             "startup": {"phases": [{"phase": m, "at_s": t} for m, t in STARTUP], "first_step_s": self.first_step_s},
-            # (the phases since the process began or since the last run it reported: each run reports its own)
+            # (counted from the process's start for its first run, else from the run's own first phase)
             "evals": evals,
             "final_model": result.get("final_model"),
             "plots": plots,

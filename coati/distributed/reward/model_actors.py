@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from coati.distributed.liveness import HEARTBEAT_S, note_progress, start_heartbeat, watchdog_name
+from coati.distributed.liveness import HEARTBEAT_S, Stall, note_progress, start_heartbeat, watchdog_name
 from coati.distributed.reward.reward_model import RewardModel
 
 
@@ -63,23 +63,19 @@ class RewardModelClient:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        watchdog, done, since = _watchdog_of(name), None, time.monotonic()
+        watchdog, stall = _watchdog_of(name), Stall()
         while True:
             try:
-                return ray.get(ref, timeout=min(HEARTBEAT_S, max(since + self.timeout_s - time.monotonic(), 0.0)))
+                return ray.get(ref, timeout=min(HEARTBEAT_S, max(stall.since + self.timeout_s - time.monotonic(), 0.0)))
             except GetTimeoutError:
                 pass
             except RayActorError as e:
                 raise RuntimeError(f"reward model server {name} died: {e}") from e
-            done_now = None
-            if watchdog is not None:
-                done_now = ray.get(watchdog.progress.remote([name]), timeout=30).get(name)
-            now = time.monotonic()
-            if done_now is not None and done_now != done:
-                done, since = done_now, now
-            elif now - since >= self.timeout_s:
+            done = None if watchdog is None else ray.get(watchdog.progress.remote([name]), timeout=30).get(name)
+            stalled = stall.seconds(done)
+            if stalled >= self.timeout_s:
                 raise RuntimeError(
-                    f"reward model server {name} finished no batch for {now - since:.0f} s while alive "
+                    f"reward model server {name} finished no batch for {stalled:.0f} s while alive "
                     f"({self.setting}={self.timeout_s:g})"
                 )
 
