@@ -77,13 +77,15 @@ def start_ray_importing_driver(address: str | None):
 
 
 def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> None:
-    from coati.distributed.driver.reporting import describe_loop
+    from coati.distributed.driver.reporting import describe_loop, describe_startup
 
     evals = summary["evals"]
     print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {os.path.abspath(run_dir)}/")
     first = summary.get("startup", {}).get("first_step_s")
     if first is not None:
         print(f"first training step done {first:.0f} s after the command started")
+    for line in describe_startup(summary.get("startup", {})):
+        print(line)
     for line in describe_loop(summary["loop"]):
         print(line)
     if len(evals) >= 2:

@@ -226,6 +226,39 @@ def test_a_later_run_of_the_same_process_counts_its_start_up_from_its_own_start(
             assert since_process_start() > startup["first_step_s"] + 1
 
 
+def test_actors_start_up_marks_go_on_the_run_s_time_line(tmp_path, monkeypatch):
+    """Each actor's marks (epoch seconds, from its own process) become seconds on the account's time line, with its
+    imports, engine and setup spans; the run's end prints each actor's imports and engine."""
+    from coati.distributed.driver import reporting
+    from coati.distributed.driver.reporting import STARTUP, actors_started, describe_startup
+
+    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "reported": True})  # a later run: counts from its start
+    STARTUP.clear()
+    phase("checking the inputs")
+    t0 = time.time()  # the account's origin, to within the time these lines take
+    producer = {"process": t0 + 10.0, "imported": t0 + 18.5, "setup": t0 + 19.0, "engine": t0 + 22.0, "ready": t0 + 23}
+    consumer = {"imported": t0 + 20.0, "setup": t0 + 20.5}  # no /proc, and a setup that never ended
+    actors_started("r", [("producer-0", {"startup": producer}), ("consumer-0", {"startup": consumer})])
+    actors_started("r", [("producer-0", {"startup": {**producer, "ready": t0 + 40}})])  # restarted: added again
+    reporter = Reporter(str(tmp_path), report_to=(), progress=False)
+    for metrics in steps():
+        reporter.on_step(metrics)
+    actors = reporter.finish({"evals": []})["startup"]["actors"]
+    assert [a["actor"] for a in actors] == ["producer-0", "consumer-0", "producer-0"]
+    p, c, again = actors
+    assert p["process_at_s"] == pytest.approx(10.0, abs=0.05) and p["ready_at_s"] == pytest.approx(23.0, abs=0.05)
+    assert (p["imports_s"], p["engine_s"], p["setup_s"]) == (8.5, 3.0, 4.0)
+    assert "process_at_s" not in c and "imports_s" not in c and c["setup_at_s"] == pytest.approx(20.5, abs=0.05)
+    assert again["setup_s"] == 21.0
+    lines = describe_startup({"actors": actors})
+    assert lines[0] == "start-up of producer-0: imports 8.5 s, engine 3.0 s, ready 23 s after the command started"
+    assert lines[1:] == ["start-up of producer-0: imports 8.5 s, engine 3.0 s, ready 40 s after the command started"]
+    actors_started("r", [("producer-0", {"startup": producer})])
+    phase("checking the inputs")  # the next run's account starts without the last run's actors
+    assert reporting.ACTOR_STARTUP == []
+    STARTUP.clear()
+
+
 def test_a_full_disk_under_the_run_folder_is_a_run_error_naming_it(tmp_path):
     """The kernel's own ENOSPC (``/dev/full`` behind the metrics file): the run stops with a RunError that names the
     folder and the space left, not a bare ``OSError: [Errno 28]`` from deep in a logger."""

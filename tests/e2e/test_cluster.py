@@ -71,6 +71,15 @@ def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
     assert loop["steps"] == 2 and loop["totals"]["loop_s"] == pytest.approx(sum(m["time/step"] for m in lines[1:]))
     assert loop["totals"]["groups_drawn"] == sum(m["rollout/drawn_groups"] for m in lines[1:]) >= 4
     assert f"training loop {loop['totals']['loop_s']:.0f} s over 2 steps" in out.stdout
+    # The start-up account: each actor's process, imports, setup, engine and readiness on the run's time line, before
+    # its first step; the job printed each actor's imports and engine.
+    startup = json.loads((run / "summary.json").read_text())["startup"]
+    assert [a["actor"] for a in startup["actors"]] == ["producer-0", "consumer-0"]
+    for a in startup["actors"]:
+        marks = [a[f"{m}_at_s"] for m in ("process", "imported", "setup", "engine", "ready")]
+        assert 0 < marks[0] and marks == sorted(marks) and marks[-1] < startup["first_step_s"], a
+        assert a["imports_s"] > 1 and a["engine_s"] > 0 and a["setup_s"] >= a["engine_s"], a  # torch alone is > 1 s
+        assert f"start-up of {a['actor']}: imports {a['imports_s']:.1f} s, engine {a['engine_s']:.1f} s" in out.stdout
     evals = json.loads((run / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/count"] == 4 for e in evals)
     assert "plots/kl.png" not in files  # DAPO's beta is 0: no KL is measured, none is drawn

@@ -244,6 +244,12 @@ class ActorGroups:
         for info in self.producer_info + self.consumer_info:  # the CPUs each node lets its actors run on
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
 
+    def startup(self) -> list[tuple[str, dict]]:
+        """(name, setup's reply) of each producer and consumer, for the start-up account."""
+        return [(f"producer-{i}", info) for i, info in enumerate(self.producer_info)] + [
+            (f"consumer-{i}", info) for i, info in enumerate(self.consumer_info)
+        ]
+
     def _start_watchdog(self) -> None:
         """The run's watchdog (``liveness``), on the driver's node with no CPU reserved, before the actors that beat
         to it."""

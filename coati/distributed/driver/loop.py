@@ -31,7 +31,7 @@ from coati.distributed.driver.checkpoint import (
     write_checkpoint,
 )
 from coati.distributed.driver.preflight import Plan
-from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, phase
+from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, actors_started, phase
 from coati.distributed.driver.rollouts import Progress, Rollouts
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, gap_tolerance
 from coati.distributed.metrics import check_declared
@@ -95,6 +95,7 @@ class Run:
 
     def start_actors(self) -> None:
         self.actors.start()
+        actors_started(self.run_name, self.actors.startup())
 
     def connect_weight_group(self) -> None:
         self.actors.connect_weight_group(self.timeout_s)

@@ -8,7 +8,6 @@ import datetime
 import json
 import logging
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from coati.distributed.driver.run_folder import writing
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
 from coati.distributed.loggers.jsonl_logger import truncate_jsonl
+from coati.distributed.startup import MARKS, process_age_s
 
 PLOTS = {
     "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),
@@ -99,6 +99,11 @@ FIRST_STEP_TRAINED = "first step trained"
 """the phase the loop marks when its first step has trained and pushed (before any evaluation after it): the end of
 the start-up account (``first_step_s``)"""
 
+ACTOR_SPANS = {"imports_s": ("process", "imported"), "engine_s": ("setup", "engine"), "setup_s": ("setup", "ready")}
+"""an actor's start-up spans: its process's start to its class's imports done (Ray's worker and the imports), its
+engine's build (model load: the inference engine, or the trainer's booster) and its whole ``setup``"""
+ACTOR_STARTUP: list[dict] = []
+"""each actor's start-up marks (``startup``) as seconds on the account's time line, and its spans, in start order"""
 STARTUP: list[tuple[str, float]] = []
 """every phase of the run being started: (message, seconds since the account began), the start-up account's source"""
 
@@ -111,6 +116,7 @@ def phase(message: str) -> None:
     now = since_process_start()
     if not STARTUP and _ACCOUNT["reported"]:
         _ACCOUNT["origin"] = now
+        ACTOR_STARTUP.clear()
     STARTUP.append((message, round(now - _ACCOUNT["origin"], 2)))
     PHASES.info(message)
 
@@ -122,12 +128,37 @@ def since_account_start() -> float:
 
 def since_process_start() -> float:
     """Seconds since this process started (the command, imports included), from the kernel's record of it."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
+    age = process_age_s()
+    return time.perf_counter() - _IMPORTED if age is None else age
+
+
+def actors_started(run_name: str, infos: list[tuple[str, dict]]) -> None:
+    """Put the start-up marks of run ``run_name``'s actors just set up ((name, what its ``setup`` returned)) on the
+    start-up account's time line (``ACTOR_STARTUP``; the actors of a restart are added to those of the run it
+    continues)."""
+    origin = time.time() - since_account_start()
+    for name, info in infos:
+        m = info.get("startup") or {}
+        entry: dict = {"run": run_name, "actor": name}
+        entry.update({f"{k}_at_s": round(m[k] - origin, 2) for k in ("process", *MARKS) if k in m})
+        for span, (a, b) in ACTOR_SPANS.items():
+            if a in m and b in m:
+                entry[span] = round(m[b] - m[a], 2)
+        ACTOR_STARTUP.append(entry)
+
+
+def describe_startup(startup: dict) -> list[str]:
+    """The lines a run's end prints of its start-up account: each actor's imports and engine (an actor without either
+    mark is left out)."""
+    lines = []
+    for a in startup.get("actors", []):
+        spans = (("imports_s", "imports"), ("engine_s", "engine"))
+        parts = [f"{what} {a[span]:.1f} s" for span, what in spans if span in a]
+        if "ready_at_s" in a:
+            parts.append(f"ready {a['ready_at_s']:.0f} s after the command started")
+        if parts:
+            lines.append(f"start-up of {a['actor']}: " + ", ".join(parts))
+    return lines
 
 
 MOSTLY_TRUNCATED = 0.5
@@ -297,7 +328,11 @@ class Reporter:
             "finished_at": _now(),
             "wall_s": time.perf_counter() - self.start,
             "loop": loop_summary(self.history),
-            "startup": {"phases": [{"phase": m, "at_s": t} for m, t in STARTUP], "first_step_s": self.first_step_s},
+            "startup": {
+                "phases": [{"phase": m, "at_s": t} for m, t in STARTUP],
+                "actors": list(ACTOR_STARTUP),
+                "first_step_s": self.first_step_s,
+            },
             # (counted from the process's start for its first run, else from the run's own first phase)
             "evals": evals,
             "final_model": result.get("final_model"),
@@ -311,6 +346,7 @@ class Reporter:
         summary["report"] = str(write_report(self.out, summary, self.samples, describe_loop(summary["loop"]), flips))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         STARTUP.clear()
+        ACTOR_STARTUP.clear()
         _ACCOUNT["reported"] = True
         for logger in self.loggers or []:
             logger.close()

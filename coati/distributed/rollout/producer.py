@@ -25,6 +25,7 @@ from coati.distributed.rollout.draw import Rounds, Stream, label_versions
 from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
 from coati.distributed.rollout.receipt import PushReceipt
 from coati.distributed.rollout.scoring import Scorer, episode_results, shaped_rewards
+from coati.distributed.startup import mark, marks
 from coati.distributed.threads import ThreadLease
 
 
@@ -35,6 +36,7 @@ class Producer:
     ``reward_servers`` the reward's model components ({component: [(name, actor)]}), shared by all producers."""
 
     def __init__(self, producer_idx: int, config, plan, reward_servers: dict[str, list] | None = None):
+        mark("imported")  # the worker is up and this module's imports are done
         start_heartbeat()
         c = config.consumer
         self.idx, self.num_producers = producer_idx, config.producer.num_producers
@@ -66,11 +68,13 @@ class Producer:
 
     def setup(self) -> dict:
         """Start the engine, read the data, start the scorer (and the environment's runner); returns where the
-        producer runs and what its engine computes with."""
+        producer runs, what its engine computes with and its start-up marks (``startup``)."""
+        mark("setup")
         seed = self.seed * 1000 + self.idx
         torch.manual_seed(seed)
         options = self._engine_options(seed)
         self.backend = backend_class(self.backend_name)(self.model_path, self.generation, **options)
+        mark("engine")
         self.backend.between_steps = self.threads.apply  # in the generating thread, whose OpenMP setting it uses
         self.tokenizer = self.backend.tokenizer
         self.rows = self.dataset_spec.load()
@@ -99,8 +103,10 @@ class Producer:
             )
         self.draws = self._draws()
         wire = self.backend.weight_dtype()
+        mark("ready")
         return {
             **whereabouts(),
+            "startup": marks(),
             "rows": len(self.cursor.indices),
             "device": str(getattr(self.backend, "device", "")),
             "dtype": options.get("dtype", "the backend's default"),

@@ -16,6 +16,7 @@ from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.liveness import start_heartbeat
 from coati.distributed.record import RolloutBatch
+from coati.distributed.startup import mark, marks
 from coati.distributed.threads import ThreadLease
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import build_engine
@@ -40,6 +41,7 @@ class GRPOConsumer:
         num_generations: int,
         seed: int = 0,
     ):
+        mark("imported")  # the worker is up and this module's imports are done
         start_heartbeat()
         self.threads = ThreadLease()
         """the cores of the training step in progress, raised by ``set_threads``"""
@@ -51,7 +53,9 @@ class GRPOConsumer:
         self.seed = seed
 
     def setup(self) -> dict:
-        """Build the engine and the units over it; returns where the rank runs and how it computes."""
+        """Build the engine and the units over it; returns where the rank runs, how it computes and its start-up
+        marks."""
+        mark("setup")
         self.engine = build_engine(
             self.rank,
             self.world_size,
@@ -63,10 +67,17 @@ class GRPOConsumer:
             self.seed,
             self.threads,
         )
+        mark("engine")
         self.passes = Passes(self.engine, self.cfg, self.generation, self.n)
         self.runner = StepRunner(self.engine, self.passes, self.cfg, self.algo, self.generation, self.n, self.threads)
         self.sender = WeightSender(self.engine, self.cfg)
-        return {**self.engine.describe(), "shares_prompts": self.passes.share_prompts, "layouts": self.passes.layouts}
+        mark("ready")
+        return {
+            **self.engine.describe(),
+            "startup": marks(),
+            "shares_prompts": self.passes.share_prompts,
+            "layouts": self.passes.layouts,
+        }
 
     # ---- training --------------------------------------------------------------------------------------------
 
