@@ -3,7 +3,9 @@
 coati: the default job (``rl_example.py --algo DAPO``, one step), its start-up account from the run's
 ``summary.json`` (each phase's time from the command, and the first step's end), twice: evaluating the base model
 before training (``--no-eval-cache``, a first run), then as a later run does, taking that evaluation from the cache
-when an earlier run of this code left it there (the file says whether it did). TRL: GRPOTrainer on the same model, rows,
+when an earlier run of this code left it there (the file says whether it did), and that later run again on the
+transformers engine (``-b transformers``: the same run without vLLM's import and engine start). Each run's account
+holds its actors' own marks (imports, engine build, ready). TRL: GRPOTrainer on the same model, rows,
 4 prompts x 4 completions, new tokens and learning rate, one step, in a subprocess of its own (``trl_side.py``), from
 the command to the end of its first optimizer step. The default model is converted before either runs, so neither
 pays the conversion. Writes ``benchmarks/results/startup.json``.
@@ -44,6 +46,7 @@ def coati_first_step(out_dir: str, flags: list[str]) -> dict:
     return {
         "first_step_s": summary["startup"]["first_step_s"],
         "phases": summary["startup"]["phases"],
+        "actors": summary["startup"]["actors"],
         "eval_cached": bool(summary["evals"][0].get("eval/cached")),
         "wall_s": wall,
     }
@@ -88,7 +91,12 @@ def main() -> None:
     runs = []
     for i in range(args.repeats):
         coati = {}
-        for name, flags in (("evaluating", ["--no-eval-cache"]), ("later_run", [])):
+        cases = (
+            ("evaluating", ["--no-eval-cache"]),
+            ("later_run", []),
+            ("later_run_transformers", ["-b", "transformers"]),
+        )
+        for name, flags in cases:
             with tempfile.TemporaryDirectory() as d:
                 coati[name] = coati_first_step(d, flags)
         trl = trl_first_step(job, bf16)
@@ -101,6 +109,11 @@ def main() -> None:
             )
             for p in c["phases"]:
                 print(f"    {p['at_s']:7.1f} s  {p['phase']}")
+            for a in c["actors"]:
+                print(
+                    f"    {a['actor']}: process {a['process_at_s']:.1f} s, imports {a['imports_s']:.1f} s, engine "
+                    f"{a['engine_s']:.1f} s, ready {a['ready_at_s']:.1f} s"
+                )
         sys.stdout.flush()
     print(f"wrote {write_result('startup', {'runs': runs})}")
 
