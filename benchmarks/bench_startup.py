@@ -4,7 +4,9 @@ coati: the default job (``rl_example.py --algo DAPO``, one step), its start-up a
 ``summary.json`` (each phase's time from the command, and the first step's end), twice: evaluating the base model
 before training (``--no-eval-cache``, a first run), then as a later run does, taking that evaluation from the cache
 when an earlier run of this code left it there (the file says whether it did), and that later run again on the
-transformers engine (``-b transformers``: the same run without vLLM's import and engine start). Each run's account
+transformers engine (``-b transformers``: the same run without vLLM's import and engine start), and as GRPO drawing one
+round of the 4 prompts it trains (TRL's first step's workload: DAPO's first step draws rounds until four groups carry
+signal). Each run's account
 holds its actors' own marks (imports, engine build, ready). TRL: GRPOTrainer on the same model, rows,
 4 prompts x 4 completions, new tokens and learning rate, one step, in a subprocess of its own (``trl_side.py``), from
 the command to the end of its first optimizer step. The default model is converted before either runs, so neither
@@ -30,6 +32,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from benchmarks.results_file import write_result  # noqa: E402
+
+GRPO_AS_TRL = ["--algo", "GRPO", "-ibs", "4", "-imbs", "4"]
+"""TRL's first step's workload: GRPO (no dynamic sampling) drawing one round of 4 prompts x 4 completions, the
+groups it trains"""
 
 
 def coati_first_step(out_dir: str, flags: list[str]) -> dict:
@@ -95,6 +101,7 @@ def main() -> None:
             ("evaluating", ["--no-eval-cache"]),
             ("later_run", []),
             ("later_run_transformers", ["-b", "transformers"]),
+            ("later_run_grpo_4_prompts", GRPO_AS_TRL),
         )
         for name, flags in cases:
             with tempfile.TemporaryDirectory() as d:
