@@ -2,6 +2,7 @@
 own score up in a tiny policy trained on it (RLOO), a tiny judge fitted to reply 'Score: 7' adds its weighted grade,
 each component is reported per step, and a killed reward-model server is named and replaced (--max-restarts)."""
 
+import json
 import random
 import re
 
@@ -82,6 +83,14 @@ def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(
         assert m["reward/mean"] == pytest.approx(m["reward/component/rm"] + 0.35, abs=1e-5)
         assert f"reward/component/{REWARD}" in m and m["reward/rm_truncated"] == 0  # weight 0, still reported
     assert len(out["restarts"]) == 1 and re.search(rf"reward model server {killed[0]} died", out["restarts"][0])
+    # The servers loaded their models while the producer and consumer started (they were started one after another).
+    actors = json.loads(next(tmp_path.rglob("summary.json")).read_text())["startup"]["actors"]
+    first = {a["actor"]: a for a in actors if a["run"] == actors[0]["run"]}
+    assert {"producer-0", "consumer-0", "rm-0", "judge-0"} <= set(first), actors
+    for server in ("rm-0", "judge-0"):
+        assert first[server]["engine_s"] > 0, first[server]
+        for actor in ("producer-0", "consumer-0"):
+            assert first[actor]["process_at_s"] < first[server]["ready_at_s"], (actor, server, actors)
     assert not [n for n in ray.util.list_named_actors() if n.startswith(killed[0].rsplit("-", 2)[0])]
 
 

@@ -175,10 +175,10 @@ def actor_env() -> dict:
     return {"runtime_env": {"env_vars": {**env_vars, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}
 
 
-def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -> dict[str, list]:
+def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -> tuple[dict[str, list], list]:
     """The reward-model and judge actors of the reward's model components ({component: [(name, actor)]}), each
-    with its own resources; ready on return, so a model that fails to load stops the run before the producers
-    start."""
+    with its own resources, and their pings (each answered once its model has loaded, with its start-up marks): the
+    servers load while the producers and consumers start."""
     import ray
 
     wanted = {}
@@ -199,8 +199,7 @@ def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -
         ]
         for name, a in servers[component]:
             ACTOR_NAMES[a._actor_id.hex()] = name
-    get([a.ping.remote() for group in servers.values() for _, a in group], "reward model setup")
-    return servers
+    return servers, [a.ping.remote() for group in servers.values() for _, a in group]
 
 
 class ActorGroups:
@@ -219,6 +218,7 @@ class ActorGroups:
         self.shared_gpus: dict[int, object] = {}
         self.producer_info: list[dict] = []
         self.consumer_info: list[dict] = []
+        self.server_info: list[dict] = []
 
     def start(self, consumers: bool = True) -> None:
         """Start the plan's actors (the reward's model servers, the producers and, unless ``consumers`` is False,
@@ -227,7 +227,9 @@ class ActorGroups:
         self._start_watchdog()
         servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
         self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
-        self.reward_servers = start_reward_servers(self.cfg.reward, p, self.run_name, self.shared_gpus, env)
+        self.reward_servers, pings = start_reward_servers(self.cfg.reward, p, self.run_name, self.shared_gpus, env)
+        if self.shared_gpus:  # a server on a GPU an engine shares loads first: the engine sizes itself by what is free
+            self.server_info = get(pings, "reward model setup")
         self._start_producers(env)
         if consumers:
             self._start_consumers(env)
@@ -238,6 +240,7 @@ class ActorGroups:
         if self.shared_gpus:  # engines size their memory by what is free on the GPU: no consumer loading beside them
             self.producer_info = get(producers, "producer setup")
         consumers = [a.setup.remote() for a in self.consumers]
+        self.server_info = get(pings, "reward model setup")  # first: a model that fails to load is what stops the run
         self.producer_info = get(producers, "producer setup")
         self.consumer_info = get(consumers, "consumer setup")
         self.cores = {}
@@ -245,10 +248,15 @@ class ActorGroups:
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
 
     def startup(self) -> list[tuple[str, dict]]:
-        """(name, setup's reply) of each producer and consumer, for the start-up account."""
-        return [(f"producer-{i}", info) for i, info in enumerate(self.producer_info)] + [
-            (f"consumer-{i}", info) for i, info in enumerate(self.consumer_info)
+        """(name, setup's or ping's reply) of each producer, consumer and reward server, for the start-up account."""
+        servers = [
+            name.removeprefix(f"{self.run_name}-") for group in self.reward_servers.values() for name, _ in group
         ]
+        return (
+            [(f"producer-{i}", info) for i, info in enumerate(self.producer_info)]
+            + [(f"consumer-{i}", info) for i, info in enumerate(self.consumer_info)]
+            + list(zip(servers, self.server_info, strict=True))
+        )
 
     def _start_watchdog(self) -> None:
         """The run's watchdog (``liveness``), on the driver's node with no CPU reserved, before the actors that beat

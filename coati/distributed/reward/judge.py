@@ -16,6 +16,7 @@ import re
 from coati.distributed.inference import backend_class
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.liveness import note_progress, start_heartbeat
+from coati.distributed.startup import mark, marks
 
 TEMPLATE = (
     "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"
@@ -78,10 +79,14 @@ class JudgeServer:
     ):
         import torch
 
+        mark("imported")
         start_heartbeat()
+        mark("setup")
         torch.set_num_threads(threads)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens)
         self.backend = backend_class(backend)(path, generation)
+        mark("engine")
+        mark("ready")
         self.template, self.max_score = template, max_score
 
     def score(
@@ -107,5 +112,6 @@ class JudgeServer:
         note_progress()
         return [parse_score(reply, self.max_score) for reply in replies]
 
-    def ping(self) -> bool:
-        return True
+    def ping(self) -> dict:
+        """Answered once the engine has started: the server's start-up marks (``startup``)."""
+        return {"startup": marks()}

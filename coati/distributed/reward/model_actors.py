@@ -11,17 +11,22 @@ import torch
 
 from coati.distributed.liveness import HEARTBEAT_S, Stall, note_progress, start_heartbeat, watchdog_name
 from coati.distributed.reward.reward_model import RewardModel
+from coati.distributed.startup import mark, marks
 
 
 class RewardModelServer:
     """Hosts one reward model; run as a Ray actor (``ray.remote(RewardModelServer)``)."""
 
     def __init__(self, path: str, batch_size: int = 8, max_tokens: int | None = None, threads: int = 1):
+        mark("imported")
         start_heartbeat()
+        mark("setup")
         torch.set_num_threads(threads)
         self.model = RewardModel(
             path, batch_size=batch_size, max_tokens=max_tokens, device="cuda" if torch.cuda.is_available() else "cpu"
         )
+        mark("engine")
+        mark("ready")
 
     def score(self, prompts: list, completions: list[str]) -> list[tuple[float, str]]:
         """(score, note) per pair; the note says when the pair was cut to the model's limit (else "")."""
@@ -29,8 +34,9 @@ class RewardModelServer:
         cut = f"truncated to the reward model's last {self.model.max_tokens} tokens"
         return [(s, cut if t else "") for s, t in zip(scores, self.model.truncated, strict=True)]
 
-    def ping(self) -> bool:
-        return True
+    def ping(self) -> dict:
+        """Answered once the model has loaded: the server's start-up marks (``startup``)."""
+        return {"startup": marks()}
 
 
 class RewardModelClient:
