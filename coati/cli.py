@@ -42,12 +42,15 @@ def train(argv=None, prog: str = "coati train") -> dict:
         print(yaml.safe_dump(plan, sort_keys=False), end="")
         return plan
     from coati.distributed.driver.preflight import check_inputs  # without torch: a mistake ends before it loads
-    from coati.distributed.driver.reporting import phase
+    from coati.distributed.driver.reporting import end_account, phase
 
     phase("checking the inputs")
-    inputs = check_inputs(config)
-    run_job = start_ray_importing_driver(config.run.address)
-    summary = run_job(config, inputs)
+    try:
+        inputs = check_inputs(config)
+        run_job = start_ray_importing_driver(config.run.address)
+        summary = run_job(config, inputs)
+    finally:
+        end_account()  # a run refused before its launch leaves no phase to the next run of this process
     print_summary(
         summary, summary["run_folder"], "training rows" if config.data.evaluates_training_rows else "held-out"
     )

@@ -191,7 +191,7 @@ def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path, monk
     from coati.distributed.driver import reporting
     from coati.distributed.driver.reporting import STARTUP, since_process_start
 
-    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "reported": False})  # as in a fresh process
+    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "ended": False})  # as in a fresh process
     STARTUP.clear()
     phase("checking the inputs")
     reporter = Reporter(str(tmp_path), report_to=(), progress=False)
@@ -232,7 +232,7 @@ def test_actors_start_up_marks_go_on_the_run_s_time_line(tmp_path, monkeypatch):
     from coati.distributed.driver import reporting
     from coati.distributed.driver.reporting import STARTUP, actors_started, describe_startup
 
-    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "reported": True})  # a later run: counts from its start
+    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "ended": True})  # a later run: counts from its start
     STARTUP.clear()
     phase("checking the inputs")
     t0 = time.time()  # the account's origin, to within the time these lines take
@@ -257,6 +257,28 @@ def test_actors_start_up_marks_go_on_the_run_s_time_line(tmp_path, monkeypatch):
     phase("checking the inputs")  # the next run's account starts without the last run's actors
     assert reporting.ACTOR_STARTUP == []
     STARTUP.clear()
+
+
+def test_a_run_s_account_holds_none_of_an_earlier_unreported_run_s_phases(tmp_path, monkeypatch):
+    """A script (or the suite) that launches without a run folder and then with one: each launch ends its account,
+    refused or not, so the reported run's summary holds its own phases only (it held every earlier run's)."""
+    from coati.distributed.config.cli import parse_config
+    from coati.distributed.driver import reporting
+    from coati.distributed.driver.launch import launch
+    from coati.distributed.driver.reporting import STARTUP
+
+    monkeypatch.setattr(reporting, "_ACCOUNT", {"origin": 0.0, "ended": False})
+    STARTUP.clear()
+    phase("first weight push")  # an earlier run of this process, with no reporter
+    with pytest.raises(FileNotFoundError, match="is not a local folder"):
+        launch(parse_config(["-m", str(tmp_path / "no_model"), "-b", "transformers"]))  # refused by its preflight
+    phase("checking the inputs")
+    reporter = Reporter(str(tmp_path / "run"), report_to=(), progress=False)
+    for metrics in steps():
+        reporter.on_step(metrics)
+    startup = reporter.finish({"evals": []})["startup"]
+    assert [p["phase"] for p in startup["phases"]] == ["checking the inputs"] and startup["actors"] == []
+    assert startup["phases"][0]["at_s"] == 0.0  # counted from its own start, as a later run is
 
 
 def test_a_full_disk_under_the_run_folder_is_a_run_error_naming_it(tmp_path):

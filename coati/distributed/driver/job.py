@@ -21,7 +21,7 @@ from coati.distributed.driver.launch import config_from_launch_kwargs, launch
 from coati.distributed.driver.loop import evaluation_result
 from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
 from coati.distributed.driver.ray_start import check_address, start_ray  # noqa: F401 (check_address: public here)
-from coati.distributed.driver.reporting import Reporter, phase
+from coati.distributed.driver.reporting import Reporter, end_account, phase
 from coati.distributed.driver.run_folder import (
     RunFolder,
     choose_folder,
@@ -82,7 +82,11 @@ def run_job(config: Config, inputs: Inputs | None = None) -> dict:
     ``check_inputs`` resolved, when the caller has checked them (else they are checked here, before Ray starts)."""
     if inputs is None:
         phase("checking the inputs")
-        inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
+        try:
+            inputs = check_inputs(config)  # a mistake in the inputs ends here, before Ray starts
+        except BaseException:
+            end_account()  # a refused run leaves no phase to the next run of this process
+            raise
 
     def start() -> None:
         import ray

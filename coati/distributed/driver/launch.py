@@ -26,7 +26,7 @@ from coati.distributed.driver.checkpoint import (
 )
 from coati.distributed.driver.loop import Run
 from coati.distributed.driver.preflight import Inputs, Plan, preflight
-from coati.distributed.driver.reporting import phase
+from coati.distributed.driver.reporting import end_account, phase
 from coati.distributed.driver.run_folder import RunFolder, check_shared
 from coati.distributed.model_files import run_disk_bytes
 from coati.distributed.rollout.data import dataset_spec
@@ -98,18 +98,24 @@ def launch(config: Config, on_step: Callable[[dict], None] | None = None, inputs
     (``RunError``: an actor died, failed or stopped answering) the run restarts from its last checkpoint, up to
     ``run.max_restarts`` times (from the start when it failed before its first checkpoint)."""
     restarts: list[str] = []
-    for attempt in range(config.run.max_restarts + 1):
-        try:
-            return {**_launch_once(config, on_step, inputs), "restarts": restarts}
-        except RunError as e:
-            if attempt == config.run.max_restarts:
-                raise
-            restarts.append(str(e))
-            log.warning(
-                "run failed (%s); restarting from the last checkpoint (%d/%d)", e, attempt + 1, config.run.max_restarts
-            )
-            config = restarted(config)
-    raise AssertionError("unreachable")
+    try:
+        for attempt in range(config.run.max_restarts + 1):
+            try:
+                return {**_launch_once(config, on_step, inputs), "restarts": restarts}
+            except RunError as e:
+                if attempt == config.run.max_restarts:
+                    raise
+                restarts.append(str(e))
+                log.warning(
+                    "run failed (%s); restarting from the last checkpoint (%d/%d)",
+                    e,
+                    attempt + 1,
+                    config.run.max_restarts,
+                )
+                config = restarted(config)
+        raise AssertionError("unreachable")
+    finally:
+        end_account()  # its reporter, if any, still reads this run's account; the next run starts its own
 
 
 def restarted(config: Config) -> Config:

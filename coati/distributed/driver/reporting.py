@@ -107,18 +107,24 @@ ACTOR_STARTUP: list[dict] = []
 STARTUP: list[tuple[str, float]] = []
 """every phase of the run being started: (message, seconds since the account began), the start-up account's source"""
 
-_ACCOUNT = {"origin": 0.0, "reported": False}
+_ACCOUNT = {"origin": 0.0, "ended": False}
 """where the start-up account counts from: the process's start for its first run (the command's imports included);
-for a later run of the same process (a script that launches several), its own first phase"""
+for a later run of the same process (a script that launches several, reported or not), its own first phase"""
 
 
 def phase(message: str) -> None:
     now = since_process_start()
-    if not STARTUP and _ACCOUNT["reported"]:
-        _ACCOUNT["origin"] = now
+    if _ACCOUNT["ended"]:  # a later run of this process: a new account, without the last run's phases and actors
+        STARTUP.clear()
         ACTOR_STARTUP.clear()
+        _ACCOUNT.update(origin=now, ended=False)
     STARTUP.append((message, round(now - _ACCOUNT["origin"], 2)))
     PHASES.info(message)
+
+
+def end_account() -> None:
+    """The run the account is of has ended (trained, failed or refused): the next phase begins the next run's."""
+    _ACCOUNT["ended"] = True
 
 
 def since_account_start() -> float:
@@ -347,7 +353,7 @@ class Reporter:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         STARTUP.clear()
         ACTOR_STARTUP.clear()
-        _ACCOUNT["reported"] = True
+        end_account()
         for logger in self.loggers or []:
             logger.close()
         return summary
