@@ -6,11 +6,10 @@ before training (``--no-eval-cache``, a first run), then as a later run does, ta
 when an earlier run of this code left it there (the file says whether it did), and that later run again on the
 transformers engine (``-b transformers``: the same run without vLLM's import and engine start), and as GRPO drawing one
 round of the 4 prompts it trains (TRL's first step's workload: DAPO's first step draws rounds until four groups carry
-signal). Each run's account
-holds its actors' own marks (imports, engine build, ready). TRL: GRPOTrainer on the same model, rows,
-4 prompts x 4 completions, new tokens and learning rate, one step, in a subprocess of its own (``trl_side.py``), from
-the command to the end of its first optimizer step. The default model is converted before either runs, so neither
-pays the conversion. Writes ``benchmarks/results/startup.json``.
+signal). Each run's account holds its actors' own marks (imports, engine build, ready). TRL: GRPOTrainer on the same
+model, rows, 4 prompts x 4 completions, new tokens and learning rate, one step, in a subprocess of its own
+(``trl_side.py``), from the command to the end of its first optimizer step. The default model is converted before
+either runs, so neither pays the conversion. Writes ``benchmarks/results/startup.json``.
 
     python benchmarks/bench_startup.py [--repeats 1]
 """
