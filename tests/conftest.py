@@ -33,23 +33,36 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
+    """The session's Ray cluster. Its workers are forked from a process that has imported torch, transformers,
+    ColossalAI and vLLM once (``tests/prefork.py``; ``COATI_PREFORK=0`` starts each worker as a new interpreter), with
+    the environment a run gives its actors, so every worker's imports read the same settings either way."""
+    import tempfile
+
     import ray
 
+    from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
+    from tests import prefork
+
+    env_vars = {
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    server, runtime_env = None, {"env_vars": env_vars}
+    if not ray.is_initialized() and os.environ.get("COATI_PREFORK", "1") != "0":
+        server, routing = prefork.start(env_vars, tempfile.mkdtemp(prefix="coati-prefork-"))
+        runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=8,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={
-                "env_vars": {
-                    "OMP_NUM_THREADS": "1",
-                    "HF_HUB_OFFLINE": "1",
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                }
-            },
-        )
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+    if server is not None:
+        prefork.wait_ready(server)
     yield ray
     ray.shutdown()
+    if server is not None:
+        server.terminate()
+        server.wait()
 
 
 @pytest.fixture(scope="session")
