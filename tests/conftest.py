@@ -18,6 +18,11 @@ os.environ.setdefault("COATI_STRICT_METRICS", "1")  # a run that logs a metric c
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA; run on a GPU machine with `pytest -m gpu`")
+    # coati's bytecode written once, so the suite's hundreds of workers do not each compile its modules again (under
+    # PYTHONDONTWRITEBYTECODE an import never writes it)
+    import compileall
+
+    compileall.compile_dir(ROOT / "coati", quiet=2)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,8 +39,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """The session's Ray cluster. Its workers are forked from a process that has imported torch, transformers,
-    ColossalAI and vLLM once (``tests/prefork.py``; ``COATI_PREFORK=0`` starts each worker as a new interpreter), with
-    the environment a run gives its actors, so every worker's imports read the same settings either way."""
+    ColossalAI and vLLM once (``tests/prefork.py``; ``COATI_PREFORK=0`` starts each worker as a new interpreter), in
+    the environment a run gives its CPU actors; a worker in any other starts as a new interpreter."""
     import tempfile
 
     import ray
@@ -47,12 +52,12 @@ def ray_cluster():
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY),
-        "TOKENIZERS_PARALLELISM": "false",
     }
     server, runtime_env = None, {"env_vars": env_vars}
     if not ray.is_initialized() and os.environ.get("COATI_PREFORK", "1") != "0":
-        server, routing = prefork.start(env_vars, tempfile.mkdtemp(prefix="coati-prefork-"))
+        # the environment of a run's CPU actors (cpu_actor_env): a worker without its malloc settings starts by exec
+        tunables = os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)
+        server, routing = prefork.start({**env_vars, "GLIBC_TUNABLES": tunables}, tempfile.mkdtemp(prefix="coati-pf-"))
         runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
     if not ray.is_initialized():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)

@@ -30,6 +30,10 @@ import threading
 
 SOCKET_ENV = "COATI_PREFORK_SOCKET"
 LOG_ENV = "COATI_PREFORK_LOG"
+CLIENT_ENV = "COATI_PREFORK_CLIENT"
+"""set in a forked worker: the pid of its client, the process Ray started"""
+SERVER = None
+"""the session's server process, once ``start`` has run"""
 PRELOAD = (
     "torch",
     "transformers",
@@ -55,7 +59,6 @@ SENSITIVE_PREFIXES = (
     "NVIDIA_",
     "VLLM_",
     "COATI_",
-    "TOKENIZERS_",
     "PYTORCH_",
     "PYTHONPATH",
     "PYTHONHASHSEED",
@@ -169,7 +172,7 @@ def _become_worker(request: dict, fds: list[int], added: dict) -> None:
         watch = fds[3]
         threading.Thread(target=_die_with_client, args=(watch,), daemon=True).start()
         os.environ.clear()
-        os.environ.update({**added, **request["env"]})
+        os.environ.update({**added, **request["env"], CLIENT_ENV: str(request["client"])})
         os.chdir(request["cwd"])
         argv = request["argv"]
         sys.argv = list(argv)
@@ -211,12 +214,14 @@ def start(env_vars: dict[str, str], folder: str):
     ``runtime_env`` entries that route the cluster's workers through it."""
     import subprocess
 
+    global SERVER
     path = os.path.join(folder, "s.sock")
     server = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--serve", path],
         env={**os.environ, **env_vars},
         stdout=subprocess.PIPE,
     )
+    SERVER = server
     routing = {
         "py_executable": f"{sys.executable} {os.path.abspath(__file__)}",
         "env_vars": {SOCKET_ENV: path, LOG_ENV: os.path.join(folder, "workers.log")},
@@ -255,7 +260,7 @@ def client(argv: list[str]) -> None:
     except OSError as e:
         _exec(argv, f"server unreachable ({e})")
     watch_r, watch_w = os.pipe()
-    _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2, watch_r])
+    _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "client": os.getpid()}, [0, 1, 2, watch_r])
     os.close(watch_r)
     reply, _ = _recv(sock)
     if reply is None or "exec" in reply:

@@ -1,0 +1,97 @@
+"""The suite's forked Ray workers (``tests/prefork.py``) against what a worker started as a new interpreter gives:
+the server's imports done, but the worker's own environment, folder, path, pid and random state; a worker whose
+import-time environment differs started by exec; a forked worker killed outright reported dead by Ray, its client
+gone with it."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from coati.distributed.driver.actor_group import cpu_actor_env
+from tests import prefork
+
+pytestmark = pytest.mark.skipif(os.environ.get("COATI_PREFORK") == "0", reason="COATI_PREFORK=0: no server")
+
+
+def _describe():
+    import random
+    import sys
+
+    return {
+        "pid": os.getpid(),
+        "parent": os.getppid(),
+        "preloaded": "transformers" in sys.modules,
+        "job": os.environ.get("RAY_JOB_ID"),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "path": list(sys.path),
+        "draw": random.random(),
+    }
+
+
+def _actor(ray, env_vars=None, **options):
+    """A probe actor in a run's CPU actor environment (and ``env_vars``)."""
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def describe(self):
+            return _describe()
+
+        def client(self):
+            return int(os.environ.get(prefork.CLIENT_ENV, 0))
+
+    return Probe.options(**cpu_actor_env({"runtime_env": {"env_vars": env_vars or {}}}, 0), **options).remote()
+
+
+def test_a_forked_worker_has_its_own_environment_pid_and_random_state(ray_cluster):
+    ray = ray_cluster
+    actors = [_actor(ray) for _ in range(2)]
+    seen = ray.get([a.describe.remote() for a in actors])
+    server = prefork.SERVER.pid
+    for s in seen:
+        assert s["parent"] == server, s  # forked by the server
+        assert s["preloaded"]  # its imports already done
+        assert s["job"] and s["omp"] == "1"  # the environment Ray gave this worker
+        # on the path as in a new interpreter running Ray's worker script: its folder, not the server's
+        assert any(p.endswith(os.path.join("ray", "_private", "workers")) for p in s["path"]), s["path"]
+        assert os.path.dirname(prefork.__file__) not in s["path"], s["path"]
+    assert seen[0]["pid"] != seen[1]["pid"]
+    assert seen[0]["draw"] != seen[1]["draw"]  # random state not shared through the fork
+    for a in actors:
+        ray.kill(a)
+
+
+def test_a_worker_whose_import_time_environment_differs_starts_as_a_new_interpreter(ray_cluster):
+    ray = ray_cluster
+    actor = _actor(ray, {"OMP_NUM_THREADS": "2"})
+    s = ray.get(actor.describe.remote())
+    assert s["parent"] != prefork.SERVER.pid and not s["preloaded"]
+    assert s["omp"] == "2"
+    ray.kill(actor)
+
+
+def test_a_forked_worker_killed_outright_is_reported_dead_and_its_client_ends(ray_cluster):
+    ray = ray_cluster
+    actor = _actor(ray, max_restarts=0)
+    s = ray.get(actor.describe.remote())
+    client = ray.get(actor.client.remote())
+    assert s["parent"] == prefork.SERVER.pid
+    # the client: the process Ray started, waiting on the server for its worker
+    with open(f"/proc/{client}/cmdline", "rb") as f:
+        assert b"prefork.py" in f.read()
+    os.kill(s["pid"], signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.describe.remote(), timeout=60)
+    deadline = time.time() + 30
+    while time.time() < deadline and _alive(client):
+        time.sleep(0.2)
+    assert not _alive(client)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
