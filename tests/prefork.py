@@ -134,10 +134,12 @@ def serve(path: str) -> None:
 
 
 def _fork_worker(conn, listener, children, env, added) -> int | None:
+    conn.settimeout(30)  # a client sends its request as it connects: one that does not is not waited for
     try:
         request, fds = _recv(conn, maxfds=4)
     except OSError:
         return None
+    conn.settimeout(None)
     if request is None or len(fds) != 4:
         for fd in fds:
             os.close(fd)
