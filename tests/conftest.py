@@ -38,9 +38,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """The session's Ray cluster. Its workers are forked from a process that has imported torch, transformers,
-    ColossalAI and vLLM once (``tests/prefork.py``; ``COATI_PREFORK=0`` starts each worker as a new interpreter), in
-    the environment a run gives its CPU actors; a worker in any other starts as a new interpreter."""
+    """The session's Ray cluster. Its workers are forked from processes that have imported torch, transformers,
+    ColossalAI and vLLM once (``tests/prefork.py``; ``COATI_PREFORK=0`` starts each worker as a new interpreter), one
+    in the environment a run gives its CPU actors, one in the session's own; a worker in any other environment starts
+    as a new interpreter."""
     import tempfile
 
     import ray
@@ -53,19 +54,19 @@ def ray_cluster():
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    server, runtime_env = None, {"env_vars": env_vars}
+    servers, runtime_env = [], {"env_vars": env_vars}
     if not ray.is_initialized() and os.environ.get("COATI_PREFORK", "1") != "0":
-        # the environment of a run's CPU actors (cpu_actor_env): a worker without its malloc settings starts by exec
-        tunables = os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)
-        server, routing = prefork.start({**env_vars, "GLIBC_TUNABLES": tunables}, tempfile.mkdtemp(prefix="coati-pf-"))
+        # a run's CPU actors (cpu_actor_env: with the malloc settings) and every other worker
+        tunables = {"GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)}
+        servers, routing = prefork.start([{**env_vars, **tunables}, env_vars], tempfile.mkdtemp(prefix="coati-pf-"))
         runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
     if not ray.is_initialized():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
-    if server is not None:
+    for server in servers:
         prefork.wait_ready(server)
     yield ray
     ray.shutdown()
-    if server is not None:
+    for server in servers:
         server.terminate()
         server.wait()
 

@@ -1,20 +1,20 @@
-"""Ray workers forked from one process that has already imported the heavy modules (torch, transformers,
+"""Ray workers forked from processes that have already imported the heavy modules (torch, transformers,
 ColossalAI, vLLM), so an actor of the suite starts without importing them again (~10 s of a core each).
 
 The session's Ray cluster starts every worker as ``python tests/prefork.py <default_worker.py> <args...>`` (Ray's
-``py_executable``). That client hands its argument list, environment, working folder and standard streams to the
-server (``serve``, started by the session fixture before Ray) over a Unix socket; the server forks a child that takes
-them over and runs Ray's worker entry point as a fresh interpreter would, and the client stays until the child ends,
-then ends with its status. The child is the worker Ray registers (its own pid), so killing it, or the actor's
-``os.getpid()``, kills the worker; a client killed outright takes the child with it (the child watches a pipe the
-client holds).
+``py_executable``). That client hands its argument list, environment, working folder and standard streams to a
+server (``serve``, one per environment, started by the session fixture with Ray) over a Unix socket; the server whose
+environment is the worker's forks a child that takes them over and runs Ray's worker entry point as a fresh
+interpreter would, and the client stays until the child ends, then ends with its status. The child is the worker Ray
+registers (its own pid), so killing it, or the actor's ``os.getpid()``, kills the worker; a client killed outright
+takes the child with it (the child watches a pipe the client holds).
 
-A fork is a new process of the same interpreter state, so a worker whose environment differs from the server's in
+A fork is a new process of the same interpreter state, so a worker whose environment differs from every server's in
 anything read at import time (the malloc tunables, thread counts, the hub, the path, torch's, vLLM's or coati's
-settings) would start wrong: the client then starts Python itself, as without the server, and so does any client that
-cannot reach the server. ``COATI_PREFORK_LOG`` names a file each client appends "forked" or "exec <reason>" to. Ray
-itself is never imported by the server: its C++ settings (the job id among them) are read from the environment once,
-at import, so a worker has to import it under its own environment.
+settings) would start wrong: the client then starts Python itself, as without a server, and so does any client that
+cannot reach one. ``COATI_PREFORK_LOG`` names a file each client appends "forked" or "exec <reason>" to. Ray itself is
+never imported by a server: its C++ settings (the job id among them) are read from the environment once, at import,
+so a worker has to import it under its own environment.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ SOCKET_ENV = "COATI_PREFORK_SOCKET"
 LOG_ENV = "COATI_PREFORK_LOG"
 CLIENT_ENV = "COATI_PREFORK_CLIENT"
 """set in a forked worker: the pid of its client, the process Ray started"""
-SERVER = None
-"""the session's server process, once ``start`` has run"""
+SERVERS: list = []
+"""the session's server processes, once ``start`` has run"""
 PRELOAD = (
     "torch",
     "transformers",
@@ -211,28 +211,31 @@ def _die_with_client(fd: int) -> None:
 # ---- the session's side ----------------------------------------------------------------------------------------
 
 
-def start(env_vars: dict[str, str], folder: str):
-    """Start the server with the workers' environment (the driver's plus ``env_vars``); returns the process and the
-    ``runtime_env`` entries that route the cluster's workers through it."""
+def start(environments: list[dict[str, str]], folder: str) -> tuple[list, dict]:
+    """Start a server for each of ``environments`` (the driver's environment plus these variables); returns the
+    processes and the ``runtime_env`` entries that route the cluster's workers through them: a worker goes to the
+    first whose environment is its own."""
     import subprocess
 
-    global SERVER
-    path = os.path.join(folder, "s.sock")
-    server = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--serve", path],
-        env={**os.environ, **env_vars},
-        stdout=subprocess.PIPE,
-    )
-    SERVER = server
+    global SERVERS
+    paths = [os.path.join(folder, f"s{i}.sock") for i in range(len(environments))]
+    SERVERS = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", path],
+            env={**os.environ, **env_vars},
+            stdout=subprocess.PIPE,
+        )
+        for path, env_vars in zip(paths, environments, strict=True)
+    ]
     routing = {
         "py_executable": f"{sys.executable} {os.path.abspath(__file__)}",
-        "env_vars": {SOCKET_ENV: path, LOG_ENV: os.path.join(folder, "workers.log")},
+        "env_vars": {SOCKET_ENV: os.pathsep.join(paths), LOG_ENV: os.path.join(folder, "workers.log")},
     }
-    return server, routing
+    return SERVERS, routing
 
 
 def wait_ready(server) -> bool:
-    """Whether the server has imported its modules and listens (False: it ended, and every worker starts by exec)."""
+    """Whether ``server`` has imported its modules and listens (False: it ended, and its workers start by exec)."""
     return server.stdout.readline().strip() == b"ready"
 
 
@@ -251,16 +254,15 @@ def _exec(argv: list[str], why: str) -> None:
     os.execv(sys.executable, [sys.executable, *argv])
 
 
-def client(argv: list[str]) -> None:
-    """Have the server fork this worker and wait for it; start Python itself when that is not possible."""
-    path = os.environ.get(SOCKET_ENV)
-    if not path:
-        _exec(argv, "no server")
+def _ask(path: str, argv: list[str]):
+    """Ask the server at ``path`` to fork this worker: (socket, its reply, the pipe the worker watches), or (None,
+    why not, None)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as e:
-        _exec(argv, f"server unreachable ({e})")
+        sock.close()
+        return None, f"server unreachable ({e})", None
     watch_r, watch_w = os.pipe()
     _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "client": os.getpid()}, [0, 1, 2, watch_r])
     os.close(watch_r)
@@ -268,7 +270,20 @@ def client(argv: list[str]) -> None:
     if reply is None or "exec" in reply:
         sock.close()
         os.close(watch_w)
-        _exec(argv, (reply or {}).get("exec", "server closed"))
+        return None, (reply or {}).get("exec", "server closed"), None
+    return sock, reply, watch_w
+
+
+def client(argv: list[str]) -> None:
+    """Have the server fork this worker and wait for it; start Python itself when that is not possible."""
+    why, sock, watch_w = "no server", None, None
+    for path in filter(None, os.environ.get(SOCKET_ENV, "").split(os.pathsep)):
+        sock, reply, watch_w = _ask(path, argv)
+        if sock is not None:
+            break
+        why = reply
+    if sock is None:
+        _exec(argv, why)
     child = reply["pid"]
     _log(f"forked {child} from {os.getpid()}")
 

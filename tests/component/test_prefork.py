@@ -30,8 +30,8 @@ def _describe():
     }
 
 
-def _actor(ray, env_vars=None, **options):
-    """A probe actor in a run's CPU actor environment (and ``env_vars``)."""
+def _actor(ray, env_vars=None, cpu_actor=True, **options):
+    """A probe actor in a run's CPU actor environment (and ``env_vars``), or the session's own."""
 
     @ray.remote(num_cpus=0)
     class Probe:
@@ -41,23 +41,25 @@ def _actor(ray, env_vars=None, **options):
         def client(self):
             return int(os.environ.get(prefork.CLIENT_ENV, 0))
 
-    return Probe.options(**cpu_actor_env({"runtime_env": {"env_vars": env_vars or {}}}, 0), **options).remote()
+    env = {"runtime_env": {"env_vars": env_vars or {}}}
+    return Probe.options(**(cpu_actor_env(env, 0) if cpu_actor else env), **options).remote()
 
 
-def test_a_forked_worker_has_its_own_environment_pid_and_random_state(ray_cluster):
+def test_a_forked_worker_has_its_own_environment_pid_and_random_state_and_its_environment_s_server(ray_cluster):
     ray = ray_cluster
-    actors = [_actor(ray) for _ in range(2)]
+    actors = [_actor(ray) for _ in range(2)] + [_actor(ray, cpu_actor=False)]
     seen = ray.get([a.describe.remote() for a in actors])
-    server = prefork.SERVER.pid
+    servers = [server.pid for server in prefork.SERVERS]
+    # forked by the server in a run's CPU actor environment, the last by the one in the session's
+    assert [s["parent"] for s in seen] == [servers[0], servers[0], servers[1]], (seen, servers)
     for s in seen:
-        assert s["parent"] == server, s  # forked by the server
         assert s["preloaded"]  # its imports already done
         assert s["job"] and s["omp"] == "1"  # the environment Ray gave this worker
         # on the path as in a new interpreter running Ray's worker script: its folder, not the server's
         assert any(p.endswith(os.path.join("ray", "_private", "workers")) for p in s["path"]), s["path"]
         assert os.path.dirname(prefork.__file__) not in s["path"], s["path"]
-    assert seen[0]["pid"] != seen[1]["pid"]
-    assert seen[0]["draw"] != seen[1]["draw"]  # random state not shared through the fork
+    assert len({s["pid"] for s in seen}) == 3
+    assert len({s["draw"] for s in seen}) == 3  # random state not shared through the fork
     for a in actors:
         ray.kill(a)
 
@@ -66,7 +68,7 @@ def test_a_worker_whose_import_time_environment_differs_starts_as_a_new_interpre
     ray = ray_cluster
     actor = _actor(ray, {"OMP_NUM_THREADS": "2"})
     s = ray.get(actor.describe.remote())
-    assert s["parent"] != prefork.SERVER.pid and not s["preloaded"]
+    assert s["parent"] not in [server.pid for server in prefork.SERVERS] and not s["preloaded"]
     assert s["omp"] == "2"
     ray.kill(actor)
 
@@ -76,7 +78,7 @@ def test_a_forked_worker_killed_outright_is_reported_dead_and_its_client_ends(ra
     actor = _actor(ray, max_restarts=0)
     s = ray.get(actor.describe.remote())
     client = ray.get(actor.client.remote())
-    assert s["parent"] == prefork.SERVER.pid
+    assert s["parent"] == prefork.SERVERS[0].pid
     # the client: the process Ray started, waiting on the server for its worker
     with open(f"/proc/{client}/cmdline", "rb") as f:
         assert b"prefork.py" in f.read()
