@@ -42,6 +42,7 @@ def ray_cluster():
     ColossalAI and vLLM once (``tests/prefork.py``; ``COATI_PREFORK=0`` starts each worker as a new interpreter), one
     in the environment a run gives its CPU actors, one in the session's own; a worker in any other environment starts
     as a new interpreter."""
+    import shutil
     import tempfile
 
     import ray
@@ -58,7 +59,8 @@ def ray_cluster():
     if not ray.is_initialized() and os.environ.get("COATI_PREFORK", "1") != "0":
         # a run's CPU actors (cpu_actor_env: with the malloc settings) and every other worker
         tunables = {"GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)}
-        servers, routing = prefork.start([{**env_vars, **tunables}, env_vars], tempfile.mkdtemp(prefix="coati-pf-"))
+        folder = tempfile.mkdtemp(prefix="coati-pf-")  # the servers' sockets and the workers' log
+        servers, routing = prefork.start([{**env_vars, **tunables}, env_vars], folder)
         runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
     if not ray.is_initialized():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
@@ -69,6 +71,8 @@ def ray_cluster():
     for server in servers:
         server.terminate()
         server.wait()
+    if servers:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
