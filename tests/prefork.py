@@ -75,6 +75,14 @@ def _send(sock: socket.socket, obj, fds=()) -> None:
     socket.send_fds(sock, [struct.pack("!I", len(data)) + data], list(fds))
 
 
+def _tell(conn: socket.socket, obj) -> None:
+    """Send ``obj`` to a client that may have gone meanwhile (Ray stopping a worker's start): the server goes on."""
+    try:
+        _send(conn, obj)
+    except OSError:
+        pass
+
+
 def _recv(sock: socket.socket, maxfds: int = 0):
     head, fds, _, _ = socket.recv_fds(sock, 4, maxfds)
     if len(head) < 4:
@@ -126,10 +134,7 @@ def serve(path: str) -> None:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 conn = children.pop(pid)
-                try:
-                    _send(conn, {"status": status})
-                except OSError:
-                    pass
+                _tell(conn, {"status": status})
                 conn.close()
 
 
@@ -146,7 +151,7 @@ def _fork_worker(conn, listener, children, env, added) -> int | None:
         return None
     if _sensitive(request["env"]) != env:
         keys = sorted(k for k in set(env) | set(_sensitive(request["env"])) if env.get(k) != request["env"].get(k))
-        _send(conn, {"exec": "environment differs: " + ",".join(keys)})
+        _tell(conn, {"exec": "environment differs: " + ",".join(keys)})
         for fd in fds:
             os.close(fd)
         return None
@@ -161,7 +166,7 @@ def _fork_worker(conn, listener, children, env, added) -> int | None:
         _become_worker(request, fds, added)  # never returns
     for fd in fds:
         os.close(fd)
-    _send(conn, {"pid": pid})
+    _tell(conn, {"pid": pid})  # a client gone by now takes the child with it (the pipe it watches)
     return pid
 
 
@@ -255,14 +260,14 @@ def _exec(argv: list[str], why: str) -> None:
 
 
 def _ask(path: str, argv: list[str]):
-    """Ask the server at ``path`` to fork this worker: (socket, its reply, the pipe the worker watches), or (None,
-    why not, None)."""
+    """Ask the server at ``path`` to fork this worker: (socket, its reply), or (None, why not). A forked worker
+    watches a pipe whose write end this process holds open until it ends."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as e:
         sock.close()
-        return None, f"server unreachable ({e})", None
+        return None, f"server unreachable ({e})"
     watch_r, watch_w = os.pipe()
     _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "client": os.getpid()}, [0, 1, 2, watch_r])
     os.close(watch_r)
@@ -270,20 +275,19 @@ def _ask(path: str, argv: list[str]):
     if reply is None or "exec" in reply:
         sock.close()
         os.close(watch_w)
-        return None, (reply or {}).get("exec", "server closed"), None
-    return sock, reply, watch_w
+        return None, (reply or {}).get("exec", "server closed")
+    return sock, reply
 
 
 def client(argv: list[str]) -> None:
     """Have the server fork this worker and wait for it; start Python itself when that is not possible."""
-    why, sock, watch_w = "no server", None, None
+    sock, reply = None, "no server"
     for path in filter(None, os.environ.get(SOCKET_ENV, "").split(os.pathsep)):
-        sock, reply, watch_w = _ask(path, argv)
+        sock, reply = _ask(path, argv)
         if sock is not None:
             break
-        why = reply
     if sock is None:
-        _exec(argv, why)
+        _exec(argv, reply)
     child = reply["pid"]
     _log(f"forked {child} from {os.getpid()}")
 

@@ -1,16 +1,18 @@
 """The suite's forked Ray workers (``tests/prefork.py``) against what a worker started as a new interpreter gives:
 the server's imports done, but the worker's own environment, folder, path, pid and random state; a worker whose
 import-time environment differs started by exec; a forked worker killed outright reported dead by Ray, its client
-gone with it."""
+gone with it; a client gone before its answer leaving the server serving."""
 
 import os
 import signal
-import time
+import socket
 
 import pytest
 
 from coati.distributed.driver.actor_group import cpu_actor_env
+from coati.distributed.reward.processes import process_states
 from tests import prefork
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(os.environ.get("COATI_PREFORK") == "0", reason="COATI_PREFORK=0: no server")
 
@@ -85,15 +87,21 @@ def test_a_forked_worker_killed_outright_is_reported_dead_and_its_client_ends(ra
     os.kill(s["pid"], signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.describe.remote(), timeout=60)
-    deadline = time.time() + 30
-    while time.time() < deadline and _alive(client):
-        time.sleep(0.2)
-    assert not _alive(client)
+    wait_until(lambda: all(state == "Z" for _, _, state, _ in process_states([client])), 30, "the client's end")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+def test_a_client_gone_before_its_reply_leaves_the_server_forking(ray_cluster):
+    ray = ray_cluster
+    server = prefork.SERVERS[0]
+    for _ in range(3):  # asks to be forked in an environment the server refuses, and goes before the answer
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.args[-1])
+        read, write = os.pipe()
+        prefork._send(sock, {"argv": ["-"], "env": {"OMP_NUM_THREADS": "9"}, "cwd": "/", "client": 0}, [0, 1, 2, read])
+        sock.close()
+        os.close(read)
+        os.close(write)
+    actor = _actor(ray)
+    assert ray.get(actor.describe.remote())["parent"] == server.pid
+    assert server.poll() is None
+    ray.kill(actor)
