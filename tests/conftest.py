@@ -47,7 +47,7 @@ def ray_cluster():
 
     import ray
 
-    from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
+    from coati.distributed.driver.actor_group import cpu_actor_env
     from tests import prefork
 
     env_vars = {
@@ -57,10 +57,10 @@ def ray_cluster():
     }
     servers, runtime_env = [], {"env_vars": env_vars}
     if not ray.is_initialized() and os.environ.get("COATI_PREFORK", "1") != "0":
-        # a run's CPU actors (cpu_actor_env: with the malloc settings) and every other worker
-        tunables = {"GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", KEEP_FREED_MEMORY)}
+        # a run's CPU actors (with their malloc settings) and every other worker
+        cpu_actor = cpu_actor_env({"runtime_env": {"env_vars": env_vars}}, 0)["runtime_env"]["env_vars"]
         folder = tempfile.mkdtemp(prefix="coati-pf-")  # the servers' sockets and the workers' log
-        servers, routing = prefork.start([{**env_vars, **tunables}, env_vars], folder)
+        servers, routing = prefork.start([cpu_actor, env_vars], folder)
         runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
     if not ray.is_initialized():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
