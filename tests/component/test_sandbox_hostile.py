@@ -2,6 +2,7 @@
 its own, a run making its own user namespace (and with it a tmpfs no limit counts), forked children each taking the
 per-process memory cap, and processes of other users under the uids sandboxed runs take."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -233,3 +234,72 @@ def test_two_processes_never_share_a_sandbox_uid():
         other.kill()
         other.wait()
     assert got != held, (got, held)
+
+
+LIMITS_PROBE = (
+    "import json, os, resource\n"
+    "names = ('CPU', 'AS', 'FSIZE', 'NOFILE', 'CORE', 'NPROC')\n"
+    "hard = [resource.getrlimit(getattr(resource, 'RLIMIT_' + n))[1] for n in names]\n"
+    "print(json.dumps([os.getresuid(), os.getresgid(), os.getgroups(), hard]))\n"
+)
+
+
+@pytest.mark.parametrize("launch", ["gate", "preexec_fn"])
+def test_a_run_starts_as_its_uid_under_its_limits_and_in_its_control_group(launch, tmp_path):
+    """A run starts through sh, setpriv and prlimit (held at a gate until the parent has moved it into its control
+    group), or, where those tools are missing, through a preexec_fn: either way it runs under a uid of its own with no
+    groups, with each rlimit the sandbox sets, in a session of its own, and in the run's control group from its
+    first instruction (seen from the host while a session runs)."""
+    sandbox = Sandbox(timeout_s=7.0, memory_mb=300, max_output_bytes=1 << 19, max_processes=24, max_open_files=48)
+    if launch == "preexec_fn":
+        sandbox._tools = None
+    else:
+        assert sandbox._tools is not None, "sh, setpriv and prlimit are part of every Debian base system"
+    out = sandbox.run(LIMITS_PROBE)
+    assert out.returncode == 0, out
+    uids, gids, groups, limits = json.loads(out.stdout)
+    assert limits == [8, 300 << 20, 1 << 19, 48, 0, 24] and groups == []
+    if os.geteuid() == 0:
+        assert len(set(uids)) == 1 and uids[0] >= 100000 and set(gids) == {uids[0]}, (uids, gids)
+    answer = "import os\nreq, rep = (int(os.environ[k]) for k in ('COATI_REQ_FD', 'COATI_REP_FD'))\n"
+    answer += "while os.read(req, 1 << 16):\n    os.write(rep, b'{}\\n')\n"
+    session = sandbox.start({"answer.py": answer}, "answer.py")
+    try:
+        assert session.request({}, 10) == {}  # running the program: past the gate and the launch steps
+        with open(f"/proc/{session.proc.pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{session.proc.pid}/cgroup") as f:
+            groups_of = f.read()
+        assert os.getsid(session.proc.pid) == session.proc.pid
+    finally:
+        session.close()
+    if os.geteuid() == 0:
+        assert int(status["Uid"].split()[0]) >= 100000 and status["Groups"].split() == [], status
+    if cgroups.available()[0]:
+        assert f"coati-run-{os.getpid()}-" in groups_of, groups_of
+
+
+def test_a_run_the_parent_cannot_place_in_its_group_never_runs():
+    """The gate: when moving the started run into its control group fails, the run is killed before it executes
+    anything of its own and the error reaches the caller (the same command, placed, runs)."""
+
+    class Group:
+        def __init__(self, fails):
+            self.fails = fails
+
+        def join(self, pid=0):
+            if self.fails:
+                raise OSError("cgroup.procs: no space left on device")
+
+    sandbox = Sandbox()
+    assert sandbox._tools is not None
+    folder = Path(tempfile.mkdtemp())
+    folder.chmod(0o777)  # writable by the run's uid
+    try:
+        with pytest.raises(OSError, match="no space left"):
+            sandbox._spawn(["/usr/bin/touch", str(folder / "unplaced")], 100999, group=Group(fails=True))
+        placed = sandbox._spawn(["/usr/bin/touch", str(folder / "placed")], 100999, group=Group(fails=False))
+        assert placed.wait(10) == 0
+        assert sorted(os.listdir(folder)) == ["placed"]
+    finally:
+        shutil.rmtree(folder)

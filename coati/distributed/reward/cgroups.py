@@ -154,13 +154,13 @@ class RunGroup:
             if not optional:
                 raise
 
-    def join(self) -> None:
-        """Move the calling process into the group (called in the child between fork and exec; no allocation-heavy
-        work, no locks)."""
+    def join(self, pid: int = 0) -> None:
+        """Move process ``pid`` into the group: the calling one by default (then called in the child between fork and
+        exec: no allocation-heavy work, no locks), or a child the parent holds at a gate before it executes."""
         for procs in self._procs:
             fd = os.open(procs, os.O_WRONLY)
             try:
-                os.write(fd, b"0")
+                os.write(fd, str(pid).encode())
             finally:
                 os.close(fd)
 

@@ -96,7 +96,10 @@ def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox
     )
     reply_wait = per_case_timeout_s + 2.0
     errors: list[str] = []
+    checker = None
     try:
+        if spec["kind"] == "humaneval":  # started now, so the two interpreters start side by side
+            checker = _start_checker(spec, sandbox, budget)
         if spec["kind"] == "stdio":
             passed = _stdio_cases(session, spec, reply_wait, errors)
         else:
@@ -107,8 +110,10 @@ def run_tests(program: str, test_cases, per_case_timeout_s: float = 2.0, sandbox
             elif spec["kind"] == "call":
                 passed = _call_cases(session, spec, reply_wait, errors)
             else:
-                passed = _humaneval_check(session, spec, reply_wait, errors, sandbox, budget)
+                passed = _humaneval_check(session, checker, spec, reply_wait, errors, budget)
     finally:
+        if checker is not None:
+            checker.close()
         stderr = session.close()
     if session.failure and session.failure not in errors:
         errors.append(session.failure)
@@ -191,11 +196,10 @@ def _as_json(value):
         return ("unserialisable", repr(value))
 
 
-def _humaneval_check(session, spec, wait, errors, sandbox, budget) -> int:
-    """Run the test's ``check`` in a sandbox of its own (``code_checker.py``: dataset code runs neither here nor
-    beside the candidate), forwarding each of its calls of the candidate into the candidate's sandbox; passed is 1
-    when ``check`` returns, having called the candidate, and the candidate's sandbox stayed sound throughout."""
-    checker = sandbox.start(
+def _start_checker(spec: dict, sandbox: Sandbox, budget: float):
+    """The sandbox of the test's ``check`` (``code_checker.py``): dataset code runs neither here nor beside the
+    candidate."""
+    return sandbox.start(
         {"checker.py": _CHECKER, "code_runner.py": _RUNNER, "prompt.py": spec["prompt"], "test.py": spec["test"]},
         "checker.py",
         "prompt.py",
@@ -203,6 +207,12 @@ def _humaneval_check(session, spec, wait, errors, sandbox, budget) -> int:
         env={"COATI_ENTRY_POINT": spec["entry_point"]},
         timeout_s=budget,
     )
+
+
+def _humaneval_check(session, checker, spec, wait, errors, budget) -> int:
+    """Run the test's ``check`` in the checker's sandbox, forwarding each of its calls of the candidate into the
+    candidate's sandbox; passed is 1 when ``check`` returns, having called the candidate, and the candidate's sandbox
+    stayed sound throughout."""
     try:
         msg = checker.request({"op": "start"}, budget)
         while msg is not None and msg.get("op") == "call":

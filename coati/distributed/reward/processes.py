@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import stat
 import subprocess
@@ -29,22 +30,45 @@ def become_subreaper() -> None:
 def reap_orphans() -> None:
     """Reap zombie bwrap processes re-parented to this process (only those: other children keep their status)."""
     me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat_line = f.read()
-        except OSError:
-            continue
-        comm_end = stat_line.rfind(")")
-        comm = stat_line[stat_line.find("(") + 1 : comm_end]
-        fields = stat_line[comm_end + 2 :].split()
-        if comm == "bwrap" and fields[0] == "Z" and int(fields[1]) == me:
+    for pid in _children() or (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] == "bwrap" and fields[1] == "Z" and fields[2] == me:
             try:
-                os.waitpid(int(entry), os.WNOHANG)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def _children() -> list[int] | None:
+    """This process's children, from each thread's /proc children list (an orphan is re-parented to one of the
+    threads); None where the kernel has no such lists (then every process is looked at). A child that ends while the
+    lists are read may be missed: the next call sees it."""
+    found = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", "rb") as f:
+                found += [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        if not found and not os.path.exists("/proc/self/task/%d/children" % os.getpid()):
+            return None
+    except OSError:
+        return None
+    return found
+
+
+def _stat_fields(pid: int) -> tuple[str, str, int] | None:
+    """(command name, state letter, parent pid) of ``pid`` from /proc/<pid>/stat, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            line = f.read()
+    except OSError:
+        return None
+    comm_end = line.rfind(b")")
+    fields = line[comm_end + 2 :].split()
+    try:
+        return line[line.find(b"(") + 1 : comm_end].decode(errors="replace"), fields[0].decode(), int(fields[1])
+    except (IndexError, ValueError):
+        return None
 
 
 UID_RANGE = range(100000, 420000)
@@ -169,12 +193,28 @@ def process_states(pids) -> list[tuple[int, int, str, int]]:
     found = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-            found.append((pid, int(fields["PPid"]), fields["State"].split()[0], int(fields["Uid"].split()[0])))
-        except (OSError, ValueError, KeyError, IndexError):
+            fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
             continue
+        try:
+            status = os.read(fd, 16384)  # the fields read here are in the first few hundred bytes
+            found.append((pid, int(_field(status, b"PPid")), _field(status, b"State")[:1].decode(), _uid(status)))
+        except (OSError, ValueError, IndexError):
+            continue
+        finally:
+            os.close(fd)
     return found
+
+
+def _field(status: bytes, name: bytes) -> bytes:
+    """The value of one ``Name:\tvalue`` line of a /proc status file (ValueError when it has none)."""
+    start = status.index(b"\n" + name + b":") + len(name) + 2 if not status.startswith(name + b":") else len(name) + 1
+    end = status.find(b"\n", start)
+    return status[start : end if end >= 0 else len(status)].strip()
+
+
+def _uid(status: bytes) -> int:
+    return int(_field(status, b"Uid").split()[0])  # real, effective, saved, filesystem: the first is the real one
 
 
 def processes_of(uid: int) -> list[tuple[int, int, str]]:
@@ -216,6 +256,60 @@ def kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    deadline = time.monotonic() + 5
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_exit(proc, 5.0)
+
+
+def wait_exit(proc: subprocess.Popen, timeout_s: float, stdin: bytes | None = None) -> bool:
+    """Write ``stdin`` to the process's stdin pipe and close it (it may stop reading or exit first), then wait for it
+    to exit, all within ``timeout_s``; True when it exited in time. The wait is on a pidfd where the kernel has them,
+    so it ends the moment the process does (``Popen.wait`` with a timeout polls with sleeps that double up to 50 ms,
+    waking a run of 35 ms at 63 ms)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd here, or the process was already reaped
+        pidfd = None
+    try:
+        if stdin is not None and proc.stdin is not None:
+            if not _feed(proc.stdin, stdin, pidfd, deadline):
+                return False
+        if pidfd is None:
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0))
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        if not select.select([pidfd], [], [], max(deadline - time.monotonic(), 0))[0]:
+            return False
+        proc.wait()
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _feed(pipe, data: bytes, pidfd: int | None, deadline: float) -> bool:
+    """Write ``data`` to ``pipe`` and close it, until the reader exits or stops reading; False at the deadline."""
+    fd, view = pipe.fileno(), memoryview(data)
+    os.set_blocking(fd, False)
+    try:
+        while view:
+            waits = [pidfd] if pidfd is not None else []
+            readable, writable, _ = select.select(waits, [fd], [], max(deadline - time.monotonic(), 0))
+            if writable:
+                try:
+                    view = view[os.write(fd, view[:65536]) :]
+                except BlockingIOError:
+                    continue
+                except OSError:  # the reader is gone (EPIPE): the rest of its input is not wanted
+                    break
+            elif readable:
+                break  # exited without reading it all
+            else:
+                return False
+        return True
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
