@@ -46,6 +46,7 @@ def ray_cluster():
     import tempfile
 
     import ray
+    from ray._private import ray_constants
 
     from coati.distributed.driver.actor_group import cpu_actor_env
     from tests import prefork
@@ -62,6 +63,8 @@ def ray_cluster():
         folder = tempfile.mkdtemp(prefix="coati-pf-")  # the servers' sockets and the workers' log
         servers, routing = prefork.start([cpu_actor, env_vars], folder)
         runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
+        # Ray's setup step, which imports Ray in a process of its own for every worker, done without it
+        ray_constants.SETUP_WORKER_FILENAME = str(ROOT / "tests" / "ray_setup.py")
     if not ray.is_initialized():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
     for server in servers:

@@ -41,6 +41,16 @@ PRELOAD = (
     "colossalai.booster",
     "colossalai.nn.optimizer",
     "vllm",
+    # what Ray's import brings in besides Ray (a worker then imports only Ray's own modules)
+    "uvloop",
+    "requests",
+    "jsonschema",
+    "msgpack",
+    "psutil",
+    "google.protobuf",
+    "pdb",
+    "tracemalloc",
+    "faulthandler",
 )
 # read at import time by the preloaded modules or by the C libraries they load: a worker whose value differs is
 # started by exec, never forked

@@ -3,6 +3,7 @@ the server's imports done, but the worker's own environment, folder, path, pid a
 import-time environment differs started by exec; a forked worker killed outright reported dead by Ray, its client
 gone with it; a client gone before its answer leaving the server serving."""
 
+import json
 import os
 import signal
 import socket
@@ -105,3 +106,42 @@ def test_a_client_gone_before_its_reply_leaves_the_server_forking(ray_cluster):
     assert ray.get(actor.describe.remote())["parent"] == server.pid
     assert server.poll() is None
     ray.kill(actor)
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {},
+        {
+            "env_vars": {"A": "x ${HOME} ${COATI_UNSET_X} $HOME", "B": "plain"},
+            "py_executable": "/usr/bin/python3 /path with/prefork.py",
+            "command_prefix": ["cd", "/tmp", "&&"],
+            "override_worker_entrypoint": "/other/entry.py",
+        },
+    ],
+)
+def test_the_setup_step_execs_what_ray_s_own_would(context, monkeypatch):
+    """``tests/ray_setup.py`` (the session cluster's setup step, without Ray's import) sets the same variables and
+    execs the same command as Ray's ``RuntimeEnvContext.exec_worker`` for the arguments Ray passes."""
+    from ray._private.runtime_env.context import RuntimeEnvContext
+    from ray.core.generated.common_pb2 import Language
+
+    from tests import ray_setup
+
+    args = ["/ray/default_worker.py", "--node-ip-address=1.2.3.4", "--arg=it's $HOME", "-S"]
+    argv = [*args[:2], f"--serialized-runtime-env-context={json.dumps(context)}", *args[2:], "--language=PYTHON"]
+    runs = []
+    for run in ("ray", "ours"):
+        before = dict(os.environ)
+        execs = []
+        monkeypatch.setattr(os, "execvp", lambda file, args: execs.append((file, list(args))))
+        if run == "ray":
+            RuntimeEnvContext.deserialize(json.dumps(context)).exec_worker(list(args), Language.Value("PYTHON"))
+        else:
+            ray_setup.setup(list(argv))
+        changed = {k: v for k, v in os.environ.items() if before.get(k) != v}
+        os.environ.clear()
+        os.environ.update(before)
+        runs.append((execs, changed))
+    assert runs[0] == runs[1] and len(runs[0][0]) == 1
+    assert ray_setup.command(["/ray/default_worker.py", "--language=JAVA"]) is None  # Ray's own script's work
