@@ -76,9 +76,22 @@ def commit() -> str:
     return sha.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
 
 
-def matmul_probe(size: int = 512, reps: int = 8) -> dict:
-    """GFLOP/s of a ``size`` x ``size`` matmul on one thread in fp32 and bf16 (best of ``reps``): machines of one
-    kind differ, so a run's times are read beside its machine's speed."""
+_probed: dict = {}
+"""this process's probe results, by (size, reps, budget)"""
+
+
+def matmul_probe(size: int = 512, reps: int = 8, budget_s: float = 0.25) -> dict:
+    """GFLOP/s of a ``size`` x ``size`` matmul on one thread in fp32 and bf16 (best of ``reps``, or of as many as fit
+    in ``budget_s`` per dtype, at least two: a CPU without native bf16 takes 0.2 s per bf16 product): machines of one
+    kind differ, so a run's times are read beside its machine's speed. Measured once per process (a script launching
+    several runs, or a test session, probes once)."""
+    key = (size, reps, budget_s)
+    if key not in _probed:
+        _probed[key] = _probe(size, reps, budget_s)
+    return dict(_probed[key])
+
+
+def _probe(size: int, reps: int, budget_s: float) -> dict:
     import torch
 
     out = {}
@@ -87,11 +100,14 @@ def matmul_probe(size: int = 512, reps: int = 8) -> dict:
     try:
         for dtype in (torch.float32, torch.bfloat16):
             a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-            best = float("inf")
-            for _ in range(reps):
+            best, spent = float("inf"), 0.0
+            for rep in range(reps):
+                if rep >= 2 and spent >= budget_s:
+                    break
                 t0 = time.perf_counter()
                 a @ b
-                best = min(best, time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                best, spent = min(best, took), spent + took
             out[str(dtype).removeprefix("torch.")] = round(2 * size**3 / best / 1e9, 2)
     finally:
         torch.set_num_threads(threads)

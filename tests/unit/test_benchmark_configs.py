@@ -67,3 +67,20 @@ def test_a_result_file_records_the_machine_s_vector_features_and_probe(tmp_path,
     flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
     assert ("avx512_bf16" in machine["isa"]) == ("avx512_bf16" in flags)
     assert machine["matmul_gflops_1_thread"]["float32"] > 0 and record["result"] == {"x": 1}
+
+
+def test_the_matmul_probe_runs_once_per_process_and_within_its_budget(monkeypatch):
+    """Every run's env.json carries the probe; a process launching many runs (a script, the test session) measures
+    once. Each dtype takes at least two products and stops past its budget."""
+    import torch
+
+    from coati import provenance
+
+    monkeypatch.setattr(provenance, "_probed", {})
+    calls, products = [], []
+    real_probe, real_matmul = provenance._probe, torch.Tensor.__matmul__
+    monkeypatch.setattr(provenance, "_probe", lambda *a: calls.append(a) or real_probe(*a))
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: products.append(a.dtype) or real_matmul(a, b))
+    first = provenance.matmul_probe(size=64, reps=50, budget_s=0.0)
+    assert provenance.matmul_probe(size=64, reps=50, budget_s=0.0) == first and len(calls) == 1
+    assert products == [torch.float32] * 2 + [torch.bfloat16] * 2 and min(first.values()) > 0
