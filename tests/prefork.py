@@ -41,6 +41,12 @@ PRELOAD = (
     "colossalai.booster",
     "colossalai.nn.optimizer",
     "vllm",
+    # vLLM's top package imports the rest lazily: its CPU engine's modules (its entry point, vllm.entrypoints.llm,
+    # imports Ray and is left to the worker)
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.model_executor.models.llama",
     # what Ray's import brings in besides Ray (a worker then imports only Ray's own modules)
     "uvloop",
     "requests",
