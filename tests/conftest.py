@@ -57,16 +57,21 @@ def ray_cluster():
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     servers, runtime_env = [], {"env_vars": env_vars}
+    setup_worker = ray_constants.SETUP_WORKER_FILENAME
     if not ray.is_initialized() and os.environ.get("COATI_PREFORK", "1") != "0":
         # a run's CPU actors (with their malloc settings) and every other worker
         cpu_actor = cpu_actor_env({"runtime_env": {"env_vars": env_vars}}, 0)["runtime_env"]["env_vars"]
         folder = tempfile.mkdtemp(prefix="coati-pf-")  # the servers' sockets and the workers' log
         servers, routing = prefork.start([cpu_actor, env_vars], folder)
         runtime_env = {"py_executable": routing["py_executable"], "env_vars": {**env_vars, **routing["env_vars"]}}
-        # Ray's setup step, which imports Ray in a process of its own for every worker, done without it
+        # Ray's setup step, which imports Ray in a process of its own for every worker, done without it (for the
+        # session's cluster only: a cluster a test starts later in this process gets Ray's own)
         ray_constants.SETUP_WORKER_FILENAME = str(ROOT / "tests" / "ray_setup.py")
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+        try:
+            ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+        finally:
+            ray_constants.SETUP_WORKER_FILENAME = setup_worker
     for server in servers:
         prefork.wait_ready(server)
     yield ray

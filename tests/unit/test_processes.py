@@ -58,3 +58,22 @@ def test_reaping_orphans_leaves_other_children_s_status_alone():
     # still a zombie for its parent to reap (WNOWAIT looks without reaping): it is no bwrap orphan
     assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     assert child.wait(5) == 0
+
+
+def test_reaping_looks_at_this_process_s_children_only(monkeypatch):
+    """Where the kernel lists each thread's children, reaping reads the stat files of this process's children, not of
+    every process on the machine (it did so at every sandbox run's end whenever this process had no child)."""
+    from coati.distributed.reward import processes
+
+    before = set(processes._children())  # the session's Ray processes and servers, when it has started them
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert set(processes._children()) - before == {child.pid}
+    finally:
+        child.kill()
+        child.wait()
+    listed = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(str(path)) or real_listdir(path))
+    reap_orphans()
+    assert "/proc" not in listed, listed

@@ -30,7 +30,8 @@ def become_subreaper() -> None:
 def reap_orphans() -> None:
     """Reap zombie bwrap processes re-parented to this process (only those: other children keep their status)."""
     me = os.getpid()
-    for pid in _children() or (int(e) for e in os.listdir("/proc") if e.isdigit()):
+    children = _children()
+    for pid in children if children is not None else (int(e) for e in os.listdir("/proc") if e.isdigit()):
         fields = _stat_fields(pid)
         if fields is not None and fields[0] == "bwrap" and fields[1] == "Z" and fields[2] == me:
             try:
@@ -41,18 +42,17 @@ def reap_orphans() -> None:
 
 def _children() -> list[int] | None:
     """This process's children, from each thread's /proc children list (an orphan is re-parented to one of the
-    threads); None where the kernel has no such lists (then every process is looked at). A child that ends while the
-    lists are read may be missed: the next call sees it."""
+    threads); None where the kernel has no such lists (then every process is looked at). A child that ends, or a
+    thread that ends, while the lists are read may be missed: the next call sees it."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return None
     found = []
-    try:
-        for task in os.listdir("/proc/self/task"):
+    for task in os.listdir("/proc/self/task"):
+        try:
             with open(f"/proc/self/task/{task}/children", "rb") as f:
                 found += [int(p) for p in f.read().split()]
-    except FileNotFoundError:
-        if not found and not os.path.exists("/proc/self/task/%d/children" % os.getpid()):
-            return None
-    except OSError:
-        return None
+        except OSError:  # the thread ended meanwhile
+            continue
     return found
 
 
@@ -208,7 +208,7 @@ def process_states(pids) -> list[tuple[int, int, str, int]]:
 
 def _field(status: bytes, name: bytes) -> bytes:
     """The value of one ``Name:\tvalue`` line of a /proc status file (ValueError when it has none)."""
-    start = status.index(b"\n" + name + b":") + len(name) + 2 if not status.startswith(name + b":") else len(name) + 1
+    start = (b"\n" + status).index(b"\n" + name + b":") + len(name) + 1  # where the value starts in ``status``
     end = status.find(b"\n", start)
     return status[start : end if end >= 0 else len(status)].strip()
 

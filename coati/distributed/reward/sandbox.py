@@ -291,8 +291,9 @@ class Sandbox:
     def _spawn(self, argv, uid: int | None = None, cpu_s: float | None = None, group=None, **popen) -> subprocess.Popen:
         """Start ``argv`` in a session of its own; with ``uid``, as a run: in ``group``, under the run's rlimits, and
         as ``uid`` when root (except in netns mode, where ``unshare`` switches). The child is not forked from this
-        process's image: a fork with a Python ``preexec_fn`` copies every mapping of this process (torch and an
-        inference engine loaded: 80-110 ms per run, against ~10 ms this way). Instead the run starts under ``sh``,
+        process's image: a fork with a Python ``preexec_fn`` copies every mapping of this process, at every run
+        (``benchmarks/results/sandbox.json`` has both ways' cost with torch and vLLM loaded). Instead the run starts
+        under ``sh``,
         held at a gate (the first line of its stdin) until this process has moved it into ``group``, then becomes
         ``setpriv`` (uid, gid, no groups), ``prlimit`` (the limits) and the program. Where either tool is missing the
         same steps run in a ``preexec_fn``."""
