@@ -319,9 +319,11 @@ def client(argv: list[str]) -> None:
     status = (reply or {}).get("status")
     if status is None:  # the server is gone: the worker cannot be waited for, so it goes with this client
         os._exit(1)
-    if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
+    if os.WIFSIGNALED(status):  # ends as its worker did (SIGKILL and SIGSTOP keep their default, and cannot be set)
+        signum = os.WTERMSIG(status)
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 

@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -106,6 +108,25 @@ def test_a_client_gone_before_its_reply_leaves_the_server_forking(ray_cluster):
     assert ray.get(actor.describe.remote())["parent"] == server.pid
     assert server.poll() is None
     ray.kill(actor)
+
+
+def test_a_client_ends_by_the_signal_that_ended_its_worker(ray_cluster, tmp_path):
+    """A forked worker killed by a signal its client cannot catch (SIGKILL: Ray's own kill) ends the client by it,
+    as an exec'd worker would end, without a traceback."""
+    server = prefork.SERVERS[1]  # the session's environment, read back from the server's own
+    with open(f"/proc/{server.pid}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    env = {k.decode(): v.decode() for k, v in env.items()}
+    env.update({prefork.SOCKET_ENV: server.args[-1], prefork.LOG_ENV: str(tmp_path / "log")})
+    script = tmp_path / "worker.py"
+    for signum in (signal.SIGKILL, signal.SIGTERM):
+        script.write_text(f"import os\nos.kill(os.getpid(), {int(signum)})\n")
+        out = subprocess.run(
+            [sys.executable, prefork.__file__, str(script)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == -signum and "Traceback" not in out.stderr, (signum, out.returncode, out.stderr)
+    log = (tmp_path / "log").read_text().splitlines()
+    assert len(log) == 2 and all(line.startswith("forked ") for line in log), log  # forked, not started by exec
 
 
 @pytest.mark.parametrize(
