@@ -18,6 +18,9 @@ os.environ.setdefault("COATI_STRICT_METRICS", "1")  # a run that logs a metric c
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA; run on a GPU machine with `pytest -m gpu`")
+    config.addinivalue_line(
+        "markers", "background: run beside the suite at the lowest CPU priority (tests/background.py)"
+    )
     # coati's bytecode written once, so the suite's hundreds of workers do not each compile its modules again (under
     # PYTHONDONTWRITEBYTECODE an import never writes it)
     import compileall
@@ -25,15 +28,35 @@ def pytest_configure(config):
     compileall.compile_dir(ROOT / "coati", quiet=2)
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA (gpu mark)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    from tests import background
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA (gpu mark)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    BESIDE[:] = [b for b in [background.take_marked(config, items)] if b is not None]
+
+
+BESIDE: list = []
+"""the background pytest process of this run (``tests/background.py``), once started"""
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests import background
+
+    for beside in BESIDE:
+        for line in background.summary_lines(beside):
+            terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config):
+    for beside in BESIDE:
+        beside.stop()
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +92,9 @@ def ray_cluster():
         ray_constants.SETUP_WORKER_FILENAME = str(ROOT / "tests" / "ray_setup.py")
     if not ray.is_initialized():
         try:
-            ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+            # "local": a cluster of the session's own, whatever else runs on the machine (a `ray start` cluster, the
+            # background process's, which ray.init without an address would join)
+            ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
         finally:
             ray_constants.SETUP_WORKER_FILENAME = setup_worker
     for server in servers:

@@ -18,6 +18,7 @@ from coati.models import build_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.background
 def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
     tiny = build_tiny_model(tmp_path / "model")
     data = tmp_path / "train.jsonl"

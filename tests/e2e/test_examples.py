@@ -23,6 +23,7 @@ def tiny(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("examples_model"), max_positions=8192))
 
 
+@pytest.mark.background
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     root = Path(__file__).resolve().parents[2]

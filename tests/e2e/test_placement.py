@@ -48,6 +48,7 @@ def test_colocated_plan_pairs_producer_and_consumer_on_each_gpu():
         plan_placement([node(0, 1)], 1, 1, 1)
 
 
+@pytest.mark.background
 def test_simulated_cluster_places_actors_on_planned_nodes():
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS="")
     out = subprocess.run(

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from coati.distributed.placement import free_port
 from coati.models import build_tiny_model
 
@@ -50,6 +52,7 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
+@pytest.mark.background
 def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
     tiny = build_tiny_model(tmp_path / "model")
     data = tmp_path / "train.jsonl"
@@ -87,11 +90,12 @@ def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
         gcs = f"127.0.0.1:{ports['--port']}"
         pids = [int(p) for p in subprocess.run(["pgrep", "-f", temp], capture_output=True, text=True).stdout.split()]
         sid = os.getsid(pids[0])
-        for _ in range(30):  # the head reports its resources a few seconds after `ray start` returns
+        deadline = time.monotonic() + 180  # the head reports its resources seconds after `ray start` returns
+        while True:
             status = subprocess.run(
-                ["ray", "status", "--address", gcs], capture_output=True, text=True, env=env, timeout=60
+                ["ray", "status", "--address", gcs], capture_output=True, text=True, env=env, timeout=120
             )
-            if status.returncode != 0 or "4.0 CPU" in status.stdout:
+            if status.returncode != 0 or "4.0 CPU" in status.stdout or time.monotonic() > deadline:
                 break
             time.sleep(1)
         assert status.returncode == 0 and "4.0 CPU" in status.stdout, status.stdout + status.stderr

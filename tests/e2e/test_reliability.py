@@ -393,6 +393,7 @@ print("nodes", len(ray.nodes()), ray.get_runtime_context().gcs_address != os.env
 """
 
 
+@pytest.mark.background
 def test_a_job_without_an_address_starts_its_own_cluster_whatever_ray_address_says(ray_cluster, tmp_path):
     """With RAY_ADDRESS naming a live cluster (here the suite's own; or a `ray start` cluster alive) a plain local
     run died with Ray's "num_cpus ... must not be provided"; without --address a job starts a cluster of its own."""
@@ -444,6 +445,7 @@ def test_relative_paths_work_in_actors_and_a_trl_style_reward_gets_prompts_and_t
     assert out["history"][0]["reward/errors"] == 0
 
 
+@pytest.mark.background
 def test_custom_reward_recipe_runs_as_documented(ray_cluster, tiny, tmp_path):
     """``python examples/custom_reward.py`` from another folder, in a process of its own (joining the session's Ray
     cluster by its address, as on a cluster)."""
