@@ -6,9 +6,9 @@ pass); the second process's slowest tests are listed at the end of the run.
 
 A test fits this only if nothing it asserts depends on how fast it runs (at the lowest priority it may wait long for a
 core) and it shares nothing with the suite's process (it gets a Ray cluster and forked-worker servers of its own:
-``ray_cluster`` there is the second process's). ``COATI_BACKGROUND=0`` runs the marked tests in the suite's process,
-as any other; loaded as a plugin (``-p tests.background``) in the second process, this module records each test's
-reports for the suite (``RESULTS_ENV``).
+``ray_cluster`` there is the second process's). It is on with ``COATI_BACKGROUND=1``; by default the marked tests run
+in the suite's process, as any other. Loaded as a plugin (``-p tests.background``) in the second process, this module
+records each test's reports for the suite (``RESULTS_ENV``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class BackgroundItem(pytest.Item):
 def take_marked(config, items: list) -> Beside | None:
     """In the suite's process: start the second process on the selected items marked ``background`` and put, at the
     end of ``items``, an item for each that waits for its result there."""
-    if os.environ.get(RESULTS_ENV) or os.environ.get("COATI_BACKGROUND", "1") == "0" or config.option.collectonly:
+    if os.environ.get(RESULTS_ENV) or os.environ.get("COATI_BACKGROUND", "0") != "1" or config.option.collectonly:
         return None
     marked = [item for item in items if item.get_closest_marker("background") and not _skipped(item)]
     if not marked:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_marked_tests_run_beside_at_the_lowest_priority_and_report_in_the_suite(tmp_path):
     probe = tmp_path / "where.jsonl"
     env = {k: v for k, v in os.environ.items() if k not in (background.RESULTS_ENV, "COATI_BACKGROUND")}
-    env.update(BACKGROUND_PROBE=str(probe), HF_HUB_OFFLINE="1")
+    env.update(BACKGROUND_PROBE=str(probe), HF_HUB_OFFLINE="1", COATI_BACKGROUND="1")
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests/component/background_probe.py"],
         cwd=ROOT,
