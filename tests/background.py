@@ -73,15 +73,12 @@ class Beside:
         process ended or ran out of time without it."""
         deadline = time.monotonic() + WAIT_S
         while True:
+            ended = self.proc.poll() is not None  # before the read: a process that ended has written everything
             self._poll()
             reports = self.reports.get(nodeid, [])
             if any(r["when"] == "teardown" for r in reports):
                 return reports
-            if self.proc.poll() is not None:
-                self._poll()
-                reports = self.reports.get(nodeid, [])
-                if any(r["when"] == "teardown" for r in reports):
-                    return reports
+            if ended:
                 raise BackgroundFailure(
                     f"the background pytest process ended (status {self.proc.returncode}) without running this "
                     f"test; the end of its output ({self.log}):\n{self.tail()}"
@@ -203,9 +200,9 @@ def reap(argv: list[str]) -> int:
     """Run ``argv`` as the one who adopts its orphans (a child subreaper), reaping each as it ends; once ``argv``
     has ended, stop what it left behind. Without it the second process's orphans (its Ray clusters' processes) would
     go to the suite's process, a subreaper too once it has run a sandbox, and stay there as zombies."""
-    import ctypes
+    from coati.distributed.reward.processes import become_subreaper
 
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    become_subreaper()
     main = os.posix_spawnp(argv[0], argv, os.environ)
     code = 1
     deadline = None
@@ -225,17 +222,13 @@ def reap(argv: list[str]) -> int:
 
 
 def _signal_children(signum: int) -> None:
-    for task in os.listdir("/proc/self/task"):
+    from coati.distributed.reward.processes import _children
+
+    for pid in _children() or []:
         try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                children = [int(p) for p in f.read().split()]
-        except OSError:
-            continue
-        for pid in children:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 if __name__ == "__main__":
