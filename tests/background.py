@@ -6,8 +6,8 @@ pass); the second process's slowest tests are listed at the end of the run.
 
 A test fits this only if nothing it asserts depends on how fast it runs (at the lowest priority it may wait long for a
 core) and it shares nothing with the suite's process (it gets a Ray cluster and forked-worker servers of its own:
-``ray_cluster`` there is the second process's). It is on with ``COATI_BACKGROUND=1``; by default the marked tests run
-in the suite's process, as any other. Loaded as a plugin (``-p tests.background``) in the second process, this module
+``ray_cluster`` there is the second process's). ``COATI_BACKGROUND=0`` turns it off: the marked tests then run in the
+suite's process, as any other. Loaded as a plugin (``-p tests.background``) in the second process, this module
 records each test's reports for the suite (``RESULTS_ENV``).
 """
 
@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,12 @@ class Beside:
         self._read = 0
         self.started = time.monotonic()
         self.ended: float | None = None
+        # Reaped the moment it ends: the suite's process may be a subreaper counting its zombies (a sandbox test).
+        threading.Thread(target=self._wait, name="background-wait", daemon=True).start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
 
     def _poll(self) -> None:
         with open(self.results) as f:
@@ -65,8 +72,6 @@ class Beside:
         for line in complete.splitlines():
             report = json.loads(line)
             self.reports.setdefault(report["nodeid"], []).append(report)
-        if self.ended is None and self.proc.poll() is not None:
-            self.ended = time.monotonic()
 
     def result(self, nodeid: str) -> list[dict]:
         """Every report of ``nodeid`` (setup, call, teardown), once its teardown's is in; raises if the second
@@ -136,7 +141,7 @@ class BackgroundItem(pytest.Item):
 def take_marked(config, items: list) -> Beside | None:
     """In the suite's process: start the second process on the selected items marked ``background`` and put, at the
     end of ``items``, an item for each that waits for its result there."""
-    if os.environ.get(RESULTS_ENV) or os.environ.get("COATI_BACKGROUND", "0") != "1" or config.option.collectonly:
+    if os.environ.get(RESULTS_ENV) or os.environ.get("COATI_BACKGROUND", "1") == "0" or config.option.collectonly:
         return None
     marked = [item for item in items if item.get_closest_marker("background") and not _skipped(item)]
     if not marked:
