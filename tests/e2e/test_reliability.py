@@ -334,9 +334,10 @@ def test_cli_refuses_bad_flags_naming_them(capsys, argv, match):
     assert re.search(match, capsys.readouterr().err)
 
 
-def test_unreachable_address_fails_fast(tiny, tmp_path):
+def test_unreachable_address_fails_fast(tmp_path):
     """Refused as bad input: within seconds, and on the command line one line and exit status 2 (it was a bare
-    message and status 1, as a run that had stopped)."""
+    message and status 1, as a run that had stopped), before the other inputs are read (a model folder that is not
+    there is not reached: the address, a connection, is checked before seconds of tokenizer and file checks)."""
     import time
 
     from coati.distributed.driver.job import check_address
@@ -345,7 +346,8 @@ def test_unreachable_address_fails_fast(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"--address 127.0.0.1:1: no Ray cluster answers there"):
         check_address("127.0.0.1:1")
     assert time.monotonic() - start < 10
-    cmd = [sys.executable, str(ROOT / "rl_example.py"), "-m", tiny, "--address", "127.0.0.1:1", "--no-progress"]
+    missing = str(tmp_path / "no-model")
+    cmd = [sys.executable, str(ROOT / "rl_example.py"), "-m", missing, "--address", "127.0.0.1:1", "--no-progress"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2, out.stderr[-2000:]

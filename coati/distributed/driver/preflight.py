@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from coati.default_model import default_model_path
 from coati.distributed.architectures import check_layout, check_positions, load_config
 from coati.distributed.config.tree import Config
+from coati.distributed.driver.ray_start import check_address
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.base import check_messages
 from coati.distributed.envs.episodes import TurnTemplate
@@ -122,8 +123,11 @@ class Plan(Inputs):
 
 def check_inputs(config: Config) -> Inputs:
     """Every check of the run's inputs (models, tokenizer, data, rewards, batch arithmetic, backend options, the
-    sandbox): none needs Ray, so a command line's mistakes end before Ray starts. The checks that read files run first
-    (``check_files``); those that need the tokenizer (transformers takes seconds to import) after them."""
+    sandbox): none needs Ray, so a command line's mistakes end before Ray starts. The cluster's address is checked
+    first (a connection: milliseconds), then what reads files (``check_files``), then what needs the tokenizer
+    (transformers takes seconds to import)."""
+    if config.run.address:
+        check_address(config.run.address)
     files = check_files(config)
     cfg, (rows, eval_rows) = config, files.rows
     from transformers import AutoConfig, AutoTokenizer  # after the file checks: a wrong path ends in a second

@@ -11,15 +11,14 @@ RAY_ADDRESS, the job's cluster"""
 
 
 def start_ray(address: str | None) -> None:
-    """Join the cluster at ``address`` (checked first); with None, the cluster of the Ray job this process is the
-    driver of (``ray job submit``), else a local cluster of the job's own, whatever RAY_ADDRESS or clusters started
-    with `ray start` exist on the machine (unless this process already has one)."""
+    """Join the cluster at ``address`` (``check_inputs`` has checked that it answers); with None, the cluster of
+    the Ray job this process is the driver of (``ray job submit``), else a local cluster of the job's own, whatever
+    RAY_ADDRESS or clusters started with `ray start` exist on the machine (unless this process already has one)."""
     import ray
 
     if ray.is_initialized():  # this process's cluster (the command line starts it while the driver imports)
         return
     if address:
-        check_address(address)
         ray.init(address=address)
     elif os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"):
         ray.init()  # the submitted job's cluster, with the job's runtime environment
