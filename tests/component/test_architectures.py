@@ -28,6 +28,7 @@ def families(tmp_path_factory):
     }
 
 
+@pytest.mark.background  # nothing timed; two processes of its own
 def test_tensor_parallel_training_is_the_whole_models_for_every_family_it_admits(families):
     """Two gloo ranks under the consumer's plugin (TP=2) against the model trained whole: the same log-probs and,
     after each of two large SGD steps, the same weights. The families TP does not cover are refused by the policy
@@ -82,6 +83,7 @@ class FamilyEngines:
         return self.engine.generate(prompts, n)
 
 
+@pytest.mark.background  # nothing timed; actors of its own on the cluster of the process it runs in
 def test_the_vllm_engine_follows_a_push_for_every_family(ray_cluster, families, tmp_path):
     """For each family, a push of changed weights (every tensor the consumer sends, a tied one once) reaches what
     the engine computes with: its rollout log-probs after the push are the pushed model's own, teacher-forced in
