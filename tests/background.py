@@ -78,7 +78,7 @@ class Beside:
         process ended or ran out of time without it."""
         deadline = time.monotonic() + WAIT_S
         while True:
-            ended = self.proc.poll() is not None  # before the read: a process that ended has written everything
+            ended = self.ended is not None  # before the read: a process that ended has written everything
             self._poll()
             reports = self.reports.get(nodeid, [])
             if any(r["when"] == "teardown" for r in reports):
@@ -98,7 +98,7 @@ class Beside:
 
     def stop(self) -> None:
         """Stop the second process and everything it started, if it still runs."""
-        if self.proc.poll() is None:
+        if self.ended is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -82,13 +82,15 @@ def test_the_second_process_s_orphans_are_reaped_beside_not_left_to_the_suite():
 def test_the_second_process_is_reaped_as_soon_as_it_ends(tmp_path, monkeypatch):
     """Its end is waited for at once, not at the suite's next look at it: a sandbox test counting the zombies of the
     suite's process found the second process there when it ended before the suite's last test."""
+    from coati.distributed.reward.processes import _stat_fields
+
     monkeypatch.setenv("BACKGROUND_PROBE", str(tmp_path / "where.jsonl"))
     beside = background.Beside(["tests/component/background_probe.py::test_passes_beside"])
-    stat, deadline = Path(f"/proc/{beside.proc.pid}/stat"), time.monotonic() + 120
-    while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while (fields := _stat_fields(beside.proc.pid)) and fields[1] != "Z" and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1.0)  # ended: a moment for the reaping
-    assert not stat.exists(), beside.tail()
+    assert _stat_fields(beside.proc.pid) is None, beside.tail()
     assert [r["outcome"] for r in beside.result("tests/component/background_probe.py::test_passes_beside")] == [
         "passed"
     ] * 3
