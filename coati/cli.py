@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from coati.distributed.driver.run_folder import run_of
+from coati.distributed.metrics import EVAL_RESULTS, headline
+from coati.registry import use_user_folders, user_folders
 
 TRAIN_DOC = """Train a language model with RL on verifiable rewards.
 
@@ -27,9 +29,8 @@ def train(argv=None, prog: str = "coati train") -> dict:
 
     from coati.distributed.config.cli import parse_command
 
-    if os.getcwd() not in sys.path:  # a reward module beside the user's data (-rt my_reward:fn), as the actors see it
-        sys.path.insert(0, os.getcwd())
     config, actions = parse_command(argv, TRAIN_DOC, prog)
+    use_user_folders(user_folders([config.data.train, config.data.eval]))  # -rt my_reward:fn, as the actors see it
     if "print-config" in actions:
         from coati.distributed.driver.job import description
 
@@ -93,9 +94,13 @@ def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> N
         print(line)
     if len(evals) >= 2:
         first, last = evals[0], evals[-1]
-        for key in ("eval/strict", "eval/lenient"):
-            if key in first:
-                print(f"{key}: {first[key]:.3f} -> {last[key]:.3f} ({eval_rows}, greedy, {first['eval/count']} items)")
+        cached = " (before: the base model's cached evaluation)" if first.get("eval/cached") else ""
+        for key in EVAL_RESULTS:
+            if key in first and key in last:
+                print(
+                    f"{key}: {first[key]:.3f} -> {last[key]:.3f} ({eval_rows}, greedy, {first['eval/count']} items)"
+                    + cached
+                )
     for i, why in enumerate(summary.get("restarts", []), 1):
         print(f"restart {i}: {why.splitlines()[0]}")
     groups = summary.get("groups")
@@ -176,8 +181,8 @@ def result_row(run: dict) -> dict:
         "steps": summary.get("steps", len(run["history"])),
         "minutes": round(summary["wall_s"] / 60, 1) if "wall_s" in summary else None,
     }
-    for key in ("eval/strict", "eval/lenient"):
-        if len(evals) >= 2 and key in evals[0]:
+    for key in EVAL_RESULTS:
+        if len(evals) >= 2 and key in evals[0] and key in evals[-1]:
             row[key] = f"{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
     rewards = [m["reward/mean"] for m in run["history"] if "reward/mean" in m]
     if rewards:
@@ -218,20 +223,22 @@ def compare(folders: list[str], out: str) -> dict:
     plots = []
     curves = {
         "reward": ("reward/mean", "mean reward of the drawn completions"),
-        "held_out": ("eval/lenient", "held-out accuracy (lenient, greedy)"),
+        "held_out": (None, "held-out result (greedy)"),
     }
     for name, (key, title) in curves.items():
         fig, ax = plt.subplots(figsize=(8, 4.5))
         drawn = False
         for run in runs:
             series = run["evals"] if name == "held_out" else run["history"]
+            if name == "held_out":
+                key = headline(series[0]) if series else "eval/lenient"
             points = [(m["step"], m[key]) for m in series if key in m]
             if points:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker="o" if name == "held_out" else None, label=run["path"])
                 drawn = True
         if drawn:
-            ax.set(title=title, xlabel="step", ylabel=key)
+            ax.set(title=title, xlabel="step", ylabel=key if name != "held_out" else "result")
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.legend(fontsize="small")
             path = os.path.join(out, f"compare_{name}.png")
@@ -261,12 +268,14 @@ def evaluate(target: str, flags: list[str]) -> dict:
     else:
         flags = [*flags, "--model-path", target]
     config, _ = parse_command(flags, TRAIN_DOC, "coati eval")
+    use_user_folders(user_folders([config.data.train, config.data.eval]))
     result = evaluate_model(config)
     if not result:
         raise ValueError("the held-out set has no rows")
+    shown = ", ".join(f"{k.removeprefix('eval/')} {result[k]:.3f}" for k in EVAL_RESULTS if k in result)
     print(
-        f"{target}: strict {result['eval/strict']:.3f}, lenient {result['eval/lenient']:.3f} "
-        f"({result['eval/count']} held-out items, greedy; {result['eval/reward_errors']} scoring errors)"
+        f"{target}: {shown} ({result['eval/count']} held-out items, greedy; {result['eval/reward_errors']} scoring "
+        "errors)"
     )
     return result
 

@@ -6,6 +6,7 @@ at launch with the fix in the message instead of deep inside an actor.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -68,13 +69,77 @@ def resolve_callable(name: str, registry: Registry[Callable]) -> Callable:
                 f"({module}:{attr}); registered: {', '.join(sorted(registry.names()))}"
             )
         return registry.get(name)
-    import importlib
-
     module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r} for {registry.kind} {name!r}: {e}") from e
+    module = import_user_module(module_name, f"{registry.kind} {name!r}")
     if not hasattr(module, attr):
         raise ValueError(f"module {module_name!r} has no attribute {attr!r} (asked for {registry.kind} {name!r})")
     return getattr(module, attr)
+
+
+USER_FOLDERS_ENV = "COATI_USER_FOLDERS"
+"""the driver's user folders, as the actors it starts get them (``os.pathsep``-separated)"""
+USER_FOLDERS: list[str] = [f for f in os.environ.get(USER_FOLDERS_ENV, "").split(os.pathsep) if f]
+"""the folders ``module:function`` names are looked up in, before the rest of the path (``use_user_folders``; in an
+actor, the driver's, from ``COATI_USER_FOLDERS``)"""
+
+
+def user_folders(data: list) -> list[str]:
+    """Where a run looks for the user's modules: the current folder, then the folder of each data file (a dataset
+    folder: itself and the folder holding it), as absolute paths, each once."""
+    folders = [os.getcwd()]
+    for path in data:
+        if isinstance(path, str) and os.path.exists(path):
+            path = os.path.abspath(path)
+            folders += [path, os.path.dirname(path)] if os.path.isdir(path) else [os.path.dirname(path)]
+    return list(dict.fromkeys(folders))
+
+
+def use_user_folders(folders: list[str]) -> None:
+    """Put ``folders`` first on this process's import path, in order (``USER_FOLDERS`` remembers them, so that the
+    actors and worker processes this process starts look in the same places)."""
+    import importlib
+    import sys
+
+    for folder in reversed(folders):
+        if folder in sys.path:
+            sys.path.remove(folder)
+        sys.path.insert(0, folder)
+    USER_FOLDERS[:] = list(dict.fromkeys([*folders, *USER_FOLDERS]))
+    importlib.invalidate_caches()
+
+
+def import_user_module(module_name: str, what: str):
+    """``import module_name`` for ``what``; any failure is one ValueError line: where the module was looked for when
+    it is missing, else the file and line its import failed at."""
+    import importlib
+    import sys
+
+    if USER_FOLDERS and sys.path[: len(USER_FOLDERS)] != USER_FOLDERS:
+        use_user_folders(list(USER_FOLDERS))
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == module_name or module_name.startswith(f"{e.name}."):  # the module itself is missing
+            folders = USER_FOLDERS or [p for p in sys.path[:1] if p]
+            raise ValueError(
+                f"cannot import module {module_name!r} for {what}: no {module_name.replace('.', '/')}.py in "
+                f"{', '.join(folders) or 'the current folder'} (looked there first, then on the Python path); put "
+                "it in the current folder or beside the data file"
+            ) from None
+        raise ValueError(f"importing module {module_name!r} for {what} failed at {_where(e)}") from None
+    except SyntaxError as e:
+        raise ValueError(
+            f"module {module_name!r} for {what} has a syntax error at {e.filename}:{e.lineno}: {e.msg}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises on import, said in one line
+        raise ValueError(f"importing module {module_name!r} for {what} failed at {_where(e)}") from None
+
+
+def _where(error: BaseException) -> str:
+    """``file:line: Type: message`` of the innermost frame of ``error``'s traceback outside the import machinery."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+    place = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    message = str(error).splitlines()[0] if str(error) else ""
+    return f"{place}{type(error).__name__}: {message}"

@@ -136,10 +136,25 @@ METRICS: dict[str, Metric] = {
     # evaluation
     "eval/strict": Metric("held-out greedy accuracy, strict check", "share"),
     "eval/lenient": Metric("held-out greedy accuracy, lenient check", "share"),
+    "eval/at_max": Metric(
+        "held-out share at the reward's maximum (a reward returning numbers: its max_reward, 1.0 by default)", "share"
+    ),
+    "eval/reward_mean": Metric("held-out mean reward of the scored items", "reward"),
     "eval/count": Metric("held-out items evaluated", "items"),
     "eval/reward_errors": Metric("held-out items whose scoring failed", "items"),
     "eval/cached": Metric("1 where the evaluation before training was the base model's cached one (not rerun)", "flag"),
 }
+
+EVAL_RESULTS = ("eval/strict", "eval/lenient", "eval/at_max", "eval/reward_mean")
+"""an evaluation's results, in the order they are shown: strict and lenient where the reward defines them, else the
+share at its maximum; the mean reward always"""
+
+
+def headline(evaluation: dict) -> str:
+    """The one result a run is summed up by: lenient accuracy where the reward defines it, else the share at the
+    reward's maximum, else the mean reward."""
+    return next((k for k in ("eval/lenient", "eval/at_max", "eval/reward_mean") if k in evaluation), "eval/lenient")
+
 
 PAYLOADS = ("samples", "eval_samples")
 """what a step's record carries besides metrics: sample completions (``samples.jsonl``) and held-out predictions

@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from coati import registry
 from coati.distributed.attest import compare
 from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
 from coati.distributed.inference import backend_options
@@ -169,9 +170,12 @@ def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) 
 
 def actor_env() -> dict:
     """Every actor's runtime environment: one thread until it is lent more, the driver's hub setting, and the
-    driver's folder on the path, so user reward modules (module:function) import there too."""
-    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    driver's user folders first on the path (``coati.registry.USER_FOLDERS``: the current folder, the data's), so
+    user reward modules (module:function) import there as in the driver."""
+    folders = registry.USER_FOLDERS or [os.getcwd()]
+    path = os.pathsep.join(filter(None, [*folders, os.environ.get("PYTHONPATH")]))
     env_vars = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}
+    env_vars[registry.USER_FOLDERS_ENV] = os.pathsep.join(folders)
     return {"runtime_env": {"env_vars": {**env_vars, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}
 
 

@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 
 
 def evaluation_result(results: list[EvalShare], reward) -> dict:
-    """The producers' held-out evaluations as one: strict and lenient accuracy, counts and every item's prediction
-    (``eval_samples``); too many scoring failures (``reward.max_error_fraction``) stop the run."""
+    """The producers' held-out evaluations as one: the mean reward of the scored items; strict and lenient accuracy
+    where the reward defines them, else (a reward returning numbers) the share of items at the reward's maximum;
+    counts and every item's prediction (``eval_samples``); too many scoring failures (``reward.max_error_fraction``)
+    stop the run."""
     count = sum(r.count for r in results)
     if not count:
         return {}
@@ -55,9 +57,15 @@ def evaluation_result(results: list[EvalShare], reward) -> dict:
             f"evaluation: reward function {reward.fn} failed on {errors} of {count} held-out items; "
             f"first error: {first}"
         )
+    scored = sum(r.scored for r in results)
+    result = {"eval/reward_mean": sum(r.reward_sum for r in results) / scored if scored else float("nan")}
+    if sum(r.plain for r in results) == count - errors:  # a number reward: no strict/lenient check of its own
+        result["eval/at_max"] = sum(r.strict_correct for r in results) / count
+    else:
+        result["eval/strict"] = sum(r.strict_correct for r in results) / count
+        result["eval/lenient"] = sum(r.lenient_correct for r in results) / count
     return {
-        "eval/strict": sum(r.strict_correct for r in results) / count,
-        "eval/lenient": sum(r.lenient_correct for r in results) / count,
+        **result,
         "eval/count": count,
         "eval/reward_errors": errors,
         "eval_samples": sorted((i for r in results for i in r.items), key=lambda i: i["index"]),

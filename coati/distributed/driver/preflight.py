@@ -34,6 +34,7 @@ from coati.distributed.rollout.data import (
     reward_fields,
     rows_digest,
 )
+from coati.registry import use_user_folders, user_folders
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -202,6 +203,7 @@ def check_files(config: Config) -> Files:
     options and whether it runs the model here, the datasets and the reward's columns, the reward model and judge
     folders, the batch arithmetic."""
     cfg, m = config, config.model
+    use_user_folders(user_folders([cfg.data.train, cfg.data.eval]))  # where module:function names are found
     # the datasets, the reward's columns and the batch arithmetic first: a mistake there is refused before the
     # default model's first conversion (~20 s of progress bars)
     train_dataset, eval_dataset = config.data.datasets(config.run.seed)

@@ -8,6 +8,8 @@ import base64
 import html
 from pathlib import Path
 
+from coati.distributed.metrics import EVAL_RESULTS
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;
 vertical-align:top}th{background:#f3f3f3}img{max-width:100%;display:block;margin:1em 0}pre{background:#f6f6f6;
@@ -98,13 +100,15 @@ def _results(evals: list[dict]) -> str:
     rows = "".join(
         f"<tr><td>{key}</td><td>{first[key]:.3f}</td><td>{last[key]:.3f}</td>"
         f"<td>{last[key] - first[key]:+.3f}</td></tr>"
-        for key in ("eval/strict", "eval/lenient")
+        for key in EVAL_RESULTS
         if key in first and key in last
     )
     count = first.get("eval/count", "?")
+    if first.get("eval/cached"):
+        count = f"{count} (before: the base model's cached evaluation)"
     return (
         f"<h2>Held-out result</h2><p>{count} items, greedy; step {first.get('step', 0)} to step "
-        f"{last.get('step', 0)}</p><table><tr><th>accuracy</th><th>before</th><th>after</th><th>change</th></tr>"
+        f"{last.get('step', 0)}</p><table><tr><th>result</th><th>before</th><th>after</th><th>change</th></tr>"
         f"{rows}</table>"
     )
 

@@ -17,13 +17,14 @@ from coati.distributed.driver.run_folder import writing
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
 from coati.distributed.loggers.jsonl_logger import truncate_jsonl
+from coati.distributed.metrics import headline
 from coati.distributed.startup import MARKS, process_age_s
 
 PLOTS = {
     "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),
     "accuracy": (
         "fraction correct",
-        ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient"],
+        ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient", "eval/at_max"],
     ),
     "kl": ("KL (nats per token)", ["loss/approx_kl", "loss/kl"]),
     "entropy": ("entropy (nats per token)", ["actor/entropy"]),
@@ -42,6 +43,7 @@ LABELS = {
     "reward/lenient_accuracy": "training, lenient",
     "eval/strict": "held-out, strict",
     "eval/lenient": "held-out, lenient",
+    "eval/at_max": "held-out, at the reward's maximum",
     "loss/approx_kl": "to the sampling policy",
     "loss/kl": "to the reference (penalised)",
     "actor/entropy": "policy entropy",
@@ -289,7 +291,8 @@ class Reporter:
 
     def _show(self, metrics: dict) -> None:
         if metrics["step"] == 0:
-            self.bar.set_postfix({"eval_lenient": f"{metrics.get('eval/lenient', float('nan')):.3f}"})
+            key = headline(metrics)
+            self.bar.set_postfix({key.replace("/", "_"): f"{metrics.get(key, float('nan')):.3f}"})
             return
         if self.bar.total is None and "total_steps" in metrics:
             self.bar.total = metrics["total_steps"]
@@ -304,8 +307,9 @@ class Reporter:
         post["reward_err"] = f"{metrics.get('reward/errors', 0)}/{metrics.get('reward/timeouts', 0)}t"
         if metrics.get("actor/skipped_steps"):
             post["skipped"] = metrics["actor/skipped_steps"]
-        if "eval/lenient" in metrics:
-            post["eval_lenient"] = f"{metrics['eval/lenient']:.3f}"
+        key = headline(metrics)
+        if key in metrics:
+            post[key.replace("/", "_")] = f"{metrics[key]:.3f}"
         self.bar.set_postfix(post)
         self.bar.update(1)
 

@@ -19,6 +19,8 @@ type.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -135,6 +137,74 @@ def call_reward(fn: Callable, signature: RewardSignature, completions: list, fie
     if signature.completions_by_name:
         return fn(completions=completions, **fields, **kwargs)
     return fn(completions, **fields, **kwargs)
+
+
+DEFAULT_MAX_REWARD = 1.0
+"""a plain (number) reward's maximum unless its function says otherwise (``fn.max_reward``): TRL's accuracy rewards
+give 1.0 for a right answer"""
+
+
+def max_reward_of(fn: Callable) -> float:
+    """The reward a plain (number-returning) function gives a fully right completion: ``fn.max_reward``, else 1.0."""
+    value = getattr(fn, "max_reward", DEFAULT_MAX_REWARD)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"reward function's max_reward must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _number(value) -> float | None:
+    """``value`` as a float when it is one number: a Python, numpy or torch scalar (or a one-element array), as TRL
+    turns a reward function's outputs into a tensor; None otherwise."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "ndim", None) in (0, 1) and callable(getattr(value, "item", None)):
+        count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 0)
+        item = value.item() if count == 1 else None
+        if isinstance(item, numbers.Real):
+            return float(item)
+    return None
+
+
+def as_result(value, fn_name: str, max_reward: float = DEFAULT_MAX_REWARD) -> RewardResult:
+    """One reward function output as a RewardResult.
+
+    - ``None`` or NaN: no score (TRL's convention; masked from training, counted).
+    - a number (bool, int, float, numpy or torch scalar): a plain reward. It defines no strict or lenient check, so
+      ``info['plain']`` marks it, and it counts as right (``answer_ok``) when it reaches ``max_reward``.
+    - a dict with ``score`` (verl's convention): the score as a plain reward, its ``acc`` (when given) as the
+      correctness, the other keys kept in ``info``.
+    """
+    if isinstance(value, RewardResult):
+        return value
+    if value is None:
+        return RewardResult(float("nan"), info={"no_score": True})
+    if isinstance(value, dict) and "score" in value:
+        score = _number(value["score"])
+        if score is None:
+            raise TypeError(f"reward function {fn_name} returned a dict whose score is {value['score']!r}")
+        extra = {k: v for k, v in value.items() if k != "score" and _plain_json(v)}
+        if "acc" in value:
+            ok = bool(value["acc"])
+            return RewardResult(score, ok, ok, extra)
+        return _plain(score, max_reward, extra)
+    number = _number(value)
+    if number is None:
+        raise TypeError(
+            f"reward function {fn_name} returned {type(value).__name__}; expected a number, None, a dict with "
+            "'score', or RewardResult"
+        )
+    if math.isnan(number):
+        return RewardResult(float("nan"), info={"no_score": True})
+    return _plain(number, max_reward, {})
+
+
+def _plain(reward: float, max_reward: float, info: dict) -> RewardResult:
+    right = reward >= max_reward
+    return RewardResult(reward, right, right, {**info, "plain": True})
+
+
+def _plain_json(value) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
 
 
 def truncate_for_log(text: str, limit: int = 200) -> str:

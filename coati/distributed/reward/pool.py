@@ -29,11 +29,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from coati.distributed.reward.base import (
+    DEFAULT_MAX_REWARD,
     TRAINER_FIELDS,
     RewardResult,
     RewardSignature,
+    as_result,
     call_reward,
     follows_trl,
+    max_reward_of,
     resolve_reward_fn,
     truncate_for_log,
 )
@@ -53,6 +56,7 @@ reward function's name and options"""
 def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
     fn = resolve_reward_fn(fn_name)
     signature = RewardSignature.of(fn, fn_name)
+    max_reward = max_reward_of(fn)
     while True:
         try:
             msg = conn.recv()
@@ -62,13 +66,19 @@ def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
             return
         task_ids, completions, fields = msg
         try:
-            conn.send((task_ids, _call(fn, fn_name, signature, completions, fields, fn_kwargs), None))
+            conn.send((task_ids, _call(fn, fn_name, signature, completions, fields, fn_kwargs, max_reward), None))
         except Exception as e:  # noqa: BLE001 - a reward bug scores 0 with its reason, the producer goes on
             conn.send((task_ids, None, f"{type(e).__name__}: {truncate_for_log(str(e))}"))
 
 
 def _call(
-    fn, fn_name: str, signature: RewardSignature, completions: list, fields: list[dict], fn_kwargs: dict
+    fn,
+    fn_name: str,
+    signature: RewardSignature,
+    completions: list,
+    fields: list[dict],
+    fn_kwargs: dict,
+    max_reward: float = DEFAULT_MAX_REWARD,
 ) -> list[RewardResult]:
     """One call of ``fn`` on a batch: each field a list with one value per completion, but ``trainer_state``, one
     object for the call (as a trainer passes it; the batch's items share it)."""
@@ -80,18 +90,7 @@ def _call(
             f"reward function {fn_name} returned {got} for {len(completions)} completions; it must "
             "return one result per completion"
         )
-    results = []
-    for result in out:
-        if result is None:  # TRL's "no score for this completion": masked from training, counted
-            result = RewardResult(float("nan"), info={"no_score": True})
-        elif isinstance(result, (int, float)):  # plain float rewards (TRL-style functions) are accepted too
-            result = RewardResult(float(result))
-        elif not isinstance(result, RewardResult):
-            raise TypeError(
-                f"reward function {fn_name} returned {type(result).__name__}; expected RewardResult or float"
-            )
-        results.append(result)
-    return results
+    return [as_result(result, fn_name, max_reward) for result in out]
 
 
 @dataclass

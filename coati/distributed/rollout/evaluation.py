@@ -17,6 +17,13 @@ class EvalShare:
     strict_correct: int = 0
     lenient_correct: int = 0
     reward_errors: int = 0
+    scored: int = 0
+    """items the reward scored (no error, a score)"""
+    reward_sum: float = 0.0
+    """the sum of the scored items' rewards"""
+    plain: int = 0
+    """items whose reward is a plain number (it defines no strict or lenient check; ``answer_ok`` then means the
+    reward reached its maximum)"""
     first_error: str = ""
     """the first scoring error's message ("" without one)"""
     items: list[dict] = field(default_factory=list)
@@ -41,7 +48,12 @@ def evaluate_share(
             lenient = bool(r.info.get("lenient_ok", r.answer_ok))
             out.strict_correct += bool(r.answer_ok)
             out.lenient_correct += lenient
-            out.reward_errors += bool(r.info.get("error"))
+            failed = bool(r.info.get("error"))
+            out.reward_errors += failed
+            if not failed and not r.info.get("no_score"):
+                out.scored += 1
+                out.reward_sum += float(r.reward)
+            out.plain += bool(r.info.get("plain"))
             out.first_error = out.first_error or str(r.info.get("error") or "")
             row = rows[index]
             out.items.append(
@@ -52,6 +64,7 @@ def evaluate_share(
                     "reference": row.get("gt_answer"),
                     "strict_ok": bool(r.answer_ok),
                     "lenient_ok": lenient,
+                    "reward": None if failed or r.info.get("no_score") else float(r.reward),
                 }
             )
     return out

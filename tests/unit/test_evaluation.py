@@ -1,0 +1,91 @@
+"""A held-out evaluation scored as training scores it: a reward that returns numbers (TRL's convention) is evaluated
+by its mean and the share at its maximum, not as a strict/lenient check it never made."""
+
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+import torch
+
+from coati.distributed.driver.loop import evaluation_result
+from coati.distributed.metrics import headline
+from coati.distributed.record import RolloutBatch
+from coati.distributed.reward.base import RewardResult, as_result, max_reward_of
+from coati.distributed.reward.config import RewardConfig
+from coati.distributed.rollout.evaluation import evaluate_share
+
+
+@pytest.mark.parametrize(
+    "value, reward, right",
+    [
+        (1.0, 1.0, True),
+        (0.25, 0.25, False),
+        (1, 1.0, True),
+        (True, 1.0, True),
+        (np.float32(1.0), 1.0, True),
+        (np.int64(0), 0.0, False),
+        (torch.tensor(1.0), 1.0, True),
+        (torch.tensor([0.5]), 0.5, False),
+        ({"score": 1.0}, 1.0, True),
+        ({"score": 0.0, "acc": True}, 0.0, True),
+    ],
+)
+def test_numbers_of_every_kind_are_plain_rewards(value, reward, right):
+    result = as_result(value, "fn")
+    assert result.reward == reward and result.answer_ok is right
+    assert bool(result.info.get("plain")) is ("acc" not in value if isinstance(value, dict) else True)
+
+
+def test_none_and_nan_are_no_score_and_other_types_are_refused():
+    assert as_result(None, "fn").info == {"no_score": True}
+    assert as_result(float("nan"), "fn").info == {"no_score": True}
+    with pytest.raises(TypeError, match="fn returned str"):
+        as_result("1.0", "fn")
+    with pytest.raises(TypeError, match="fn returned ndarray"):
+        as_result(np.ones(3), "fn")
+
+
+def test_a_function_states_its_own_maximum():
+    def half(completions, **kw):
+        return [0.5] * len(completions)
+
+    half.max_reward = 0.5
+    assert max_reward_of(half) == 0.5 and as_result(0.5, "half", max_reward_of(half)).answer_ok
+    half.max_reward = float("inf")
+    with pytest.raises(ValueError, match="max_reward must be a finite number, got inf"):
+        max_reward_of(half)
+
+
+def _share(results: list[RewardResult]):
+    n = len(results)
+    batch = RolloutBatch.__new__(RolloutBatch)
+    batch.response_ids = torch.zeros(n, 2, dtype=torch.long)
+    batch.response_lengths = torch.full((n,), 2)
+
+    def rollouts(rows):
+        futures = []
+        for r in results[: len(rows)]:
+            f: Future = Future()
+            f.set_result(r)
+            futures.append(f)
+        return batch, futures
+
+    rows = [{"prompt": f"p{i}", "gt_answer": "1"} for i in range(n)]
+    return evaluate_share(rows, list(range(n)), n, rollouts, lambda ids: "x")
+
+
+def test_a_number_reward_is_evaluated_by_its_mean_and_share_at_its_maximum():
+    share = _share([as_result(v, "fn") for v in (1.0, 1.0, 0.5, 0.0)])
+    result = evaluation_result([share], RewardConfig())
+    assert result["eval/reward_mean"] == pytest.approx(0.625)
+    assert result["eval/at_max"] == 0.5
+    assert "eval/strict" not in result and "eval/lenient" not in result
+    assert headline(result) == "eval/at_max"
+    assert [i["reward"] for i in result["eval_samples"]] == [1.0, 1.0, 0.5, 0.0]
+
+
+def test_a_reward_with_its_own_checks_keeps_strict_and_lenient():
+    results = [RewardResult(1.0, True, True), RewardResult(0.2, True, False, {"lenient_ok": True})]
+    result = evaluation_result([_share(results)], RewardConfig())
+    assert (result["eval/strict"], result["eval/lenient"]) == (0.5, 1.0)
+    assert result["eval/reward_mean"] == pytest.approx(0.6) and headline(result) == "eval/lenient"
