@@ -125,19 +125,31 @@ def job_command(policy: str, rm: str, rows: str, save_dir: str, project: str, ad
 # ---- the processes of a job ----------------------------------------------------------------------------------------
 
 
-def pids(title: str) -> list[int]:
-    """This machine's processes whose title starts with ``title`` (a Ray actor's: ``ray::Producer`` ...)."""
+def pids(title: str, among: list) -> list[int]:
+    """The processes of ``among`` whose title starts with ``title`` (a Ray actor's: ``ray::Producer`` ...)."""
     import psutil
 
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
+    found = []
+    for p in among:
+        try:
+            if (p.cmdline() or [""])[0].startswith(title):
+                found.append(p.pid)
+        except psutil.Error:  # ended meanwhile
+            pass
+    return found
 
 
 def victims(driver_pid: int) -> dict[str, list[int]]:
-    """The job's processes by target: Ray's actor processes found by their title, a producer's reward workers as
-    its children."""
+    """The job's processes by target: the actor processes of the cluster its driver started (the driver's
+    descendants: its raylet's workers), found by their title, and a producer's reward workers as its children. A
+    process of any other run on the machine, whatever its title, is never one."""
     import psutil
 
-    producers = pids("ray::Producer")
+    try:
+        ours = psutil.Process(driver_pid).children(recursive=True)
+    except psutil.Error:
+        ours = []
+    producers = pids("ray::Producer", ours)
     workers = []
     for pid in producers:
         try:
@@ -147,9 +159,9 @@ def victims(driver_pid: int) -> dict[str, list[int]]:
     return {
         "driver": [driver_pid],
         "producer": producers,
-        "consumer": pids("ray::GRPOConsumer"),
+        "consumer": pids("ray::GRPOConsumer", ours),
         "reward_worker": workers,
-        "reward_model": pids("ray::RewardModel"),
+        "reward_model": pids("ray::RewardModel", ours),
     }
 
 

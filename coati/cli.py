@@ -29,7 +29,7 @@ def train(argv=None, prog: str = "coati train") -> dict:
 
     from coati.distributed.config.cli import parse_command
 
-    config, actions = parse_command(argv, TRAIN_DOC, prog)
+    config, actions = resumed(*parse_command(argv, TRAIN_DOC, prog), argv, prog)
     use_user_folders(user_folders([config.data.train, config.data.eval]))  # -rt my_reward:fn, as the actors see it
     if "print-config" in actions:
         from coati.distributed.driver.job import description
@@ -56,6 +56,30 @@ def train(argv=None, prog: str = "coati train") -> dict:
         summary, summary["run_folder"], "training rows" if config.data.evaluates_training_rows else "held-out"
     )
     return summary
+
+
+def resumed(config, actions: set, argv: list, prog: str):
+    """A ``--resume`` run's config: the run's own recorded ``config.yaml``, with the flags given beside ``--resume``
+    over it (the checkpoint then refuses what may not change); its run folder fixed to the run's. A run folder
+    without a recorded config takes the flags alone."""
+    import dataclasses
+
+    import yaml
+
+    from coati.distributed.config.cli import parse_command
+    from coati.distributed.driver.run_folder import resumed_folder
+
+    r = config.run
+    if not r.resume:
+        return config, actions
+    folder, spec = resumed_folder(r.save_dir, r.project, r.run_dir, r.resume)
+    recorded = Path(folder) / "config.yaml"
+    if recorded.is_file():
+        base = yaml.safe_load(recorded.read_text()) or {}
+        base.get("run", {}).update(run_dir=None, resume=None, overwrite=False)
+        config, actions = parse_command(argv, TRAIN_DOC, prog, base=base)
+    run = dataclasses.replace(config.run, run_dir=folder, resume=spec)
+    return dataclasses.replace(config, run=run), actions
 
 
 def start_ray_importing_driver(address: str | None):

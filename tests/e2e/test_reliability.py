@@ -164,8 +164,9 @@ def test_run_folders_are_protected_and_a_resume_refuses_another_run(ray_cluster,
         "identity.max_staleness": dict(max_staleness=1),
     }
     for field, over in changes.items():
-        with pytest.raises(ValueError, match=rf"incompatible with this run \(.*{field}: checkpoint"):
+        with pytest.raises(ValueError, match=rf"(?s)does not match this run.*\n  {field}: checkpoint") as e:
             launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, **over))
+        assert "--resume-allow identity" not in str(e.value)  # other weights or data are never offered
     with pytest.raises(ValueError, match="at step 1 and this run has 1 steps: nothing left to train"):
         launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest"))
     assert no_actors_left()
@@ -217,6 +218,34 @@ def test_checkpoints_load_no_pickle(tmp_path):
     for name in ("prompt_ids", "rewards", "group_ids", "policy_version"):
         assert np.array_equal(getattr(got, name), getattr(batch, name)), name
     assert list(got.extras["reward_error_msg"]) == ["", "boom"]
+
+
+def test_a_pickle_planted_in_a_checkpoint_shard_never_runs_whatever_the_environment(tmp_path, monkeypatch):
+    """ColossalAI reads optimizer and model shards with ``torch.load`` and no ``weights_only``, which
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns into a full unpickle; the consumer's loads are weights-only."""
+    import pickle
+
+    from colossalai.checkpoint_io.utils import load_shard_state_dict
+
+    from coati.distributed.trainer.engine import weights_only_loads
+
+    marker = tmp_path / "pwned"
+    shard = tmp_path / "pytorch_optim-00001.bin"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"state": Planted()}, shard)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.warns(UserWarning):  # the attack is real: ColossalAI's reader runs the pickle
+        load_shard_state_dict(shard, use_safetensors=False)
+    assert marker.exists()
+    marker.unlink()
+    with weights_only_loads(), pytest.raises(pickle.UnpicklingError):
+        load_shard_state_dict(shard, use_safetensors=False)
+    assert not marker.exists() and os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
 
 
 # ---- rewards: failures are loud, never trained on -------------------------------------------------------------------

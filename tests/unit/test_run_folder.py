@@ -60,3 +60,39 @@ def test_a_second_command_line_run_in_the_same_project_is_not_refused(monkeypatc
         assert "run_dir: null" in open(os.path.join(folder, "config.yaml")).read()
     assert read_run(str(tmp_path / "runs" / "coati"))["path"] == second
     assert rl_example.main([*argv, "--resume", "latest", "--max-steps", "3"])["run_folder"] == second
+
+
+def test_a_latest_link_pointing_outside_the_project_is_refused(tmp_path):
+    """A ``latest`` planted to point elsewhere would have ``--overwrite`` delete, and ``--resume`` write, there."""
+    victim = tmp_path / "victim"
+    (victim / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "p").mkdir(parents=True)
+    (tmp_path / "runs" / "p" / "latest").symlink_to(victim)
+    for resume, overwrite in (("latest", False), (None, True)):
+        with pytest.raises(RunFolderError, match="which is not a run folder inside"):
+            choose_folder(str(tmp_path / "runs"), "p", resume, overwrite)
+    with pytest.raises(RunFolderError, match="which is not a run folder inside"):
+        run_of(str(tmp_path / "runs" / "p"))
+    assert (victim / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize("project", ["../../x", "a/b", "..", ".", ""])
+def test_a_project_that_is_a_path_is_refused(project):
+    from coati.distributed.config.tree import RunConfig
+
+    with pytest.raises(ValueError, match="must be a folder name, not a path"):
+        RunConfig(project=project)
+
+
+def test_a_checkpoint_pointer_naming_a_folder_outside_is_ignored(tmp_path):
+    from coati.distributed.driver.checkpoint import CheckpointManager
+
+    root = tmp_path / "run" / "checkpoints"
+    (root / "step-2").mkdir(parents=True)
+    (root / "step-2" / "meta.json").write_text("{}")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "meta.json").write_text("{}")
+    (root / "latest").write_text("../../outside")
+    manager = CheckpointManager.__new__(CheckpointManager)
+    manager.root = root
+    assert manager.resolve("latest") == root / "step-2"

@@ -482,8 +482,20 @@ def parse_config(argv=None, description: str = "") -> Config:
     return parse_command(argv, description)[0]
 
 
-def parse_command(argv=None, description: str = "", prog: str | None = None) -> tuple[Config, set[str]]:
-    """The Config of a command line and the ``ACTIONS`` it asks for (``print-config``, ``dry-run``, ``debug``)."""
+def _merged(base: dict, over: dict) -> dict:
+    """``over``'s keys set over ``base``'s, section by section."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
+
+
+def parse_command(
+    argv=None, description: str = "", prog: str | None = None, base: dict | None = None
+) -> tuple[Config, set[str]]:
+    """The Config of a command line and the ``ACTIONS`` it asks for (``print-config``, ``dry-run``, ``debug``):
+    ``base`` (a resumed run's recorded tree), then the ``--config`` file over it, then the flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description, everything="--help-all" in argv)
     if prog:
@@ -491,7 +503,7 @@ def parse_command(argv=None, description: str = "", prog: str | None = None) -> 
     given = vars(parser.parse_args(normalize_flags(argv, {s for a in parser._actions for s in a.option_strings})))
     actions = {key.split(".", 1)[1] for key in list(given) if key.startswith("action.") and given.pop(key)}
     try:
-        tree = load_file(given.pop("config")) if "config" in given else {}
+        tree = _merged(base or {}, load_file(given.pop("config")) if "config" in given else {})
         _reward_functions(given)
         for key, value in given.items():
             node = tree

@@ -213,6 +213,15 @@ class RunConfig:
     """show a progress bar"""
 
     def __post_init__(self):
+        require(
+            isinstance(self.project, str)
+            and self.project not in ("", ".", "..")
+            and "/" not in self.project
+            and os.sep not in self.project
+            and "\0" not in self.project,
+            f"run.project={self.project!r} must be a folder name, not a path (no '/', '.' or '..'); the run folder "
+            "is <save_dir>/<project>: set --save-dir to write elsewhere",
+        )
         object.__setattr__(self, "resume_allow", tuple(self.resume_allow))
         report = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
         object.__setattr__(self, "report_to", () if report in (("none",), ("None",)) else report)

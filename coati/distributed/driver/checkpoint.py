@@ -72,11 +72,19 @@ def check_compatible(saved: dict, current: dict, where: str, allow=()) -> None:
         if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in allowed)
     ]
     if diffs:
-        detail = "; ".join(f"{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in diffs)
-        raise ValueError(
-            f"checkpoint {where} is incompatible with this run ({detail}); start a new run, match them, or accept "
-            f"the change explicitly with resume_allow={diffs} (--resume-allow {','.join(diffs)})"
-        )
+        lines = "".join(f"\n  {k}: checkpoint {_short(a.get(k))}, this run {_short(b.get(k))}" for k in diffs)
+        allowable = [k for k in diffs if not k.startswith("identity.")]
+        fix = "start a new run, or give the checkpoint's values"
+        if allowable:
+            fix += f"; to accept the change: --resume-allow {','.join(allowable)}"
+        if len(allowable) < len(diffs):
+            fix += " (the model's weights or data differ: a checkpoint resumes its own run only)"
+        raise ValueError(f"checkpoint {where} does not match this run; {fix}:{lines}")
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def fingerprint(path: str) -> dict:
@@ -132,8 +140,10 @@ class CheckpointManager:
         """'latest' (the newest complete checkpoint under root) or a checkpoint folder."""
         if spec == "latest":
             pointer = self.root / "latest"
-            if pointer.exists() and (self.root / pointer.read_text().strip() / "meta.json").exists():
-                return self.root / pointer.read_text().strip()
+            name = pointer.read_text().strip() if pointer.is_file() and not pointer.is_symlink() else ""
+            # only a step folder of this root: a pointer edited to "../elsewhere" names nothing
+            if re.fullmatch(r"step-\d+", name) and (self.root / name / "meta.json").exists():
+                return self.root / name
             found = self.list()
             if not found:
                 raise FileNotFoundError(f"--resume latest: no checkpoint under {self.root}")

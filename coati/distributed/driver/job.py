@@ -54,11 +54,27 @@ def launch_distributed(*args, on_step: Callable[[dict], None] | None = None, **k
     return run_reported(config, on_step)[0]
 
 
+PATH_FIELDS = (
+    ("model", "path"),
+    ("model", "inference_path"),
+    ("model", "tokenizer_path"),
+    ("data", "train"),
+    ("data", "eval"),
+    ("run", "save_dir"),
+    ("run", "run_dir"),
+)
+"""the config fields that name local files or folders (config.yaml writes them absolute)"""
+
+
 def description(config: Config) -> dict[str, str]:
     """The files that say how a run was made: ``config.yaml`` (the resolved tree, the algorithm's preset written out:
-    ``--config config.yaml`` runs it again), ``command.txt`` (the command line) and ``env.json`` (the code's commit,
-    package versions, the machine and its speed)."""
+    ``--config config.yaml`` runs it again, from any folder: its local paths are absolute), ``command.txt`` (the
+    command line) and ``env.json`` (the code's commit, package versions, the machine and its speed)."""
     tree = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as lists: plain YAML
+    for section, key in PATH_FIELDS:  # absolute: the file runs again from any folder
+        value = tree[section][key]
+        if isinstance(value, str) and not os.path.isabs(value) and os.path.exists(value):
+            tree[section][key] = os.path.abspath(value)
     tree["algorithm"] = json.loads(json.dumps(dataclasses.asdict(config.algo_config)))
     return {
         "config.yaml": yaml.safe_dump(tree, sort_keys=False),

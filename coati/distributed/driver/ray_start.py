@@ -18,12 +18,122 @@ def start_ray(address: str | None) -> None:
 
     if ray.is_initialized():  # this process's cluster (the command line starts it while the driver imports)
         return
+    if address == "auto":
+        address = own_cluster_address()
     if address:
         ray.init(address=address)
     elif os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"):
         ray.init()  # the submitted job's cluster, with the job's runtime environment
     else:
-        ray.init(address="local", include_dashboard=False, num_cpus=max(os.cpu_count() or 2, 4), log_to_driver=False)
+        root = private_root()
+        private_token(root)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            num_cpus=max(os.cpu_count() or 2, 4),
+            log_to_driver=False,
+            _temp_dir=os.path.join(root, "ray"),
+        )
+
+
+ROOT_ENV = "COATI_RAY_ROOT"
+"""a folder of the user's own for the local cluster's session folders, sockets and token (default
+``<tmp>/coati-<uid>``)"""
+
+
+def private_root() -> str:
+    """The local cluster's root folder, made 0700 and checked to be the user's own (not a link, not another user's):
+    Ray makes its session folders 0777 without the sticky bit, so only a private folder above them keeps other local
+    users from renaming its sockets or reading its logs."""
+    import tempfile
+
+    root = os.environ.get(ROOT_ENV) or os.path.join(tempfile.gettempdir(), f"coati-{os.getuid()}")
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    fix = f"remove it, or set {ROOT_ENV} to a folder of yours"
+    if not os.path.isdir(root) or os.path.islink(root):
+        raise ValueError(f"Ray's private folder {root} is not a folder of its own (a link or a file); {fix}")
+    if info.st_uid != os.getuid():
+        raise ValueError(f"Ray's private folder {root} belongs to uid {info.st_uid}, not to you; {fix}")
+    if info.st_mode & 0o077:
+        os.chmod(root, 0o700)
+    return root
+
+
+def private_token(root: str) -> None:
+    """Token authentication for the local cluster with a token only the user can read (``<root>/auth_token``, 0600;
+    Ray's default ``~/.ray/auth_token`` is written 0644, and whoever reads it owns the cluster). A mode the user set
+    (``RAY_AUTH_MODE`` other than token, ``RAY_AUTH_TOKEN``) is kept; a token file the user names
+    (``RAY_AUTH_TOKEN_PATH``) is used, narrowed to 0600."""
+    import secrets
+
+    if os.environ.get("RAY_AUTH_MODE", "token") != "token" or os.environ.get("RAY_AUTH_TOKEN"):
+        return  # the user's own choice: no token, or a token of theirs
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(root, "auth_token")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        if os.path.islink(path) or os.lstat(path).st_uid != os.getuid():
+            raise ValueError(f"{path} is not a token file of yours; remove it") from None
+        os.chmod(path, 0o600)
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = path
+    import sys
+
+    if "ray" in sys.modules:  # Ray read its settings and token at import: read again (as ray.init does for its own)
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def own_cluster_address() -> str:
+    """What ``--address auto`` joins: ``RAY_ADDRESS`` when set (the user's own environment), else the address in
+    Ray's address file, taken only when that file and the process listening at the address are the user's own.
+    Ray's own "auto" follows a file or a process any local user can plant (``/tmp/ray`` is 0777), and would send it
+    the token."""
+    import tempfile
+
+    if os.environ.get("RAY_ADDRESS") and os.environ["RAY_ADDRESS"] != "auto":
+        return os.environ["RAY_ADDRESS"]
+    path = os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray", "ray_current_cluster")
+    fix = "pass the head's address (--address HOST:PORT) instead of auto"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise ValueError(f"--address auto: no Ray cluster of yours is running here (no {path}); {fix}") from None
+    if os.path.islink(path) or info.st_uid != os.getuid():
+        raise ValueError(f"--address auto: {path} belongs to uid {info.st_uid}, not to you; {fix}")
+    with open(path) as f:
+        address = f.read().strip()
+    host, _, port = address.rpartition(":")
+    owners = listener_uids(int(port)) if port.isdigit() else set()
+    if owners != {os.getuid()}:
+        who = f"uid {sorted(owners)}" if owners else "nothing"
+        raise ValueError(f"--address auto: {path} names {address}, where {who} listens, not a cluster of yours; {fix}")
+    return address
+
+
+def listener_uids(port: int) -> set[int]:
+    """The owners (uids) of the TCP sockets listening on ``port`` on this machine (``/proc/net/tcp`` and ``tcp6``)."""
+    uids = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 7 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                uids.add(int(fields[7]))
+    return uids
 
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
@@ -36,7 +146,9 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     or forever)."""
     import socket
 
-    if address == "auto" or "://" in address:
+    if address == "auto":
+        address = own_cluster_address()
+    if "://" in address:
         return
     host, _, port = address.rpartition(":")
     fix = "start one with `ray start --head` on that node, or leave --address out to start a local one"

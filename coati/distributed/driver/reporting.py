@@ -252,6 +252,7 @@ class Reporter:
                 (self.out / "eval_samples.jsonl").unlink(missing_ok=True)
             if append:  # a resumed run: what an earlier process logged past its checkpoint is trained again now
                 self._truncate(step)
+                self.history = _read_history(self.out / "metrics.jsonl", step)  # the run's steps before it
         elif self.last_step is not None and step <= self.last_step:  # restarted from a checkpoint in this process
             self._truncate(step)
         self.last_step = step
@@ -363,6 +364,24 @@ class Reporter:
         return summary
 
 
+def _read_history(path: Path, before: int) -> list[dict]:
+    """The training steps an earlier process of this run logged in ``metrics.jsonl`` before step ``before`` (the
+    last record of a step wins; a line a kill cut short is skipped)."""
+    steps: dict[int, dict] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and 0 < int(record.get("step", 0)) < before:
+            steps[int(record["step"])] = record
+    return [steps[k] for k in sorted(steps)]
+
+
 def _read_evals(path: Path) -> list[dict]:
     """The evaluations an earlier process of this run wrote (none when it wrote none, or a file it left unreadable)."""
     try:
@@ -390,8 +409,7 @@ class _BarPhases(logging.Handler):
 
 
 def loop_summary(history: list[dict]) -> dict:
-    """The training loop at a glance, from the steps' metrics (this process's steps: a resumed run's from where it
-    resumed): ``totals`` sums LOOP_TOTALS over the steps, ``medians`` takes LOOP_MEDIANS' median over the steps that
+    """The training loop at a glance, from the steps' metrics (a resumed run's from every process of it): ``totals`` sums LOOP_TOTALS over the steps, ``medians`` takes LOOP_MEDIANS' median over the steps that
     measured it (non-finite values left out). A metric no step measured is left out, never reported as 0."""
     totals, medians = {}, {}
     for name, key in LOOP_TOTALS.items():

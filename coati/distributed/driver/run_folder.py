@@ -37,13 +37,13 @@ def choose_folder(save_dir: str, project: str, resume: str | None, overwrite: bo
     (where ``latest`` points, or the project folder itself where it holds a run of its own; a resume from a checkpoint
     folder inside a run folder, that run folder); a new run a fresh folder named by its start time, made here (when
     ``create``) so that two runs starting in the same second get two."""
-    project_dir = Path(save_dir) / project
+    project_dir = Path(os.path.abspath(save_dir)) / project  # absolute: actors write there from other folders
     if resume and resume != "latest" and Path(resume).resolve().parent.name == "checkpoints":
         return str(Path(resume).resolve().parent.parent)
     if resume or overwrite:
-        latest = project_dir / LATEST
-        if latest.exists():
-            return str(latest.resolve())
+        latest = latest_run(project_dir)
+        if latest is not None:
+            return str(latest)
         if holds_run(project_dir):
             return str(project_dir)
         if resume:
@@ -70,6 +70,22 @@ def choose_folder(save_dir: str, project: str, resume: str | None, overwrite: bo
     raise RunFolderError(f"{project_dir} has 999 runs started at {stamp}; use another --project")
 
 
+def resumed_folder(save_dir: str | None, project: str, run_dir: str | None, resume: str) -> tuple[str, str]:
+    """(the run folder ``--resume`` continues, the checkpoint spec to resume from there): ``latest`` of the project,
+    a run folder (its latest checkpoint) or a checkpoint folder inside a run folder."""
+    if run_dir:
+        return run_dir, resume
+    path = Path(resume)
+    if resume != "latest":
+        if (path / "config.yaml").is_file() or holds_run(path):
+            return str(path.resolve()), "latest"
+        if path.resolve().parent.name == "checkpoints":
+            return str(path.resolve().parent.parent), resume
+    if save_dir is None:
+        raise RunFolderError(f"--resume {resume}: the run writes nothing (no save_dir); pass its folder with --run-dir")
+    return choose_folder(save_dir, project, "latest", False, create=False), resume
+
+
 def link_latest(folder: str) -> None:
     """Point ``latest`` in the folder's parent (its project) at it, replacing the link at once."""
     path = Path(folder)
@@ -91,10 +107,28 @@ def holds_run(folder: Path) -> bool:
     return bool(run_files(folder))
 
 
+def latest_run(project_dir: Path) -> Path | None:
+    """The run folder ``<project_dir>/latest`` points at (None without the link); refused unless it is a folder of
+    the project's own: a link planted to point elsewhere would have ``--overwrite`` delete, and ``--resume`` write,
+    outside the project."""
+    link = Path(project_dir) / LATEST
+    if not link.is_symlink() and not link.exists():
+        return None
+    target = link.resolve()
+    if target.parent != Path(project_dir).resolve() or not target.is_dir() or target.is_symlink():
+        raise RunFolderError(
+            f"{link} points at {target}, which is not a run folder inside {Path(project_dir).resolve()}; remove the "
+            "link, or pass the run's folder with --run-dir"
+        )
+    return target
+
+
 def run_of(folder: str) -> str:
     """A run folder given as itself or as its project folder (whose ``latest`` run it means)."""
-    latest = Path(folder) / LATEST
-    return str(latest.resolve()) if not holds_run(Path(folder)) and latest.exists() else folder
+    if holds_run(Path(folder)):
+        return folder
+    latest = latest_run(Path(folder))
+    return folder if latest is None else str(latest)
 
 
 class RunFolderError(ValueError):

@@ -115,12 +115,31 @@ class Engine:
         torch.save({"torch": torch.get_rng_state(), "step": step}, os.path.join(folder, f"rng-consumer-{self.rank}.pt"))
 
     def load(self, folder: str) -> int:
-        """Restore what ``save`` wrote; returns its step."""
-        self.booster.load_model(self.model, os.path.join(folder, "model"))
-        self.booster.load_optimizer(self.optimizer, os.path.join(folder, "optimizer"))
+        """Restore what ``save`` wrote; returns its step. Nothing in it can run code (``weights_only_loads``)."""
+        with weights_only_loads():
+            self.booster.load_model(self.model, os.path.join(folder, "model"))
+            self.booster.load_optimizer(self.optimizer, os.path.join(folder, "optimizer"))
         state = torch.load(os.path.join(folder, f"rng-consumer-{self.rank}.pt"), weights_only=True)
         torch.set_rng_state(state["torch"])
         return state["step"]
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Every ``torch.load`` in the block unpickles tensors and plain data only, whatever the environment says.
+    ColossalAI's checkpoint readers call ``torch.load`` without ``weights_only``, which
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns into a full unpickle: a pickle planted in a shard would run."""
+    names = ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    saved = {name: os.environ.pop(name, None) for name in names}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def launch_colossalai(rank: int, world_size: int, master_addr: str, master_port: int, seed: int) -> torch.device:
