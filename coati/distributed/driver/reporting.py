@@ -409,8 +409,9 @@ class _BarPhases(logging.Handler):
 
 
 def loop_summary(history: list[dict]) -> dict:
-    """The training loop at a glance, from the steps' metrics (a resumed run's from every process of it): ``totals`` sums LOOP_TOTALS over the steps, ``medians`` takes LOOP_MEDIANS' median over the steps that
-    measured it (non-finite values left out). A metric no step measured is left out, never reported as 0."""
+    """The training loop at a glance, from the steps' metrics (a resumed run's from every process of it):
+    ``totals`` sums LOOP_TOTALS over the steps, ``medians`` takes LOOP_MEDIANS' median over the steps that measured
+    it (non-finite values left out). A metric no step measured is left out, never reported as 0."""
     totals, medians = {}, {}
     for name, key in LOOP_TOTALS.items():
         values = [m[key] for m in history if key in m]
