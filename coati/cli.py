@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from coati.distributed.checks import console_safe
 from coati.distributed.driver.run_folder import run_of
 from coati.distributed.metrics import EVAL_RESULTS, headline
 from coati.registry import use_user_folders, user_folders
@@ -138,11 +139,26 @@ def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> N
         print(f"report: {summary['report']}")
 
 
+def resume_hint(argv: list[str], prog: str) -> str:
+    """How to continue an interrupted run: the same command with ``--resume latest`` (the run's config is its own),
+    and where its project lives when the command named it."""
+    import shlex
+
+    keep, it = [], iter(argv)
+    for arg in it:
+        if arg in ("-p", "--project", "-sd", "--save-dir", "--run-dir"):
+            keep += [arg, next(it, "")]
+        elif arg.startswith(("--project=", "--save-dir=", "--run-dir=")):
+            keep.append(arg)
+    command = ["python", prog] if prog.endswith(".py") else prog.split()
+    return f"continue it from its last checkpoint with: {shlex.join([*command, '--resume', 'latest', *keep])}"
+
+
 def train_cli(argv=None, prog: str = "coati train") -> int:
     """``train`` for the command line: a refusal before the run starts (bad input: preflight's ValueError, an unknown
     registered name's KeyError, a missing file) is one line on stderr and exit status 2, and a run its guards stop
     (rewards failing, engines computing another model, actors lost past the restarts) says why with exit status 1;
-    neither prints a traceback (``--debug`` prints it)."""
+    Ctrl-C says how to resume, with exit status 130; none prints a traceback (``--debug`` prints it)."""
     from coati.distributed.guards import EngineMismatch, RewardFailure, RunError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -152,13 +168,18 @@ def train_cli(argv=None, prog: str = "coati train") -> int:
     except (ValueError, KeyError, FileNotFoundError) as e:
         if debug:
             raise
-        print(f"{prog}: error: {e.args[0] if e.args else repr(e)}", file=sys.stderr)
+        print(console_safe(f"{prog}: error: {e.args[0] if e.args else repr(e)}"), file=sys.stderr)
         return 2
     except (EngineMismatch, RewardFailure, RunError) as e:
         if debug:
             raise
-        print(f"{prog}: the run stopped: {e}", file=sys.stderr)
+        print(console_safe(f"{prog}: the run stopped: {e}"), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"\n{prog}: interrupted; {resume_hint(argv, prog)}", file=sys.stderr)
+        return 130
 
 
 # ---- run folders -------------------------------------------------------------------------------------------------

@@ -54,6 +54,24 @@ def check_reward_failures(
     return counts
 
 
+UNSCORED_DRAWS = 8
+"""draws in a row with not one completion scored after which a run stops (a reward that never scores trains
+nothing)"""
+
+
+def check_unscored(unscored: np.ndarray, streak: int, first_step: bool, scored_by: str, where: str) -> int:
+    """The count of draws in a row in which ``scored_by`` scored no completion (``unscored``: rows without a score,
+    not failed); raises RewardFailure when the run's first draw, or ``UNSCORED_DRAWS`` in a row, scored none."""
+    streak = streak + 1 if len(unscored) and bool(unscored.all()) else 0
+    if streak and (first_step or streak >= UNSCORED_DRAWS):
+        when = "the run's first draw" if first_step else f"{streak} draws in a row"
+        raise RewardFailure(
+            f"{where}: {scored_by} scored none of the {len(unscored)} completions of {when} (each result was None "
+            "or NaN), so there is nothing to train on; make it return a number for these rows"
+        )
+    return streak
+
+
 def all_finite(tensors) -> bool:
     """True when every tensor holds only finite values."""
     import torch

@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.checks import field_docs
+from coati.distributed.checks import field_docs, strict_json
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 
 PREFIXED = {"model", "data", "reward"}
@@ -422,6 +422,18 @@ def load_file(path: str) -> dict:
                     )
                 return super().compose_node(parent, index)
 
+            def construct_mapping(self, node, deep=False):
+                keys = set()
+                for key_node, _ in node.value:
+                    key = self.construct_object(key_node, deep=True)
+                    if key in keys:
+                        raise ValueError(
+                            f"config file {path}, line {key_node.start_mark.line + 1}: the key {key!r} appears twice "
+                            "in one section (the second would replace the first); keep one"
+                        )
+                    keys.add(key)
+                return super().construct_mapping(node, deep)
+
         try:
             tree = yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as e:
@@ -431,7 +443,7 @@ def load_file(path: str) -> dict:
             raise ValueError(f"config file {path}: not valid YAML ({problem}{where})") from None
     else:
         try:
-            tree = json.loads(text)
+            tree = strict_json(text, f"config file {path}")
         except json.JSONDecodeError as e:
             raise ValueError(
                 f"config file {path}: not valid JSON ({e.msg}, line {e.lineno}); YAML files end in .yaml"

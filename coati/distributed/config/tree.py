@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.presets import preset_name, resolve_algorithm
-from coati.distributed.checks import divides, finite, positive, require, seed_in_range
+from coati.distributed.checks import as_strings, check_finite_tree, divides, finite, positive, require, seed_in_range
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.loggers import LOGGERS
 from coati.distributed.reward.config import RewardConfig
@@ -222,7 +222,7 @@ class RunConfig:
             f"run.project={self.project!r} must be a folder name, not a path (no '/', '.' or '..'); the run folder "
             "is <save_dir>/<project>: set --save-dir to write elsewhere",
         )
-        object.__setattr__(self, "resume_allow", tuple(self.resume_allow))
+        object.__setattr__(self, "resume_allow", as_strings(self.resume_allow, "run.resume_allow"))
         report = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
         object.__setattr__(self, "report_to", () if report in (("none",), ("None",)) else report)
 
@@ -298,6 +298,7 @@ class Config:
     """the run"""
 
     def __post_init__(self):
+        check_finite_tree(self)
         object.__setattr__(self, "algo", preset_name(self.algo))
         self.algo_config  # the preset and its overrides, checked now
         self._check_sections()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from coati.distributed.driver.actor_group import get, ready, wait_any
 from coati.distributed.driver.rollout_buffer import RolloutBuffer
-from coati.distributed.guards import check_reward_failures
+from coati.distributed.guards import check_reward_failures, check_unscored
 from coati.distributed.record import RewardStatus, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class Rollouts:
             a.dynamic_sampling_max_draws,
         )
         self.round: Round | None = None
+        self.unscored_draws = 0
+        """draws in a row in which the reward scored no completion"""
 
     def draw_sizes(self, missing_groups: int) -> list[int]:
         """Prompts each producer draws in one round. Synchronous runs (k = 0) ask for no more than the step lacks, since
@@ -83,6 +85,13 @@ class Rollouts:
                 self.cfg.reward.scored_by,
                 self.cfg.reward.max_error_fraction,
                 self.cfg.reward.stop_on_first_step_error and self.progress.version == self.progress.start_step,
+                f"rollout for step {for_step}",
+            )
+            self.unscored_draws = check_unscored(
+                batch.unscored(),
+                self.unscored_draws,
+                self.progress.version == self.progress.start_step,
+                self.cfg.reward.scored_by,
                 f"rollout for step {for_step}",
             )
             self.buffer.admit(batch, for_step)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coati.distributed.checks import positive, require
+from coati.distributed.checks import as_strings, positive, require
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class GenerationConfig:
         require(self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}")
         require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         positive(self, "max_new_tokens", "max_prompt_tokens")
-        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        object.__setattr__(self, "stop_strings", as_strings(self.stop_strings, "generation.stop_strings"))
         require(
             all(isinstance(x, str) and x for x in self.stop_strings),
             f"stop_strings must be non-empty strings (an empty one would end every response at once), got "

@@ -24,6 +24,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from coati.distributed.checks import console_safe
 from coati.registry import Registry, resolve_callable
 
 REWARD_FNS: Registry = Registry("reward function")
@@ -208,7 +209,9 @@ def _plain_json(value) -> bool:
 
 
 def truncate_for_log(text: str, limit: int = 200) -> str:
-    """Model output can be megabytes long; logs and error messages keep the head and the tail."""
+    """Model output can be megabytes long; logs and error messages keep the head and the tail, with terminal
+    control characters escaped."""
+    text = console_safe(text)
     if len(text) <= limit:
         return text
     half = limit // 2

@@ -4,6 +4,7 @@ many scoring failures a run tolerates. Typed and frozen like every component's c
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from coati.distributed.checks import finite, positive, require
@@ -136,6 +137,11 @@ class JudgeConfig:
         finite(self, "cpus", "gpus", low=0, where="reward.judge")
 
 
+MAX_WORKERS_PER_CORE = 8
+"""reward worker processes per core beyond which a count is a mistake (each worker is a process with its imports)"""
+CORES = os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     """How completions are scored, and how many scoring failures a run tolerates."""
@@ -181,6 +187,11 @@ class RewardConfig:
             f"reward kwargs must be a JSON object (dict), got {type(self.kwargs).__name__} {self.kwargs!r}",
         )
         positive(self, "workers")
+        require(
+            self.workers <= MAX_WORKERS_PER_CORE * CORES,
+            f"reward workers={self.workers} is over {MAX_WORKERS_PER_CORE} per core of this machine's {CORES} "
+            f"cores; use at most {MAX_WORKERS_PER_CORE * CORES} (--reward-workers)",
+        )
         require(
             self.batch_size is None or (isinstance(self.batch_size, int) and self.batch_size >= 1),
             f"reward batch_size must be an integer >= 1 or None, got {self.batch_size!r}",

@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from coati.distributed.checks import check_plain_data, strict_json
+
 FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
 """file suffix -> the ``datasets`` builder that reads it (JSONL files are read here unless inside a folder)"""
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -207,6 +209,7 @@ def as_row(record: dict, prompt_column: str | None, answer_column: str | None, w
     (``reward_model.ground_truth``). Raises naming ``where`` when the row has no usable prompt."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a mapping of columns, got {type(record).__name__}")
+    check_plain_data(record, where)
     row = dict(record)
     if prompt_column is not None or isinstance(row.get("prompt"), list):
         name = prompt_column or "prompt"
@@ -259,7 +262,7 @@ def read_jsonl(path, columns: tuple[str | None, str | None] = (None, None)) -> l
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = strict_json(line, f"{path}:{lineno}")
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from e
             if not isinstance(row, dict):

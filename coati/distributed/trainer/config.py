@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coati.distributed.checks import divides, finite, positive, require
+from coati.distributed.checks import as_strings, divides, finite, positive, require
 from coati.distributed.trainer.schedule import SCHEDULES
 
 
@@ -149,7 +149,7 @@ class ConsumerConfig:
             isinstance(self.max_skipped_steps, int) and self.max_skipped_steps >= 0,
             f"max_skipped_steps must be an integer >= 0, got {self.max_skipped_steps!r}",
         )
-        object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        object.__setattr__(self, "lora_target_modules", as_strings(self.lora_target_modules, "lora_target_modules"))
         require(
             isinstance(self.lora_rank, int) and self.lora_rank >= 0,
             f"lora_rank must be a non-negative integer (0: full fine-tuning), got {self.lora_rank!r}",
