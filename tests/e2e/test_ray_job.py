@@ -1,5 +1,6 @@
 """The documented cluster commands on a private Ray cluster of this machine: ``ray start --head``, ``ray status``,
-``ray job submit --working-dir . -- python rl_example.py ...``, ``ray job logs``, then the cluster stopped. The cluster
+``ray job submit --working-dir . -- coati train ...`` from a user's folder (their data and reward file there, not the
+repository), ``ray job logs``, then the cluster stopped. The cluster
 has ports and a temporary folder of its own, so it runs beside the suite's; it starts in a session of its own and is
 stopped by killing that session's processes (``ray stop`` would stop every cluster of the machine). The submitted
 driver joins the job's cluster without being told (no --address)."""
@@ -18,7 +19,6 @@ import pytest
 from coati.distributed.placement import free_port
 from coati.models import build_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT_FLAGS = (
     "--port",
     "--dashboard-port",
@@ -55,7 +55,13 @@ def session_pids(sid: int) -> list[int]:
 @pytest.mark.background
 def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
     tiny = build_tiny_model(tmp_path / "model")
-    data = tmp_path / "train.jsonl"
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "job_reward.py").write_text(
+        "def exact(completions, gt_answer, **kw):\n"
+        "    return [float(c.strip() == g) for c, g in zip(completions, gt_answer)]\n"
+    )
+    data = user / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "gt_answer": str(2 * i)}) + "\n" for i in range(8)))
     ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token"}
@@ -114,14 +120,16 @@ def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
                 "--runtime-env-json",
                 json.dumps({"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}}),
                 "--",
-                "python",
-                "rl_example.py",
+                "coati",
+                "train",
+                "-rt",
+                "job_reward:exact",
+                "-d",
+                "train.jsonl",
                 "-m",
                 str(tiny),
                 "-b",
                 "transformers",
-                "-d",
-                str(data),
                 "--max-steps",
                 "1",
                 "-mnt",
@@ -140,7 +148,7 @@ def test_a_submitted_job_joins_its_cluster_and_writes_its_run_folder(tmp_path):
                 "--report-to",
                 "jsonl",
             ],
-            cwd=ROOT,
+            cwd=user,
             capture_output=True,
             text=True,
             env=env,

@@ -47,14 +47,20 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
 
 
 def test_help_fits_a_screen_and_help_all_lists_every_flag():
-    """``--help`` (599 lines before) shows the flags most runs set, with their choices, in about a screen; the
-    reference's aliases still parse but are not listed; ``--help-all`` lists every field, algorithm flags with the
-    default preset's value."""
+    """``--help`` (599 lines before) shows the flags most runs set, with their choices and short aliases (``-tbs``:
+    what the examples use), in about a screen; ``--help-all`` lists every field with every alias, algorithm flags
+    with the default preset's value."""
     short, full = build_parser().format_help(), build_parser(everything=True).format_help()
     assert len(short.splitlines()) <= 65, len(short.splitlines())
-    assert "--algo {GRPO,DAPO,DR_GRPO,RLOO,REINFORCE_PPB,GSPO,CISPO}" in short and "-tbs" not in short
+    assert (
+        "--algo {GRPO,DAPO,DR_GRPO,RLOO,REINFORCE_PPB,GSPO,CISPO}" in short and "-tbs INT, --train-batch-size" in short
+    )
+    for alias in ("-m STR, --model-path", "-d STR, --data-train", "-g INT", "-mnt INT", "-rt FN", "-lr FLOAT"):
+        assert alias in short, alias
+    assert "--num-trainers" not in short and "-t INT, --num-consumer-procs INT, --num-trainers INT" in full
     assert "--backend {transformers,vllm,sglang}" in short and "--clip-eps-high" not in short
-    every = {s for f in flags() for s in f.names if s.startswith("--")}
+    every = {s for f in flags() for s in f.names}
+    assert all(name in full for name in every), sorted(n for n in every if n not in full)
     primaries = {next(n for n in f.names if n.startswith("--")) for f in flags()}
     assert all(p in full for p in primaries) and "the preset's; DAPO's is 0.28" in " ".join(full.split())
     assert parse_config(["-tbs", "2", "-g", "8"]).consumer.train_batch_size == 2 and every

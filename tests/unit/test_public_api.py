@@ -30,3 +30,19 @@ def test_importing_the_package_loads_no_role_folder():
         "assert not [m for m in sys.modules if m.startswith('coati.distributed.')], sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_colossalchat_module_paths_keep_working():
+    """A ColossalChat script's imports: the broadcast, the backends and the consumer at their old paths."""
+    from coati.distributed.comm import ray_broadcast_object, ray_broadcast_tensor_dict
+    from coati.distributed.grpo_consumer import GRPOConsumer
+    from coati.distributed.inference import BACKEND_MAP
+    from coati.distributed.inference_backend import BACKEND_MAP as CC_BACKEND_MAP
+    from coati.distributed.trainer.consumer import GRPOConsumer as Consumer
+    from coati.distributed.transport import push
+
+    assert (
+        ray_broadcast_tensor_dict is push.ray_broadcast_tensor_dict
+        and ray_broadcast_object is push.ray_broadcast_object
+    )
+    assert CC_BACKEND_MAP is BACKEND_MAP and GRPOConsumer is Consumer

@@ -64,3 +64,32 @@ def test_a_function_without_a_completions_parameter_is_refused():
 
     with pytest.raises(ValueError, match="takes no completions parameter"):
         RewardSignature.of(nothing, "nothing")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's contract: one sample per call, a float or a dict with a score."""
+    if data_source == "dict":
+        return {"score": float(solution_str.strip() == ground_truth), "acc": solution_str.strip() == ground_truth}
+    return float(solution_str.strip() == ground_truth) + (extra_info or {}).get("bonus", 0.0)
+
+
+def test_a_verl_reward_function_works_unchanged():
+    from coati.distributed.reward.pool import _call
+
+    sig = RewardSignature.of(compute_score, "m:compute_score")
+    assert sig.per_sample == ("data_source", "solution_str", "ground_truth", "extra_info") and sig.required == ()
+    sig.check({"reward_model", "data_source"}, {})
+    with pytest.raises(ValueError, match=r"needs a ground truth: a ground_truth or gt_answer column"):
+        sig.check({"question"}, {})
+    fields = [
+        {"data_source": "gsm8k", "reward_model": {"ground_truth": "42"}, "extra_info": {"bonus": 0.5}},
+        {"data_source": "dict", "reward_model": {"ground_truth": "7"}, "extra_info": None},
+        {"data_source": "gsm8k", "gt_answer": "3", "reward_model": None, "extra_info": None},
+    ]
+    fields = [{k: f.get(k) for k in ("data_source", "reward_model", "extra_info", "gt_answer")} for f in fields]
+    results = _call(
+        compute_score, "m:compute_score", sig, ["42", "8", [{"role": "assistant", "content": "3"}]], fields, {}
+    )
+    assert [r.reward for r in results] == [1.5, 0.0, 1.0]
+    assert not results[1].answer_ok and "plain" not in results[1].info  # the dict's acc is the correctness
+    assert results[2].answer_ok and results[2].info["plain"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.checks import field_docs, strict_json
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
+from coati.distributed.config.trl import SAME, refusal
 
 PREFIXED = {"model", "data", "reward"}
 """sections whose flags carry the section name (their field names alone would be unclear)"""
@@ -148,9 +149,13 @@ def _flag(key: str, cls, name: str, prefix: str | None) -> Flag:
     return Flag(key, _names(key, None, long), kind, optional, default, field_docs(cls)[name])
 
 
+TRL_ALIASES = {key: f"--{name.replace('_', '-')}" for name, key in SAME.items()}
+"""TRL's name of each coati setting that has one (``--max-completion-length``; underscores are accepted too)"""
+
+
 def _names(key: str, field_name: str | None, long: str | None = None) -> tuple[str, ...]:
     long = long or f"--{field_name.replace('_', '-')}"
-    aliases = ALIASES.get(key, ())
+    aliases = (*ALIASES.get(key, ()), *([TRL_ALIASES[key]] if key in TRL_ALIASES else []))
     return tuple(
         dict.fromkeys(
             [*[a for a in aliases if not a.startswith("--")], long, *[a for a in aliases if a.startswith("--")]]
@@ -229,6 +234,10 @@ class Parser(argparse.ArgumentParser):
                 if i == 0 or not unknown[i - 1].startswith("-"):  # not the value of an unknown flag
                     parts.append(f"{token!r} follows no flag that takes it")
                 continue
+            trl = refusal(token.split("=")[0])
+            if trl:
+                parts.append(trl)
+                continue
             near = difflib.get_close_matches(token.split("=")[0], flags, n=2, cutoff=0.7)
             parts.append(f"unknown flag {token}" + (f"; did you mean {' or '.join(near)}?" if near else "; see --help"))
         return "; ".join(parts)
@@ -306,11 +315,11 @@ def _choices() -> dict[str, tuple[str, ...]]:
 
 def build_parser(description: str = "", everything: bool = False) -> argparse.ArgumentParser:
     """The command line: every field of the tree a flag. ``--help`` lists the flags of ``FIRST`` under their names
-    alone; ``everything`` (``--help-all``) lists every flag by section; other names of a flag (the reference's
-    short and long aliases) are accepted and not listed."""
+    with its short alias; ``everything`` (``--help-all``) lists every flag by section with all its names (the
+    reference's short and long aliases); names not listed are accepted all the same."""
     parser = Parser(
         description=description if everything else description.split("\n\n")[0],
-        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=32, width=120),
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=36, width=120),
         argument_default=argparse.SUPPRESS,
         add_help=False,
         usage=None if everything else "%(prog)s [FLAG VALUE ...]",
@@ -352,9 +361,13 @@ def build_parser(description: str = "", everything: bool = False) -> argparse.Ar
         if not everything:
             help_text = _first_clause(f.help) + default.replace("%", "%%")
         primary = next(n for n in f.names if n.startswith("--"))
+        shorts = [n for n in f.names if not n.startswith("--")]
+        longs = [n for n in f.names if n.startswith("--") and n != primary]
+        # --help shows a flag with its short alias (-lr, -mnt: what the examples use), --help-all with every alias
+        named = (*shorts, primary, *longs) if everything else (*shorts[:1], primary)
         for names, text in (
-            ((primary,), help_text if listed else argparse.SUPPRESS),
-            (tuple(n for n in f.names if n != primary), argparse.SUPPRESS),
+            (named, help_text if listed else argparse.SUPPRESS),
+            (tuple(n for n in f.names if n not in named), argparse.SUPPRESS),
         ):
             if names:
                 _add(group if text is not argparse.SUPPRESS else parser, f, names, text, choices.get(f.key))

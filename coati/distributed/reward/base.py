@@ -61,11 +61,18 @@ class RewardSignature:
     """parameters with a default: name -> default"""
     completions_by_name: bool
     """the function names a ``completions`` parameter (TRL style), so it is passed by keyword"""
+    per_sample: tuple[str, ...] = ()
+    """for a verl reward function (``compute_score(data_source, solution_str, ground_truth, extra_info)``), the verl
+    parameters it takes: it is called once per completion (``call_reward``); empty otherwise"""
 
     @classmethod
     def of(cls, fn: Callable, name: str) -> "RewardSignature":
         every = list(inspect.signature(fn).parameters.values())
         params = [p for p in every if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if any(p.name == "solution_str" for p in params):  # verl's per-sample contract
+            verl = tuple(p.name for p in params if p.name in VERL_FIELDS)
+            options = {p.name: p.default for p in params if p.name not in VERL_FIELDS and p.default is not p.empty}
+            return cls(name, (), options, False, verl)
         # TRL passes completions by keyword: a function that takes **kwargs and starts with a trainer field
         # (TRL's overlong punishment: completion_ids) gets them there.
         by_name = any(p.name == "completions" for p in params) or (
@@ -88,6 +95,11 @@ class RewardSignature:
         """Raise naming what is wrong: an unknown or mistyped option, or a required column the data lacks."""
         if not isinstance(kwargs, dict):
             raise ValueError(f"reward_kwargs must be a JSON object (dict), got {type(kwargs).__name__} {kwargs!r}")
+        if "ground_truth" in self.per_sample and not columns & {"ground_truth", "gt_answer", "reward_model"}:
+            raise ValueError(
+                f"reward function {self.name} (verl's compute_score) needs a ground truth: a ground_truth or "
+                f"gt_answer column, or verl's reward_model.ground_truth (its columns: {sorted(columns)})"
+            )
         known = sorted(k for k in self.options if k not in TRAINER_FIELDS)
         for key, value in kwargs.items():
             if key not in self.options:
@@ -133,8 +145,18 @@ def follows_trl(name: str) -> bool:
     return ":" in name
 
 
+VERL_FIELDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""the parameters of verl's reward-function contract, each from the completion or the row"""
+
+
 def call_reward(fn: Callable, signature: RewardSignature, completions: list, fields: dict, kwargs: dict):
-    """Call ``fn`` under the contract: completions first (by keyword for TRL-style functions), columns by name."""
+    """Call ``fn`` under the contract: completions first (by keyword for TRL-style functions), columns by name; a
+    verl function once per completion, with its four fields."""
+    if signature.per_sample:
+        return [
+            fn(**{k: v for k, v in _verl_fields(c, fields, i).items() if k in signature.per_sample}, **kwargs)
+            for i, c in enumerate(completions)
+        ]
     if signature.completions_by_name:
         return fn(completions=completions, **fields, **kwargs)
     return fn(completions, **fields, **kwargs)
@@ -206,6 +228,26 @@ def _plain(reward: float, max_reward: float, info: dict) -> RewardResult:
 
 def _plain_json(value) -> bool:
     return isinstance(value, (str, int, float, bool)) or value is None
+
+
+def _verl_fields(completion, fields: dict, i: int) -> dict:
+    """verl's four reward inputs for completion ``i`` of a call: its text, and the row's ``data_source``,
+    ground truth (a ``ground_truth`` column, else verl's ``reward_model.ground_truth``, else ``gt_answer``) and
+    ``extra_info``."""
+    if isinstance(completion, list):  # a conversational row's completion, as TRL's functions get it
+        completion = completion[-1]["content"] if completion else ""
+    model = (fields.get("reward_model") or [None] * (i + 1))[i]
+    truth = (fields.get("ground_truth") or [None] * (i + 1))[i]
+    if truth is None and isinstance(model, dict):
+        truth = model.get("ground_truth")
+    if truth is None:
+        truth = (fields.get("gt_answer") or [None] * (i + 1))[i]
+    return {
+        "data_source": (fields.get("data_source") or [""] * (i + 1))[i],
+        "solution_str": completion,
+        "ground_truth": truth,
+        "extra_info": (fields.get("extra_info") or [None] * (i + 1))[i],
+    }
 
 
 def truncate_for_log(text: str, limit: int = 200) -> str:
