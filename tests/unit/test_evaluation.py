@@ -89,3 +89,27 @@ def test_a_reward_with_its_own_checks_keeps_strict_and_lenient():
     result = evaluation_result([_share(results)], RewardConfig())
     assert (result["eval/strict"], result["eval/lenient"]) == (0.5, 1.0)
     assert result["eval/reward_mean"] == pytest.approx(0.6) and headline(result) == "eval/lenient"
+
+
+def test_the_summary_says_when_the_before_figure_came_from_the_cache(capsys, tmp_path):
+    from coati.cli import print_summary
+    from coati.distributed.driver.report_page import _results
+
+    evals = [
+        {"step": 0, "eval/at_max": 0.25, "eval/reward_mean": 0.4, "eval/count": 4, "eval/cached": 1},
+        {"step": 2, "eval/at_max": 0.5, "eval/reward_mean": 0.6, "eval/count": 4},
+    ]
+    summary = {
+        "evals": evals,
+        "steps": 2,
+        "wall_s": 60,
+        "run_folder": str(tmp_path),
+        "loop": {"totals": {}, "medians": {}},
+        "final_model": None,
+    }
+    print_summary(summary, str(tmp_path))
+    out = capsys.readouterr().out
+    assert "eval/at_max: 0.250 -> 0.500 (held-out, greedy, 4 items) (before: the base model's cached evaluation)" in out
+    assert "eval/reward_mean: 0.400 -> 0.600" in out and "eval/lenient" not in out
+    page = _results(evals)
+    assert "cached evaluation" in page and "eval/at_max" in page and "eval/reward_mean" in page
