@@ -12,7 +12,8 @@ test:
 	HF_HUB_OFFLINE=1 python -m pytest -q --durations=20 tests
 
 # Formatting, lint and import layers (ruff.toml, .importlinter); the docs' code blocks that show a source file, the
-# generated configuration reference, and the documentation site built with every link checked.
+# generated configuration reference, the pages' shape (an example first, short paragraphs, lists that render), and
+# the documentation site built with every link checked.
 check:
 	python -m pip --disable-pip-version-check -q install -r requirements-dev.txt
 	ruff format --check .
@@ -20,4 +21,5 @@ check:
 	lint-imports
 	python scripts/doc_sources.py --check
 	python scripts/reference_pages.py --check
+	python scripts/doc_style.py --check
 	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir /tmp/coati-site
