@@ -235,7 +235,7 @@ def test_plain_float_rewards_and_wrong_return_types():
         assert [r.reward for r in pool.score(["ab", "abcd"], {})] == [2.0, 4.0]
     with RewardPool("tests.component.reward_fns:wrong_type", num_workers=1) as pool:
         [r] = pool.score(["x"], {})
-        assert r.reward == 0.0 and "returned str; expected RewardResult or float" in r.info["error"]
+        assert r.reward == 0.0 and "returned str; expected a number, None, a dict with" in r.info["error"]
 
 
 def test_fallback_without_bwrap_is_refused_unless_allowed_then_warns_and_still_blocks_network(monkeypatch, listener):

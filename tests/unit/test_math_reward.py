@@ -14,7 +14,7 @@ from coati.distributed.reward.math_reward import extract_answer, last_boxed, mat
         ("<answer>x = \\boxed{3}</answer>", "3", "answer_tag"),
         ("work\n#### 1,234\n", "1,234", "gsm8k"),
         ("no answer here 17", None, "none"),
-        ("\\boxed{unclosed", None, "none"),
+        ("\\boxed{unclosed", "unclosed", "boxed"),  # a box left open still states its answer
     ],
 )
 def test_extract_answer(text, answer, fmt):
@@ -45,7 +45,7 @@ def test_equivalent_forms_score_one(completion, gold):
     [
         ("\\boxed{3}", "4", True),
         ("\\boxed{\\frac{1}{3}}", "0.5", True),
-        ("\\boxed{\\frac{1}{}", "1", False),
+        ("\\boxed{\\frac{1}{}", "1", True),  # left open: an answer, and a malformed one
         ("\\boxed{}", "1", True),
         ("the answer is 4", "4", False),  # right number, no required format: strict 0, lenient 1
     ],

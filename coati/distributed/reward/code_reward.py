@@ -12,14 +12,16 @@ candidate and reports raw outputs: the text a case printed, or a call's return v
 types, rebuilt here, so no object of the candidate's with its own ``__eq__`` survives). Expected outputs never enter
 the sandbox. This process compares stdin/stdout and call results itself. A HumanEval ``check`` is dataset code: it
 runs in a second sandbox (``code_checker.py``) with a ``candidate`` whose calls this process forwards into the
-candidate's sandbox, handing back only plain-data results; the two sandboxes share no channel, and a check that
-never calls the candidate passes nothing.
+candidate's sandbox, handing back only plain-data results (values of the standard types tests compare, a
+generator's items, exceptions by type, the arguments' in-place changes, and calls back of the functions the test
+passes); the two sandboxes share no channel, and a check that never calls the candidate passes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from coati.distributed.reward import code_checker, code_runner
@@ -181,6 +183,8 @@ def _call_cases(session, spec, wait, errors) -> int:
             if str(e) == code_runner.CASE_TIMEOUT:
                 break  # a wrong solution: its other cases would each take their whole budget too
             continue
+        if isinstance(got, Iterator):  # a generator's items (consumed in the sandbox)
+            got = list(got)
         # JSON test data has lists where a solution may return tuples: compare both through JSON.
         if _as_json(got) == _as_json(want):
             passed += 1
@@ -211,23 +215,27 @@ def _start_checker(spec: dict, sandbox: Sandbox, budget: float):
 
 def _humaneval_check(session, checker, spec, wait, errors, budget) -> int:
     """Run the test's ``check`` in the checker's sandbox, forwarding each of its calls of the candidate into the
-    candidate's sandbox; passed is 1 when ``check`` returns, having called the candidate, and the candidate's sandbox
-    stayed sound throughout."""
+    candidate's sandbox (and each call the candidate makes of a function the test passed back to the checker);
+    passed is 1 when ``check`` returns, having called the candidate, and the candidate's sandbox stayed sound
+    throughout. Only plain data crosses, checked here on its way."""
     try:
         msg = checker.request({"op": "start"}, budget)
         while msg is not None and msg.get("op") == "call":
             call = {"op": "call", "name": spec["entry_point"], "args": msg.get("args"), "kwargs": msg.get("kwargs")}
             reply = session.request(call, wait)
+            while reply is not None and reply.get("op") == "callback":  # the candidate calls the test's function
+                try:
+                    asked = _plain({k: reply.get(k) for k in ("args", "kwargs")})
+                    answer = checker.request({"op": "callback", "id": reply.get("id"), **asked}, budget)
+                    reply = session.request(_plain_outcome(answer), wait) if answer is not None else None
+                except _Forged as e:
+                    return _failed(errors, f"malformed reply ({e})")
             if reply is None:
                 return 0
-            if reply.get("ok"):
-                try:
-                    code_runner.decode(reply.get("value"))  # plain data, or the candidate failed
-                    outcome = {"ok": True, "value": reply.get("value")}
-                except Exception as e:  # noqa: BLE001 - a forged reply of any shape is a failure
-                    return _failed(errors, f"malformed reply ({type(e).__name__})")
-            else:
-                outcome = {"ok": False, "error": str(reply.get("error"))}
+            try:
+                outcome = _plain_outcome(reply)
+            except _Forged as e:
+                return _failed(errors, f"malformed reply ({e})")
             msg = checker.request(outcome, budget)
     finally:
         checker_stderr = checker.close()
@@ -236,6 +244,43 @@ def _humaneval_check(session, checker, spec, wait, errors, budget) -> int:
     if msg.get("passed") is not True:
         return _failed(errors, str(msg.get("error"))[:300])
     return 0 if session.failure else 1
+
+
+class _Forged(Exception):
+    """A message from a sandbox that is not the plain data the protocol carries."""
+
+
+def _plain(fields: dict) -> dict:
+    """``fields`` with each value checked to decode as plain data (a forged value of any shape is refused)."""
+    for name, value in fields.items():
+        try:
+            code_runner.decode(value)
+        except Exception as e:  # noqa: BLE001 - whatever a forged value raises
+            raise _Forged(f"{name}: {type(e).__name__}") from None
+    return fields
+
+
+def _plain_outcome(reply: dict) -> dict:
+    """A call's (or a call back's) outcome as it may cross to the other sandbox: its value and its arguments'
+    states when it succeeded, its error text and exception type when it failed; nothing else."""
+    if reply.get("ok"):
+        after = reply.get("args_after")
+        after = [a for a in after] if isinstance(after, list) else []
+        kw_after = reply.get("kwargs_after") if isinstance(reply.get("kwargs_after"), dict) else {}
+        _plain({"value": reply.get("value"), **{f"args_after[{i}]": a for i, a in enumerate(after)}})
+        _plain({f"kwargs_after[{k}]": v for k, v in kw_after.items()})
+        return {"ok": True, "value": reply.get("value"), "args_after": after, "kwargs_after": kw_after}
+    raised = reply.get("raised")
+    if isinstance(raised, dict) and isinstance(raised.get("type"), str) and len(raised["type"]) <= 100:
+        raised = {
+            "type": raised["type"],
+            "custom": bool(raised.get("custom")),
+            "message": str(raised.get("message", ""))[:200],
+            **_plain({"args": raised.get("args") or []}),
+        }
+    else:
+        raised = None
+    return {"ok": False, "error": str(reply.get("error"))[:300], "raised": raised}
 
 
 def _failed(errors: list, why: str) -> int:

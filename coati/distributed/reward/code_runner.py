@@ -25,8 +25,25 @@ CASE_TIMEOUT = "case timeout"
 """the error a case reports when it runs past its budget"""
 
 
-def encode(value, depth=0):
-    """Plain data as tagged JSON: exact built-in types only (a subclass with its own ``__eq__`` is refused)."""
+MAX_ITEMS = 10_000
+"""the items an iterator the candidate returns is consumed to (an endless generator reports its first ones)"""
+_FACTORIES = {"int": int, "float": float, "str": str, "list": list, "dict": dict, "set": set, "tuple": tuple}
+"""the default factories a defaultdict may cross with (built-in types; a function of the candidate's cannot)"""
+_ITERATORS = {type(iter(())), type(iter([])), type(iter("")), type(iter({})), type(iter(set())), type(iter(range(1)))}
+_ITERATORS |= {type(x for x in ()), map, filter, zip, enumerate, reversed, type(reversed([]))}
+"""the built-in iterators (generators among them) a call may return; consumed, they cross as their items"""
+
+
+def encode(value, depth=0, callables=None):
+    """Plain data as tagged JSON: exact built-in types, and the standard library's containers tests compare
+    (``Counter``, ``OrderedDict``, ``defaultdict`` of a built-in factory, ``deque``, ``Fraction``, ``Decimal``,
+    ``range``); a built-in iterator or generator is consumed (``MAX_ITEMS`` at most) and crosses as its items. A
+    subclass with its own ``__eq__`` is refused: only these exact types are rebuilt on the other side. With
+    ``callables`` (a list), a function crosses as ``{"callback": index}`` into that list."""
+    import collections
+    import decimal
+    import fractions
+
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     t = type(value)
@@ -37,22 +54,61 @@ def encode(value, depth=0):
     if t is float:
         return {"float": repr(value)} if not math.isfinite(value) else value
     if t is list:
-        return [encode(v, depth + 1) for v in value]
+        return [encode(v, depth + 1, callables) for v in value]
     if t is tuple:
-        return {"tuple": [encode(v, depth + 1) for v in value]}
+        return {"tuple": [encode(v, depth + 1, callables) for v in value]}
     if t is set or t is frozenset:
-        return {t.__name__: [encode(v, depth + 1) for v in value]}
-    if t is dict:
-        return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+        return {t.__name__: [encode(v, depth + 1, callables) for v in value]}
+    if t is dict or t is collections.Counter or t is collections.OrderedDict:
+        return {t.__name__: _pairs(value, depth, callables)}
+    if t is collections.defaultdict:
+        factory = next((n for n, f in _FACTORIES.items() if value.default_factory is f), None)
+        if value.default_factory is not None and factory is None:
+            raise TypeError("cannot report a defaultdict whose default factory is not a built-in type")
+        return {"defaultdict": [factory, _pairs(value, depth, callables)]}
+    if t is collections.deque:
+        return {"deque": [[encode(v, depth + 1, callables) for v in value], value.maxlen]}
+    if t is fractions.Fraction:
+        return {"Fraction": [str(value.numerator), str(value.denominator)]}
+    if t is decimal.Decimal:
+        return {"Decimal": str(value)}
+    if t is range:
+        return {"range": [value.start, value.stop, value.step]}
+    if t in _ITERATORS:
+        items = []
+        for item in value:
+            items.append(encode(item, depth + 1, callables))
+            if len(items) >= MAX_ITEMS:
+                break
+        return {"iterator": items}
     if t is bytes:
         return {"bytes": value.hex()}
+    if t is bytearray:
+        return {"bytearray": value.hex()}
     if t is complex:
         return {"complex": [repr(value.real), repr(value.imag)]}
+    if callables is not None and callable(value):  # a function of the test's: called back where it lives
+        callables.append(value)
+        return {"callback": len(callables) - 1}
     raise TypeError(f"cannot report a value of type {t.__name__}")
 
 
-def decode(data, depth=0):
-    """The inverse of ``encode``, building only built-in objects; anything else raises ValueError."""
+def _pairs(mapping, depth, callables):
+    return [[encode(k, depth + 1, callables), encode(v, depth + 1, callables)] for k, v in mapping.items()]
+
+
+class Unreportable(Exception):
+    """A call's result is not plain data (``encode`` refused it): the candidate's failure, said as such."""
+
+
+def decode(data, depth=0, callback=None):
+    """The inverse of ``encode``, building only built-in and standard-library objects; anything else raises
+    ValueError. ``{"callback": n}`` (a function of the test's, passed to the candidate) becomes ``callback(n)``
+    where one is given, and is refused elsewhere."""
+    import collections
+    import decimal
+    import fractions
+
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     if data is None or isinstance(data, (bool, str)):
@@ -60,25 +116,75 @@ def decode(data, depth=0):
     if isinstance(data, (int, float)):
         return data
     if isinstance(data, list):
-        return [decode(v, depth + 1) for v in data]
+        return [decode(v, depth + 1, callback) for v in data]
     if isinstance(data, dict) and len(data) == 1:
         ((tag, v),) = data.items()
+
+        def items(pairs):
+            if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 for p in pairs)):
+                raise ValueError("not an encoded mapping")
+            return [(decode(k, depth + 1, callback), decode(x, depth + 1, callback)) for k, x in pairs]
+
         if tag == "int" and isinstance(v, str):
             return int(v)
         if tag == "float" and v in ("inf", "-inf", "nan"):
             return float(v)
         if tag == "tuple" and isinstance(v, list):
-            return tuple(decode(x, depth + 1) for x in v)
+            return tuple(decode(x, depth + 1, callback) for x in v)
         if tag in ("set", "frozenset") and isinstance(v, list):
-            items = [decode(x, depth + 1) for x in v]
-            return set(items) if tag == "set" else frozenset(items)
-        if tag == "dict" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
-            return {decode(k, depth + 1): decode(x, depth + 1) for k, x in v}
+            found = [decode(x, depth + 1, callback) for x in v]
+            return set(found) if tag == "set" else frozenset(found)
+        if tag == "dict":
+            return dict(items(v))
+        if tag == "Counter":
+            return collections.Counter(dict(items(v)))
+        if tag == "OrderedDict":
+            return collections.OrderedDict(items(v))
+        if tag == "defaultdict" and isinstance(v, list) and len(v) == 2 and (v[0] is None or v[0] in _FACTORIES):
+            return collections.defaultdict(_FACTORIES.get(v[0]), items(v[1]))
+        if tag == "deque" and isinstance(v, list) and len(v) == 2 and isinstance(v[0], list):
+            maxlen = v[1] if isinstance(v[1], int) and not isinstance(v[1], bool) and v[1] >= 0 else None
+            return collections.deque([decode(x, depth + 1, callback) for x in v[0]], maxlen)
+        if tag == "Fraction" and isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v):
+            return fractions.Fraction(int(v[0]), int(v[1]))
+        if tag == "Decimal" and isinstance(v, str):
+            return decimal.Decimal(v)
+        if tag == "range" and isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v):
+            return range(*v)
+        if tag == "iterator" and isinstance(v, list):
+            return iter([decode(x, depth + 1, callback) for x in v])
         if tag == "bytes" and isinstance(v, str):
             return bytes.fromhex(v)
+        if tag == "bytearray" and isinstance(v, str):
+            return bytearray.fromhex(v)
         if tag == "complex" and isinstance(v, list) and len(v) == 2:
             return complex(float(v[0]), float(v[1]))
+        if tag == "callback" and type(v) is int and callback is not None:
+            return callback(v)
     raise ValueError(f"not an encoded value: {str(data)[:80]}")
+
+
+def raised(error: BaseException):
+    """A failed call's exception as plain data, for the test to see it by type: a built-in exception (its name and
+    its arguments when they are plain data), or one of a class the prompt defines (its name; ``custom``)."""
+    import builtins
+
+    t = type(error)
+    if getattr(builtins, t.__name__, None) is t and issubclass(t, Exception):
+        try:
+            return {"type": t.__name__, "args": encode(list(error.args))}
+        except (TypeError, ValueError, RecursionError):
+            return {"type": t.__name__, "args": []}
+    if issubclass(t, Exception):
+        return {"type": t.__name__, "custom": True, "message": str(error)[:200]}
+    return None
+
+
+LAST_ERROR: BaseException | None = None
+"""the exception of the last case that raised one (for ``raised``)"""
+
+_MUTABLE = ("list", "dict", "set", "bytearray", "deque", "Counter", "OrderedDict", "defaultdict")
+"""the argument types whose changes a call reports back (a function may sort or fill what it is given)"""
 
 
 class _CaseTimeout(BaseException):
@@ -99,6 +205,8 @@ def _timed(fn, seconds):
     except SystemExit as e:
         return False, f"exit {e.code}"
     except BaseException as e:  # noqa: BLE001 - the candidate's failure is its result
+        global LAST_ERROR
+        LAST_ERROR = e
         return False, f"{type(e).__name__}: {str(e)[:200]}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -183,15 +291,47 @@ def main():
             if not callable(fn):
                 reply({"ok": False, "error": f"no function {msg['name']!r}"})
                 continue
-            args, kwargs = decode(msg["args"]), decode(msg["kwargs"])
-            (ok, value), _ = _case(lambda: fn(*args, **kwargs), b"", per_case, out_path, in_path)
-            if not ok:
-                reply({"ok": False, "error": value})
-                continue
-            try:
-                reply({"ok": True, "value": encode(value)})
-            except (TypeError, ValueError, RecursionError) as e:
-                reply({"ok": False, "error": f"result not reportable: {e}"})
+
+            def callback(n):
+                def call_back(*a, **k):  # the test's function, called where the test runs
+                    reply({"op": "callback", "id": n, "args": encode(list(a)), "kwargs": encode(dict(k))})
+                    answer = json.loads(req.readline() or "{}")
+                    if not answer.get("ok"):
+                        raise RuntimeError(f"callback failed: {answer.get('error')}")
+                    return decode(answer.get("value"))
+
+                return call_back
+
+            args, kwargs = decode(msg["args"], callback=callback), decode(msg["kwargs"], callback=callback)
+
+            def run():  # encoding consumes a returned generator: within the case's timer
+                result = fn(*args, **kwargs)
+                try:
+                    value = encode(result)
+                except (TypeError, ValueError, RecursionError) as e:
+                    raise Unreportable(str(e)) from None
+                return value, [_after(a) for a in args], {k: _after(v) for k, v in kwargs.items()}
+
+            global LAST_ERROR
+            LAST_ERROR = None
+            (ok, value), _ = _case(run, b"", per_case, out_path, in_path)
+            if ok:
+                reply({"ok": True, "value": value[0], "args_after": value[1], "kwargs_after": value[2]})
+            elif isinstance(LAST_ERROR, Unreportable):
+                reply({"ok": False, "error": f"result not reportable: {LAST_ERROR}"})
+            else:
+                error = LAST_ERROR
+                reply({"ok": False, "error": value, "raised": raised(error) if error is not None else None})
+
+
+def _after(arg):
+    """An argument as the call left it, where the call could change it in place; None otherwise."""
+    if type(arg).__name__ not in _MUTABLE:
+        return None
+    try:
+        return encode(arg)
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 if __name__ == "__main__":

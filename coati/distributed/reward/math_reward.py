@@ -55,6 +55,7 @@ _COMMAND = re.compile(r"\\([a-zA-Z]+|.)")
 _CONNECTIVE = re.compile(
     r"\b(?:or|and|not|nor|either|neither|vs|versus|otherwise|else|if|unless|except|implies|iff|maybe|possibly)\b", re.I
 )
+_JUXTAPOSED = re.compile(r"\d\s+-?\d")
 _PERCENT = re.compile(r"%|\\%|\bpercent\b|\\text\{\s*percent")
 
 
@@ -76,30 +77,56 @@ def _plain_decimal(m: re.Match) -> str:
         return m.group(0)
 
 
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
+
+
+def boxes(text: str) -> list[str]:
+    """Every ``\\boxed``/``\\fbox`` answer of ``text``, in order of where each starts, whatever its spacing
+    (``\\boxed {43}``): a braced group balanced, or up to the end of the text where it is never closed (a box left
+    open still states its answer), or the one token after a brace-less ``\\boxed 4``. Boxes inside a box are answers
+    too, and the outer one's text holds their contents without the box commands."""
+    out = []
+    for m in _BOX.finditer(text):
+        i = m.end()
+        if i < len(text) and text[i] == "{":
+            depth, j = 1, i + 1
+            while j < len(text) and depth:
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+            inner = text[i + 1 : j - 1] if depth == 0 else text[i + 1 :]
+        else:
+            token = re.match(r"[^\s$\\{}]+", text[i:])
+            if token is None:
+                continue
+            inner = token.group(0)
+        out.append(_unbox(inner).strip())
+    return out
+
+
+def _unbox(text: str) -> str:
+    """``text`` with each box command inside it replaced by its content."""
+    while (m := _BOX.search(text)) is not None:
+        i = m.end()
+        if i < len(text) and text[i] == "{":
+            depth, j = 1, i + 1
+            while j < len(text) and depth:
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+            text = text[: m.start()] + text[i + 1 : j - 1 if depth == 0 else len(text)] + text[j:]
+        else:
+            text = text[: m.start()] + text[i:]
+    return text
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), with nested braces balanced; None if absent."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
+    """The last answer of ``boxes``; None without one."""
+    found = boxes(text)
+    return found[-1] if found else None
 
 
 def all_boxed(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}``/``\\fbox{...}``, in order."""
-    out = []
-    while (found := last_boxed(text)) is not None:
-        out.append(found)
-        text = text[: max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))]
-    return out[::-1]
+    """Contents of every box (``boxes``), in order."""
+    return boxes(text)
 
 
 def extract_answers(text: str) -> tuple[list[str], str]:
@@ -133,6 +160,10 @@ def says_one_thing(gold: str, answer: str) -> bool:
     used by ``gold`` too: math_verify would otherwise compare one side of a relation (``43 = 42``, ``43 \\mid 42``
     match 42), one of two alternatives, or a percentage as its number. ``x = 42`` is allowed."""
     if _PERCENT.search(answer) and not _PERCENT.search(gold):
+        return False
+    if _JUXTAPOSED.search(answer) and not _JUXTAPOSED.search(gold):  # "43 42": two values side by side
+        return False
+    if re.search(r"\{\s*\}", answer) and not re.search(r"\{\s*\}", gold):  # an empty argument: \frac{1}{}
         return False
     claim = _DEFINITION.sub("", answer, count=1)
     if "=" in claim and "=" not in gold:
@@ -171,6 +202,10 @@ def last_number(text: str) -> str | None:
     return numbers[-1].replace(",", "") if numbers else None
 
 
+_REJECTED = re.compile(
+    r"\d\s*(,?\s*(?:and\s+)?(?:not|rather than|instead of)\s+-?\d+(?:\.\d+)?(?:/\d+)?)\s*[.!]?\s*$", re.I
+)
+"""a text ending with a value and then one it rejects: ``42, not 43.``, ``42 rather than 43``"""
 _CLAUSE_END = re.compile(r"[.!?;:](?:\s|$)|\n")
 _NOT_BEFORE = re.compile(r"(?:[\w.\\]|[-+*/×·÷^_]\s*\{?\s*|\\(?:times|cdot|div)\s*)$")
 _NOT_AFTER = re.compile(r"\s*(?:[\^!×·÷]|[*/]\s*[\w(\\]|\\times|\\cdot|\\div|\\circ|\\degree|°|\.\d)|[\w.]\w", re.I)
@@ -180,9 +215,13 @@ _PERCENT_AFTER = re.compile(r"\s*(?:%|\\%|percent\b)", re.I)
 def lenient_answer(text: str) -> str | None:
     """The text's final number where it stands alone as a value, else None: the last number (with its sign), not
     part of a word, an exponent, index, hex or binary literal, ordinal or operand, and not one of alternatives
-    (``41 or 42``), negated (``not 42``) or the far side of a relation (``x < 42``) within its sentence. A percent
+    (``41 or 42``), negated (``not 42``) or the far side of a relation (``x < 42``) within its sentence; a text that
+    ends rejecting a value after stating one (``42, not 43``) states the first. A percent
     sign after it stays with it (``42%``), for ``says_one_thing`` to weigh against the gold answer."""
     body = re.sub(r"\*\*|__", " ", normalize(text.split("</think>")[-1]))  # markdown emphasis, not arithmetic
+    rejected = _REJECTED.search(body)
+    if rejected:  # "42, not 43": the value stated is the one before the rejected one
+        body = body[: rejected.start(1)]
     matches = list(re.finditer(r"(?<![\d.])-?(?:\d+(?:\.\d+)?(?:/\d+)?)", body))
     if not matches:
         return None
@@ -251,12 +290,57 @@ def too_costly(answer: str) -> bool:
     return any(int(n) > MAX_EXPONENT for n in _FACTORIAL.findall(answer))
 
 
+_COLOR = re.compile(r"\\color\s*\{[^{}]*\}|\\(?:textcolor|colorbox)\s*\{[^{}]*\}")
+_STYLE = re.compile(
+    r"\\(?:boldsymbol|bm|pmb|mathbf|mathrm|mathit|mathsf|textbf|textit|textrm|displaystyle|textstyle)(?![a-zA-Z])"
+)
+_SIZED = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![a-zA-Z])\s*(\.?)")
+
+
+def strip_formatting(text: str) -> str:
+    """``text`` without what only changes how a value looks: colours (``\\color{red}``, ``\\textcolor{c}{..}``),
+    weights and styles (``\\boldsymbol``, ``\\mathbf``, ``\\displaystyle``), and delimiter sizing (``\\left``,
+    ``\\right``, ``\\big``; the invisible ``\\left.``/``\\right.`` removed whole)."""
+    text = _COLOR.sub("", text)
+    text = _STYLE.sub("", text)
+    return _SIZED.sub("", text)
+
+
+def gold_parts(gold: str) -> list[str]:
+    """A multi-part gold answer's parts: its top-level comma-separated items, outer brackets dropped (``(3, 5)``,
+    ``3, 5``); one part for a single value."""
+    text = gold.strip()
+    if len(text) > 1 and text[0] + text[-1] in ("()", "[]", "{}"):
+        text = text[1:-1]
+    parts, depth, current = [], 0, ""
+    for c in text:
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if c == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += c
+    return [p for p in [*parts, current.strip()] if p]
+
+
+def answers_correct(gold: str, answers: list[str], timeout_s: int = 5) -> bool:
+    """Whether the final answers a text gives say the gold answer: each of them matches it (several that differ say
+    nothing), or, for a multi-part gold answer, they are its parts, one answer (box) per part, in order."""
+    if not answers:
+        return False
+    if all(answers_match(gold, a, timeout_s) for a in dict.fromkeys(answers)):
+        return True
+    parts = gold_parts(gold)
+    return 1 < len(parts) == len(answers) and all(answers_match(p, a, timeout_s) for p, a in zip(parts, answers))
+
+
 def answers_match(gold: str, answer: str, timeout_s: int = 5) -> bool:
     """math_verify equivalence of two answer strings (wrapped in $...$ so LaTeX parses); False on any failure."""
     from math_verify import parse, verify
 
     _quiet_math_verify()
-    gold, answer = normalize(str(gold)), normalize(answer)
+    gold, answer = normalize(strip_formatting(str(gold))), normalize(strip_formatting(answer))
     if len(answer) > MAX_ANSWER_CHARS or not says_one_thing(gold, answer):
         return False
     if too_costly(answer) or too_costly(gold):
@@ -291,7 +375,7 @@ def math_reward(
         answer = answers[-1] if answers else None
         format_ok = answer is not None
         # Several different final answers say nothing: each of them must be right.
-        strict_ok = format_ok and all(answers_match(gold, a, timeout_s) for a in dict.fromkeys(answers))
+        strict_ok = format_ok and answers_correct(gold, answers, timeout_s)
         # A formatted answer is judged the same way by both scores; without one, the last number is the answer.
         candidate = None if format_ok else lenient_answer(text)
         lenient_ok = strict_ok or (candidate is not None and answers_match(gold, candidate, timeout_s))
@@ -329,7 +413,7 @@ def _strict(texts, golds, timeout_s: int, formatted) -> list[RewardResult]:
         gold = check_gold(gold)
         answers, fmt = extract_answers(text)
         format_ok = bool(answers) and formatted(text, fmt)
-        correct = format_ok and all(answers_match(gold, a, timeout_s) for a in dict.fromkeys(answers))
+        correct = format_ok and answers_correct(gold, answers, timeout_s)
         info = {"format": fmt, "answer": truncate_for_log(answers[-1] if answers else ""), "lenient_ok": correct}
         results.append(RewardResult(float(correct), format_ok, correct, info))
     return results
