@@ -1,4 +1,4 @@
-.PHONY: install run test check
+.PHONY: install run test check fix
 
 install:
 	bash scripts/install.sh
@@ -11,7 +11,7 @@ test:
 	bash scripts/install.sh test
 	HF_HUB_OFFLINE=1 python -m pytest -q --durations=20 tests
 
-# Formatting, lint and import layers (ruff.toml, .importlinter); the docs' code blocks that show a source file, the
+# Formatting, lint, import layers and types (ruff.toml, .importlinter, mypy.ini); the docs' code blocks that show a source file, the
 # generated configuration reference, the pages' shape (an example first, short paragraphs, lists that render), and
 # the documentation site built with every link checked.
 check:
@@ -19,7 +19,13 @@ check:
 	ruff format --check .
 	ruff check .
 	lint-imports
+	mypy
 	python scripts/doc_sources.py --check
 	python scripts/reference_pages.py --check
 	python scripts/doc_style.py --check
 	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir /tmp/coati-site
+
+# What check's formatter and linter can repair, repaired in place.
+fix:
+	ruff format .
+	ruff check --fix .

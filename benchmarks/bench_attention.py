@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_result  # noqa: E402
+from benchmarks.results_file import write_result
 
 
 def packed_mask(groups: int, width: int, seed: int = 0):

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_result  # noqa: E402
+from benchmarks.results_file import write_result
 
 
 def portable_kernel():

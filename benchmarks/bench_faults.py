@@ -86,7 +86,7 @@ def run_until(kw: dict, fault, at_step: int = 1) -> dict:
 
     try:
         launch_distributed(**kw, on_step=on_step)
-    except Exception as e:  # the fault's error: what the user sees
+    except Exception as e:  # noqa: BLE001 - the fault's error: what the user sees
         if "t" not in mark:  # failed before the fault was made
             return {"injected": None, "seconds": None, "error": first_line(e)}
         return {"injected": mark.get("what"), "seconds": time.monotonic() - mark["t"], "error": first_line(e)}
@@ -97,7 +97,7 @@ def timed_call(fn) -> dict:
     begun = time.monotonic()
     try:
         fn()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever the fault raises is its result
         return {"seconds": time.monotonic() - begun, "error": first_line(e)}
     return {"seconds": time.monotonic() - begun, "error": None}
 

@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_result  # noqa: E402
-from coati.distributed.config.tree import DEFAULT_TASK  # noqa: E402
+from benchmarks.results_file import write_result
+from coati.distributed.config.tree import DEFAULT_TASK
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -96,7 +96,7 @@ def loop_seconds(folder: Path, upto: int | None = None) -> tuple[float, int]:
 def checkpoint_waits(folder: Path) -> list[float]:
     """Seconds between consecutive steps' metrics that no step's time covers (checkpoints, evaluations)."""
     steps = step_metrics(folder)
-    return [b["time/elapsed"] - a["time/elapsed"] - b["time/step"] for a, b in zip(steps, steps[1:])]
+    return [b["time/elapsed"] - a["time/elapsed"] - b["time/step"] for a, b in zip(steps, steps[1:], strict=False)]
 
 
 def checkpoint_model(folder: Path, step: int, into: str) -> str:

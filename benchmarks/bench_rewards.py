@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_result  # noqa: E402
-from coati.distributed.reward import RewardPool  # noqa: E402
+from benchmarks.results_file import write_result
+from coati.distributed.reward import RewardPool
 
 
 def main():

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_result  # noqa: E402
-from coati.distributed.reward.code_reward import run_tests  # noqa: E402
-from coati.distributed.reward.sandbox import Sandbox  # noqa: E402
+from benchmarks.results_file import write_result
+from coati.distributed.reward.code_reward import run_tests
+from coati.distributed.reward.sandbox import Sandbox
 
 
 def humaneval(n: int) -> list[tuple[str, dict]]:

@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_result  # noqa: E402
-from coati.distributed.transport.wire_layout import flatten_parameters  # noqa: E402
+from benchmarks.results_file import write_result
+from coati.distributed.transport.wire_layout import flatten_parameters
 
 
 def llama_like_state_dict(layers: int = 30, hidden: int = 576, inter: int = 1536, kv: int = 192, vocab: int = 49152):

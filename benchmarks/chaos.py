@@ -220,7 +220,9 @@ def check_run(folder: Path, epochs: int) -> dict:
     steps = steps_trained(folder)
     total = epochs * ROWS // GROUPS_PER_STEP
     trained = [
-        (e, r) for s in sorted(steps) for e, r in zip(steps[s]["rollout/epoch"], steps[s]["rollout/prompt_index"])
+        (e, r)
+        for s in sorted(steps)
+        for e, r in zip(steps[s]["rollout/epoch"], steps[s]["rollout/prompt_index"], strict=True)
     ]
     expected = {(e, r) for e in range(epochs) for r in range(ROWS)}
     summary_path = folder / "summary.json"

@@ -20,7 +20,7 @@ def write_result(name: str, result, argv: list[str] | None = None) -> Path:
     record = {
         "command": " ".join(["python", *(argv if argv is not None else sys.argv)]),
         "commit": commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": versions(),
         "machine": {**machine(), "matmul_gflops_1_thread": matmul_probe()},
         "result": result,

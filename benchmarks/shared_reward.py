@@ -8,7 +8,7 @@ _NUMBER = re.compile(r"-?\d+")
 
 def last_number_reward(completions, gt_answer, **_kwargs):
     out = []
-    for completion, gold in zip(completions, gt_answer):
+    for completion, gold in zip(completions, gt_answer, strict=True):
         if isinstance(completion, list):  # TRL's conversational format
             completion = completion[-1]["content"]
         numbers = _NUMBER.findall(completion.replace(",", ""))

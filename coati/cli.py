@@ -279,7 +279,7 @@ def compare(folders: list[str], out: str) -> dict:
                 key = headline(series[0]) if series else "eval/lenient"
             points = [(m["step"], m[key]) for m in series if key in m]
             if points:
-                xs, ys = zip(*points)
+                xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker="o" if name == "held_out" else None, label=run["path"])
                 drawn = True
         if drawn:

@@ -7,7 +7,8 @@ at launch with the fix in the message instead of deep inside an actor.
 from __future__ import annotations
 
 import os
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

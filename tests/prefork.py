@@ -125,7 +125,7 @@ def serve(path: str) -> None:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
-        except Exception:  # a module this machine lacks is imported by the worker itself
+        except Exception:  # noqa: BLE001 - a module this machine lacks is imported by the worker itself
             pass
     if "ray" in sys.modules:
         sys.exit("prefork: a preloaded module imported ray, whose settings a forked worker would inherit")
@@ -207,7 +207,7 @@ def _become_worker(request: dict, fds: list[int], added: dict) -> None:
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a worker's crash is printed and its status kept
         import traceback
 
         traceback.print_exc()

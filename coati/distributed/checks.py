@@ -7,25 +7,27 @@ import ast
 import dataclasses
 import inspect
 import textwrap
-from functools import lru_cache
+from functools import cache
 
 
 def field_docs(cls) -> dict[str, str]:
     """The string literal under each annotated field of dataclass ``cls`` (and its bases)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass is object or not dataclasses.is_dataclass(klass):
+        if klass is object or not dataclasses.is_dataclass(klass) or not isinstance(klass, type):
             continue
         docs.update(_class_field_docs(klass))
     return docs
 
 
-@lru_cache(maxsize=None)
-def _class_field_docs(klass) -> dict[str, str]:
+@cache
+def _class_field_docs(klass: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-    body = tree.body[0].body
+    cls = tree.body[0]
+    assert isinstance(cls, ast.ClassDef), klass
+    body: list[ast.stmt | None] = [*cls.body, None]
     out = {}
-    for node, nxt in zip(body, body[1:] + [None]):
+    for node, nxt in zip(body[:-1], body[1:], strict=True):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                 out[node.target.id] = " ".join(nxt.value.value.split())

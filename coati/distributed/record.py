@@ -105,7 +105,7 @@ class RolloutBatch:
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
 
-    def validate(self) -> "RolloutBatch":
+    def validate(self) -> RolloutBatch:
         n = len(self)
         assert self.prompt_mask.shape == self.prompt_ids.shape, (self.prompt_mask.shape, self.prompt_ids.shape)
         r = self.response_ids.shape
@@ -137,7 +137,7 @@ class RolloutBatch:
             assert self.turn_index.shape == r and np.array_equal(self.turn_index > 0, self.trained_mask()), "turn_index"
         return self
 
-    def select(self, index) -> "RolloutBatch":
+    def select(self, index) -> RolloutBatch:
         """Rows ``index`` (array of ints or bool mask) as a new batch."""
         kw = {}
         for f in fields(self):
@@ -149,7 +149,7 @@ class RolloutBatch:
         return RolloutBatch(**kw)
 
     @staticmethod
-    def concat(batches: list["RolloutBatch"], pad_id: int = 0) -> "RolloutBatch":
+    def concat(batches: list[RolloutBatch], pad_id: int = 0) -> RolloutBatch:
         """Stack batches, re-padding prompts (left) and responses (right) to the longest."""
         assert batches, "nothing to concatenate"
         p = max(b.prompt_ids.shape[1] for b in batches)

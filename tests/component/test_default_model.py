@@ -65,7 +65,7 @@ def test_a_multi_turn_episode_s_tokens_are_the_chat_template_s_rendering():
 
     (episode,) = run_episodes(policy, template, [ToolMath({"prompt": "17 * 3?", "gt_answer": "51"})], 3, 512)
     assert episode.reward == 1.0 and episode.info["tool_calls"] == 1 and retokenized_equal(episode, template)
-    masked = tok.decode([t for t, m in zip(episode.ids, episode.loss_mask) if not m])
+    masked = tok.decode([t for t, m in zip(episode.ids, episode.loss_mask, strict=True) if not m])
     assert masked == "\n<|im_start|>user\n<output>\n51\n</output><|im_end|>\n<|im_start|>assistant\n", masked
     assert np.sum(episode.loss_mask) == len(episode.ids) - len(tok.encode(masked, add_special_tokens=False))
 

@@ -155,7 +155,7 @@ def test_the_setup_step_execs_what_ray_s_own_would(context, monkeypatch):
     for run in ("ray", "ours"):
         before = dict(os.environ)
         execs = []
-        monkeypatch.setattr(os, "execvp", lambda file, args: execs.append((file, list(args))))
+        monkeypatch.setattr(os, "execvp", lambda file, args, execs=execs: execs.append((file, list(args))))
         if run == "ray":
             RuntimeEnvContext.deserialize(json.dumps(context)).exec_worker(list(args), Language.Value("PYTHON"))
         else:

@@ -94,7 +94,7 @@ def test_failed_completions_give_the_advantages_of_a_draw_without_them(failing_d
     assert not loss_mask[torch.from_numpy(failed)].any()
     advantages = batch_advantages(batch, loss_mask, cfg)
     kept = torch.from_numpy(~failed)
-    rewards = torch.tensor([float(t) for t, f in zip(texts, failed) if not f])
+    rewards = torch.tensor([float(t) for t, f in zip(texts, failed, strict=True) if not f])
     groups = torch.from_numpy(batch.group_ids[~failed])
     alone = ADVANTAGE_ESTIMATORS.get(name)(rewards, groups, loss_mask[kept], cfg).advantages
     assert torch.allclose(advantages[kept], alone, atol=1e-6), (advantages[kept], alone)

@@ -407,7 +407,7 @@ def test_a_push_mid_batch_loads_between_steps_and_each_token_records_its_version
     versions = during.token_versions
     old, new = mask & (versions == 0), mask & (versions == 1)
     assert set(np.unique(versions[mask])) == {0, 1}, np.unique(versions[mask])
-    spans = [(v[m][:-1] <= v[m][1:]).all() and v[m][0] == 0 for v, m in zip(versions, mask) if m.any()]
+    spans = [(v[m][:-1] <= v[m][1:]).all() and v[m][0] == 0 for v, m in zip(versions, mask, strict=True) if m.any()]
     assert all(spans), "a row's versions must start at 0 and never go back"
     assert (old.any(-1) & new.any(-1)).sum() >= 1, "no row spans the push"
     before_push = trainer_logprobs(tiny, during, 1.0)

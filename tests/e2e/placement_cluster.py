@@ -38,7 +38,10 @@ if __name__ == "__main__":
     # Colocated: 5 pairs on the 6 GPUs, each pair sharing one GPU through its placement group.
     producers, consumers = plan_placement(alive_nodes(), 5, 1, 5, colocate=True)
     shared = reserve_shared_gpus(producers + consumers)
-    pairs = [[Probe.options(**actor_options(s, shared)).remote() for s in pc] for pc in zip(producers, consumers)]
+    pairs = [
+        [Probe.options(**actor_options(s, shared)).remote() for s in pc]
+        for pc in zip(producers, consumers, strict=True)
+    ]
     colocated = [ray.get([a.where.remote() for a in pair]) for pair in pairs]
     planned = [s.node_id for s in producers]
     colocated_backend = weight_backend(producers, consumers)

@@ -51,7 +51,10 @@ def kwargs(tiny, save_dir, **over):
 
 
 def trace(history):
-    return [(m["step"], m["loss/policy"], list(zip(m["rollout/epoch"], m["rollout/prompt_index"]))) for m in history]
+    return [
+        (m["step"], m["loss/policy"], list(zip(m["rollout/epoch"], m["rollout/prompt_index"], strict=True)))
+        for m in history
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,9 @@ def test_shares_never_oversubscribe_a_node():
     nodes = ["a"] * 3
     for working in ([True] * 3, [True, True, False]):
         counts = thread_counts(nodes, {"a": 2}, working)
-        assert sum(c for c, w in zip(counts, working) if w) <= max(2, sum(working))  # one thread each at the least
+        assert sum(c for c, w in zip(counts, working, strict=True) if w) <= max(
+            2, sum(working)
+        )  # one thread each at the least
     assert thread_counts(nodes, {"a": 7}, [True] * 3) == [2, 2, 2]
 
 

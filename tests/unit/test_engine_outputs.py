@@ -13,7 +13,7 @@ EOS = 1
 
 
 def vllm_completion(ids, lps, reason):
-    steps = [{t: NS(logprob=lp, rank=1), 99: NS(logprob=-9.0, rank=2)} for t, lp in zip(ids, lps)]
+    steps = [{t: NS(logprob=lp, rank=1), 99: NS(logprob=-9.0, rank=2)} for t, lp in zip(ids, lps, strict=True)]
     return NS(token_ids=tuple(ids), logprobs=steps, finish_reason=reason, text="")
 
 
@@ -87,7 +87,7 @@ def test_sglang_conversion():
         return {
             "output_ids": ids,
             "meta_info": {
-                "output_token_logprobs": [(lp, t, None) for t, lp in zip(ids, lps)],
+                "output_token_logprobs": [(lp, t, None) for t, lp in zip(ids, lps, strict=True)],
                 "finish_reason": {"type": reason},
             },
         }

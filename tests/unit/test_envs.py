@@ -149,9 +149,9 @@ def test_a_tool_call_runs_and_its_output_is_in_the_record_but_masked(template):
     text = tok.decode(first.ids)
     assert text == "<tool>print(6*7)</tool><eos>\nuser: <output>\n42\n</output>\nassistant: \\boxed{42}<eos>"
     mask = np.array(first.loss_mask)
-    trained = tok.decode([t for t, m in zip(first.ids, mask) if m])
+    trained = tok.decode([t for t, m in zip(first.ids, mask, strict=True) if m])
     assert trained == "<tool>print(6*7)</tool><eos>\\boxed{42}<eos>"  # exactly the sampled tokens
-    masked = tok.decode([t for t, m in zip(first.ids, mask) if not m])
+    masked = tok.decode([t for t, m in zip(first.ids, mask, strict=True) if not m])
     assert masked == "\nuser: <output>\n42\n</output>\nassistant: "  # the tool's output and the template around it
     assert np.all(np.array(first.logprobs)[mask] == -0.5) and np.all(np.array(first.logprobs)[~mask] == 0.0)
     assert [tok.decode(first.ids[a:b]) for a, b in first.turns] == ["<tool>print(6*7)</tool><eos>", "\\boxed{42}<eos>"]

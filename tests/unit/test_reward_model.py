@@ -18,7 +18,7 @@ def test_scores_are_per_pair_and_independent_of_the_batch(rm_path):
     prompts = ["2+2?", [{"role": "user", "content": "3+3?"}], "a much longer question, padded in its batch?", "1+1?"]
     completions = ["4", "six", "no", "a long answer that is much longer than the others"]
     batched = rm.score(prompts, completions)
-    alone = [RewardModel(rm_path, batch_size=1).score([p], [c])[0] for p, c in zip(prompts, completions)]
+    alone = [RewardModel(rm_path, batch_size=1).score([p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
     assert len(batched) == 4 and len(set(batched)) == 4
     assert batched == pytest.approx(alone, abs=1e-5)
     assert rm.render("2+2?", "4") == "user: 2+2?\nassistant: 4<eos>\n"
@@ -59,5 +59,5 @@ def test_a_reward_model_trained_on_preferences_prefers_the_chosen_answer(tmp_pat
     train_tiny_reward_model(path, prompts, chosen, rejected, steps=40)
     rm = RewardModel(str(path))
     sevens, others = rm.score(prompts, chosen), rm.score(prompts, rejected)
-    assert all(s > o for s, o in zip(sevens, others))
+    assert all(s > o for s, o in zip(sevens, others, strict=True))
     assert rm.score(["9+9="], ["7"])[0] > rm.score(["9+9="], ["5"])[0]  # a question it has not seen

@@ -41,7 +41,7 @@ def test_a_project_folder_written_as_one_run_is_resumed_in_place(tmp_path):
     assert run_of(str(tmp_path / "p")) == str(tmp_path / "p")
 
 
-def test_a_second_command_line_run_in_the_same_project_is_not_refused(monkeypatch, tmp_path, no_ray):  # noqa: F811
+def test_a_second_command_line_run_in_the_same_project_is_not_refused(monkeypatch, tmp_path, no_ray):
     """The same command twice: two run folders, each describing its own run, and ``latest`` at the second; the
     config.yaml each keeps starts a new run (it names no run folder)."""
 

@@ -17,7 +17,7 @@ def test_linear_and_cosine_decay_to_the_floor_over_the_steps_after_warmup():
     assert lr_factor(5, 6, "linear", warmup=2, min_ratio=0.2) == pytest.approx(1 - 0.8 * 0.75)
     cos = [lr_factor(s, 5, "cosine", min_ratio=0.1) for s in range(5)]  # p = step / 5
     assert cos == pytest.approx([0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 5)) for s in range(5)])
-    assert cos[0] == 1.0 and all(a > b for a, b in zip(cos, cos[1:]))
+    assert cos[0] == 1.0 and all(a > b for a, b in zip(cos, cos[1:], strict=False))
     assert lr_factor(9, 5, "cosine", min_ratio=0.1) == pytest.approx(0.1)  # past the horizon (a resumed run): the floor
 
 

@@ -40,8 +40,10 @@ def test_data_parallel_ranks_combine_to_the_global_values():
     combine = {"sum": lambda a, b: a + b, "max": torch.maximum, "min": torch.minimum}
     totals = [combine[op](a, b) for (a, op), (b, _) in zip(*captured, strict=True)]
 
-    def fake_all_reduce(tensor, op, it=iter(totals * 2)):
-        tensor.copy_(next(it))
+    replies = iter(totals * 2)
+
+    def fake_all_reduce(tensor, op):
+        tensor.copy_(next(replies))
 
     outs = [r.reduce(fake_all_reduce) for r in ranks]
     assert outs[0] == outs[1]

@@ -31,7 +31,7 @@ class LossNorm:
     """data-parallel ranks whose gradients are averaged; the loss is scaled by it so the average becomes a sum"""
 
     @classmethod
-    def from_mask(cls, mask: torch.Tensor, max_response_len: int, dp_size: int = 1) -> "LossNorm":
+    def from_mask(cls, mask: torch.Tensor, max_response_len: int, dp_size: int = 1) -> LossNorm:
         """Count the denominators from the loss mask [B, T] of the whole global step batch."""
         m = mask.to(torch.float64)
         return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), int(max_response_len), int(dp_size))

@@ -165,7 +165,7 @@ def _names(key: str, field_name: str | None, long: str | None = None) -> tuple[s
 
 def _kind(annotation) -> tuple[type, bool]:
     """(the value type a flag parses, whether None is allowed) from a field's annotation."""
-    hint = eval(annotation, vars(typing)) if isinstance(annotation, str) else annotation  # noqa: S307 - our annotations
+    hint = eval(annotation, vars(typing)) if isinstance(annotation, str) else annotation  # our own annotations
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         rest = [a for a in args if a is not type(None)]
@@ -448,7 +448,7 @@ def load_file(path: str) -> dict:
                 return super().construct_mapping(node, deep)
 
         try:
-            tree = yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader
+            tree = yaml.load(text, Loader=NoAliases)  # a SafeLoader
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f", line {mark.line + 1}" if mark is not None else ""
@@ -491,7 +491,7 @@ def _reward_functions(given: dict) -> None:
             "--reward-components and several --reward-fn functions (or --reward-weights) both set the "
             "reward's components; use one"
         )
-    given["reward.components"] = dict(zip(fns, weights))
+    given["reward.components"] = dict(zip(fns, weights, strict=True))
 
 
 ACTIONS = {

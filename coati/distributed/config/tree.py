@@ -300,7 +300,7 @@ class Config:
     def __post_init__(self):
         check_finite_tree(self)
         object.__setattr__(self, "algo", preset_name(self.algo))
-        self.algo_config  # the preset and its overrides, checked now
+        _ = self.algo_config  # the preset and its overrides, checked now
         self._check_sections()
         if self.reward.episodes and (self.data.system_prompt or self.data.raw_prompt):
             raise ValueError(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from coati import registry
 from coati.distributed.attest import compare
-from coati.distributed.guards import RunError  # noqa: F401 - raised here, and imported from here by the driver
+from coati.distributed.guards import RunError
 from coati.distributed.inference import backend_options
 from coati.distributed.liveness import Stall, Watchdog
 from coati.distributed.placement import actor_options, free_port, reserve_shared_gpus, weight_backend
@@ -366,7 +366,7 @@ class ActorGroups:
         wire = dtypes.pop() if len(dtypes) == 1 else None
         refs = [
             self.consumers[i].join_weight_group.remote(world, g, backend, timeout_s, wire)
-            for i, g in zip(self.senders, groups)
+            for i, g in zip(self.senders, groups, strict=True)
         ]
         refs += [
             p.join_weight_groups.remote(world, 1 + i * per, groups, backend, timeout_s)

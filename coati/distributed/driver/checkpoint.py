@@ -234,7 +234,7 @@ def load_driver_state(folder: Path) -> dict:
 
 
 def write_checkpoint(
-    actors, manager: "CheckpointManager", step: int, buffer_state: list, ledger: dict, meta: dict, also=None
+    actors, manager: CheckpointManager, step: int, buffer_state: list, ledger: dict, meta: dict, also=None
 ) -> str:
     """Consumers save model and optimizer, producers their positions, the driver its buffer and ledger (and
     ``also(folder)`` whatever else), into a staging folder that becomes ``step-<step>`` when complete; returns its

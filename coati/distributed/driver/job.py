@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import yaml
 

@@ -10,7 +10,8 @@ import dataclasses
 import logging
 import os
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.presets import ALGO_MAP, resolve_algorithm

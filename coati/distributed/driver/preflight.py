@@ -66,7 +66,7 @@ def resolve_model_path(path: str, what: str) -> str:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fetch(repo_id: str) -> str:
     """A hub model downloaded once per driver (model, inference model and tokenizer are often the same id)."""
     from huggingface_hub import snapshot_download

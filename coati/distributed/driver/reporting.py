@@ -466,7 +466,7 @@ def plot_history(history: list[dict], folder: Path, evals: list[dict] = ()) -> l
         with plt.rc_context({"font.size": 11}):
             fig, ax = plt.subplots(figsize=(7, 4))
             for legend, style, pts in lines:
-                steps, values = zip(*pts)
+                steps, values = zip(*pts, strict=True)
                 if style == "points":  # a few evaluations: points, not a trend between them
                     ax.plot(steps, values, linestyle="none", marker="o", markersize=7, label=legend)
                 elif style == "smoothed":
@@ -526,4 +526,4 @@ def ema(values, weight: float) -> list[float]:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -26,7 +26,7 @@ from coati.distributed.guards import RunError
 RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "summary.json", "evals.json", "samples.jsonl", "tensorboard")
 """what a run leaves in its folder; any of them marks the folder as holding a run"""
 
-_HELD: dict[str, "RunFolder"] = {}
+_HELD: dict[str, RunFolder] = {}
 
 LATEST = "latest"
 """the link in a project folder to its newest run"""
@@ -142,7 +142,7 @@ class RunFolder:
         """claims by this process (a CLI run and the launch it makes); the lock goes with the last release"""
 
     @classmethod
-    def claim(cls, path: str, mode: str) -> "RunFolder":
+    def claim(cls, path: str, mode: str) -> RunFolder:
         """Lock ``path`` for this process. ``mode``: 'new' (refused if another run's results are there), 'resume'
         (the folder's run continues) or 'overwrite' (its results stay until ``clear``). A folder this process already
         holds is claimed once more, as it is (the run that claimed it launches, or restarts, in it)."""
@@ -155,7 +155,7 @@ class RunFolder:
         folder = Path(key)
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            lock_file = open(folder / ".lock", "a+")  # noqa: SIM115 - held for the run's life
+            lock_file = open(folder / ".lock", "a+")  # held for the run's life
         except OSError as e:
             raise RunFolderError(
                 f"run folder {folder} is not writable ({e.strerror}); choose another --save-dir"

@@ -23,10 +23,10 @@ and flagged ``truncated``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as StepTimeout
 from dataclasses import dataclass, field
-from typing import Callable
 
 from coati.distributed.envs.base import Environment, EnvStep, check_messages, check_step
 from coati.distributed.record import RolloutBatch, left_pad, responses_from_token_lists
@@ -106,7 +106,7 @@ def start_episode(env: Environment, template: TurnTemplate) -> Episode:
     try:
         messages = check_messages(env.reset(), "reset()")
         return Episode(env, list(messages), template.prompt(messages))
-    except Exception as e:  # an environment's fault fails its episode, not the run
+    except Exception as e:  # noqa: BLE001 - an environment's fault fails its episode, not the run
         empty = [{"role": "user", "content": ""}]
         episode = Episode(env, empty, template.prompt(empty))
         episode.finish(error=f"reset: {type(e).__name__}: {e}")
@@ -175,7 +175,7 @@ def _result(future, deadline: float, timeout_s: float) -> EnvStep | str:
         return check_step(future.result(timeout=max(deadline - time.monotonic(), 0.0)))
     except StepTimeout:
         return f"step: no reply within {timeout_s:g} s"
-    except Exception as e:  # an environment's fault fails its episode, not the run
+    except Exception as e:  # noqa: BLE001 - an environment's fault fails its episode, not the run
         return f"step: {type(e).__name__}: {e}"
 
 
@@ -193,7 +193,7 @@ def _apply_step(episode: Episode, result: EnvStep | str, template: TurnTemplate,
         return
     try:
         tokens = template.observation(result.observation)
-    except Exception as e:  # a template that cannot render the observation fails the episode
+    except Exception as e:  # noqa: BLE001 - a template that cannot render the observation fails the episode
         episode.finish(error=f"observation: {type(e).__name__}: {e}")
         return
     room = max_tokens - len(episode.context())
@@ -251,7 +251,9 @@ def episodes_batch(episodes: list[Episode], n: int, pad_id: int) -> RolloutBatch
         turn_index=turns,
         extras={
             "answer_ok": np.array([e.answer_ok for e in episodes]),
-            "lenient_ok": np.array([bool(i.get("lenient_ok", e.answer_ok)) for i, e in zip(info, episodes)]),
+            "lenient_ok": np.array(
+                [bool(i.get("lenient_ok", e.answer_ok)) for i, e in zip(info, episodes, strict=True)]
+            ),
             "turns": np.array([i.get("turns", 0) for i in info], dtype=np.int64),
             "tool_calls": np.array([i.get("tool_calls", 0) for i in info], dtype=np.int64),
             "turn_limit": np.array([bool(i.get("turn_limit")) for i in info]),

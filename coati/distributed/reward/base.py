@@ -21,8 +21,9 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from coati.distributed.checks import console_safe
 from coati.registry import Registry, resolve_callable
@@ -66,7 +67,7 @@ class RewardSignature:
     parameters it takes: it is called once per completion (``call_reward``); empty otherwise"""
 
     @classmethod
-    def of(cls, fn: Callable, name: str) -> "RewardSignature":
+    def of(cls, fn: Callable, name: str) -> RewardSignature:
         every = list(inspect.signature(fn).parameters.values())
         params = [p for p in every if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if any(p.name == "solution_str" for p in params):  # verl's per-sample contract

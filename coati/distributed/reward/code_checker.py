@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from code_runner import decode, encode  # noqa: E402 - staged beside this file
+from code_runner import decode, encode  # staged beside this file
 
 NEVER_CALLED = "the test's check never called the candidate"
 

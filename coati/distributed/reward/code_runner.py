@@ -304,7 +304,7 @@ def main():
 
             args, kwargs = decode(msg["args"], callback=callback), decode(msg["kwargs"], callback=callback)
 
-            def run():  # encoding consumes a returned generator: within the case's timer
+            def run(fn=fn, args=args, kwargs=kwargs):  # encoding consumes a returned generator: within the timer
                 result = fn(*args, **kwargs)
                 try:
                     value = encode(result)

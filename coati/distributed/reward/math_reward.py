@@ -332,7 +332,9 @@ def answers_correct(gold: str, answers: list[str], timeout_s: int = 5) -> bool:
     if all(answers_match(gold, a, timeout_s) for a in dict.fromkeys(answers)):
         return True
     parts = gold_parts(gold)
-    return 1 < len(parts) == len(answers) and all(answers_match(p, a, timeout_s) for p, a in zip(parts, answers))
+    return 1 < len(parts) == len(answers) and all(
+        answers_match(p, a, timeout_s) for p, a in zip(parts, answers, strict=True)
+    )
 
 
 def answers_match(gold: str, answer: str, timeout_s: int = 5) -> bool:

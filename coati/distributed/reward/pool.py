@@ -104,7 +104,7 @@ class _Item:
     alone: bool = False
     """scored in a call of its own (a batch it was in failed: its failure is then its own)"""
 
-    def joins(self, first: "_Item") -> bool:
+    def joins(self, first: _Item) -> bool:
         """It may share ``first``'s call: the same fields and the same trainer state."""
         return (
             not self.alone
@@ -294,7 +294,7 @@ class RewardPool:
                     if error is not None:
                         self._failed(items, error)
                     else:
-                        for item, result in zip(items, results):
+                        for item, result in zip(items, results, strict=True):
                             item.fut.set_result(result)
                 elif (code := w.exit_code()) is not None:
                     w.task = None

@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from coati.distributed.reward import cgroups
@@ -102,7 +102,7 @@ _RUNTIME_QUERY = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def runtime_binds(python: str) -> tuple[str, ...]:
     """bwrap arguments that show the sandbox the interpreter, its standard library and the shared libraries they
     load (found with ldd), each read-only at its own path, and nothing else of the host."""
@@ -368,7 +368,7 @@ class Sandbox:
         env: dict | None = None,
         timeout_s: float | None = None,
         max_reply_bytes: int = 1 << 20,
-    ) -> "SandboxSession":
+    ) -> SandboxSession:
         """Start ``script`` (one of ``files``, staged read-only at /code) with ``args`` (other staged files) and
         keep it running; it reads requests on fd ``COATI_REQ_FD`` and writes replies on fd ``COATI_REP_FD``. The
         session's CPU time is capped at ``timeout_s`` (its wall-clock budget, the sandbox's own by default)."""

@@ -6,8 +6,8 @@ finishes and returns groups in the order they finish, the unfinished ones stayin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

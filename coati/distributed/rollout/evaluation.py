@@ -3,8 +3,8 @@ the counts the driver adds up (``EvalShare``) and every item's prediction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from coati.distributed.record import RolloutBatch
 

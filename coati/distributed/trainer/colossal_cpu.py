@@ -191,7 +191,7 @@ def _zero_device_check() -> None:
     # accelerator is a device for our purposes.
     import colossalai.zero.low_level.low_level_optim as low_level
 
-    src = getattr(low_level, "get_accelerator")
+    src = low_level.get_accelerator
 
     class _NamedAsDevice:
         def __init__(self, inner):

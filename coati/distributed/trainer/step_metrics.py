@@ -8,7 +8,7 @@ the same reduced values, so they describe the whole global batch, not DP rank 0'
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -114,7 +114,7 @@ class TorchGroup:
         """Finish ``work`` within the group's timeout, or raise CollectiveError naming the group and rank."""
         try:
             ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except Exception as e:  # noqa: BLE001 - re-raised with the group and rank named
+        except Exception as e:  # re-raised with the group and rank named
             raise CollectiveError(
                 f"{what} in group {self.group_name!r} failed on rank {self.rank}/{self.world_size}: {e}"
             ) from e

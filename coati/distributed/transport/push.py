@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pickle
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
