@@ -420,7 +420,8 @@ def test_every_launch_argument_reaches_the_tree():
     table (or read apart) would be dropped."""
     import inspect
 
-    from coati.distributed.driver.launch import _LAUNCH_ARGS, config_from_launch_kwargs
+    from coati.distributed.config.colossalchat import LAUNCH_ARGS as _LAUNCH_ARGS
+    from coati.distributed.config.colossalchat import config_from_launch_kwargs
 
     read_apart = {
         "train_dataset_config",

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import yaml
 
-from coati.distributed.config.colossalchat import translate
+from coati.distributed.config.colossalchat import config_from_launch_kwargs, translate
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.actor_group import ActorGroups
-from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from coati.distributed.driver.launch import launch
 from coati.distributed.driver.loop import evaluation_result
 from coati.distributed.driver.preflight import Inputs, check_inputs, preflight
 from coati.distributed.driver.ray_start import check_address, start_ray  # noqa: F401 (check_address: public here)
