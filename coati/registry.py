@@ -79,9 +79,10 @@ def resolve_callable(name: str, registry: Registry[Callable]) -> Callable:
 
 USER_FOLDERS_ENV = "COATI_USER_FOLDERS"
 """the driver's user folders, as the actors it starts get them (``os.pathsep``-separated)"""
-USER_FOLDERS: list[str] = [f for f in os.environ.get(USER_FOLDERS_ENV, "").split(os.pathsep) if f]
+USER_FOLDERS: list[str] = []
 """the folders ``module:function`` names are looked up in, before the rest of the path (``use_user_folders``; in an
-actor, the driver's, from ``COATI_USER_FOLDERS``)"""
+actor, the driver's, read from ``COATI_USER_FOLDERS`` at the first lookup: a worker forked from a preloaded process
+gets its environment after the import)"""
 
 
 def user_folders(data: list) -> list[str]:
@@ -115,6 +116,8 @@ def import_user_module(module_name: str, what: str):
     import importlib
     import sys
 
+    if not USER_FOLDERS and os.environ.get(USER_FOLDERS_ENV):
+        USER_FOLDERS[:] = [f for f in os.environ[USER_FOLDERS_ENV].split(os.pathsep) if f]
     if USER_FOLDERS and sys.path[: len(USER_FOLDERS)] != USER_FOLDERS:
         use_user_folders(list(USER_FOLDERS))
     try:

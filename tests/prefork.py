@@ -82,8 +82,17 @@ SENSITIVE_PREFIXES = (
 )
 
 
+AFTER_IMPORT = ("COATI_USER_FOLDERS",)
+"""variables of those prefixes that nothing reads at import time (coati.registry reads its folders at the first
+lookup): a worker may differ in them and still be forked"""
+
+
 def _sensitive(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(SENSITIVE_PREFIXES) and k not in (SOCKET_ENV, LOG_ENV)}
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(SENSITIVE_PREFIXES) and k not in (SOCKET_ENV, LOG_ENV) and k not in AFTER_IMPORT
+    }
 
 
 def _send(sock: socket.socket, obj, fds=()) -> None:

@@ -170,10 +170,11 @@ def thread_counts(nodes: list[str], cores: dict[str, int], working: list[bool]) 
 
 def actor_env() -> dict:
     """Every actor's runtime environment: one thread until it is lent more, the driver's hub setting, and the
-    driver's user folders first on the path (``coati.registry.USER_FOLDERS``: the current folder, the data's), so
-    user reward modules (module:function) import there as in the driver."""
+    driver's folder on the path and its user folders named (``coati.registry.USER_FOLDERS``: the current folder, the
+    data's; put first on the path at the first lookup), so user reward modules (module:function) import there as in
+    the driver."""
     folders = registry.USER_FOLDERS or [os.getcwd()]
-    path = os.pathsep.join(filter(None, [*folders, os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     env_vars = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}
     env_vars[registry.USER_FOLDERS_ENV] = os.pathsep.join(folders)
     return {"runtime_env": {"env_vars": {**env_vars, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}}}
