@@ -1,5 +1,5 @@
 """Transport between consumers and producers: collective groups (``group.py``) and what is pushed over them
-(``push.py``)."""
+(``push.py``), laid out on the wire by ``wire_layout.py``. Read ``push.py`` first: ``ray_broadcast_tensor_dict``."""
 
 from coati.distributed.transport.group import (
     DEFAULT_TIMEOUT_S,
