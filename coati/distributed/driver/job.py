@@ -127,8 +127,6 @@ def dry_run(config: Config) -> dict:
         if started:
             ray.shutdown()
     per_step = config.global_train_batch_size
-    limit = config.step_limit
-    total = config.run.num_episodes * plan.steps_per_episode
     return {
         "producers": [dataclasses.asdict(slot) for slot in plan.producer_slots],
         "consumers": [dataclasses.asdict(slot) for slot in plan.consumer_slots],
@@ -139,7 +137,7 @@ def dry_run(config: Config) -> dict:
         "prompts_per_step": per_step,
         "completions_per_step": per_step * config.producer.num_generations,
         "steps_per_episode": plan.steps_per_episode,
-        "steps": min(total, limit) if limit else total,
+        "steps": plan.total_steps,
         "in_flight_weight_updates": plan.in_flight,
         "stream_prompts": plan.stream_prompts,
         "sandbox": plan.sandbox,

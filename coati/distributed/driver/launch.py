@@ -77,7 +77,7 @@ def _launch_once(config: Config, on_step, inputs: Inputs | None) -> dict:
     cfg, r = config, config.run
     plan = preflight(config, inputs)
     log_dropped_rows(plan, cfg.generation.max_prompt_tokens)
-    total_steps = min(r.num_episodes * plan.steps_per_episode, config.step_limit or 10**18)
+    total_steps = plan.total_steps
     record = run_record(config, plan)
     folder, checkpoint = claim_save_dir(
         r.folder, r.resume, r.overwrite, record, r.resume_allow, total_steps, plan.train_model_path, r.keep_checkpoints

@@ -30,7 +30,7 @@ from coati.distributed.driver.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from coati.distributed.driver.preflight import Plan
+from coati.distributed.driver.preflight import Plan, horizon
 from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, actors_started, phase
 from coati.distributed.driver.rollouts import Progress, Rollouts
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, gap_tolerance
@@ -173,8 +173,7 @@ class Run:
     def _loop(self, max_steps, eval_interval, save_interval, save_dir, on_step, keep_checkpoints) -> dict:
 
         manager = CheckpointManager(os.path.join(save_dir, "checkpoints"), keep_checkpoints) if save_dir else None
-        total = self.cfg.run.num_episodes * self.plan.steps_per_episode
-        total = min(total, max_steps) if max_steps else total
+        total = horizon(self.cfg.run.num_episodes * self.plan.steps_per_episode, max_steps)
         history, evals = [], []
         tolerance = self._gap_tolerance()
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.

@@ -113,6 +113,8 @@ class Plan(Inputs):
     producer_slots: list
     consumer_slots: list
     steps_per_episode: int
+    total_steps: int
+    """the run's horizon: every episode's steps, cut at ``max_steps`` where that is set (computed here once)"""
     inference_options: dict
     """the engine's constructor options (the user's, checked, and the launch's choices)"""
     server_slots: dict
@@ -314,11 +316,17 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         **vars(i),
         producer_slots=producers,
         consumer_slots=consumers,
-        steps_per_episode=i.num_rows // cfg.global_train_batch_size,
+        steps_per_episode=(per_episode := i.num_rows // cfg.global_train_batch_size),
+        total_steps=horizon(r.num_episodes * per_episode, cfg.step_limit),
         inference_options=dict(inference_options or {}),
         server_slots=server_slots,
         in_flight=in_flight,
     )
+
+
+def horizon(episode_steps: int, limit: int | None) -> int:
+    """The steps a run trains: all of its episodes' ``episode_steps``, or ``limit`` when that is set and fewer."""
+    return min(episode_steps, limit) if limit else episode_steps
 
 
 def resources_needed(r, slots: list) -> dict[str, float]:
