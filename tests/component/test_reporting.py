@@ -117,7 +117,7 @@ def test_a_resume_or_restart_logs_each_step_once(tmp_path):
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 4.0), (4, 6.0), (5, 7.0), (6, 8.0)]
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 2, 3, 4, 5, 6] and samples[2]["response"] == "r3"
-    assert summary["steps"] == 4  # this process's steps 3-6, once each
+    assert summary["steps"] == 6  # every step of the run once: the first process's 1-2 and this one's 3-6
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("reward/mean")] == [

@@ -1,6 +1,7 @@
 """A held-out evaluation scored as training scores it: a reward that returns numbers (TRL's convention) is evaluated
 by its mean and the share at its maximum, not as a strict/lenient check it never made."""
 
+import math
 from concurrent.futures import Future
 
 import numpy as np
@@ -36,9 +37,9 @@ def test_numbers_of_every_kind_are_plain_rewards(value, reward, right):
     assert bool(result.info.get("plain")) is ("acc" not in value if isinstance(value, dict) else True)
 
 
-def test_none_and_nan_are_no_score_and_other_types_are_refused():
+def test_none_is_no_score_nan_stays_to_fail_the_step_and_other_types_are_refused():
     assert as_result(None, "fn").info == {"no_score": True}
-    assert as_result(float("nan"), "fn").info == {"no_score": True}
+    assert math.isnan(as_result(float("nan"), "fn").reward) and "no_score" not in as_result(float("nan"), "fn").info
     with pytest.raises(TypeError, match="fn returned str"):
         as_result("1.0", "fn")
     with pytest.raises(TypeError, match="fn returned ndarray"):

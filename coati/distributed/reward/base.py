@@ -192,7 +192,8 @@ def _number(value) -> float | None:
 def as_result(value, fn_name: str, max_reward: float = DEFAULT_MAX_REWARD) -> RewardResult:
     """One reward function output as a RewardResult.
 
-    - ``None`` or NaN: no score (TRL's convention; masked from training, counted).
+    - ``None``: no score (TRL's convention; masked from training, counted). A NaN or infinite number is kept as it
+      is, so the step fails naming the function and the row (a bug, not a choice not to score).
     - a number (bool, int, float, numpy or torch scalar): a plain reward. It defines no strict or lenient check, so
       ``info['plain']`` marks it, and it counts as right (``answer_ok``) when it reaches ``max_reward``.
     - a dict with ``score`` (verl's convention): the score as a plain reward, its ``acc`` (when given) as the
@@ -217,9 +218,7 @@ def as_result(value, fn_name: str, max_reward: float = DEFAULT_MAX_REWARD) -> Re
             f"reward function {fn_name} returned {type(value).__name__}; expected a number, None, a dict with "
             "'score', or RewardResult"
         )
-    if math.isnan(number):
-        return RewardResult(float("nan"), info={"no_score": True})
-    return _plain(number, max_reward, {})
+    return _plain(number, max_reward, {})  # NaN or inf stays as it is: the step fails naming the function and row
 
 
 def _plain(reward: float, max_reward: float, info: dict) -> RewardResult:
