@@ -12,6 +12,7 @@ from coati.cli import read_run, train
 REWARD = "tests.component.reward_fns:digit_fraction"
 
 
+@pytest.mark.background  # nothing timed, nothing shared with the suite's process
 def test_resume_latest_needs_no_repeated_flags_and_reports_every_step(ray_cluster, tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(16)))

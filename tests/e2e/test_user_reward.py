@@ -33,6 +33,7 @@ def user_folder(tmp_path, monkeypatch):
     sys.modules.pop("float_reward_beside_data", None)
 
 
+@pytest.mark.background  # nothing timed, nothing shared with the suite's process
 def test_a_float_reward_beside_the_data_trains_and_evaluates_as_its_mean(
     ray_cluster, tiny, user_folder, tmp_path, monkeypatch
 ):
