@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from coati import registry
 from coati.distributed.attest import compare
+from coati.distributed.driver.preflight import rollout_plan
 from coati.distributed.guards import RunError
 from coati.distributed.inference import backend_options
 from coati.distributed.liveness import Stall, Watchdog
@@ -284,12 +285,13 @@ class ActorGroups:
         # following the work, an actor is lent cores on another thread while the first one trains or generates.
         concurrency = 1 + self.in_flight + self.follow_work
         threads = {"max_concurrency": concurrency} if concurrency > 1 else {}
+        role = rollout_plan(self.cfg, self.plan)
         for i, slot in enumerate(self.plan.producer_slots):
             options = actor_options(slot, self.shared_gpus)
             actor = ray.remote(Producer).options(
                 **options, **cpu_actor_env(env, slot.num_gpus), **threads, name=f"{self.run_name}-producer-{i}"
             )
-            self.producers.append(actor.remote(i, self.cfg, self.plan, self.reward_servers))
+            self.producers.append(actor.remote(i, role, self.reward_servers))
 
     def _start_consumers(self, env: dict) -> None:
         import ray

@@ -34,6 +34,7 @@ from coati.distributed.rollout.data import (
     reward_fields,
     rows_digest,
 )
+from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
 from coati.registry import use_user_folders, user_folders
 
 
@@ -321,6 +322,31 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         inference_options=dict(inference_options or {}),
         server_slots=server_slots,
         in_flight=in_flight,
+    )
+
+
+def rollout_plan(config: Config, plan: Plan) -> RolloutPlan:
+    """The producers' role plan: their sections of ``config`` and what ``plan`` resolved for them, with what they need
+    of the trainer (its precision, the adapters it pushes) named, not read from its section."""
+    c, p = config.consumer, config.producer
+    lora = LoraSpec(c.lora_rank, c.lora_alpha, tuple(c.lora_target_modules)) if c.lora_rank else None
+    return RolloutPlan(
+        num_producers=p.num_producers,
+        backend=p.backend,
+        model_path=plan.inference_model_path,
+        engine_options=dict(plan.inference_options or {}),
+        generation=config.generation,
+        algorithm=config.algo_config,
+        reward=config.reward,
+        train_dataset=plan.train_dataset,
+        eval_dataset=plan.eval_dataset,
+        prompt_format=plan.prompt_format,
+        num_generations=p.num_generations,
+        microbatch_size=p.inference_microbatch_size,
+        seed=config.run.seed,
+        stream_prompts=plan.stream_prompts,
+        trainer_precision=TrainerPrecision(c.compute_dtype, c.plugin.precision, c.plugin.tp_size),
+        lora=lora,
     )
 
 

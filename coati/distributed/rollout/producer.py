@@ -23,6 +23,7 @@ from coati.distributed.record import RolloutBatch
 from coati.distributed.rollout.data import DataCursor
 from coati.distributed.rollout.draw import Rounds, Stream, label_versions
 from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
+from coati.distributed.rollout.plan import RolloutPlan
 from coati.distributed.rollout.receipt import PushReceipt
 from coati.distributed.rollout.scoring import Scorer, episode_results, shaped_rewards
 from coati.distributed.startup import mark, marks
@@ -30,33 +31,29 @@ from coati.distributed.threads import ThreadLease
 
 
 class Producer:
-    """One producer: ``config`` is the run's config tree (its producer, generation, reward and algorithm sections
-    are read here, with the trainer's precision and LoRA settings from its consumer section); ``plan`` the driver's
-    plan of values derived once (the resolved model paths, datasets, prompt format, engine options, streaming);
-    ``reward_servers`` the reward's model components ({component: [(name, actor)]}), shared by all producers."""
+    """One producer: ``plan`` its role's inputs, resolved once by preflight (``RolloutPlan``: its sections of the
+    config, the resolved model, datasets, prompt format and engine options, and what it needs of the trainer);
+    ``producer_idx`` its identity; ``reward_servers`` the reward's model components ({component: [(name, actor)]}),
+    shared by all producers."""
 
-    def __init__(self, producer_idx: int, config, plan, reward_servers: dict[str, list] | None = None):
+    def __init__(self, producer_idx: int, plan: RolloutPlan, reward_servers: dict[str, list] | None = None):
         mark("imported")  # the worker is up and this module's imports are done
         start_heartbeat()
-        c = config.consumer
-        self.idx, self.num_producers = producer_idx, config.producer.num_producers
-        self.model_path, self.backend_name = plan.inference_model_path, config.producer.backend
-        self.generation, self.algorithm, self.reward = config.generation, config.algo_config, config.reward
+        self.idx, self.num_producers = producer_idx, plan.num_producers
+        self.model_path, self.backend_name = plan.model_path, plan.backend
+        self.generation, self.algorithm, self.reward = plan.generation, plan.algorithm, plan.reward
         self.dataset_spec, self.eval_spec = plan.train_dataset, plan.eval_dataset
-        self.n, self.microbatch_size = config.producer.num_generations, config.producer.inference_microbatch_size
-        self.prompt_format, self.seed = plan.prompt_format, config.run.seed
-        self.backend_options = dict(plan.inference_options or {})
+        self.n, self.microbatch_size = plan.num_generations, plan.microbatch_size
+        self.prompt_format, self.seed = plan.prompt_format, plan.seed
+        self.backend_options = dict(plan.engine_options or {})
         self.stream_prompts = plan.stream_prompts
         """groups the engine is kept generating across calls (0: rounds, each call generating its prompts to the
         end)"""
-        self.trainer_precision = (c.compute_dtype, c.plugin.precision, c.plugin.tp_size)
+        p = plan.trainer_precision
+        self.trainer_precision = (p.compute_dtype, p.precision, p.tp_size)
         """(consumer.compute_dtype, plugin precision, tp_size): the engine's weights default to the trainer's compute
         dtype"""
-        self.lora = (
-            {"rank": c.lora_rank, "alpha": c.lora_alpha, "target_modules": c.lora_target_modules}
-            if c.lora_rank
-            else None
-        )
+        self.lora = plan.lora.as_dict() if plan.lora else None
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.reward_servers = dict(reward_servers or {})
         self.calls = 0

@@ -1,0 +1,53 @@
+"""The producers' role plan (``rollout/plan.py``), built once by preflight: a producer is made from it and its
+index alone, and what it needs of the trainer arrives named and resolved, not as the trainer's section."""
+
+import inspect
+from types import SimpleNamespace
+
+from coati.distributed.config.tree import config_from_dict
+from coati.distributed.driver.preflight import rollout_plan
+from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
+from coati.distributed.rollout.producer import Producer
+
+
+def _plan(**over):
+    return SimpleNamespace(
+        inference_model_path="/models/m",
+        inference_options={"dtype": "float32"},
+        train_dataset="train-spec",
+        eval_dataset=None,
+        prompt_format="fmt",
+        stream_prompts=0,
+        **over,
+    )
+
+
+def test_the_rollout_plan_holds_what_a_producer_needs_resolved():
+    config = config_from_dict(
+        {
+            "producer": {
+                "num_producers": 2,
+                "num_generations": 8,
+                "inference_batch_size": 8,
+                "backend": "transformers",
+            },
+            "consumer": {"lora_rank": 4, "lora_alpha": 8.0, "train_batch_size": 16},
+            "run": {"seed": 5},
+        }
+    )
+    role = rollout_plan(config, _plan())
+    assert isinstance(role, RolloutPlan) and role.model_path == "/models/m" and role.backend == "transformers"
+    assert (role.num_producers, role.num_generations, role.microbatch_size, role.seed) == (2, 8, 8, 5)
+    assert role.lora == LoraSpec(4, 8.0, tuple(config.consumer.lora_target_modules))
+    assert role.trainer_precision == TrainerPrecision(
+        config.consumer.compute_dtype, config.consumer.plugin.precision, 1
+    )
+    assert role.algorithm == config.algo_config and role.engine_options == {"dtype": "float32"}
+    assert rollout_plan(config_from_dict({}), _plan()).lora is None
+
+
+def test_a_producer_is_built_from_its_plan_and_index_only():
+    params = list(inspect.signature(Producer.__init__).parameters)
+    assert params == ["self", "producer_idx", "plan", "reward_servers"]
+    source = inspect.getsource(Producer)
+    assert "config." not in source and ".consumer" not in source  # no other role's section read by attribute
