@@ -71,6 +71,7 @@ def main() -> None:
     from coati.distributed.placement import free_port
     from coati.distributed.trainer.config import ConsumerConfig
     from coati.distributed.trainer.consumer import GRPOConsumer
+    from coati.distributed.trainer.plan import TrainerPlan
 
     class ColossalAIConsumer(GRPOConsumer):
         def setup(self):
@@ -90,14 +91,16 @@ def main() -> None:
             .options(**cpu_actor_env(env, 0))
             .remote(
                 0,
-                1,
-                "127.0.0.1",
-                free_port(),
-                default_model_path(),
-                ConsumerConfig(),
-                resolve_algorithm("DAPO"),
-                GenerationConfig(max_new_tokens=48),
-                4,
+                TrainerPlan(
+                    1,
+                    "127.0.0.1",
+                    free_port(),
+                    default_model_path(),
+                    ConsumerConfig(),
+                    resolve_algorithm("DAPO"),
+                    GenerationConfig(max_new_tokens=48),
+                    4,
+                ),
             )
         )
         info = ray.get(actors[name].setup.remote())

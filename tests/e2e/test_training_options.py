@@ -16,6 +16,7 @@ from coati.distributed.placement import free_port
 from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.consumer import GRPOConsumer
+from coati.distributed.trainer.plan import TrainerPlan
 from coati.distributed.trainer.schedule import lr_factor
 from tests.e2e.runs import REWARD, start_run
 
@@ -66,6 +67,12 @@ def test_gradient_checkpointing_trains_the_same_step(ray_cluster, tiny):
     assert max(float(d.abs().max()) for d in d_kept.values()) == pytest.approx(half, rel=0.02)
 
 
+def plan(world_size: int, port: int, tiny: str, cfg: ConsumerConfig) -> TrainerPlan:
+    """A consumer's plan for one GRPO step over two completions per prompt."""
+    algorithm, generation = resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6)
+    return TrainerPlan(world_size, "127.0.0.1", port, tiny, cfg, algorithm, generation, 2)
+
+
 class CountingConsumer(GRPOConsumer):
     """A consumer that counts the rows its policy's forwards cover (with gradients or without)."""
 
@@ -91,13 +98,7 @@ def consumer_after_one_step(tiny, batch, **consumer):
     """A real consumer actor's metrics (with ``forwarded_rows``: rows its policy's forwards covered) and weights
     after one training step on ``batch`` (two completions per prompt, GRPO)."""
     cfg = ConsumerConfig(learning_rate=LR, lr_schedule="linear", warmup_steps=2, compute_dtype="fp32", **consumer)
-    actor = (
-        ray.remote(CountingConsumer)
-        .options(num_cpus=0.5)
-        .remote(
-            0, 1, "127.0.0.1", free_port(), tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2
-        )
-    )
+    actor = ray.remote(CountingConsumer).options(num_cpus=0.5).remote(0, plan(1, free_port(), tiny, cfg))
     try:
         ray.get(actor.setup.remote())
         metrics = ray.get(actor.train_step.remote(batch, total_steps=4))
@@ -202,14 +203,7 @@ def one_step_of(tiny, cls, dp: int = 1, **consumer):
     rank's all-reduce count, the gradient norm, and rank 0's Adam first moments."""
     cfg = ConsumerConfig(learning_rate=LR, compute_dtype="fp32", train_batch_size=2, **consumer)
     port = free_port()
-    actors = [
-        ray.remote(cls)
-        .options(num_cpus=0.5)
-        .remote(
-            rank, dp, "127.0.0.1", port, tiny, cfg, resolve_algorithm("GRPO"), GenerationConfig(max_new_tokens=6), 2
-        )
-        for rank in range(dp)
-    ]
+    actors = [ray.remote(cls).options(num_cpus=0.5).remote(rank, plan(dp, port, tiny, cfg)) for rank in range(dp)]
     try:
         (info, *_) = ray.get([a.setup.remote() for a in actors])
         metrics = ray.get([a.train_step.remote(rollouts(2 * dp), total_steps=4) for a in actors])

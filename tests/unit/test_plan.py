@@ -51,3 +51,16 @@ def test_a_producer_is_built_from_its_plan_and_index_only():
     assert params == ["self", "producer_idx", "plan", "reward_servers"]
     source = inspect.getsource(Producer)
     assert "config." not in source and ".consumer" not in source  # no other role's section read by attribute
+
+
+def test_a_consumer_is_built_from_its_plan_and_rank_only():
+    from coati.distributed.driver.preflight import trainer_plan
+    from coati.distributed.trainer.consumer import GRPOConsumer
+    from coati.distributed.trainer.plan import TrainerPlan
+
+    assert list(inspect.signature(GRPOConsumer.__init__).parameters) == ["self", "rank", "plan"]
+    config = config_from_dict({"producer": {"num_generations": 8}, "consumer": {"num_consumer_procs": 1}})
+    role = trainer_plan(config, SimpleNamespace(train_model_path="/models/t"), "10.0.0.1", 29500)
+    assert role == TrainerPlan(
+        1, "10.0.0.1", 29500, "/models/t", config.consumer, config.algo_config, config.generation, 8, config.run.seed
+    )

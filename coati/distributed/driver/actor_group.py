@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from coati import registry
 from coati.distributed.attest import compare
-from coati.distributed.driver.preflight import rollout_plan
+from coati.distributed.driver.preflight import rollout_plan, trainer_plan
 from coati.distributed.guards import RunError
 from coati.distributed.inference import backend_options
 from coati.distributed.liveness import Stall, Watchdog
@@ -301,16 +301,13 @@ class ActorGroups:
         c, slots = self.cfg, self.plan.consumer_slots
         lend = {"max_concurrency": 2} if self.follow_work else {}  # a second thread takes lent cores
         addr, port = self.master_addr or slots[0].address, self.master_port or _port_on(slots[0].node_id)
-        sections = (c.consumer, c.algo_config, c.generation, c.producer.num_generations)
+        role = trainer_plan(c, self.plan, addr, port)
         for rank, slot in enumerate(slots):
             options = actor_options(slot, self.shared_gpus)
             actor = ray.remote(GRPOConsumer).options(
                 **options, **cpu_actor_env(env, slot.num_gpus), **lend, name=f"{self.run_name}-consumer-{rank}"
             )
-            model = self.plan.train_model_path
-            self.consumers.append(
-                actor.remote(rank, c.consumer.num_consumer_procs, addr, port, model, *sections, seed=self.seed)
-            )
+            self.consumers.append(actor.remote(rank, role))
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
         """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers

@@ -35,6 +35,7 @@ from coati.distributed.rollout.data import (
     rows_digest,
 )
 from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
+from coati.distributed.trainer.plan import TrainerPlan
 from coati.registry import use_user_folders, user_folders
 
 
@@ -347,6 +348,22 @@ def rollout_plan(config: Config, plan: Plan) -> RolloutPlan:
         stream_prompts=plan.stream_prompts,
         trainer_precision=TrainerPrecision(c.compute_dtype, c.plugin.precision, c.plugin.tp_size),
         lora=lora,
+    )
+
+
+def trainer_plan(config: Config, plan: Plan, master_addr: str, master_port: int) -> TrainerPlan:
+    """The consumers' role plan: their section, the algorithm, how rows were sampled and the group size, the resolved
+    model, and where rank 0's process group listens (chosen once the actors are placed)."""
+    return TrainerPlan(
+        world_size=config.consumer.num_consumer_procs,
+        master_addr=master_addr,
+        master_port=master_port,
+        model_path=plan.train_model_path,
+        consumer=config.consumer,
+        algorithm=config.algo_config,
+        generation=config.generation,
+        num_generations=config.producer.num_generations,
+        seed=config.run.seed,
     )
 
 

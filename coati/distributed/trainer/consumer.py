@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.liveness import start_heartbeat
 from coati.distributed.record import RolloutBatch
 from coati.distributed.startup import mark, marks
 from coati.distributed.threads import ThreadLease
-from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import build_engine
 from coati.distributed.trainer.passes import Passes
+from coati.distributed.trainer.plan import TrainerPlan
 from coati.distributed.trainer.step import StepRunner, batch_advantages
 from coati.distributed.trainer.weights import WeightSender
 
@@ -28,29 +26,20 @@ __all__ = ["GRPOConsumer", "batch_advantages"]
 
 
 class GRPOConsumer:
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        model_path: str,
-        consumer: ConsumerConfig,
-        algorithm: AlgorithmConfig,
-        generation: GenerationConfig,
-        num_generations: int,
-        seed: int = 0,
-    ):
+    """One consumer rank: ``plan`` its role's inputs, resolved once by preflight (``TrainerPlan``), ``rank`` its
+    identity."""
+
+    def __init__(self, rank: int, plan: TrainerPlan):
         mark("imported")  # the worker is up and this module's imports are done
         start_heartbeat()
         self.threads = ThreadLease()
         """the cores of the training step in progress, raised by ``set_threads``"""
-        self.rank, self.world_size = rank, world_size
-        self.master_addr, self.master_port = master_addr, master_port
-        self.model_path = model_path
-        self.cfg, self.algo, self.generation = consumer, algorithm, generation
-        self.n = num_generations
-        self.seed = seed
+        self.rank, self.world_size = rank, plan.world_size
+        self.master_addr, self.master_port = plan.master_addr, plan.master_port
+        self.model_path = plan.model_path
+        self.cfg, self.algo, self.generation = plan.consumer, plan.algorithm, plan.generation
+        self.n = plan.num_generations
+        self.seed = plan.seed
 
     def setup(self) -> dict:
         """Build the engine and the units over it; returns where the rank runs, how it computes and its start-up
