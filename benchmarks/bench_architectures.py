@@ -1,4 +1,4 @@
-"""The architecture matrix end to end: every family of ``coati.models.ARCHITECTURES`` (a tiny random model of each,
+"""The architecture matrix end to end: every family of ``coati.testing.ARCHITECTURES`` (a tiny random model of each,
 head size 64, fp32 on both sides) x {transformers, vllm} x {DP, TP=2}, three synchronous GRPO steps at a large
 learning rate. Each combination either trains with the engine/trainer log-prob gap at float tolerance after every
 update, or is refused before any actor starts (the one-line reason is recorded). The suite checks each combination
@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
     import ray
 
     from benchmarks.results_file import write_result
-    from coati.models import ARCHITECTURES, build_tiny_model
+    from coati.testing import ARCHITECTURES, build_tiny_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--archs", nargs="+", default=list(ARCHITECTURES), choices=ARCHITECTURES)

@@ -1,5 +1,6 @@
 """Attention on this CPU, side by side: transformers' SDPA attention (torch's fused CPU kernel) against coati's
-(``coati/distributed/attention.py``: bf16 matmuls into an additive mask). First as the trainer runs it: forward and
+(``coati/distributed/model/attention.py``: bf16 matmuls into an additive mask). First as the trainer runs it: forward
+and
 backward of one layer under bf16 autocast on packed micro-batches as the trainer builds them (4 groups, each a prompt
 of 50-53 tokens then its 4 samples' responses one after the other, under the tree mask: a response token sees the
 prompt and its own response), rows of 142 tokens (the default job late in a run) to 1,200 (past ``MAX_SCORES``,
@@ -70,7 +71,7 @@ def main():
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from coati.distributed import attention
+    from coati.distributed.model import attention
 
     torch.set_num_threads(args.threads)
     groups, heads, kv_heads, dim = 4, 9, 3, 64
@@ -119,7 +120,7 @@ def decode_steps(heads: int, kv_heads: int, dim: int) -> list[dict]:
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from coati.distributed import attention
+    from coati.distributed.model import attention
 
     print("one layer's attention in a decode step, bf16, no gradient, microseconds per call")
     print(f"{'rows':>10} {'keys':>9} {'SDPA us':>9} {'coati us':>9} {'speed-up':>9}")

@@ -68,7 +68,7 @@ def main() -> None:
     from coati.distributed.algo.presets import resolve_algorithm
     from coati.distributed.driver.actor_group import cpu_actor_env
     from coati.distributed.inference.config import GenerationConfig
-    from coati.distributed.placement import free_port
+    from coati.distributed.runtime.placement import free_port
     from coati.distributed.trainer.config import ConsumerConfig
     from coati.distributed.trainer.consumer import GRPOConsumer
     from coati.distributed.trainer.plan import TrainerPlan

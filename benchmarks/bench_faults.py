@@ -144,7 +144,7 @@ def dead_reward_worker(tiny, work):
 
 
 def dead_reward_model_server(tiny, work):
-    from coati.models import build_tiny_reward_model
+    from coati.testing import build_tiny_reward_model
 
     rm = str(build_tiny_reward_model(work / "rm"))
     grpo = {"rm_path": rm, "reward_components": {REWARD: 0.0, "rm": 1.0}, "rm_placement": "any", "rm_cpus": 0.5}
@@ -186,7 +186,7 @@ def silent_reward_model_server(tiny, work):
     """From step 2 on, the reward-model server's ``score`` never returns while its process lives and beats
     (``fault_hooks``; ``reward.rm.timeout_s``, the default)."""
     from coati.distributed.reward.config import RewardModelConfig
-    from coati.models import build_tiny_reward_model
+    from coati.testing import build_tiny_reward_model
 
     rm = str(build_tiny_reward_model(work / "rm"))
     grpo = {"rm_path": rm, "reward_components": {REWARD: 0.0, "rm": 1.0}, "rm_placement": "any", "rm_cpus": 0.5}
@@ -292,7 +292,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from coati.models import build_tiny_model
+    from coati.testing import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="faults-"))
     (work / "flags").mkdir()

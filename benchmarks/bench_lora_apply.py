@@ -63,7 +63,7 @@ def measure(dtype_name: str, args) -> dict:
     from coati.default_model import default_model_path
     from coati.distributed.inference import backend_class
     from coati.distributed.inference.config import GenerationConfig
-    from coati.distributed.lora import adapter_tensors, peft_config
+    from coati.distributed.model.lora import adapter_tensors, peft_config
     from coati.distributed.rollout.data import encode_prompt, load_rows
 
     dtype = getattr(torch, dtype_name)

@@ -88,7 +88,7 @@ def main() -> None:
 
     from coati.default_model import default_model_path
     from coati.distributed.config.cli import parse_config
-    from coati.distributed.precision import native_bf16
+    from coati.distributed.model.precision import native_bf16
 
     default_model_path()  # converted once, before either side is timed
     job = parse_config(["--algo", "DAPO"])

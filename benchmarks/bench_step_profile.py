@@ -12,7 +12,8 @@ would reach if everything but its matmuls took no time.
 Generation (with vLLM installed): one round of the default job, 8 prompts x 4 completions of up to 48 tokens, bf16
 engine weights, split the same way (vLLM's CPU matmuls are ``onednn_mm``; their FLOPs from the shapes recorded).
 
-Each trainer step runs with transformers' SDPA attention and with coati's (``coati/distributed/attention.py``: bf16
+Each trainer step runs with transformers' SDPA attention and with coati's (``coati/distributed/model/attention.py``:
+bf16
 matmuls instead of torch's fused CPU kernel; what the consumer uses on a CPU), and under glibc's default malloc and
 the settings a CPU consumer runs with (``actor_group.KEEP_FREED_MEMORY``: freed memory stays mapped), each malloc
 setting in a process of its own, side by side. A step's time is the mean over 6 steps on 6 batches of different
@@ -108,7 +109,7 @@ def trainer(
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
-    from coati.distributed import attention
+    from coati.distributed.model import attention
     from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
     from coati.distributed.trainer.forward import packed_group_logprobs
 
@@ -180,7 +181,7 @@ def generation(model_dir: str, threads: int, peaks: dict) -> dict:
 
     torch.set_num_threads(threads)  # before the engine starts: vLLM's CPU worker binds its threads then
     gen = GenerationConfig(max_new_tokens=48, temperature=1.0)
-    from coati.distributed.precision import native_bf16
+    from coati.distributed.model.precision import native_bf16
 
     dtype = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
     peak = peaks[dtype]

@@ -307,7 +307,7 @@ def main():
     sys.path.insert(0, str(HERE.parent))
     import ray
 
-    from coati.models import build_tiny_model
+    from coati.testing import build_tiny_model
 
     python = trl_python()
     peaks = {(d, t): matmul_peak(d, t) for d in ("fp32", "bf16") for t in (1, 2)}

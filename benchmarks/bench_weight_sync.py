@@ -136,7 +136,7 @@ class Endpoint:
                 bucket_bytes=bucket_mb << 20,
             )
         elif method == "lora":
-            from coati.distributed.lora import adapter_pairs, merge
+            from coati.distributed.model.lora import adapter_pairs, merge
 
             got = ray_broadcast_tensor_dict(self.adapter, 0, group_name=group, bucket_bytes=bucket_mb << 20)
             if self.rank != 0:

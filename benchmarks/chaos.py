@@ -54,7 +54,7 @@ RUN_LIMIT_S = 600
 
 def build_models(folder: Path) -> tuple[str, str, str]:
     """The tiny policy, the tiny reward model and the training rows."""
-    from coati.models import build_tiny_model, build_tiny_reward_model
+    from coati.testing import build_tiny_model, build_tiny_reward_model
 
     policy = str(build_tiny_model(folder / "policy"))
     rm = str(build_tiny_reward_model(folder / "rm"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from coati.distributed.checks import console_safe
 from coati.distributed.driver.run_folder import run_of
-from coati.distributed.metrics import EVAL_RESULTS, headline
+from coati.distributed.loggers.metrics import EVAL_RESULTS, headline
 from coati.registry import use_user_folders, user_folders
 
 TRAIN_DOC = """Train a language model with RL on verifiable rewards.

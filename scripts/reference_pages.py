@@ -1,6 +1,6 @@
 """The reference pages, generated from the code so they cannot drift from it: ``docs/reference/config.md`` lists every
 field of every section of the config tree with its flag(s), type, default and meaning (the field's docstring);
-``docs/reference/metrics.md`` every metric a run logs, from the registry in ``coati/distributed/metrics.py``.
+``docs/reference/metrics.md`` every metric a run logs, from the registry in ``coati/distributed/loggers/metrics.py``.
 ``python scripts/reference_pages.py`` writes them; ``--check`` exits 1 if a page differs (``make check`` and the test
 suite run the check)."""
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coati.distributed.config.cli import flags  # noqa: E402
-from coati.distributed.metrics import METRICS  # noqa: E402
+from coati.distributed.loggers.metrics import METRICS  # noqa: E402
 
 REFERENCE = ROOT / "docs" / "reference"
 
@@ -50,9 +50,9 @@ def _cell(text: str) -> str:
 METRICS_INTRO = """# Metrics
 
 Every metric a run logs in `metrics.jsonl` (and TensorBoard or wandb), with its meaning and unit, generated from the
-registry in `coati/distributed/metrics.py` by `python scripts/reference_pages.py`. A name with a `{...}` part stands
-for a family (`reward/component/math`). Counts are per step; means are over the step's trained rows or tokens unless
-the meaning says otherwise. A run that logs a name the registry lacks warns once; the test suite fails on it.
+registry in `coati/distributed/loggers/metrics.py` by `python scripts/reference_pages.py`. A name with a `{...}` part
+stands for a family (`reward/component/math`). Counts are per step; means are over the step's trained rows or tokens
+unless the meaning says otherwise. A run that logs a name the registry lacks warns once; the test suite fails on it.
 """
 
 

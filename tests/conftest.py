@@ -13,7 +13,9 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # actor); eager, the same tokens and log-probs. Runs keep vLLM's default (benchmarks/bench_rollout.py --vllm-compile).
 # Set before Ray starts, so every actor inherits it.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-os.environ.setdefault("COATI_STRICT_METRICS", "1")  # a run that logs a metric coati/distributed/metrics.py lacks fails
+os.environ.setdefault(
+    "COATI_STRICT_METRICS", "1"
+)  # a run that logs a metric coati/distributed/loggers/metrics.py lacks fails
 
 
 def pytest_configure(config):
@@ -117,7 +119,7 @@ def ray_cluster():
 def score7_judge(tmp_path_factory):
     """A tiny causal LM fitted to answer any judge prompt with 'Score: 7' (head size 32, which vLLM's CPU kernels
     take), shared by the judge's component and end-to-end tests."""
-    from coati.models import build_tiny_model
+    from coati.testing import build_tiny_model
     from tests.component.test_judge import fit_reply
 
     return fit_reply(str(build_tiny_model(tmp_path_factory.mktemp("judge"), num_heads=2)), "Score: 7")

@@ -4,10 +4,11 @@ Layout, one role per folder (imports run downward only; ``.importlinter`` holds 
 ``driver/`` (the job, launch, loop, preflight, actor groups, rollout buffer, checkpoints, run folder, reporting),
 ``config/`` (the config tree, the command line, ColossalChat's call), ``rollout/`` (the producer and its data),
 ``trainer/`` (the consumer, its forward, steps and ColossalAI shims), ``envs/``, ``reward/``, ``inference/``,
-``transport/`` (collective groups, weight pushes, wire layout), ``loggers/``, ``algo/``, and leaf modules shared by
-all (``record``: the rollout record; ``guards``, ``placement``, ``threads``, ``lora``, ``attention``,
-``architectures``, ``model_files``, ``attest``, ``checks``, ``precision``). Each folder's config section lives
-beside it (``algo/config.py``, ``inference/config.py``, ...); ``config/tree.py`` assembles them.
+``transport/`` (collective groups, weight pushes, wire layout, attestation), ``loggers/`` (and the metric
+registry), ``algo/``, and the bottom floor: ``runtime/`` (placement, liveness, start-up marks, threads), ``model/``
+(architectures, model files, precision, attention, LoRA) and three leaves (``record``: the rollout record;
+``guards``; ``checks``). Each folder's config section lives beside it (``algo/config.py``, ``inference/config.py``,
+...); ``config/tree.py`` assembles them.
 
 The public names are importable from here, loaded on first use: ``launch_distributed``, ``launch``, ``run_job`` (a
 run as the command line makes it: Ray, the run folder, the report), ``Config``,

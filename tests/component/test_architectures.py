@@ -1,4 +1,4 @@
-"""The architecture matrix, checked where each combination breaks: every family of ``coati.models.ARCHITECTURES``
+"""The architecture matrix, checked where each combination breaks: every family of ``coati.testing.ARCHITECTURES``
 trains under tensor parallelism as the whole model does, or is refused before any actor starts; every family the
 vLLM backend serves follows a push (its rollout log-probs are the pushed weights' own). The end-to-end runs of each
 backend are in tests/e2e; ``benchmarks/bench_architectures.py`` runs the whole matrix end to end."""
@@ -10,9 +10,9 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.architectures import TP_FAMILIES, model_type
 from coati.distributed.inference.config import GenerationConfig
-from coati.models import ARCHITECTURES, build_tiny_model
+from coati.distributed.model.architectures import TP_FAMILIES, model_type
+from coati.testing import ARCHITECTURES, build_tiny_model
 from tests.component.tp_parity import tp_parity
 
 TOLERANCE = 1e-5

@@ -1,4 +1,5 @@
-"""The trainer's CPU attention (``coati.distributed.attention``): its bf16 path computes what SDPA computes, to bf16
+"""The trainer's CPU attention (``coati.distributed.model.attention``): its bf16 path computes what SDPA computes, to
+bf16
 rounding, outputs and gradients, under every mask the trainer's layouts give (a packed group's tree, left padding
 with a query that may attend to nothing, plain causal, a single query), with grouped key/value heads; anything else
 goes to SDPA unchanged; and a model switched to it trains every layout to SDPA's log-probs and gradients."""
@@ -8,8 +9,8 @@ import types
 import pytest
 import torch
 
-from coati.distributed import attention
-from coati.models import build_tiny_model
+from coati.distributed.model import attention
+from coati.testing import build_tiny_model
 
 HEADS, KV_HEADS, D = 6, 2, 16
 

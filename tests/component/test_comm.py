@@ -7,7 +7,7 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.placement import free_port
+from coati.distributed.runtime.placement import free_port
 from coati.distributed.transport import CollectiveError
 from tests.helpers import wait_until
 

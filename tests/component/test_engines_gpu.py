@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from coati.distributed.inference.config import GenerationConfig
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 pytestmark = pytest.mark.gpu
 

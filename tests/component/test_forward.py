@@ -8,7 +8,7 @@ import torch
 
 from coati.distributed.record import batch_from_responses
 from coati.distributed.trainer.forward import sequence_logprobs, trim_padding
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 
 def test_trimmed_micro_batch_gives_the_padded_one_s_logprobs_and_gradients(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coati.distributed.reward.judge import JudgeServer
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 TEMPLATE = "Grade {completion} for {question}"
 """short: what the tiny judges learn to reply to"""

@@ -6,7 +6,7 @@ import pytest
 
 from coati.distributed.driver import actor_group
 from coati.distributed.driver.actor_group import RunError, get
-from coati.distributed.liveness import Watchdog
+from coati.distributed.runtime.liveness import Watchdog
 
 
 def test_a_watched_wait_keeps_its_time_limit(ray_cluster, monkeypatch):
@@ -48,7 +48,7 @@ class Member:
     """One member of a two-process collective group, beating to its run's watchdog like a producer or consumer."""
 
     def __init__(self):
-        from coati.distributed.liveness import start_heartbeat
+        from coati.distributed.runtime.liveness import start_heartbeat
 
         start_heartbeat(interval_s=0.5)
 

@@ -6,10 +6,10 @@ import time
 import pytest
 import ray
 
-from coati.distributed.liveness import HEARTBEAT_S, Watchdog
 from coati.distributed.reward.model_actors import RewardModelClient, RewardModelServer
 from coati.distributed.reward.reward_model import RewardModel
-from coati.models import build_tiny_reward_model
+from coati.distributed.runtime.liveness import HEARTBEAT_S, Watchdog
+from coati.testing import build_tiny_reward_model
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ class SlowBatches(RewardModelServer):
     """Scores a batch a second, as a large reward model would."""
 
     def score(self, prompts, completions):
-        from coati.distributed.liveness import note_progress
+        from coati.distributed.runtime.liveness import note_progress
 
         def slowly():
             time.sleep(1.0)

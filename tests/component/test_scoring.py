@@ -12,7 +12,7 @@ from coati.distributed.record import RewardStatus, batch_from_responses
 from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.scoring import Scorer
 from coati.distributed.trainer.step import batch_advantages
-from coati.models import char_tokenizer
+from coati.testing import char_tokenizer
 
 N = 4
 

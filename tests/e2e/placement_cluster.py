@@ -5,7 +5,7 @@ import json
 import ray
 from ray.cluster_utils import Cluster
 
-from coati.distributed.placement import (
+from coati.distributed.runtime.placement import (
     actor_options,
     alive_nodes,
     plan_placement,

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from coati.distributed.driver.run_folder import submitted_job_folder_error, visible_from
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from coati.distributed.launch import launch_distributed
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 TAGS = {
     "think_start": {"text": "<think>", "num_occur": 1},

@@ -8,7 +8,7 @@ import ray
 
 from coati.distributed.guards import EngineMismatch
 from coati.distributed.launch import launch_distributed
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 from tests.e2e.runs import REWARD, run_kwargs
 
 

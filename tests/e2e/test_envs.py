@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
     about a quarter of the probability (a random model would rarely stop within a turn's 8 tokens)."""
     from transformers import AutoModelForCausalLM
 
-    from coati.models import build_tiny_model
+    from coati.testing import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("env_model"), num_heads=2, vocab_multiple=8)  # vLLM: head 32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 ELSEWHERE = {"custom_reward.py": "test_reliability.py runs it from another folder, in a process of its own"}
 EXAMPLES = sorted(
@@ -49,7 +49,7 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     if name == "code_humaneval.py":
         args = ["--problems", "8"] + args
     if name == "reward_model.py":  # a tiny reward model of the policy's tokenizer
-        from coati.models import build_tiny_reward_model
+        from coati.testing import build_tiny_reward_model
 
         args = ["--rm-path", str(build_tiny_reward_model(tmp_path / "rm"))] + args
     monkeypatch.setattr(sys, "argv", [name] + args)

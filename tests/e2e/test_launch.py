@@ -13,7 +13,7 @@ import torch
 from coati.distributed.driver.launch import config_from_launch_kwargs
 from coati.distributed.driver.preflight import preflight
 from coati.distributed.launch import launch_distributed
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 from tests.e2e.runs import REWARD, new_run, run_kwargs, start_run
 
 

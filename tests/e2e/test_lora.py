@@ -114,7 +114,7 @@ def test_zero_trains_the_adapter_and_the_engine_serves_the_consumer_s_merge(ray_
 @pytest.fixture(scope="module")
 def tiny32(tmp_path_factory):
     """head_dim 32, which vLLM's CPU attention kernels take"""
-    from coati.models import build_tiny_model
+    from coati.testing import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("lora_vllm"), num_heads=2, vocab_multiple=8))
 

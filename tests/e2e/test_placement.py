@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coati.distributed.placement import plan_placement
+from coati.distributed.runtime.placement import plan_placement
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_simulated_cluster_places_actors_on_planned_nodes():
 
 
 def test_reward_servers_plan_beside_producers_on_a_node_or_anywhere():
-    from coati.distributed.placement import plan_servers
+    from coati.distributed.runtime.placement import plan_servers
 
     nodes = [node(0, 2), node(1, 2)]
     producers, consumers = plan_placement(nodes, 2, 1, 2)
@@ -116,7 +116,7 @@ def test_reward_servers_plan_beside_producers_on_a_node_or_anywhere():
     ],
 )
 def test_reward_server_plans_that_cannot_work_are_refused(args, message):
-    from coati.distributed.placement import plan_servers
+    from coati.distributed.runtime.placement import plan_servers
 
     nodes = [node(0, 2), node(1, 2)]
     producers, _ = plan_placement(nodes, 2, 1, 2)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from coati.distributed.placement import free_port
-from coati.models import build_tiny_model
+from coati.distributed.runtime.placement import free_port
+from coati.testing import build_tiny_model
 
 PORT_FLAGS = (
     "--port",

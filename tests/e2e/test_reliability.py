@@ -17,7 +17,7 @@ from coati.distributed.driver.actor_group import RunError
 from coati.distributed.driver.run_folder import RunFolderError
 from coati.distributed.guards import RewardFailure
 from coati.distributed.launch import launch_distributed
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 from tests.e2e.runs import run_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import ray
 
 from coati.distributed.driver.actor_group import RunError
 from coati.distributed.launch import launch_distributed
-from coati.distributed.model_files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
-from coati.models import build_tiny_model
+from coati.distributed.model.files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
+from coati.testing import build_tiny_model
 from tests.e2e.runs import FP32
 from tests.helpers import wait_until
 
@@ -459,7 +459,7 @@ def test_bad_input_catalogue(ray_cluster, tiny, tmp_path, name, change, exc, mes
 def test_a_run_whose_actors_the_cluster_cannot_hold_now_is_refused(ray_cluster, tiny, tmp_path, monkeypatch):
     """Another job holding the cluster's CPUs left a run's actors pending without a word (>= 240 s); the run waits a
     bounded time with a message, then is refused naming what it needs and what is free."""
-    import coati.distributed.placement as placement
+    import coati.distributed.runtime.placement as placement
 
     monkeypatch.setattr(placement.check_free, "__defaults__", (1.0,))  # wait 1 s, not FREE_WAIT_S
     total = ray.cluster_resources()["CPU"]

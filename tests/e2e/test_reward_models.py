@@ -15,7 +15,7 @@ from tests.e2e.runs import REWARD, run_kwargs
 
 @pytest.fixture(scope="module")
 def digit_rm(tmp_path_factory):
-    from coati.models import build_tiny_reward_model, train_tiny_reward_model
+    from coati.testing import build_tiny_reward_model, train_tiny_reward_model
 
     rng = random.Random(0)
     path = build_tiny_reward_model(tmp_path_factory.mktemp("digit_rm"))

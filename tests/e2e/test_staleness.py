@@ -8,7 +8,7 @@ from tests.e2e.runs import REWARD, run_kwargs
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from coati.models import build_tiny_model
+    from coati.testing import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("staleness_model"), vocab_multiple=8))
 

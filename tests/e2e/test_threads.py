@@ -9,7 +9,7 @@ import pytest
 import ray
 from transformers import AutoConfig
 
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 from tests.e2e.runs import REWARD, start_run
 
 

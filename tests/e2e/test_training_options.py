@@ -12,8 +12,8 @@ import torch
 
 from coati.distributed.algo.presets import resolve_algorithm
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.placement import free_port
 from coati.distributed.record import RolloutBatch
+from coati.distributed.runtime.placement import free_port
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.consumer import GRPOConsumer
 from coati.distributed.trainer.plan import TrainerPlan

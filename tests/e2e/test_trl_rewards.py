@@ -6,7 +6,7 @@ error."""
 import pytest
 
 from coati.distributed.launch import launch_distributed
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 from tests.e2e.runs import run_kwargs
 
 pytest.importorskip("trl", reason="TRL comes with benchmarks/requirements.txt, which make test installs")

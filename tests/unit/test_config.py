@@ -145,7 +145,7 @@ def test_resolve_callable_dotted_path():
 def test_compute_dtype_auto_is_bf16_only_over_fp32_weights_on_native_bf16_hardware():
     import torch
 
-    from coati.distributed.precision import native_bf16, resolve_compute_dtype
+    from coati.distributed.model.precision import native_bf16, resolve_compute_dtype
 
     cpu = torch.device("cpu")
     assert resolve_compute_dtype("fp32", cpu, "fp32") == "fp32" and resolve_compute_dtype("bf16", cpu, "fp32") == "bf16"

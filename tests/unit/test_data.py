@@ -5,7 +5,7 @@ import json
 import pytest
 
 from coati.distributed.rollout.data import DataCursor, encode_prompt, load_rows, reward_fields
-from coati.models import char_tokenizer
+from coati.testing import char_tokenizer
 
 
 def write(tmp_path, lines):

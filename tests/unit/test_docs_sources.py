@@ -33,7 +33,7 @@ def test_the_reference_pages_are_the_code_s():
     the metrics registry: every field, flag and default, every metric, none missing."""
     import importlib.util
 
-    from coati.distributed.metrics import METRICS
+    from coati.distributed.loggers.metrics import METRICS
 
     spec = importlib.util.spec_from_file_location("reference_pages", ROOT / "scripts" / "reference_pages.py")
     module = importlib.util.module_from_spec(spec)

@@ -12,7 +12,7 @@ from coati.distributed.envs.episodes import TurnTemplate, episodes_batch, retoke
 from coati.distributed.envs.retry import Retry
 from coati.distributed.envs.tool_math import ToolMath
 from coati.distributed.record import RolloutBatch
-from coati.models import char_tokenizer
+from coati.testing import char_tokenizer
 
 
 @pytest.fixture(scope="module")

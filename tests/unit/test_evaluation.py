@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coati.distributed.driver.loop import evaluation_result
-from coati.distributed.metrics import headline
+from coati.distributed.loggers.metrics import headline
 from coati.distributed.record import RolloutBatch
 from coati.distributed.reward.base import RewardResult, as_result, max_reward_of
 from coati.distributed.reward.config import RewardConfig

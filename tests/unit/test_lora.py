@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coati.distributed.lora import adapter_pairs, adapter_tensors, hf_name, merge, merged_state
+from coati.distributed.model.lora import adapter_pairs, adapter_tensors, hf_name, merge, merged_state
 
 
 def test_peft_names_become_the_base_models_and_the_wire_names():

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from coati.distributed import metrics
-from coati.distributed.metrics import check_declared, declared
+from coati.distributed.loggers import metrics
+from coati.distributed.loggers.metrics import check_declared, declared
 
 
 def test_declared_keys_and_families():
@@ -22,9 +22,9 @@ def test_an_undeclared_metric_fails_where_enforced_and_warns_once_elsewhere(monk
     check_declared({k: v for k, v in record.items() if k != "loss/new"})
     monkeypatch.setenv("COATI_STRICT_METRICS", "0")
     monkeypatch.setattr(metrics, "_WARNED", set())
-    with caplog.at_level(logging.WARNING, logger="coati.distributed.metrics"):
+    with caplog.at_level(logging.WARNING, logger="coati.distributed.loggers.metrics"):
         check_declared(record)
         check_declared(record)
     assert [r.getMessage() for r in caplog.records].count(
-        "metric loss/new is not declared in coati/distributed/metrics.py"
+        "metric loss/new is not declared in coati/distributed/loggers/metrics.py"
     ) == 1

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from coati.distributed.model_files import (
+from coati.distributed.model.files import (
     CHECKPOINT_BYTES_PER_PARAM,
     checkpoint_bytes,
     parameter_count,

@@ -46,3 +46,11 @@ def test_colossalchat_module_paths_keep_working():
         and ray_broadcast_object is push.ray_broadcast_object
     )
     assert CC_BACKEND_MAP is BACKEND_MAP and GRPOConsumer is Consumer
+
+
+def test_the_tiny_model_builders_keep_their_earlier_path():
+    import coati.models
+    import coati.testing
+
+    assert coati.models.build_tiny_model is coati.testing.build_tiny_model
+    assert set(coati.testing.__all__) <= set(vars(coati.models))

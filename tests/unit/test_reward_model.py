@@ -5,7 +5,7 @@ refused."""
 import pytest
 
 from coati.distributed.reward.reward_model import RewardModel
-from coati.models import build_tiny_reward_model
+from coati.testing import build_tiny_reward_model
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_a_classifier_with_several_outputs_is_refused(rm_path, tmp_path):
 
 
 def test_a_reward_model_trained_on_preferences_prefers_the_chosen_answer(tmp_path):
-    from coati.models import train_tiny_reward_model
+    from coati.testing import train_tiny_reward_model
 
     path = build_tiny_reward_model(tmp_path / "rm")
     prompts = [f"{a}+{b}=" for a in range(4) for b in range(4)]

@@ -7,7 +7,7 @@ import pytest
 from coati.distributed.inference import sglang_backend
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.sglang_backend import SGLangBackend, logprobs_valid, sampling_params
-from coati.models import build_tiny_model
+from coati.testing import build_tiny_model
 
 
 def test_sampling_params_follow_the_generation_config():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from coati.distributed.threads import ThreadLease, cores
+from coati.distributed.runtime.threads import ThreadLease, cores
 
 
 @pytest.fixture(autouse=True)

@@ -10,15 +10,15 @@ import time
 from dataclasses import dataclass, field
 
 from coati import registry
-from coati.distributed.attest import compare
 from coati.distributed.driver.preflight import rollout_plan, trainer_plan
 from coati.distributed.guards import RunError
 from coati.distributed.inference import backend_options
-from coati.distributed.liveness import Stall, Watchdog
-from coati.distributed.placement import actor_options, free_port, reserve_shared_gpus, weight_backend
 from coati.distributed.reward.judge import JudgeServer
 from coati.distributed.reward.model_actors import RewardModelServer
 from coati.distributed.rollout.producer import Producer
+from coati.distributed.runtime.liveness import Stall, Watchdog
+from coati.distributed.runtime.placement import actor_options, free_port, reserve_shared_gpus, weight_backend
+from coati.distributed.transport.attest import compare
 
 STEP_TIMEOUT_S = 3600.0
 """the longest the driver waits for one fan-out (a rollout round, a training step, ...)"""

@@ -25,7 +25,7 @@ import numpy as np
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.actor_group import RunError, get
 from coati.distributed.guards import all_finite
-from coati.distributed.lora import peft_config, write_adapter
+from coati.distributed.model.lora import peft_config, write_adapter
 from coati.distributed.record import RolloutBatch
 
 # Fields that may change on resume without breaking the saved state; others only when named in ``allow``.

@@ -28,7 +28,7 @@ from coati.distributed.driver.loop import Run
 from coati.distributed.driver.preflight import Inputs, Plan, preflight
 from coati.distributed.driver.reporting import end_account, phase
 from coati.distributed.driver.run_folder import RunFolder, check_shared
-from coati.distributed.model_files import run_disk_bytes
+from coati.distributed.model.files import run_disk_bytes
 
 __all__ = ["ALGO_MAP", "Config", "config_from_launch_kwargs", "launch", "resolve_algorithm"]
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from coati.distributed.driver.preflight import Plan, horizon
 from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, actors_started, phase
 from coati.distributed.driver.rollouts import Progress, Rollouts
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, gap_tolerance
-from coati.distributed.metrics import check_declared
+from coati.distributed.loggers.metrics import check_declared
 from coati.distributed.record import RolloutBatch
 from coati.distributed.rollout.evaluation import EvalShare
 from coati.distributed.trainer.step_metrics import rollout_metrics

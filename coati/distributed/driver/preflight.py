@@ -11,15 +11,14 @@ import os
 from dataclasses import dataclass
 
 from coati.default_model import default_model_path
-from coati.distributed.architectures import check_layout, check_positions, load_config
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.ray_start import check_address
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.base import check_messages
 from coati.distributed.envs.episodes import TurnTemplate
 from coati.distributed.inference import backend_options
-from coati.distributed.model_files import read_safetensors_header, weight_files
-from coati.distributed.placement import alive_nodes, check_free, plan_placement, plan_servers
+from coati.distributed.model.architectures import check_layout, check_positions, load_config
+from coati.distributed.model.files import read_safetensors_header, weight_files
 from coati.distributed.reward import RewardSignature, resolve_reward_fn
 from coati.distributed.reward.base import TRAINER_FIELDS
 from coati.distributed.reward.judge import template_fields
@@ -35,6 +34,7 @@ from coati.distributed.rollout.data import (
     rows_digest,
 )
 from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
+from coati.distributed.runtime.placement import alive_nodes, check_free, plan_placement, plan_servers
 from coati.distributed.trainer.plan import TrainerPlan
 from coati.registry import use_user_folders, user_folders
 

@@ -8,7 +8,7 @@ import base64
 import html
 from pathlib import Path
 
-from coati.distributed.metrics import EVAL_RESULTS
+from coati.distributed.loggers.metrics import EVAL_RESULTS
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;

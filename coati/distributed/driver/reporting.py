@@ -17,8 +17,8 @@ from coati.distributed.driver.run_folder import writing
 from coati.distributed.loggers import logger_class
 from coati.distributed.loggers.base import require
 from coati.distributed.loggers.jsonl_logger import truncate_jsonl
-from coati.distributed.metrics import headline
-from coati.distributed.startup import MARKS, process_age_s
+from coati.distributed.loggers.metrics import headline
+from coati.distributed.runtime.startup import MARKS, process_age_s
 
 PLOTS = {
     "reward": ("reward (mean per step)", ["reward/mean", "reward/train_batch_mean"]),

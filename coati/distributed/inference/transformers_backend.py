@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from coati.distributed import attention, lora
 from coati.distributed.algo.logprobs import token_logprobs
-from coati.distributed.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.options import TransformersOptions
+from coati.distributed.model import attention, lora
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
+from coati.distributed.transport.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.transport.wire_layout import flatten_parameters
 
 

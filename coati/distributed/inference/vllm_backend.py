@@ -47,14 +47,14 @@ import time
 
 import torch
 
-from coati.distributed.attest import adapter_fingerprints
 from coati.distributed.inference.base import InferenceBackend, checkpoint_dtype, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.inference.vllm_options import VLLMOptions, engine_kwargs, on_cuda
-from coati.distributed.lora import peft_config, write_adapter
+from coati.distributed.model.lora import peft_config, write_adapter
 from coati.distributed.record import RolloutBatch
-from coati.distributed.threads import cores
+from coati.distributed.runtime.threads import cores
+from coati.distributed.transport.attest import adapter_fingerprints
 
 EXTENSION = "coati.distributed.inference.vllm_worker.WeightSyncExtension"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from coati.distributed.architectures import head_size
 from coati.distributed.inference.hints import INSTALL_HINTS
 from coati.distributed.inference.options import BackendOptions
+from coati.distributed.model.architectures import head_size
 
 CPU_KV_CACHE_GIB = 1.0
 CPU_BLOCK_SIZE = 32

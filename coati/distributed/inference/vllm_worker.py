@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from coati.distributed import lora
-from coati.distributed.attest import adapter_fingerprints, column, crc, tied_weights
 from coati.distributed.inference.sampling import inverse_cdf_forward
+from coati.distributed.model import lora
 from coati.distributed.transport import TorchGroup, ray_broadcast_tensor_dict
+from coati.distributed.transport.attest import adapter_fingerprints, column, crc, tied_weights
 
 
 class WeightSyncExtension:

@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass, field
 
 from coati.distributed.checks import finite, positive, require
-from coati.distributed.placement import check_server_placement
 from coati.distributed.reward.base import REWARD_FNS, follows_trl
 from coati.distributed.reward.compose import NORMALIZATIONS
 from coati.distributed.reward.judge import FIELDS, template_fields
 from coati.distributed.reward.judge import TEMPLATE as JUDGE_TEMPLATE
+from coati.distributed.runtime.placement import check_server_placement
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import re
 
 from coati.distributed.inference import backend_class
 from coati.distributed.inference.config import GenerationConfig
-from coati.distributed.liveness import note_progress, start_heartbeat
-from coati.distributed.startup import mark, marks
+from coati.distributed.runtime.liveness import note_progress, start_heartbeat
+from coati.distributed.runtime.startup import mark, marks
 
 TEMPLATE = (
     "Grade the answer to the question.\n\nQuestion: {question}\n\nReference answer: {reference}\n\n"

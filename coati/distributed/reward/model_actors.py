@@ -9,9 +9,9 @@ import time
 
 import torch
 
-from coati.distributed.liveness import HEARTBEAT_S, Stall, note_progress, start_heartbeat, watchdog_name
 from coati.distributed.reward.reward_model import RewardModel
-from coati.distributed.startup import mark, marks
+from coati.distributed.runtime.liveness import HEARTBEAT_S, Stall, note_progress, start_heartbeat, watchdog_name
+from coati.distributed.runtime.startup import mark, marks
 
 
 class RewardModelServer:

@@ -16,9 +16,7 @@ import torch
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 from coati.distributed.inference import backend_class
-from coati.distributed.liveness import note_progress, start_heartbeat
-from coati.distributed.placement import whereabouts
-from coati.distributed.precision import generation_dtype
+from coati.distributed.model.precision import generation_dtype
 from coati.distributed.record import RolloutBatch
 from coati.distributed.rollout.data import DataCursor
 from coati.distributed.rollout.draw import Rounds, Stream, label_versions
@@ -26,8 +24,10 @@ from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
 from coati.distributed.rollout.plan import RolloutPlan
 from coati.distributed.rollout.receipt import PushReceipt
 from coati.distributed.rollout.scoring import Scorer, episode_results, shaped_rewards
-from coati.distributed.startup import mark, marks
-from coati.distributed.threads import ThreadLease
+from coati.distributed.runtime.liveness import note_progress, start_heartbeat
+from coati.distributed.runtime.placement import whereabouts
+from coati.distributed.runtime.startup import mark, marks
+from coati.distributed.runtime.threads import ThreadLease
 
 
 class Producer:

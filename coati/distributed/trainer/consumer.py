@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from coati.distributed.liveness import start_heartbeat
 from coati.distributed.record import RolloutBatch
-from coati.distributed.startup import mark, marks
-from coati.distributed.threads import ThreadLease
+from coati.distributed.runtime.liveness import start_heartbeat
+from coati.distributed.runtime.startup import mark, marks
+from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.engine import build_engine
 from coati.distributed.trainer.passes import Passes
 from coati.distributed.trainer.plan import TrainerPlan

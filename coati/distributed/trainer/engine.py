@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from coati.distributed import attention
 from coati.distributed.guards import all_finite
-from coati.distributed.lora import peft_config
-from coati.distributed.placement import whereabouts
-from coati.distributed.precision import resolve_compute_dtype
-from coati.distributed.threads import ThreadLease
+from coati.distributed.model import attention
+from coati.distributed.model.lora import peft_config
+from coati.distributed.model.precision import resolve_compute_dtype
+from coati.distributed.runtime.placement import whereabouts
+from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.forward import causal_lm, check_output_layer

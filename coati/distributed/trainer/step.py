@@ -19,7 +19,7 @@ from coati.distributed.algo.grouping import without_unscored
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.record import RolloutBatch, fresh_rows
-from coati.distributed.threads import ThreadLease
+from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
 from coati.distributed.trainer.passes import Passes

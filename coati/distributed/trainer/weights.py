@@ -7,12 +7,12 @@ import time
 
 import torch
 
-from coati.distributed.attest import fingerprints, tied_weights, transposed_weights
-from coati.distributed.lora import adapter_tensors, merged_state
+from coati.distributed.model.lora import adapter_tensors, merged_state
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
 from coati.distributed.trainer.forward import causal_lm
 from coati.distributed.transport import init_group, ray_broadcast_tensor_dict
+from coati.distributed.transport.attest import fingerprints, tied_weights, transposed_weights
 from coati.distributed.transport.wire_layout import cast_for_wire
 
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ray.util.collective.backend_registry import _global_registry, register_collective_backend
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
-from coati.distributed.liveness import note_progress
+from coati.distributed.runtime.liveness import note_progress
 
 DEFAULT_TIMEOUT_S = 300.0
 _group_timeouts: dict[str, float] = {}

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import torch
 
-from coati.distributed.lora import adapter_pairs
+from coati.distributed.model.lora import adapter_pairs
 
 
 def column(name: str, version: int, width: int) -> int:

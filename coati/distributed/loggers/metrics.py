@@ -174,7 +174,9 @@ def check_declared(metrics: dict) -> None:
     if not missing:
         return
     if os.environ.get("COATI_STRICT_METRICS") == "1":
-        raise KeyError(f"metrics {missing} are not declared in coati/distributed/metrics.py; declare each once there")
+        raise KeyError(
+            f"metrics {missing} are not declared in coati/distributed/loggers/metrics.py; declare each once there"
+        )
     for key in set(missing) - _WARNED:
         _WARNED.add(key)
-        log.warning("metric %s is not declared in coati/distributed/metrics.py", key)
+        log.warning("metric %s is not declared in coati/distributed/loggers/metrics.py", key)

@@ -1,0 +1,226 @@
+"""Small models and tokenizers built locally, for tests, examples, benchmarks and users' own tests (no hub access
+needed); nothing in the package itself imports them.
+
+``build_tiny_model(path)`` writes a Hugging Face folder (config, weights, tokenizer with a chat template) holding a
+randomly initialised Llama or Qwen2 of a few hundred thousand parameters and a character-level tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+__all__ = ["CHAT_TEMPLATE", "build_tiny_model", "build_tiny_reward_model", "char_tokenizer", "train_tiny_reward_model"]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ '<eos>' if m['role'] == 'assistant' else '' }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+"""role: content lines; an assistant turn ends with the end-of-sequence token the model stops at, as chat models'
+templates do (a multi-turn episode's trained tokens are then the template's rendering)"""
+SPECIAL = ["<pad>", "<eos>", "<bos>"]
+
+
+def char_tokenizer(path: str | Path | None = None):
+    """A character-level PreTrainedTokenizerFast over printable ASCII: pad 0, eos 1, bos 2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL)}
+    for ch in string.printable:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    if path is not None:
+        fast.save_pretrained(str(path))
+    return fast
+
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2")
+"""the families ``build_tiny_model`` writes (each from its current transformers config)"""
+
+
+def build_tiny_model(
+    path: str | Path,
+    arch: str = "llama",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    seed: int = 0,
+    tie_word_embeddings: bool | None = None,
+    vocab_multiple: int = 1,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    max_positions: int = 1024,
+) -> Path:
+    """Write a random tiny causal LM of family ``arch`` (``ARCHITECTURES``) and its tokenizer to ``path``; returns
+    the path. ``vocab_multiple`` rounds the embedding rows up (tensor parallelism splits the vocabulary evenly);
+    ``head_dim`` sets the attention head size where the family lets it differ from hidden_size / num_heads;
+    ``max_positions`` the longest sequence (prompt and response) it takes. GPT-2
+    always ties its LM head to the embedding; the Gemma families tie it unless told otherwise."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {list(ARCHITECTURES)}, got {arch!r}")
+    path = Path(path)
+    tokenizer = char_tokenizer(path)
+    shape = dict(
+        vocab_size=-(-len(tokenizer) // vocab_multiple) * vocab_multiple,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_positions=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    if arch == "gpt2":
+        config = _gpt2_config(**shape)
+    else:
+        tied = arch in ("gemma2", "gemma3") if tie_word_embeddings is None else tie_word_embeddings
+        config = _decoder_config(arch, tied, num_kv_heads, head_dim, **shape)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(path))
+    (path / "coati_tiny.json").write_text(json.dumps({"arch": arch, "seed": seed}))
+    return path
+
+
+def _gpt2_config(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_positions, **special):
+    import transformers
+
+    return transformers.GPT2Config(
+        vocab_size=vocab_size,
+        n_embd=hidden_size,
+        n_layer=num_layers,
+        n_head=num_heads,
+        n_positions=max_positions,
+        n_inner=intermediate_size,
+        **special,
+    )
+
+
+DECODER_CONFIGS = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "mistral": "MistralConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3": "Gemma3TextConfig",
+    "phi3": "Phi3Config",
+}
+"""the transformers config class of each decoder family but GPT-2"""
+
+
+def _decoder_config(
+    arch,
+    tied,
+    num_kv_heads,
+    head_dim,
+    vocab_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    intermediate_size,
+    max_positions,
+    **special,
+):
+    import transformers
+
+    sized_heads = head_dim is not None or arch in ("qwen3", "gemma2", "gemma3", "llama", "mistral")
+    return getattr(transformers, DECODER_CONFIGS[arch])(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tied,
+        **({"head_dim": head_dim or hidden_size // num_heads} if sized_heads else {}),
+        **special,
+    )
+
+
+def build_tiny_reward_model(path: str | Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+    """Write a random tiny Llama reward model (sequence classification, one output) and its tokenizer to ``path``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    path = Path(path)
+    tokenizer = char_tokenizer(path)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def train_tiny_reward_model(
+    path: str | Path,
+    prompts: list,
+    chosen: list[str],
+    rejected: list[str],
+    steps: int = 40,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Path:
+    """Fit the reward model at ``path`` in place to score ``chosen[i]`` above ``rejected[i]`` for ``prompts[i]``
+    (Bradley-Terry: minimise -log sigmoid(r_chosen - r_rejected), full batch, Adam); returns ``path``."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
+
+    def render(prompt, answer):
+        return tok.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], tokenize=False
+        )
+
+    good = tok(
+        [render(p, c) for p, c in zip(prompts, chosen, strict=True)],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
+    bad = tok(
+        [render(p, r) for p, r in zip(prompts, rejected, strict=True)],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        margin = model(**good).logits[:, 0] - model(**bad).logits[:, 0]
+        loss = -torch.nn.functional.logsigmoid(margin).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(str(path))
+    return Path(path)
