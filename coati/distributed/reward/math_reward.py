@@ -89,11 +89,7 @@ def boxes(text: str) -> list[str]:
     for m in _BOX.finditer(text):
         i = m.end()
         if i < len(text) and text[i] == "{":
-            depth, j = 1, i + 1
-            while j < len(text) and depth:
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                j += 1
-            inner = text[i + 1 : j - 1] if depth == 0 else text[i + 1 :]
+            inner = text[i + 1 : _group_end(text, i) - 1]
         else:
             token = re.match(r"[^\s$\\{}]+", text[i:])
             if token is None:
@@ -103,16 +99,23 @@ def boxes(text: str) -> list[str]:
     return out
 
 
+def _group_end(text: str, i: int) -> int:
+    """The index after the brace that closes the group opening at ``text[i]``; one past the text's end (as if closed
+    there) when it is never closed."""
+    depth, j = 1, i + 1
+    while j < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        j += 1
+    return j if depth == 0 else len(text) + 1
+
+
 def _unbox(text: str) -> str:
     """``text`` with each box command inside it replaced by its content."""
     while (m := _BOX.search(text)) is not None:
         i = m.end()
         if i < len(text) and text[i] == "{":
-            depth, j = 1, i + 1
-            while j < len(text) and depth:
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                j += 1
-            text = text[: m.start()] + text[i + 1 : j - 1 if depth == 0 else len(text)] + text[j:]
+            end = _group_end(text, i)
+            text = text[: m.start()] + text[i + 1 : end - 1] + text[end:]
         else:
             text = text[: m.start()] + text[i:]
     return text
