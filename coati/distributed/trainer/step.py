@@ -23,7 +23,8 @@ from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
 from coati.distributed.trainer.passes import Passes
-from coati.distributed.trainer.pipeline_step import PipelineSteps
+from coati.distributed.trainer.pipeline_step import PipelineStep
+from coati.distributed.trainer.step_inputs import MicroBatch, StepTensors
 from coati.distributed.trainer.step_metrics import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class StepPlan:
         )
 
 
-class StepRunner(PipelineSteps):
+class StepRunner:
     def __init__(
         self,
         engine: Engine,
@@ -100,6 +101,12 @@ class StepRunner(PipelineSteps):
         self.step_count = 0
         """training steps taken (restored from a checkpoint)"""
         self._warned_unavailable = False
+        self.pipeline = (
+            PipelineStep(engine, passes, cfg.plugin.pp_num_microbatches, generation.temperature, self._loss)
+            if cfg.plugin.pp_size > 1
+            else None
+        )
+        """the minibatch and log-prob passes through ColossalAI's pipeline schedule (``pp_size > 1``), else None"""
 
     def run(self, batch: RolloutBatch, total_steps: int) -> dict:
         """One training step on the global ``batch`` of a run of ``total_steps`` (the learning-rate schedule's
@@ -124,21 +131,20 @@ class StepRunner(PipelineSteps):
         old_lp, t_old = None, time.perf_counter()
         if plan.optimizer_steps > 1:  # the policy before this step's first update, over the whole shard
             old_lp = (
-                self._pipeline_logprobs(batch, shard_rows, plan.minibatch)
-                if self.cfg.plugin.pp_size > 1
+                self.pipeline.logprobs(batch, shard_rows, plan.minibatch)
+                if self.pipeline is not None
                 else self.passes.old_logprobs(batch, shard_rows, plan.minibatch)
             )
         t_old = time.perf_counter() - t_old
         ref_lp = None
         if e.ref_model is not None:
             ref_lp = self.passes.logprobs_no_grad(e.ref_model, batch, shard_rows)
+        step = StepTensors(loss_mask, adv, old_lp, ref_lp, metrics)
         step_loss = torch.zeros(1, dtype=torch.float64)
         per_step = plan.optimizer_steps
         e.steps.begin()
         for k in range(per_step):  # pass k // num_minibatches over the batch, its minibatch k % num_minibatches
-            losses = self._minibatch(
-                batch, plan, k % plan.num_minibatches, loss_mask, adv, old_lp, ref_lp, metrics, k == 0
-            )
+            losses = self._minibatch(batch, plan, k % plan.num_minibatches, step, k == 0)
             step_loss += sum(losses) / e.dp_size / per_step
             e.steps.step(losses, self.step_count * per_step + k, total_steps * per_step, per_step)
         self.step_count += 1
@@ -152,24 +158,13 @@ class StepRunner(PipelineSteps):
         out.update(e.steps.report())
         return out
 
-    def _minibatch(self, batch, plan: StepPlan, m, loss_mask, adv, old_lp, ref_lp, metrics, first: bool) -> list[float]:
+    def _minibatch(self, batch, plan: StepPlan, m: int, step: StepTensors, first: bool) -> list[float]:
         """Forward and backward of minibatch ``m`` of this rank's shard, in passes; returns each pass's loss. The
         step's ``first`` minibatch runs before any update: its forward writes its rows' old log-probs."""
-        norm = LossNorm.from_mask(loss_mask[plan.global_rows(m)], self.generation.max_new_tokens, plan.dp_size)
+        norm = LossNorm.from_mask(step.loss_mask[plan.global_rows(m)], self.generation.max_new_tokens, plan.dp_size)
         local, shard_rows = plan.local(m), plan.shard_rows
-        if self.cfg.plugin.pp_size > 1:
-            return [
-                self._pipeline_minibatch(
-                    batch,
-                    shard_rows[local],
-                    loss_mask,
-                    adv,
-                    norm,
-                    metrics,
-                    old_lp[local] if old_lp is not None else None,
-                    ref_lp[local] if ref_lp is not None else None,
-                )
-            ]
+        if self.pipeline is not None:
+            return [self.pipeline.minibatch(batch, shard_rows[local], local, step, norm)]
         order = self.passes.by_length(batch, shard_rows, local)
         losses = []
         chunks = self.passes.chunks(batch, shard_rows[order])
@@ -177,9 +172,7 @@ class StepRunner(PipelineSteps):
             idx = order[chunk]
             self.threads.apply()
             with self._grad_sync(last=i == len(chunks) - 1):
-                losses.append(
-                    self._microbatch(batch, shard_rows[idx], idx, loss_mask, adv, old_lp, ref_lp, norm, metrics, first)
-                )
+                losses.append(self._microbatch(batch, shard_rows[idx], idx, step, norm, first))
         return losses
 
     def _grad_sync(self, last: bool):
@@ -192,50 +185,46 @@ class StepRunner(PipelineSteps):
             return contextlib.nullcontext()
         return ddp.no_sync()
 
-    def _microbatch(
-        self, batch, rows, idx, loss_mask, adv, old_lp, ref_lp, norm, metrics: StepMetrics, first: bool
-    ) -> float:
+    def _microbatch(self, batch, rows, idx, step: StepTensors, norm: LossNorm, first: bool) -> float:
         """Forward and backward of one micro-batch (``rows`` of the batch, ``idx`` of the shard), trimmed to its
         own longest prompt and response; returns its loss. ``first``: no update yet this step, so its log-probs are
-        the old ones (kept in ``old_lp`` for the later passes)."""
+        the old ones (kept in ``step.old_logprobs`` for the later passes)."""
         e = self.engine
         t = self.passes.tensors(batch, rows)
         r = t["response_ids"].shape[1]
         layout = self.passes.layout(t)
         logprobs, entropy = self.passes.logprobs(e.model, t, with_entropy=True, layout=layout)
-        metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
+        step.metrics.add("actor/packed_rows_frac", float(layout == "packed"), len(rows))
+        old_lp, ref_lp = step.old_logprobs, step.ref_logprobs
         if first and old_lp is not None:
             old_lp[idx, :r] = logprobs.detach()
-        loss = self._loss(
-            batch,
+        micro = MicroBatch(
             rows,
-            logprobs,
-            entropy,
-            loss_mask[rows, :r].to(e.device),
-            adv[rows, :r].to(e.device),
+            step.loss_mask[rows, :r].to(e.device),
+            step.advantages[rows, :r].to(e.device),
             old_lp[idx, :r] if old_lp is not None else None,
             ref_lp[idx, :r] if ref_lp is not None else None,
             self.passes.rollout_logprobs(batch, rows, r),
-            norm,
-            metrics,
         )
+        loss = self._loss(batch, micro, logprobs, entropy, norm, step.metrics)
         e.booster.backward(loss, e.optimizer)
         return loss.item()
 
-    def _loss(self, batch, rows, logprobs, entropy, mask, adv, old, ref, rollout, norm, metrics: StepMetrics):
-        """The policy loss of a micro-batch's log-probs (``old`` None: they are their own old policy, detached),
-        recording its metrics weighted by its loss tokens, the entropy and the engine-trainer gap; both the plain and
-        the pipelined step call it."""
+    def _loss(self, batch, micro: MicroBatch, logprobs, entropy, norm: LossNorm, metrics: StepMetrics):
+        """The policy loss of a micro-batch's log-probs (``micro.old_logprobs`` None: they are their own old policy,
+        detached), recording its metrics weighted by its loss tokens, the entropy and the engine-trainer gap; both
+        the plain and the pipelined step call it."""
+        mask, rollout = micro.mask, micro.rollout_logprobs
         inp = LossInput(
             logprobs=logprobs,
-            old_logprobs=old if old is not None else logprobs.detach(),
-            advantages=adv,
+            old_logprobs=micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach(),
+            advantages=micro.advantages,
             mask=mask,
-            ref_logprobs=ref,
+            ref_logprobs=micro.ref_logprobs,
             rollout_logprobs=rollout,
         )
         loss, m_metrics = compute_policy_loss(inp, self.algo, norm)
-        self._behaviour_metrics(metrics, batch, rows, inp.old_logprobs, rollout, mask)
+        self._behaviour_metrics(metrics, batch, micro.rows, inp.old_logprobs, rollout, mask)
         weight = float(mask.sum())
         for k, v in m_metrics.items():
             if k != "loss/policy":
