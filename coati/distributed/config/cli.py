@@ -144,7 +144,8 @@ def _section_flags(key: str, cls: type, prefixed: bool) -> list[Flag]:
 def _flag(key: str, cls, name: str, prefix: str | None) -> Flag:
     f = next(x for x in dataclasses.fields(cls) if x.name == name)
     kind, optional = _kind(f.type)
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    factory = f.default_factory
+    default = f.default if f.default is not dataclasses.MISSING else factory() if callable(factory) else None
     long = f"--{prefix + '-' if prefix else ''}{name.replace('_', '-')}"
     return Flag(key, _names(key, None, long), kind, optional, default, field_docs(cls)[name])
 
@@ -154,7 +155,9 @@ TRL_ALIASES = {key: f"--{name.replace('_', '-')}" for name, key in SAME.items()}
 
 
 def _names(key: str, field_name: str | None, long: str | None = None) -> tuple[str, ...]:
-    long = long or f"--{field_name.replace('_', '-')}"
+    if long is None:
+        assert field_name is not None, key
+        long = f"--{field_name.replace('_', '-')}"
     aliases = (*ALIASES.get(key, ()), *([TRL_ALIASES[key]] if key in TRL_ALIASES else []))
     return tuple(
         dict.fromkeys(
@@ -337,6 +340,7 @@ def build_parser(description: str = "", everything: bool = False) -> argparse.Ar
         help_group.add_argument(flag, dest=f"action.{flag[2:]}", action="store_true", help=text)
     choices = _choices()
     algorithm_defaults = dataclasses.asdict(Config().algo_config)
+    group: argparse._ArgumentGroup | argparse.ArgumentParser
     for f in flags():
         if everything:
             section = f.key.split(".")[0] if "." in f.key else "run"

@@ -130,16 +130,17 @@ class DataConfig:
         """(the training set, the held-out set or None) as the run reads them."""
         gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")
         seed = run_seed if self.train_seed is None else self.train_seed
-        columns = {"subset": self.subset, "prompt_column": self.prompt_column, "answer_column": self.answer_column}
+        columns = (self.subset, self.prompt_column, self.answer_column)
         size = DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size
-        train = DatasetSpec(self.train, size, seed, self.train_split, **columns)
+        train = DatasetSpec(self.train, size, seed, self.train_split, *columns)
         source = self.eval if self.eval is not None else (self.train if gym else None)
         if source is None:
             return train, None
         held_seed = seed + 10_000 if self.eval_seed is None else self.eval_seed
         # the same generator: the held-out prompts are drawn apart from the training ones
         apart = train if gym and source == self.train else None
-        return train, DatasetSpec(source, self.eval_size, held_seed, self.eval_split, **columns, disjoint_from=apart)
+        held_out = DatasetSpec(source, self.eval_size, held_seed, self.eval_split, *columns, disjoint_from=apart)
+        return train, held_out
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,7 @@ class Config:
                 dataclasses.replace(self.consumer, train_microbatch_size=self.producer.num_generations),
             )
         p, c = self.producer, self.consumer
+        assert c.train_minibatch_size is not None  # resolved by the section (train_batch_size when unset)
         samples = c.train_minibatch_size * p.num_generations
         if c.train_microbatch_size is not None:
             divides("train_microbatch_size", c.train_microbatch_size, "train_minibatch_size * num_generations", samples)
