@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -56,29 +57,29 @@ class RolloutBatch:
     """int64 [N] number of True in response_mask"""
     truncated: np.ndarray
     """bool [N] the response hit max_new_tokens without EOS or stop string"""
-    group_ids: np.ndarray = None
+    group_ids: np.ndarray | None = None
     """int64 [N] one id per prompt, shared by its completions"""
-    policy_version: np.ndarray = None
+    policy_version: np.ndarray | None = None
     """int64 [N] oldest weight version that sampled any of the row's tokens (the version the row started with)"""
-    token_versions: np.ndarray = None
+    token_versions: np.ndarray | None = None
     """int64 [N, R] weight version that sampled each response token; 0 on padding"""
-    rewards: np.ndarray = None
+    rewards: np.ndarray | None = None
     """float32 [N] scalar reward (after shaping), filled by the producer"""
-    task_rewards: np.ndarray = None
+    task_rewards: np.ndarray | None = None
     """float32 [N] the reward before length shaping (an unscored or failed row: its group's scored mean)"""
-    no_signal: np.ndarray = None
+    no_signal: np.ndarray | None = None
     """bool [N] the row's group has all-equal task rewards (no learning signal), decided once, by the producer"""
-    reward_status: np.ndarray = None
+    reward_status: np.ndarray | None = None
     """int8 [N] a ``RewardStatus`` per row"""
-    reward_error: np.ndarray = None
+    reward_error: np.ndarray | None = None
     """str [N] (at most 300 characters) why scoring failed, "" where it did not"""
     extras: dict = field(default_factory=dict)
     """name -> array [N]: per-row diagnostics (answer_ok, format_ok, prompt index, ...)"""
-    loss_mask: np.ndarray = None
+    loss_mask: np.ndarray | None = None
     """bool [N, R] True on the tokens the policy sampled, within response_mask (multi-turn episodes: environment
     tokens are False); None: response_mask is the loss mask"""
 
-    turn_index: np.ndarray = None
+    turn_index: np.ndarray | None = None
     """int64 [N, R] multi-turn episodes: the 1-based model turn each sampled token belongs to, 0 elsewhere (turn k
     spans the tokens where it equals k); None for single-turn rows"""
 
@@ -139,7 +140,7 @@ class RolloutBatch:
 
     def select(self, index) -> RolloutBatch:
         """Rows ``index`` (array of ints or bool mask) as a new batch."""
-        kw = {}
+        kw: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extras":
@@ -264,6 +265,7 @@ def batch_from_responses(
 
 def group_versions(batch: RolloutBatch) -> np.ndarray:
     """int64 [N]: each row's group's oldest ``policy_version``."""
+    assert batch.group_ids is not None and batch.policy_version is not None, "a record without groups or versions"
     _, inverse = np.unique(batch.group_ids, return_inverse=True)
     oldest = np.full(int(inverse.max()) + 1 if len(inverse) else 0, np.iinfo(np.int64).max)
     np.minimum.at(oldest, inverse, batch.policy_version)
