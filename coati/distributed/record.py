@@ -263,6 +263,18 @@ def batch_from_responses(
     ).validate()
 
 
+CALL_BITS, INDEX_BITS = 20, 20
+"""a group id's layout: the producer's index, then its rollout call's number (``CALL_BITS``), then the group's index
+within the call (``INDEX_BITS``)"""
+
+
+def run_group_ids(local: np.ndarray, producer: int, call: int) -> np.ndarray:
+    """int64 [N]: ids unique across the run for the groups ``local`` (their indices within one rollout call) of call
+    ``call`` of producer ``producer``: the one place a group id is made."""
+    assert call < 1 << CALL_BITS and (not len(local) or int(local.max()) < 1 << INDEX_BITS), (call, local.max())
+    return local + (producer << (CALL_BITS + INDEX_BITS)) + (call << INDEX_BITS)
+
+
 def group_versions(batch: RolloutBatch) -> np.ndarray:
     """int64 [N]: each row's group's oldest ``policy_version``."""
     assert batch.group_ids is not None and batch.policy_version is not None, "a record without groups or versions"

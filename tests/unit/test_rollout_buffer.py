@@ -161,3 +161,14 @@ def test_groups_whose_rows_started_at_different_versions_move_whole():
     buf.admit(b1.select(np.arange(G, 2 * G)), 2)  # the mixed group again, now at step 6
     buf.drop_stale(5, log)
     assert log.stale_dropped_groups == 1 and buf.groups() == 1  # dropped whole; the fresh leftover group stays
+
+
+def test_group_ids_are_unique_across_producers_and_calls():
+    import numpy as np
+
+    from coati.distributed.record import run_group_ids
+
+    local = np.arange(4, dtype=np.int64)
+    ids = np.concatenate([run_group_ids(local, p, c) for p in range(3) for c in (1, 2, 1 << 19)])
+    assert len(set(ids.tolist())) == len(ids) and ids.dtype == np.int64
+    assert run_group_ids(local, 0, 1).tolist() == [(1 << 20) + i for i in range(4)]

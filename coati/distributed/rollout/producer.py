@@ -17,7 +17,7 @@ from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.episodes import EpisodeRunner, TurnTemplate
 from coati.distributed.inference import backend_class
 from coati.distributed.model.precision import generation_dtype
-from coati.distributed.record import RolloutBatch
+from coati.distributed.record import RolloutBatch, run_group_ids
 from coati.distributed.rollout.data import DataCursor
 from coati.distributed.rollout.draw import Rounds, Stream, label_versions
 from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
@@ -171,7 +171,7 @@ class Producer:
             out.rewards = shaped_rewards(out, self.algorithm, self.generation.max_new_tokens)
         out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
         self.calls += 1
-        out.group_ids = out.group_ids + (self.idx << 40) + (self.calls << 20)
+        out.group_ids = run_group_ids(out.group_ids, self.idx, self.calls)
         label_versions(out, start_version)
         out.extras["time/generate"] = np.full(len(out), drawn.generate_s)
         out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in self.threads.counts().items()})
