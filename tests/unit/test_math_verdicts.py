@@ -1,6 +1,7 @@
 """The math reward's verdicts against hand-graded cases (``benchmarks/data/math_verdicts.jsonl``): wrong answers
 stated beside the right one (an unclosed, spaced, nested or ``\\left.``-hidden box) score 0, and right answers in
-one box per part, with formatting commands, or followed by a rejected value score 1. No false positive is allowed."""
+one box per part, with formatting commands, or followed by a rejected value score 1; and 48 real completions of the
+embedded model, graded by hand. No false positive is allowed."""
 
 import json
 from pathlib import Path
@@ -9,11 +10,11 @@ import pytest
 
 from coati.distributed.reward.math_reward import math_reward
 
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 CASES = [
     json.loads(line)
-    for line in (Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "math_verdicts.jsonl")
-    .read_text()
-    .splitlines()
+    for name in ("math_verdicts.jsonl", "math_verdicts_smollm2.jsonl")
+    for line in (DATA / name).read_text().splitlines()
 ]
 
 
