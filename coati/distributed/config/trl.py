@@ -1,6 +1,6 @@
 """TRL's ``GRPOConfig`` names on coati's command line: each field TRL documents either is a flag (``SAME``: the same
 setting under TRL's name, ``--max_completion_length 64`` is ``-mnt 64``) or is refused with the nearest coati
-setting or the reason there is none (``REFUSED``). ``tests/unit/test_config_trl.py`` checks the table against TRL's
+setting or the reason there is none (``REFUSED``). ``tests/unit/test_trl.py`` checks the table against TRL's
 own class, so a field TRL adds is noticed."""
 
 from __future__ import annotations
