@@ -114,3 +114,21 @@ def test_the_summary_says_when_the_before_figure_came_from_the_cache(capsys, tmp
     assert "eval/reward_mean: 0.400 -> 0.600" in out and "eval/lenient" not in out
     page = _results(evals)
     assert "cached evaluation" in page and "eval/at_max" in page and "eval/reward_mean" in page
+
+
+def test_a_bad_max_reward_is_refused_before_any_actor(tmp_path, monkeypatch):
+    import sys
+
+    from coati.distributed.config.tree import config_from_dict
+    from coati.distributed.driver.preflight import check_reward_inputs
+
+    (tmp_path / "capped_reward.py").write_text(
+        "def fn(completions, **kw):\n    return [1.0] * len(completions)\nfn.max_reward = 'ten'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        config = config_from_dict({"reward": {"fn": "capped_reward:fn"}})
+        with pytest.raises(ValueError, match=r"training set: reward function capped_reward:fn: .*max_reward must be a"):
+            check_reward_inputs(config, [{"prompt": "q"}], "training set")
+    finally:
+        sys.modules.pop("capped_reward", None)

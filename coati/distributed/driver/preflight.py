@@ -20,7 +20,7 @@ from coati.distributed.inference import backend_options
 from coati.distributed.model.architectures import check_layout, check_positions, load_config
 from coati.distributed.model.files import read_safetensors_header, weight_files
 from coati.distributed.reward import RewardSignature, resolve_reward_fn
-from coati.distributed.reward.base import TRAINER_FIELDS
+from coati.distributed.reward.base import TRAINER_FIELDS, max_reward_of
 from coati.distributed.reward.judge import template_fields
 from coati.distributed.reward.math_reward import boxed, check_gold, math_reward, think_answer_tags
 from coati.distributed.reward.sandbox import Sandbox, SandboxUnavailable
@@ -573,11 +573,15 @@ def check_reward_inputs(cfg: Config, rows: list[dict], what: str) -> None:
     columns = set.intersection(*(set(reward_fields(r)) for r in rows))
     for fn in (cfg.reward.fn, *cfg.reward.other_fns):  # reward_kwargs are the run's own function's options
         kwargs = cfg.reward.kwargs if fn == cfg.reward.fn else {}
-        signature = RewardSignature.of(resolve_reward_fn(fn), fn)
+        function = resolve_reward_fn(fn)
+        signature = RewardSignature.of(function, fn)
         try:
             signature.check(columns, kwargs)
+            max_reward_of(function)  # a number reward's maximum, refused here rather than in every worker
         except ValueError as e:
-            raise ValueError(f"{what}: {e}") from None
+            raise ValueError(
+                f"{what}: reward function {fn}: {e}" if "max_reward" in str(e) else f"{what}: {e}"
+            ) from None
         for column in signature.required:
             if column in TRAINER_FIELDS or column in kwargs:
                 continue
