@@ -132,3 +132,36 @@ def test_a_draw_past_its_error_fraction_is_not_waited_for():
             False,
             "rollout",
         )
+
+
+def test_with_a_reward_model_each_completion_is_decoded_once(ray_cluster, tmp_path):
+    """The reward model scores the texts the reward function was given, decoded once by ``submit`` (they were
+    decoded again for the reward model before)."""
+    import ray
+
+    from coati.distributed.reward.config import RewardModelConfig
+    from coati.distributed.reward.model_actors import RewardModelServer
+    from coati.testing import build_tiny_reward_model
+
+    rm = str(build_tiny_reward_model(tmp_path / "rm"))
+    server = ray.remote(num_cpus=0.5)(RewardModelServer).remote(rm)
+    fn = "tests.component.reward_fns:by_text"
+    cfg = RewardConfig(fn=fn, workers=1, components={fn: 1.0, "rm": 0.5}, rm=RewardModelConfig(path=rm))
+    tokenizer = char_tokenizer()
+    decoded = []
+    decode = tokenizer.decode
+    tokenizer.decode = lambda ids, **kw: decoded.append(1) or decode(ids, **kw)
+    scorer = Scorer(cfg, N, tokenizer, {"rm": [("rm-0", server)]})
+    try:
+        rows = [{"prompt": "a", "gt_answer": "1"}, {"prompt": "b", "gt_answer": "2"}]
+        once, again = (draw(tokenizer, [["1", "0", "2", "1"], ["2", "2", "0", "1"]]) for _ in range(2))
+        futures = scorer.submit(once, rows, version=0)
+        scorer.apply(once, [f.result() for f in futures], rows, [f.completion_text for f in futures])
+        assert len(decoded) == len(once)  # by submit alone
+        futures = scorer.submit(again, rows, version=0)
+        scorer.apply(again, [f.result() for f in futures], rows)  # no texts given: decoded here as before
+        assert len(decoded) == 3 * len(once)
+    finally:
+        scorer.close()
+        ray.kill(server)
+    assert np.array_equal(once.task_rewards, again.task_rewards) and "component/rm" in once.extras

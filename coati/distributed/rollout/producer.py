@@ -161,7 +161,8 @@ class Producer:
         results = self.scorer.gather(drawn.futures)
         wait_s = time.perf_counter() - t0
         out = RolloutBatch.concat(drawn.batches, pad_id=self.backend.pad_id)
-        self.scorer.apply(out, results, [self.rows[i] for _, i in picks])
+        texts = [getattr(f, "completion_text", None) for f in drawn.futures]
+        self.scorer.apply(out, results, [self.rows[i] for _, i in picks], texts)
         for g, (_, row) in enumerate(picks):
             self.cursor.record(row, bool(out.no_signal[g * self.n]))
         skipped = np.zeros(len(out), dtype=np.int64)  # prompts passed over by this call, counted on its first row

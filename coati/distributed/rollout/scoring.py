@@ -68,7 +68,10 @@ class Scorer:
             if "trainer_state" in self.pool.wants:
                 fields["trainer_state"] = TrainerState(global_step=version)
             items.append((self.tokenizer.decode(ids, skip_special_tokens=True), fields, "messages" in row))
-        return self.pool.submit_many(items)
+        futures = self.pool.submit_many(items)
+        for future, (text, _, _) in zip(futures, items, strict=True):
+            future.completion_text = text  # the reward models score the same text: decoded once, here
+        return futures
 
     @staticmethod
     def done(results: list[RewardResult]) -> list[Future]:
@@ -92,11 +95,15 @@ class Scorer:
         skipped = RewardResult(0.0, info={"error": reason, "components": dict.fromkeys(self.reward.other_fns)})
         return [f.result() if f.done() else skipped for f in futures]
 
-    def apply(self, out: RolloutBatch, results: list[RewardResult], rows: list[dict]) -> None:
+    def apply(
+        self, out: RolloutBatch, results: list[RewardResult], rows: list[dict], texts: list | None = None
+    ) -> None:
         """Fill ``out``'s reward fields from its rows' ``results`` (row i of ``out`` answers ``rows[i // n]``):
         ``task_rewards`` (the components' weighted sum; an unscored or failed row its group's scored mean),
         ``reward_status``, ``reward_error``, ``no_signal``, ``rewards`` (= task rewards, for the caller to shape) and
-        the verdicts among the extras; an unscored or failed row is masked from the loss."""
+        the verdicts among the extras; an unscored or failed row is masked from the loss. ``texts``: the rows'
+        completions as ``submit`` decoded them (None, or a None among them: decoded here where reward models need
+        them)."""
         r = self.reward
         rewards = np.array([x.reward for x in results], dtype=np.float64)
         status = np.array([_status(x) for x in results], dtype=np.int8)
@@ -117,7 +124,7 @@ class Scorer:
                 raise ValueError(f"reward function {name} returned a non-finite reward; rewards must be finite numbers")
         status[(status == RewardStatus.NO_SCORE) & ~unscored] = RewardStatus.SCORED  # another function scored it
         rewards = np.where(np.isfinite(rewards), rewards, 0.0)
-        rewards = self._compose(rewards.astype(np.float32), out, rows, others)
+        rewards = self._compose(rewards.astype(np.float32), out, rows, others, texts)
         out.reward_status = status
         # No score, or scoring failed (an error, a timeout, a sandbox crash): its group's mean of the scored rows (so
         # reported means stay finite and no group gains a false signal), and no loss on it.
@@ -139,16 +146,21 @@ class Scorer:
         references = [str(rows[i // self.n].get("gt_answer", "") or "")[:ERROR_CHARS] for i in range(len(out))]
         out.extras["reference"] = np.array(references, dtype="<U300")
 
-    def _compose(self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict], others: dict) -> np.ndarray:
+    def _compose(
+        self, fn_rewards: np.ndarray, out: RolloutBatch, rows: list[dict], others: dict, texts: list | None = None
+    ) -> np.ndarray:
         """The reward: the components' weighted sum (the reward function's values alone when it is the only one; the
         further reward functions' ``others``), each component's values kept in ``extras["component/<name>"]``."""
         r = self.reward
         values = {r.fn: fn_rewards, **{k: v.astype(np.float32) for k, v in others.items()}}
         if self.models:
-            texts = [
-                self.tokenizer.decode(out.response_ids[i, : out.response_lengths[i]].tolist(), skip_special_tokens=True)
-                for i in range(len(out))
-            ]
+            if texts is None or len(texts) != len(out) or any(t is None for t in texts):
+                texts = [
+                    self.tokenizer.decode(
+                        out.response_ids[i, : out.response_lengths[i]].tolist(), skip_special_tokens=True
+                    )
+                    for i in range(len(out))
+                ]
             owners = [rows[i // self.n] for i in range(len(out))]  # rows are prompt-major, n per prompt
             prompts = [row.get("messages", row.get("prompt")) for row in owners]
         if "rm" in self.models:
