@@ -14,7 +14,6 @@ from pathlib import Path
 from coati.distributed.checks import console_safe
 from coati.distributed.driver.run_folder import run_of
 from coati.distributed.loggers.metrics import EVAL_RESULTS, headline
-from coati.registry import use_user_folders, user_folders
 
 TRAIN_DOC = """Train a language model with RL on verifiable rewards.
 
@@ -31,7 +30,6 @@ def train(argv=None, prog: str = "coati train") -> dict:
     from coati.distributed.config.cli import parse_command
 
     config, actions = resumed(*parse_command(argv, TRAIN_DOC, prog), argv, prog)
-    use_user_folders(user_folders([config.data.train, config.data.eval]))  # -rt my_reward:fn, as the actors see it
     if "print-config" in actions:
         from coati.distributed.driver.job import description
 
@@ -313,7 +311,6 @@ def evaluate(target: str, flags: list[str]) -> dict:
     else:
         flags = [*flags, "--model-path", target]
     config, _ = parse_command(flags, TRAIN_DOC, "coati eval")
-    use_user_folders(user_folders([config.data.train, config.data.eval]))
     result = evaluate_model(config)
     if not result:
         raise ValueError("the held-out set has no rows")

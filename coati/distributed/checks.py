@@ -89,9 +89,9 @@ MAX_JSON_DEPTH = 64
 
 
 def strict_json(text: str, where: str):
-    """``json.loads`` of ``text`` that refuses, naming ``where``: a key repeated in one object (plain JSON keeps
-    the last silently), nesting deeper than ``MAX_JSON_DEPTH``, and lone surrogates (``"\\ud800"``: no character,
-    so the text cannot be written out again). Malformed JSON raises ``json.JSONDecodeError`` as ``json.loads``."""
+    """``json.loads`` of ``text`` that refuses, naming ``where``, a key repeated in one object (plain JSON keeps
+    the last silently) and nesting too deep for the parser. Malformed JSON raises ``json.JSONDecodeError`` as
+    ``json.loads``. What it holds is checked by ``check_plain_data`` where the caller makes a row or a config of it."""
     import json
 
     def pairs(items):
@@ -106,12 +106,12 @@ def strict_json(text: str, where: str):
         value = json.loads(text, object_pairs_hook=pairs)
     except RecursionError:
         raise ValueError(f"{where}: nested too deeply to read (at most {MAX_JSON_DEPTH} levels)") from None
-    check_plain_data(value, where)
     return value
 
 
 def check_plain_data(value, where: str) -> None:
-    """Refuse data nested deeper than ``MAX_JSON_DEPTH`` or holding a string with a lone surrogate."""
+    """Refuse data nested deeper than ``MAX_JSON_DEPTH`` or holding a string with a lone surrogate (``"\\ud800"``:
+    no character, so the text cannot be written out again)."""
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()

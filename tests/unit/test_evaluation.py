@@ -51,10 +51,10 @@ def test_a_function_states_its_own_maximum():
         return [0.5] * len(completions)
 
     half.max_reward = 0.5
-    assert max_reward_of(half) == 0.5 and as_result(0.5, "half", max_reward_of(half)).answer_ok
+    assert max_reward_of(half, "half") == 0.5 and as_result(0.5, "half", max_reward_of(half, "half")).answer_ok
     half.max_reward = float("inf")
-    with pytest.raises(ValueError, match="max_reward must be a finite number, got inf"):
-        max_reward_of(half)
+    with pytest.raises(ValueError, match="reward function half: max_reward must be a finite number, got inf"):
+        max_reward_of(half, "half")
 
 
 def _share(results: list[RewardResult]):

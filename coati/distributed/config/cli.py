@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 
 from coati.distributed.algo.config import AlgorithmConfig
-from coati.distributed.checks import field_docs, strict_json
+from coati.distributed.checks import check_plain_data, field_docs, strict_json
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 from coati.distributed.config.trl import SAME, refusal
 
@@ -465,6 +465,7 @@ def load_file(path: str) -> dict:
             raise ValueError(
                 f"config file {path}: not valid JSON ({e.msg}, line {e.lineno}); YAML files end in .yaml"
             ) from None
+        check_plain_data(tree, f"config file {path}")
     if not isinstance(tree, dict):
         raise ValueError(f"config file {path} must hold a mapping of config sections, got {type(tree).__name__}")
     return tree

@@ -31,13 +31,18 @@ def model_fingerprint(path: str) -> list | None:
     if not root.is_dir():
         return None
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    return [(str(p.relative_to(root)), content_hash(p)) for p in files]
+    known = len(_hash_memo())
+    fingerprint = [(str(p.relative_to(root)), content_hash(p)) for p in files]
+    if len(_hash_memo()) > known:  # hashes learnt: written once for the folder
+        _save_memo(_hash_memo())
+    return fingerprint
 
 
 def content_hash(path: Path) -> str:
-    """The SHA-256 of a file's bytes. Remembered (``file_hashes.json`` in the cache folder) under the file's identity as
-    the kernel keeps it (device, inode, size, modification and change times: the change time cannot be set back
-    by the file's owner), so an unchanged 0.5 GB weight file is read once, not at every run."""
+    """The SHA-256 of a file's bytes. Remembered (``file_hashes.json`` in the cache folder, written by
+    ``model_fingerprint``) under the file's identity as the kernel keeps it (device, inode, size, modification and
+    change times: the change time cannot be set back by the file's owner), so an unchanged 0.5 GB weight file is
+    read once, not at every run."""
     st = path.stat()
     ident = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     memo = _hash_memo()
@@ -48,8 +53,7 @@ def content_hash(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     if time.time_ns() - st.st_ctime_ns > RACY_NS:  # a file changed just now could change again within its tick
-        memo[ident] = digest.hexdigest()
-        _save_memo(memo)
+        memo[ident] = digest.hexdigest()  # written by model_fingerprint, once for all its files
     return digest.hexdigest()
 
 

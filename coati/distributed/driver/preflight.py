@@ -577,11 +577,9 @@ def check_reward_inputs(cfg: Config, rows: list[dict], what: str) -> None:
         signature = RewardSignature.of(function, fn)
         try:
             signature.check(columns, kwargs)
-            max_reward_of(function)  # a number reward's maximum, refused here rather than in every worker
+            max_reward_of(function, fn)  # a number reward's maximum, refused here rather than in every worker
         except ValueError as e:
-            raise ValueError(
-                f"{what}: reward function {fn}: {e}" if "max_reward" in str(e) else f"{what}: {e}"
-            ) from None
+            raise ValueError(f"{what}: {e}") from None
         for column in signature.required:
             if column in TRAINER_FIELDS or column in kwargs:
                 continue

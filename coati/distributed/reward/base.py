@@ -168,11 +168,12 @@ DEFAULT_MAX_REWARD = 1.0
 give 1.0 for a right answer"""
 
 
-def max_reward_of(fn: Callable) -> float:
-    """The reward a plain (number-returning) function gives a fully right completion: ``fn.max_reward``, else 1.0."""
+def max_reward_of(fn: Callable, name: str) -> float:
+    """The reward a plain (number-returning) function ``name`` gives a fully right completion: ``fn.max_reward``,
+    else 1.0."""
     value = getattr(fn, "max_reward", DEFAULT_MAX_REWARD)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"reward function's max_reward must be a finite number, got {value!r}")
+        raise ValueError(f"reward function {name}: max_reward must be a finite number, got {value!r}")
     return float(value)
 
 
@@ -236,17 +237,21 @@ def _verl_fields(completion, fields: dict, i: int) -> dict:
     ``extra_info``."""
     if isinstance(completion, list):  # a conversational row's completion, as TRL's functions get it
         completion = completion[-1]["content"] if completion else ""
-    model = (fields.get("reward_model") or [None] * (i + 1))[i]
-    truth = (fields.get("ground_truth") or [None] * (i + 1))[i]
+
+    def column(name: str, default=None):
+        values = fields.get(name)
+        return values[i] if values else default
+
+    model, truth = column("reward_model"), column("ground_truth")
     if truth is None and isinstance(model, dict):
         truth = model.get("ground_truth")
     if truth is None:
-        truth = (fields.get("gt_answer") or [None] * (i + 1))[i]
+        truth = column("gt_answer")
     return {
-        "data_source": (fields.get("data_source") or [""] * (i + 1))[i],
+        "data_source": column("data_source", ""),
         "solution_str": completion,
         "ground_truth": truth,
-        "extra_info": (fields.get("extra_info") or [None] * (i + 1))[i],
+        "extra_info": column("extra_info"),
     }
 
 

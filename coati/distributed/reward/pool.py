@@ -56,7 +56,7 @@ reward function's name and options"""
 def _worker_main(conn, fn_name: str, fn_kwargs: dict) -> None:
     fn = resolve_reward_fn(fn_name)
     signature = RewardSignature.of(fn, fn_name)
-    max_reward = max_reward_of(fn)
+    max_reward = max_reward_of(fn, fn_name)
     while True:
         try:
             msg = conn.recv()
