@@ -41,6 +41,25 @@ ROW_FIELDS = ("group_ids", "policy_version", "rewards", "task_rewards", "no_sign
 """the record's typed fields of one value per row"""
 
 
+@dataclass(frozen=True)
+class Experience:
+    """What the driver adds to a step's batch before training, for the estimators beyond group baselines (PPO's
+    critic, the KL in the reward, running reward statistics): computed once, the same for the policy and the critic,
+    so both derive the same advantages and returns from it."""
+
+    values: np.ndarray | None = None
+    """float32 [N, R] the critic's V(s_t) before each response token, when the batch was scored"""
+    old_logprobs: np.ndarray | None = None
+    """float32 [N, R] the policy's log-probs before the step's first update (the KL penalty's pi)"""
+    ref_logprobs: np.ndarray | None = None
+    """float32 [N, R] the reference's log-probs"""
+    kl_coef: float = 0.0
+    """the KL-in-reward coefficient of this step (the adaptive controller's value)"""
+    reward_mean: float = 0.0
+    """running reward statistics (normalize_reward): the estimators see (r - reward_mean) / reward_std"""
+    reward_std: float = 1.0
+
+
 @dataclass
 class RolloutBatch:
     prompt_ids: np.ndarray
@@ -82,6 +101,8 @@ class RolloutBatch:
     turn_index: np.ndarray | None = None
     """int64 [N, R] multi-turn episodes: the 1-based model turn each sampled token belongs to, 0 elsewhere (turn k
     spans the tokens where it equals k); None for single-turn rows"""
+    experience: Experience | None = None
+    """added by the driver to a step's whole batch just before it trains (never selected or concatenated)"""
 
     def failed(self) -> np.ndarray:
         """bool [N]: rows whose scoring failed (an error or a timeout); none where no status is recorded."""
@@ -141,6 +162,7 @@ class RolloutBatch:
     def select(self, index) -> RolloutBatch:
         """Rows ``index`` (array of ints or bool mask) as a new batch."""
         kw: dict[str, Any] = {}
+        assert self.experience is None, "a batch with its experience is whole"
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extras":

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 from coati.distributed.checks import require
 
+VALUE_ESTIMATORS = frozenset({"gae"})
+"""advantage estimators that need a critic's values (a run with one of them places a critic group)"""
+TOKEN_REWARD_ESTIMATORS = frozenset({"gae", "reinforce_pp"})
+"""advantage estimators over per-token rewards (the only ones a KL penalty in the reward can reach)"""
+
 SIGNALS = ("task_reward", "reward")
 """what dynamic sampling compares within a group: the reward function's score before shaping, or the shaped reward"""
 
@@ -15,7 +20,8 @@ class AlgorithmConfig:
     """One RL algorithm as a bundle of pure pieces; ``ALGO_MAP`` holds the named presets."""
 
     advantage_estimator: str = "grpo"
-    """advantage estimator: grpo, drgrpo, rloo, reinforce_ppb"""
+    """advantage estimator: grpo, drgrpo, rloo, reinforce_ppb (group baselines), gae (a learned critic), reinforce_pp
+    (per-token discounted returns, no baseline)"""
     policy_loss: str = "ppo_clip"
     """policy loss: ppo_clip, gspo, cispo"""
     loss_agg_mode: str = "token-mean"
@@ -62,6 +68,28 @@ class AlgorithmConfig:
     """truncated responses contribute no loss"""
     adv_eps: float = 1e-6
     """epsilon added to standard deviations in advantage normalisation"""
+    gamma: float = 1.0
+    """discount of per-token rewards (gae, reinforce_pp)"""
+    lam: float = 0.95
+    """GAE's lambda for the policy's advantages: 0 is one-step TD, 1 the Monte-Carlo return minus V"""
+    critic_lam: float | None = None
+    """GAE's lambda for the critic's returns (None: lam); VAPO's decoupled GAE sets it to 1.0"""
+    init_kl_coef: float = 0.0
+    """KL to the reference as a per-token reward penalty, -coef * KL_t (gae, reinforce_pp; 0 = off); beside beta's KL in
+    the loss"""
+    kl_reward_estimator: str = "k1"
+    """the KL estimator of the reward penalty: k1, k2, k3"""
+    kl_target: float | None = None
+    """adaptive KL controller (Ziegler et al. 2019): the KL per completion the coefficient steers towards (None: the
+    coefficient stays at init_kl_coef)"""
+    kl_horizon: int = 10000
+    """adaptive KL controller: completions over which the coefficient moves by the clipped proportional error"""
+    normalize_reward: bool = False
+    """scale rewards by running statistics over the run (mean 0, std 1), kept in every checkpoint"""
+    value_clip: float | None = 0.5
+    """the critic's clipped value loss: new values may move at most this far from the rollout's (None: unclipped)"""
+    freeze_actor_steps: int = 0
+    """critic warm-up: the first N training steps train the critic only (the policy keeps its weights)"""
 
     def __post_init__(self):
         require(0 <= self.clip_eps_low <= 1, f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
@@ -85,6 +113,7 @@ class AlgorithmConfig:
             f"overlong_buffer_ratio must be in [0, 1), got {self.overlong_buffer_ratio}",
         )
         require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+        self._check_returns()
         require(
             isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
             f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}",
@@ -104,6 +133,52 @@ class AlgorithmConfig:
             f"dynamic_sampling_signal must be one of {', '.join(SIGNALS)}, got {self.dynamic_sampling_signal!r}",
         )
 
+    def _check_returns(self) -> None:
+        """The discounting, KL-in-reward and critic settings."""
+        for name in ("gamma", "lam"):
+            require(0 <= getattr(self, name) <= 1, f"{name} must be in [0, 1], got {getattr(self, name)}")
+        require(
+            self.critic_lam is None or 0 <= self.critic_lam <= 1,
+            f"critic_lam must be in [0, 1] (or None: lam), got {self.critic_lam}",
+        )
+        require(self.init_kl_coef >= 0, f"init_kl_coef must be >= 0, got {self.init_kl_coef}")
+        require(
+            not self.init_kl_coef or self.advantage_estimator in TOKEN_REWARD_ESTIMATORS,
+            f"init_kl_coef={self.init_kl_coef} puts the KL in per-token rewards, which advantage_estimator="
+            f"{self.advantage_estimator!r} does not take (a group baseline scores whole completions); use beta (KL in "
+            f"the loss) or advantage_estimator gae or reinforce_pp",
+        )
+        require(
+            self.kl_target is None or (self.kl_target > 0 and self.init_kl_coef > 0),
+            f"kl_target={self.kl_target} steers init_kl_coef={self.init_kl_coef}: both must be > 0 (or kl_target None)",
+        )
+        require(
+            isinstance(self.kl_horizon, int) and self.kl_horizon >= 1,
+            f"kl_horizon must be an integer >= 1, got {self.kl_horizon!r}",
+        )
+        require(
+            self.value_clip is None or self.value_clip > 0,
+            f"value_clip must be > 0 (or None: unclipped), got {self.value_clip}",
+        )
+        require(
+            isinstance(self.freeze_actor_steps, int) and self.freeze_actor_steps >= 0,
+            f"freeze_actor_steps must be an integer >= 0, got {self.freeze_actor_steps!r}",
+        )
+        require(
+            not self.freeze_actor_steps or self.uses_critic,
+            f"freeze_actor_steps={self.freeze_actor_steps} warms up a critic, but advantage_estimator="
+            f"{self.advantage_estimator!r} has none; use gae (PPO) or freeze_actor_steps=0",
+        )
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run trains a value model (its estimator needs V)."""
+        return self.advantage_estimator in VALUE_ESTIMATORS
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.init_kl_coef > 0
+
     def overlong_buffer_len(self, max_new_tokens: int) -> int:
         return int(round(self.overlong_buffer_ratio * max_new_tokens))
 
@@ -113,6 +188,7 @@ REGISTERED = {
     "policy_loss": ("coati.distributed.algo.policy_loss", "POLICY_LOSSES"),
     "loss_agg_mode": ("coati.distributed.algo.aggregation", "LOSS_AGGREGATIONS"),
     "kl_estimator": ("coati.distributed.algo.kl", "KL_ESTIMATORS"),
+    "kl_reward_estimator": ("coati.distributed.algo.kl", "KL_ESTIMATORS"),
     "off_policy_correction": ("coati.distributed.algo.correction", "OFF_POLICY_CORRECTIONS"),
 }
 """the fields that name a registered function, and the registry (module, name) that holds each"""

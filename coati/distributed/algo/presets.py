@@ -96,6 +96,35 @@ ALGO_MAP.register(
         beta=0.0,
     ),
 )
+ALGO_MAP.register(
+    "PPO",
+    AlgorithmConfig(
+        advantage_estimator="gae",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.0,
+        gamma=1.0,
+        lam=0.95,
+        critic_lam=1.0,
+        init_kl_coef=0.01,
+        value_clip=0.5,
+    ),
+)
+ALGO_MAP.register(
+    "REINFORCE_PP",
+    AlgorithmConfig(
+        advantage_estimator="reinforce_pp",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.0,
+        gamma=1.0,
+        init_kl_coef=0.01,
+    ),
+)
 
 
 def preset_name(name: str) -> str:

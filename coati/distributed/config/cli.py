@@ -24,7 +24,7 @@ from coati.distributed.checks import check_plain_data, field_docs, strict_json
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 from coati.distributed.config.trl import SAME, refusal
 
-PREFIXED = {"model", "data", "reward"}
+PREFIXED = {"model", "data", "reward", "critic"}
 """sections whose flags carry the section name (their field names alone would be unclear)"""
 
 ALIASES: dict[str, tuple[str, ...]] = {

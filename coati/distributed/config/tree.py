@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.presets import preset_name, resolve_algorithm
 from coati.distributed.checks import as_strings, check_finite_tree, divides, finite, positive, require, seed_in_range
+from coati.distributed.critic.config import CriticConfig
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.loggers import LOGGERS
 from coati.distributed.reward.config import RewardConfig
@@ -280,7 +281,7 @@ class Config:
     """Everything a run needs, in one tree."""
 
     algo: str = "DAPO"
-    """algorithm preset from ALGO_MAP (GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO)"""
+    """algorithm preset from ALGO_MAP (GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO, PPO, REINFORCE_PP)"""
     algorithm: dict = field(default_factory=dict)
     """overrides of the preset's fields (AlgorithmConfig), e.g. {"beta": 0.01}"""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -291,6 +292,8 @@ class Config:
     """rollout actors"""
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     """training actors"""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """the value model, for estimators that need one (PPO)"""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     """sampling"""
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -334,6 +337,7 @@ class Config:
             divides(
                 "pp_num_microbatches", c.plugin.pp_num_microbatches, "train_minibatch_size * num_generations", samples
             )
+        self._check_critic()
         buffer = self.algo_config.overlong_buffer_len(self.generation.max_new_tokens)
         require(
             buffer < self.generation.max_new_tokens,
@@ -352,6 +356,63 @@ class Config:
                 f"stop_strings {list(g.stop_strings)} with env {env.name!r}: a model turn ends at the end-of-turn "
                 "token the chat template closes it with; drop the stop strings",
             )
+
+    def _check_critic(self) -> None:
+        """A critic section only where the algorithm trains a critic; its DP ranks split the step's prompts."""
+        algo, c = self.algo_config, self.consumer
+        if not algo.uses_critic:
+            default = CriticConfig()
+            changed = [
+                f.name
+                for f in dataclasses.fields(CriticConfig)
+                if getattr(self.critic, f.name) != getattr(default, f.name)
+            ]
+            require(
+                not changed,
+                f"critic settings {sorted(set(changed))} given, but --algo {self.algo} (advantage_estimator="
+                f"{algo.advantage_estimator}) trains no critic; use --algo PPO (advantage_estimator gae) or drop them",
+            )
+        if algo.uses_critic or algo.kl_in_reward:
+            require(
+                c.plugin.pp_size == 1,
+                f"advantage_estimator={algo.advantage_estimator} with init_kl_coef={algo.init_kl_coef} needs the "
+                f"policy's log-probs before the step (pp_size={c.plugin.pp_size}); use pp_size=1 (data or tensor "
+                "parallelism)",
+            )
+        if algo.uses_critic:
+            prompts, dp = self.global_train_batch_size, self.critic.num_procs
+            minibatches = c.train_batch_size // (c.train_minibatch_size or c.train_batch_size)
+            require(
+                prompts % (dp * minibatches) == 0,
+                f"the critic's {dp} DP ranks train the step's {prompts} prompts in {minibatches} minibatches, as the "
+                f"policy: critic num_procs * minibatches = {dp * minibatches} must divide {prompts}; set critic "
+                f"num_procs to a divisor of {prompts // minibatches}",
+            )
+
+    def critic_trainer(self) -> ConsumerConfig:
+        """The critic's training settings as the engine takes them: its own optimiser and layout, the policy's batch
+        arithmetic (per critic DP rank)."""
+        k, c = self.critic, self.consumer
+        per_rank = self.global_train_batch_size // k.num_procs
+        minibatches = c.train_batch_size // (c.train_minibatch_size or c.train_batch_size)
+        return ConsumerConfig(
+            num_consumer_procs=k.num_procs,
+            train_batch_size=per_rank,
+            train_minibatch_size=per_rank // minibatches,
+            num_iterations=c.num_iterations,
+            train_microbatch_tokens=k.train_microbatch_tokens,
+            learning_rate=k.learning_rate,
+            lr_schedule=k.lr_schedule,
+            warmup_steps=k.warmup_steps,
+            min_lr_ratio=k.min_lr_ratio,
+            gradient_checkpointing=k.gradient_checkpointing,
+            weight_decay=k.weight_decay,
+            max_grad_norm=k.max_grad_norm,
+            max_skipped_steps=c.max_skipped_steps,
+            compute_dtype=k.compute_dtype,
+            share_prompt_forward=False,
+            plugin=k.plugin,
+        )
 
     @functools.cached_property
     def algo_config(self) -> AlgorithmConfig:
@@ -377,6 +438,7 @@ class Config:
         return {
             "producer": dataclasses.asdict(self.producer),
             "consumer": dataclasses.asdict(self.consumer),
+            "critic": dataclasses.asdict(self.critic),
             "generation": dataclasses.asdict(self.generation),
             "algorithm": dataclasses.asdict(self.algo_config),
             "reward": dataclasses.asdict(self.reward),
@@ -389,6 +451,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "producer": ProducerConfig,
     "consumer": ConsumerConfig,
+    "critic": CriticConfig,
     "generation": GenerationConfig,
     "reward": RewardConfig,
     "run": RunConfig,

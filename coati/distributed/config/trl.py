@@ -34,7 +34,9 @@ SAME: dict[str, str] = {
 """TRL name -> the coati setting of the same meaning (accepted as ``--name`` and ``--name-with-dashes``)"""
 
 _ENGINE = "coati's producers run their own engine (-b transformers|vllm|sglang)"
-_NO_PRESET = "no {} preset; the presets are --algo GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO"
+_NO_PRESET = (
+    "no {} preset; the presets are --algo GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO, PPO, REINFORCE_PP"
+)
 _LOGS = "every step's metrics and sample completions are written to the run folder (metrics.jsonl, samples.jsonl)"
 
 REFUSED: dict[str, str] = {

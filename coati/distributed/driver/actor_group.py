@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from coati import registry
-from coati.distributed.driver.preflight import rollout_plan, trainer_plan
+from coati.distributed.driver.preflight import critic_plan, rollout_plan, trainer_plan
 from coati.distributed.guards import RunError
 from coati.distributed.inference import backend_options
 from coati.distributed.reward.judge import JudgeServer
@@ -220,6 +220,9 @@ class ActorGroups:
         """training steps and rollout rounds started, numbering each so that a lend of cores reaches the call it was
         meant for"""
         self.producers, self.consumers, self.senders = [], [], []
+        self.critics: list = []
+        """the critic's ranks (PPO), none without a critic"""
+        self.critic_info: list[dict] = []
         self.weight_groups: list[str] = []
         self.shared_gpus: dict[int, object] = {}
         self.producer_info: list[dict] = []
@@ -239,18 +242,22 @@ class ActorGroups:
         self._start_producers(env)
         if consumers:
             self._start_consumers(env)
-        for kind, group in (("producer", self.producers), ("consumer", self.consumers)):
+            self._start_critics(env)
+        for kind, group in (("producer", self.producers), ("consumer", self.consumers), ("critic", self.critics)):
             for i, a in enumerate(group):
                 ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
         producers = [a.setup.remote() for a in self.producers]
         if self.shared_gpus:  # engines size their memory by what is free on the GPU: no consumer loading beside them
             self.producer_info = get(producers, "producer setup")
         consumers = [a.setup.remote() for a in self.consumers]
+        critics = [a.setup.remote() for a in self.critics]
         self.server_info = get(pings, "reward model setup")  # first: a model that fails to load is what stops the run
         self.producer_info = get(producers, "producer setup")
         self.consumer_info = get(consumers, "consumer setup")
+        self.critic_info = get(critics, "critic setup")
         self.cores = {}
-        for info in self.producer_info + self.consumer_info:  # the CPUs each node lets its actors run on
+        # the CPUs each node lets its actors run on
+        for info in self.producer_info + self.consumer_info + self.critic_info:
             self.cores[info["node_id"]] = min(self.cores.get(info["node_id"], info["cores"]), info["cores"])
 
     def startup(self) -> list[tuple[str, dict]]:
@@ -261,6 +268,7 @@ class ActorGroups:
         return (
             [(f"producer-{i}", info) for i, info in enumerate(self.producer_info)]
             + [(f"consumer-{i}", info) for i, info in enumerate(self.consumer_info)]
+            + [(f"critic-{i}", info) for i, info in enumerate(self.critic_info)]
             + list(zip(servers, self.server_info, strict=True))
         )
 
@@ -309,21 +317,52 @@ class ActorGroups:
             )
             self.consumers.append(actor.remote(rank, role))
 
+    def _start_critics(self, env: dict) -> None:
+        """The critic's ranks (PPO), in a process group of their own, on the slots preflight planned."""
+        import ray
+
+        from coati.distributed.critic.consumer import CriticConsumer  # deferred: imports ColossalAI
+
+        slots = self.plan.critic_slots
+        if not slots:
+            return
+        lend = {"max_concurrency": 2} if self.follow_work else {}
+        role = critic_plan(self.cfg, self.plan, slots[0].address, _port_on(slots[0].node_id))
+        for rank, slot in enumerate(slots):
+            actor = ray.remote(CriticConsumer).options(
+                **actor_options(slot, self.shared_gpus),
+                **cpu_actor_env(env, slot.num_gpus),
+                **lend,
+                name=f"{self.run_name}-critic-{rank}",
+            )
+            self.critics.append(actor.remote(rank, role))
+
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
         """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers
-        (``consumers``) work; None each when threads do not follow the work (every actor keeps its own)."""
+        (``consumers``, the critic's ranks with them) work; None each when threads do not follow the work (every
+        actor keeps its own). The critic's share is ``critic_threads``."""
+        counts = self._thread_counts(producers, consumers)
         np_, nc = len(self.producers), len(self.consumers)
+        return counts[:np_], counts[np_ : np_ + nc]
+
+    def critic_threads(self, producers: bool) -> list:
+        """Threads for each critic rank while it works beside the consumers (and the producers, ``producers``)."""
+        return self._thread_counts(producers, True)[len(self.producers) + len(self.consumers) :]
+
+    def _thread_counts(self, producers: bool, consumers: bool) -> list:
+        np_, nc, nk = len(self.producers), len(self.consumers), len(self.critics)
         if not self.follow_work:
-            return [None] * np_, [None] * nc
-        nodes = [info["node_id"] for info in self.producer_info + self.consumer_info]
-        counts = thread_counts(nodes, self.cores, [producers] * np_ + [consumers] * nc)
-        return counts[:np_], counts[np_:]
+            return [None] * (np_ + nc + nk)
+        nodes = [info["node_id"] for info in self.producer_info + self.consumer_info + self.critic_info]
+        return thread_counts(nodes, self.cores, [producers] * np_ + [consumers] * (nc + nk))
 
     def lend_to_consumers(self) -> None:
         """The producers have stopped for this step: the training step last started takes their cores from its next
-        micro-batch on (the consumers give them back when the step ends)."""
+        micro-batch on (the consumers, and the critic's ranks, give them back when the step ends)."""
         if self.follow_work:
             for c, n in zip(self.consumers, self.threads(False, True)[1], strict=True):
+                c.set_threads.remote(n, self.train_calls)
+            for c, n in zip(self.critics, self.critic_threads(False), strict=True):
                 c.set_threads.remote(n, self.train_calls)
 
     def lend_to_producers(self) -> None:
@@ -422,15 +461,47 @@ class ActorGroups:
             if k > 0
         ]
 
-    def train(self, batch_ref, generating: bool, total_steps: int | None = None) -> list:
-        """Start a training step of a run of ``total_steps``, alongside rollouts (``generating``) or alone; returns
-        the refs."""
-        threads = self.threads(generating, True)[1]
+    def train(self, batch_ref, generating: bool, total_steps: int | None = None, policy: bool = True) -> list:
+        """Start a training step of a run of ``total_steps``, alongside rollouts (``generating``) or alone: the
+        policy's (unless ``policy`` is False: the critic's warm-up) and the critic's at once; returns the refs, the
+        consumers' first."""
+        threads = self.threads(generating, True)[1] if policy else []
         self.train_calls += 1
-        return [
+        refs = [
             c.train_step.remote(batch_ref, t, self.train_calls, total_steps)
-            for c, t in zip(self.consumers, threads, strict=True)
+            for c, t in zip(self.consumers if policy else [], threads, strict=True)
         ]
+        return refs + [
+            c.train_step.remote(batch_ref, t, self.train_calls, total_steps)
+            for c, t in zip(self.critics, self.critic_threads(generating), strict=True)
+        ]
+
+    def experience(self, batch_ref, rows: int, width: int, values: bool, logprobs: bool, generating: bool) -> dict:
+        """What a step's batch needs before it trains, at once: the critic's values (``values``) and the policy's
+        and reference's log-probs (``logprobs``), each [rows, width] float32 put together from the ranks' shards."""
+        import numpy as np
+
+        self.train_calls += 1
+        asks = {}
+        if values:
+            asks["values"] = [
+                c.values.remote(batch_ref, t, self.train_calls)
+                for c, t in zip(self.critics, self.critic_threads(generating), strict=True)
+            ]
+        if logprobs:
+            asks["logprobs"] = [
+                c.experience.remote(batch_ref, t, self.train_calls)
+                for c, t in zip(self.consumers, self.threads(generating, True)[1], strict=True)
+            ]
+        answers = {k: get(v, f"the step's {k} before training") for k, v in asks.items()}
+        out = {}
+        for key, names in (("values", ("values",)), ("logprobs", ("old", "ref"))):
+            for name in names if key in answers else ():
+                full = np.zeros((rows, width), dtype=np.float32)
+                for part in filter(None, answers[key]):
+                    full[part["rows"]] = part[name]
+                out[name] = full
+        return out
 
     def evaluate(self) -> list[dict]:
         threads = self.threads(True, False)[0]
@@ -471,7 +542,8 @@ class ActorGroups:
                 pass
         servers = [a for group in getattr(self, "reward_servers", {}).values() for _, a in group]
         WATCH.clear()
-        for a in self.producers + self.consumers + servers + ([self.watchdog] if hasattr(self, "watchdog") else []):
+        watchdog = [self.watchdog] if hasattr(self, "watchdog") else []
+        for a in self.producers + self.consumers + self.critics + servers + watchdog:
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)

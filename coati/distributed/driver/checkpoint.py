@@ -242,7 +242,8 @@ def write_checkpoint(
 
     folder = manager.staging(step)
     try:
-        get([c.save_checkpoint.remote(str(folder)) for c in actors.consumers], f"checkpoint {step} (consumers)")
+        trainers = actors.consumers + actors.critics
+        get([c.save_checkpoint.remote(str(folder)) for c in trainers], f"checkpoint {step} (consumers)")
         states = get([p.state.remote() for p in actors.producers], f"checkpoint {step} (producers)")
         save_driver_state(folder, buffer_state, states, ledger)
         if also is not None:
@@ -259,7 +260,8 @@ def read_checkpoint(actors, folder: str) -> tuple[dict, dict]:
 
     folder = Path(folder)
     meta = json.loads((folder / "meta.json").read_text())  # checked by ``checkpoint_meta`` before the run started
-    steps = get([c.load_checkpoint.remote(str(folder)) for c in actors.consumers], f"loading {folder} (consumers)")
+    trainers = actors.consumers + actors.critics
+    steps = get([c.load_checkpoint.remote(str(folder)) for c in trainers], f"loading {folder} (consumers)")
     if any(s != meta["step"] for s in steps):
         raise ValueError(f"checkpoint {folder} is at step {meta['step']} but its consumers loaded steps {steps}")
     state = load_driver_state(folder)
@@ -289,6 +291,25 @@ def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
     model.tie_weights()
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     assert not still_meta and not unexpected, (still_meta, unexpected)
+    return write_atomically(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+
+
+def export_critic(actors, model_path: str, tokenizer, path: str) -> str:
+    """The critic (rank 0's weights: data-parallel ranks hold the same) as a Hugging Face folder that
+    ``AutoModelForTokenClassification`` loads with its value head, atomically."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    from coati.distributed.trainer.engine import value_model_config  # deferred: imports ColossalAI
+
+    state = get(actors.critics[0].weights.remote(), "gathering the critic's weights")
+    bad = [k for k, v in state.items() if not all_finite([v])]
+    if bad:
+        raise RunError(f"refusing to export {path}: non-finite critic weights in {bad[:5]} ({len(bad)} tensors)")
+    with torch.device("meta"):
+        model = AutoModelForTokenClassification.from_config(value_model_config(model_path))
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    assert not missing and not unexpected, (missing, unexpected)
     return write_atomically(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 

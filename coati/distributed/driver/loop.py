@@ -24,12 +24,14 @@ from coati.distributed.driver.actor_group import ActorGroups, RunError, get
 from coati.distributed.driver.checkpoint import (
     CheckpointManager,
     config_dict,
+    export_critic,
     export_lora,
     export_policy,
     final_folder,
     read_checkpoint,
     write_checkpoint,
 )
+from coati.distributed.driver.experience import ExperienceMaker
 from coati.distributed.driver.preflight import Plan, horizon
 from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, actors_started, phase
 from coati.distributed.driver.rollouts import Progress, Rollouts
@@ -85,6 +87,7 @@ class Run:
         self.last_checkpoint: str | None = None
         self.progress = Progress()
         self.rollouts = Rollouts(config, self.actors, self.progress, plan.in_flight)
+        self.experience = ExperienceMaker(config.algo_config, self.actors)
         self.record: dict = {}
         """the config and identity a checkpoint records (set by the driver)"""
         from transformers import AutoTokenizer
@@ -130,6 +133,7 @@ class Run:
             "run_name": self.run_name,
             "identity": self.record.get("identity", {}),
             "dataset": self.record.get("dataset", {}),
+            "experience": self.experience.state(),
         }
 
         def adapter(folder: str) -> None:  # a LoRA run's checkpoint holds its adapter as a PEFT folder too
@@ -149,6 +153,7 @@ class Run:
 
         meta, state = read_checkpoint(self.actors, folder)
         self.rollouts.buffer.restore(state["buffer"], state["ledger"])
+        self.experience.restore(meta.get("experience"))
         p = self.progress
         p.version = p.start_step = p.reported_step = meta["step"]
         self.last_checkpoint = str(folder)
@@ -202,6 +207,8 @@ class Run:
         self.rollouts.settle()
         groups = self.account_groups()
         final = self.save(final_folder(save_dir)) if save_dir else None
+        if final and self.actors.critics and self.cfg.critic.save_value_network:
+            export_critic(self.actors, self.plan.critic_model_path, self.tokenizer, os.path.join(final, "critic"))
         return {"history": history, "evals": evals, "final_model": final, "total_steps": total, "groups": groups}
 
     def account_groups(self) -> dict:
@@ -261,12 +268,23 @@ class Run:
             self.rollouts.round is not None
         ):  # still in flight (pushes load mid-round): it gives back the consumers' cores
             self.actors.take_back_from_producers()
-        train_refs = self.actors.train(ray.put(batch), self.rollouts.fills_while_training(step, total), total)
+        generating = self.rollouts.fills_while_training(step, total)
+        t1 = time.perf_counter()
+        exp_metrics = {}
+        if self.experience.needed:
+            batch, exp_metrics = self.experience.attach(batch, generating)
+            exp_metrics["time/experience"] = time.perf_counter() - t1
+        policy = step > self.cfg.algo_config.freeze_actor_steps  # the critic's warm-up trains the critic alone
+        train_refs = self.actors.train(ray.put(batch), generating, total, policy=policy)
         t1 = time.perf_counter()
         if self.max_staleness >= 1 and step < total:
             self.rollouts.fill_while_training(train_refs, step, total)
+        results = get(train_refs, f"training step {step}")
+        trained = len(self.consumers) if policy else 0
         # With pipeline parallelism only the last stage sees the loss: report the fullest metrics.
-        train_metrics = max(get(train_refs, f"training step {step}"), key=len)
+        train_metrics = {**(max(results[:trained], key=len) if trained else {}), **exp_metrics}
+        if len(results) > trained:  # the critic's rank 0
+            train_metrics.update(results[trained])
         t_train = time.perf_counter() - t1
         self.progress.version = step
         if self.sleep_while_training:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from coati.default_model import default_model_path
 from coati.distributed.config.tree import Config
+from coati.distributed.critic.plan import CriticPlan
 from coati.distributed.driver.ray_start import check_address
 from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.base import check_messages
@@ -106,6 +107,8 @@ class Inputs:
     sandbox_per_run: bool
     """whether the sandbox bounds each run's memory and processes as a whole (a control group per run); else per
     process"""
+    critic_model_path: str | None
+    """the critic's starting weights, resolved (None: the run trains no critic)"""
 
 
 @dataclass
@@ -124,6 +127,8 @@ class Plan(Inputs):
     with their resources)"""
     in_flight: bool
     """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
+    critic_slots: list
+    """where the critic's ranks run (none without a critic)"""
 
 
 def check_inputs(config: Config) -> Inputs:
@@ -185,6 +190,7 @@ def check_inputs(config: Config) -> Inputs:
         sandbox,
         degraded,
         per_run,
+        files.critic_model_path,
     )
 
 
@@ -200,6 +206,8 @@ class Files:
     prompt_format: PromptFormat
     rows: tuple[list[dict], list[dict]]
     """(training rows, held-out rows)"""
+    critic_model_path: str | None = None
+    """the critic's starting weights (None: no critic)"""
 
 
 def check_files(config: Config) -> Files:
@@ -226,6 +234,10 @@ def check_files(config: Config) -> Files:
     check_model_files(train_model_path, "train model")
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
+    critic_model_path = None
+    if cfg.algo_config.uses_critic:
+        critic_model_path = resolve_model_path(cfg.critic.model or train_model_path, "critic model")
+        check_value_model(critic_model_path)
     if cfg.reward.rm.path is not None:
         check_reward_model(cfg.reward.rm.path)
     if cfg.reward.judge.path is not None:
@@ -241,7 +253,24 @@ def check_files(config: Config) -> Files:
         eval_dataset,
         config.data.prompt_format(),
         (rows, eval_rows),
+        critic_model_path,
     )
+
+
+def check_value_model(path: str) -> None:
+    """The critic's folder holds an architecture transformers puts a token-classification head on (the value head)."""
+    import json
+
+    check_model_files(path, "critic model")
+    with open(os.path.join(path, "config.json")) as f:
+        model_type = json.load(f).get("model_type")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES as HEADS
+
+    if model_type not in HEADS:
+        raise ValueError(
+            f"critic model {path} is a {model_type!r}, for which transformers has no token-classification class to "
+            "carry the value head; pass --critic-model a Llama-, Qwen- or Mistral-style folder"
+        )
 
 
 GPU_DEVICE_NODES = ("nvidia[0-9]*", "kfd", "dxg")
@@ -287,16 +316,23 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
 
     if not ray.is_initialized():
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
-    producers, consumers = plan_placement(
+    critics = cfg.critic.num_procs if cfg.algo_config.uses_critic else 0
+    producers, trainers = plan_placement(
         alive_nodes(),
         cfg.producer.num_producers,
         cfg.producer.num_proc_per_producer,
-        cfg.consumer.num_consumer_procs,
+        cfg.consumer.num_consumer_procs + critics,
         r.cpus_per_actor,
         r.colocate,
     )
+    # the critic's ranks after the policy's: on the highest-index nodes
+    consumers, critic_slots = trainers[: cfg.consumer.num_consumer_procs], trainers[cfg.consumer.num_consumer_procs :]
     server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
-    check_free(resources_needed(cfg.reward, producers + consumers), ray.available_resources, ray.cluster_resources())
+    check_free(
+        resources_needed(cfg.reward, producers + consumers + critic_slots),
+        ray.available_resources,
+        ray.cluster_resources(),
+    )
     backend = backend_options(cfg.producer.backend)
     check_models(
         cfg,
@@ -323,6 +359,7 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         inference_options=dict(inference_options or {}),
         server_slots=server_slots,
         in_flight=in_flight,
+        critic_slots=critic_slots,
     )
 
 
@@ -363,6 +400,22 @@ def trainer_plan(config: Config, plan: Plan, master_addr: str, master_port: int)
         algorithm=config.algo_config,
         generation=config.generation,
         num_generations=config.producer.num_generations,
+        seed=config.run.seed,
+    )
+
+
+def critic_plan(config: Config, plan: Plan, master_addr: str, master_port: int) -> CriticPlan:
+    """The critic's role plan: its training settings with the policy's batch arithmetic, the algorithm, how rows
+    were sampled, its starting weights, and where its rank 0's process group listens."""
+    assert plan.critic_model_path is not None
+    return CriticPlan(
+        world_size=config.critic.num_procs,
+        master_addr=master_addr,
+        master_port=master_port,
+        model_path=plan.critic_model_path,
+        trainer=config.critic_trainer(),
+        algorithm=config.algo_config,
+        generation=config.generation,
         seed=config.run.seed,
     )
 

@@ -23,6 +23,25 @@ METRICS: dict[str, Metric] = {
     # the step
     "step": Metric("the training step (0: the evaluation before training)", "step"),
     "total_steps": Metric("the run's length in steps", "steps"),
+    # the critic (PPO)
+    "critic/value_loss": Metric("the critic's clipped value loss, 1/2 (V - R)^2 token-mean over the step"),
+    "critic/clipfrac": Metric("share of trained tokens whose value the value clip bounded"),
+    "critic/value_mean": Metric("mean value the critic predicts over the trained tokens while it trains"),
+    "critic/values_mean": Metric("mean value the critic gave the step's rollout before training (GAE's V)"),
+    "critic/return_mean": Metric("mean return (the critic's regression target) over the trained tokens"),
+    "critic/explained_variance": Metric(
+        "1 - Var[R - V] / Var[R] of the rollout's values against its returns: 1 perfect, 0 a constant, < 0 worse"
+    ),
+    "critic/grad_norm": Metric("the critic's gradient norm before clipping"),
+    "critic/lr": Metric("the critic's learning rate"),
+    "critic/skipped_steps": Metric("critic optimizer steps skipped in this step for a non-finite gradient", "steps"),
+    "critic/skipped_steps_total": Metric("critic optimizer steps skipped so far in the run", "steps"),
+    "time/critic_step": Metric("the critic's training step", "s"),
+    "time/experience": Metric("values and KL log-probs of the step's batch before it trains", "s"),
+    "reward/kl": Metric("mean KL(pi_old || pi_ref) per completion, summed over its tokens (the reward's penalty)"),
+    "reward/kl_coef": Metric("the KL-in-reward coefficient this step used (adaptive under kl_target)"),
+    "reward/running_mean": Metric("running mean of every reward so far (normalize_reward)"),
+    "reward/running_std": Metric("running std of every reward so far (normalize_reward)"),
     # the trainer
     "actor/entropy": Metric("mean entropy of the policy over the trained tokens", "nats"),
     "actor/grad_norm": Metric("gradient norm before clipping (the last optimizer step of the training step)"),

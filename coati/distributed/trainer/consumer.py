@@ -52,7 +52,7 @@ class GRPOConsumer:
             self.master_port,
             self.model_path,
             self.cfg,
-            self.algo.beta,
+            self.algo.beta + self.algo.init_kl_coef,  # a reference for the KL in the loss or in the reward
             self.seed,
             self.threads,
         )
@@ -84,6 +84,19 @@ class GRPOConsumer:
         assert total_steps is not None or self.cfg.lr_schedule == "constant", "a decaying schedule needs its horizon"
         with self.threads.running(call, threads):  # cores go back to the producers with the step's end
             return self.runner.run(batch, total_steps or self.runner.step_count + 1)
+
+    def experience(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict | None:
+        """The KL penalty's log-probs of this rank's DP shard before the step trains: {"rows", "old", "ref"} (float32
+        [S, R]: the policy's and the reference's), from the rank of each shard that holds them (TP rank 0); None from
+        the others."""
+        e = self.engine
+        with self.threads.running(call, threads):
+            rows = self.runner.shard_rows(batch)
+            old = self.passes.logprobs_no_grad(e.model, batch, rows)
+            ref = self.passes.logprobs_no_grad(e.ref_model, batch, rows)
+        if e.tp_rank != 0:
+            return None
+        return {"rows": rows, "old": old.float().cpu().numpy(), "ref": ref.float().cpu().numpy()}
 
     # ---- weights ---------------------------------------------------------------------------------------------
 

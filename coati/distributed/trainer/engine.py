@@ -197,13 +197,44 @@ def reference_model(model_path: str, device: torch.device) -> torch.nn.Module:
     return model.to(device).eval().requires_grad_(False)
 
 
-def boosted_policy(model_path: str, cfg: ConsumerConfig, plugin, booster, device, seed: int):
-    """(the boosted policy, its HybridAdam, its vocabulary size): the policy loaded, its LoRA adapter added, and
-    under ZeRO without TP or PP its weights cast, moved and flattened before boosting."""
+def value_model_config(model_path: str):
+    """The config of a critic over ``model_path``'s backbone: one label (the value), no dropout before the head."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, num_labels=1)
+    config.classifier_dropout = 0.0  # transformers' token-classification heads default to 0.1 without it
+    return config
+
+
+def load_value_model(model_path: str, cfg: ConsumerConfig, device: torch.device, seed: int):
+    """A critic: the backbone of ``model_path`` (a causal LM's, or a token-classification model's such as a
+    critic this exports) under a scalar head, ``AutoModelForTokenClassification`` with one label and no dropout; a
+    head the folder lacks starts at zero, so the first values are 0 rather than noise."""
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(seed)
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        model_path, config=value_model_config(model_path), dtype=torch.float32, output_loading_info=True
+    )
+    head = model.score
+    if any(k.startswith("score.") for k in info["missing_keys"]):
+        torch.nn.init.zeros_(head.weight)
+        if head.bias is not None:
+            torch.nn.init.zeros_(head.bias)
+    model.config.use_cache = False
+    attention.use(model, device)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def boosted_policy(model_path: str, cfg: ConsumerConfig, plugin, booster, device, seed: int, value_head: bool = False):
+    """(the boosted policy, its HybridAdam, its vocabulary size): the policy loaded (a critic with ``value_head``),
+    its LoRA adapter added, and under ZeRO without TP or PP its weights cast, moved and flattened before boosting."""
     from colossalai.nn.optimizer import HybridAdam
 
     p = cfg.plugin
-    model = load_policy(model_path, cfg, device, seed)
+    model = (load_value_model if value_head else load_policy)(model_path, cfg, device, seed)
     if cfg.lora_rank:
         lora = peft_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, model_path)
         model = plugin.enable_lora(model, lora_config=lora)
@@ -227,8 +258,10 @@ def build_engine(
     beta: float,
     seed: int,
     threads: ThreadLease,
+    value_head: bool = False,
 ) -> Engine:
-    """Launch ColossalAI, load and boost the policy, and load the reference model when ``beta`` > 0.
+    """Launch ColossalAI, load and boost the policy (a critic's value model with ``value_head``), and load the
+    reference model when ``beta`` > 0.
 
     The weights live in flat buffers laid out as a transformers producer's, so pushes go in a few transfers and are
     received in place. ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights
@@ -239,9 +272,10 @@ def build_engine(
     device = launch_colossalai(rank, world_size, master_addr, master_port, seed)
     plugin, p = make_plugin(cfg), cfg.plugin
     booster = Booster(plugin=plugin)
-    model, optimizer, vocab_size = boosted_policy(model_path, cfg, plugin, booster, device, seed)
+    model, optimizer, vocab_size = boosted_policy(model_path, cfg, plugin, booster, device, seed, value_head)
     lease_layers = threads.follow_layers(model)
-    steps = OptimizerSteps(optimizer, cfg, fold_clipping(optimizer, p.tp_size, p.pp_size), device, world_size)
+    clipping = fold_clipping(optimizer, p.tp_size, p.pp_size)
+    steps = OptimizerSteps(optimizer, cfg, clipping, device, world_size, "critic" if value_head else "actor")
     if p.zero_stage == 0 and not cfg.lora_rank:  # an adapter's push is small: no flat layout needed
         flatten_parameters(model.unwrap())  # after boosting: only the parameters this rank holds
     last_stage = p.pp_size == 1 or plugin.stage_manager.is_last_stage()
@@ -249,7 +283,7 @@ def build_engine(
     if beta > 0 and last_stage:  # a whole unsharded replica, needed only where the loss is computed
         ref_model = reference_model(model_path, device)
         lease_layers += threads.follow_layers(ref_model)  # its forward takes up lends too
-    if p.pp_size == 1:  # pipeline stages compute the loss from the model's own logits
+    if p.pp_size == 1 and not value_head:  # pipeline stages compute the loss from the model's own logits
         check_output_layer(model)
     compute_dtype = resolve_compute_dtype(cfg.compute_dtype, device, p.precision, p.tp_size)
     if rank == 0:

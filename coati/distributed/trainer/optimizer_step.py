@@ -21,8 +21,10 @@ class OptimizerSteps:
     ``clipping`` (the clip folded into the update), the guard hands the clip's divisor, derived from that norm, to
     HybridAdam's update as ``div_scale``."""
 
-    def __init__(self, optimizer, cfg: ConsumerConfig, clipping: bool, device: torch.device, world_size: int):
-        self.optimizer, self.cfg, self.clipping = optimizer, cfg, clipping
+    def __init__(
+        self, optimizer, cfg: ConsumerConfig, clipping: bool, device: torch.device, world_size: int, role="actor"
+    ):
+        self.optimizer, self.cfg, self.clipping, self.role = optimizer, cfg, clipping, role
         self.device, self.world_size = device, world_size
         self.lr = cfg.learning_rate
         """the learning rate of the last optimizer step"""
@@ -74,9 +76,10 @@ class OptimizerSteps:
                 f"max_skipped_steps={self.cfg.max_skipped_steps}); the last step's gradient norm was "
                 f"{self.log[-1][0]}. Lower the learning rate or check the rewards and data"
             )
+        r = self.role
         return {
-            "actor/lr": self.lr,
-            "actor/grad_norm": float(np.mean(finite)) if finite else float("nan"),
-            "actor/skipped_steps": sum(skipped for _, skipped in self.log),
-            "actor/skipped_steps_total": self.skipped_total,
+            f"{r}/lr": self.lr,
+            f"{r}/grad_norm": float(np.mean(finite)) if finite else float("nan"),
+            f"{r}/skipped_steps": sum(skipped for _, skipped in self.log),
+            f"{r}/skipped_steps_total": self.skipped_total,
         }

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coati.distributed.algo import ADVANTAGE_ESTIMATORS, LossInput, LossNorm, compute_policy_loss
+from coati.distributed.algo import ADVANTAGE_ESTIMATORS, AdvantageOutput, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.algo.grouping import without_unscored
+from coati.distributed.algo.kl_reward import kl_penalty
 from coati.distributed.algo.shaping import mask_truncated
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.record import RolloutBatch, fresh_rows
@@ -30,16 +31,41 @@ from coati.distributed.trainer.step_metrics import StepMetrics
 log = logging.getLogger(__name__)
 
 
-def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torch.Tensor:
-    """[B, T] advantages of a batch under ``algo``'s estimator; a completion without a score (its reward function's
-    None, or a scoring error or timeout) is left out of its group's statistics, and its loss mask is empty."""
+def step_loss_mask(batch: RolloutBatch, algo) -> torch.Tensor:
+    """float32 [B, T]: the sampled tokens that train (truncated rows masked when ``algo.mask_truncated``); the policy
+    and the critic train on the same."""
+    loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)  # a copy: object-store arrays are read-only
+    return mask_truncated(loss_mask, torch.tensor(batch.truncated)) if algo.mask_truncated else loss_mask
+
+
+def step_estimate(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> AdvantageOutput:
+    """Advantages (and a critic's returns) of a batch under ``algo``'s estimator, with what the driver added to it
+    (``batch.experience``: the critic's values, the KL penalty's log-probs and coefficient, reward statistics); a
+    completion without a score (its reward function's None, or a scoring error or timeout) is left out of its
+    group's statistics, and its loss mask is empty."""
     group_ids = torch.tensor(batch.group_ids)
     left_out = batch.left_out()
     if left_out.any():
         group_ids = without_unscored(group_ids, torch.tensor(~left_out))
+    exp = batch.experience
+    rewards = torch.tensor(batch.rewards)
+    values = token_rewards = None
+    if exp is not None:
+        rewards = ((rewards.double() - exp.reward_mean) / (exp.reward_std + 1e-8)).float()
+        values = None if exp.values is None else torch.from_numpy(np.asarray(exp.values, dtype=np.float32))
+        if algo.kl_in_reward:
+            old, ref = (torch.from_numpy(np.asarray(a, dtype=np.float32)) for a in (exp.old_logprobs, exp.ref_logprobs))
+            token_rewards, _ = kl_penalty(old, ref, loss_mask, exp.kl_coef, algo.kl_reward_estimator)
+    else:
+        assert not (algo.uses_critic or algo.kl_in_reward), "values and KL rewards come with the batch's experience"
     return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
-        torch.tensor(batch.rewards), group_ids, loss_mask, algo
-    ).advantages
+        rewards, group_ids, loss_mask, algo, values=values, token_rewards=token_rewards
+    )
+
+
+def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torch.Tensor:
+    """[B, T] advantages of a batch under ``algo``'s estimator (``step_estimate``)."""
+    return step_estimate(batch, loss_mask, algo).advantages
 
 
 @dataclass(frozen=True)
@@ -85,6 +111,15 @@ class StepPlan:
         )
 
 
+def dp_all_reduce(engine: Engine, tensor: torch.Tensor, op: str) -> None:
+    """All-reduce ``tensor`` (on CPU) in place over the engine's DP group: "sum", "max" or "min"."""
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}
+    ops["min"] = torch.distributed.ReduceOp.MIN
+    on_device = tensor.to(engine.device)
+    torch.distributed.all_reduce(on_device, op=ops[op], group=engine.plugin.dp_group)
+    tensor.copy_(on_device.cpu())
+
+
 class StepRunner:
     def __init__(
         self,
@@ -108,6 +143,11 @@ class StepRunner:
         )
         """the minibatch and log-prob passes through ColossalAI's pipeline schedule (``pp_size > 1``), else None"""
 
+    def shard_rows(self, batch: RolloutBatch) -> np.ndarray:
+        """The rows of ``batch`` this rank's DP shard trains."""
+        e = self.engine
+        return StepPlan(len(batch), e.dp_size, e.dp_rank, 1, 1).shard_rows
+
     def run(self, batch: RolloutBatch, total_steps: int) -> dict:
         """One training step on the global ``batch`` of a run of ``total_steps`` (the learning-rate schedule's
         horizon); its metrics, reduced over the DP ranks."""
@@ -122,14 +162,14 @@ class StepRunner:
             self.cfg.train_batch_size // self.cfg.train_minibatch_size,
             self.cfg.num_iterations,
         )
-        # Arrays from the object store are read-only: copy the small ones into tensors.
-        loss_mask = torch.tensor(batch.trained_mask(), dtype=torch.float32)  # sampled tokens only
-        if self.algo.mask_truncated:
-            loss_mask = mask_truncated(loss_mask, torch.tensor(batch.truncated))
+        loss_mask = step_loss_mask(batch, self.algo)
         adv = batch_advantages(batch, loss_mask, self.algo)
         shard_rows = plan.shard_rows
         old_lp, t_old = None, time.perf_counter()
-        if plan.optimizer_steps > 1:  # the policy before this step's first update, over the whole shard
+        exp = batch.experience
+        if exp is not None and exp.old_logprobs is not None:  # computed for the KL penalty just before this step
+            old_lp = torch.from_numpy(np.array(exp.old_logprobs[shard_rows], dtype=np.float32)).to(e.device)
+        elif plan.optimizer_steps > 1:  # the policy before this step's first update, over the whole shard
             old_lp = (
                 self.pipeline.logprobs(batch, shard_rows, plan.minibatch)
                 if self.pipeline is not None
@@ -137,7 +177,9 @@ class StepRunner:
             )
         t_old = time.perf_counter() - t_old
         ref_lp = None
-        if e.ref_model is not None:
+        if exp is not None and exp.ref_logprobs is not None:
+            ref_lp = torch.from_numpy(np.array(exp.ref_logprobs[shard_rows], dtype=np.float32)).to(e.device)
+        elif e.ref_model is not None and self.algo.beta > 0:
             ref_lp = self.passes.logprobs_no_grad(e.ref_model, batch, shard_rows)
         step = StepTensors(loss_mask, adv, old_lp, ref_lp, metrics)
         step_loss = torch.zeros(1, dtype=torch.float64)
@@ -233,14 +275,7 @@ class StepRunner:
         return loss
 
     def _dp_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        ops = {
-            "sum": torch.distributed.ReduceOp.SUM,
-            "max": torch.distributed.ReduceOp.MAX,
-            "min": torch.distributed.ReduceOp.MIN,
-        }
-        on_device = tensor.to(self.engine.device)
-        torch.distributed.all_reduce(on_device, op=ops[op], group=self.engine.plugin.dp_group)
-        tensor.copy_(on_device.cpu())
+        dp_all_reduce(self.engine, tensor, op)
 
     def _behaviour_metrics(self, metrics: StepMetrics, batch, rows, old, rollout, mask) -> None:
         """The engine-trainer log-prob gap over the fresh rows, those whose every token was sampled by the very

@@ -1,0 +1,72 @@
+"""CriticConsumer: one critic rank, a Ray shell over a value-head engine (``trainer.engine.build_engine`` with
+``value_head``) and its step (``step.CriticStep``). The driver asks it for the values of a step's batch before the
+step trains, then trains it on the returns while the policy trains; it checkpoints beside the policy's consumers
+(``<checkpoint>/critic``) and hands its weights over for the export of ``final/critic``."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from coati.distributed.critic.plan import CriticPlan
+from coati.distributed.critic.step import CriticStep
+from coati.distributed.record import RolloutBatch
+from coati.distributed.runtime.liveness import start_heartbeat
+from coati.distributed.runtime.startup import mark, marks
+from coati.distributed.runtime.threads import ThreadLease
+from coati.distributed.trainer.engine import build_engine
+
+
+class CriticConsumer:
+    def __init__(self, rank: int, plan: CriticPlan):
+        mark("imported")
+        start_heartbeat()
+        self.rank, self.plan = rank, plan
+        self.threads = ThreadLease()
+
+    def setup(self) -> dict:
+        mark("setup")
+        p = self.plan
+        self.engine = build_engine(
+            self.rank,
+            p.world_size,
+            p.master_addr,
+            p.master_port,
+            p.model_path,
+            p.trainer,
+            0.0,  # no reference model
+            p.seed,
+            self.threads,
+            value_head=True,
+        )
+        self.step = CriticStep(self.engine, p.trainer, p.algorithm, p.generation, self.threads)
+        mark("ready")
+        return {**self.engine.describe(), "startup": marks()}
+
+    def set_threads(self, n: int, call: int) -> None:
+        self.threads.lend(n, call)
+
+    def values(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict:
+        """V(s_t) of this rank's DP shard of ``batch`` (``CriticStep.values``)."""
+        with self.threads.running(call, threads):
+            return self.step.values(batch)
+
+    def train_step(
+        self, batch: RolloutBatch, threads: int | None = None, call: int | None = None, total_steps: int | None = None
+    ) -> dict:
+        with self.threads.running(call, threads):
+            return self.step.run(batch, total_steps or self.step.step_count + 1)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The critic's weights on CPU under the Hugging Face names (every rank holds them whole)."""
+        return {k: v.detach().cpu().clone() for k, v in self.engine.model.unwrap().state_dict().items()}
+
+    def save_checkpoint(self, folder: str) -> bool:
+        os.makedirs(os.path.join(folder, "critic"), exist_ok=True)
+        self.engine.save(os.path.join(folder, "critic"), self.step.step_count)
+        return True
+
+    def load_checkpoint(self, folder: str) -> int:
+        self.step.step_count = self.engine.load(os.path.join(folder, "critic"))
+        return self.step.step_count
