@@ -182,3 +182,23 @@ def test_explained_variance():
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
     assert explained_variance(torch.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0)
     assert explained_variance(-returns, returns, mask) < 0
+
+
+def test_the_critic_section_is_refused_where_no_critic_trains_and_splits_the_prompts():
+    from coati.distributed.config.tree import config_from_dict
+
+    with pytest.raises(ValueError, match=r"critic settings \['learning_rate'\] given, but --algo DAPO"):
+        config_from_dict({"critic": {"learning_rate": 1e-3}})
+    with pytest.raises(ValueError, match="critic num_procs \\* minibatches = 3 must divide 4"):
+        config_from_dict({"algo": "PPO", "critic": {"num_procs": 3}})
+    with pytest.raises(ValueError, match="critic plugin tp_size=1, pp_size=1"):
+        config_from_dict({"algo": "PPO", "critic": {"plugin": {"tp_size": 2}}})
+    with pytest.raises(ValueError, match="pp_size=2"):
+        config_from_dict({"algo": "PPO", "consumer": {"num_consumer_procs": 2, "plugin": {"pp_size": 2}}})
+    cfg = config_from_dict(
+        {"algo": "PPO", "consumer": {"train_batch_size": 4, "train_minibatch_size": 2, "num_consumer_procs": 2}}
+        | {"critic": {"num_procs": 4, "learning_rate": 1e-4}}
+    )
+    critic = cfg.critic_trainer()  # 8 prompts a step over 4 critic ranks, in the policy's 2 minibatches
+    assert (critic.train_batch_size, critic.train_minibatch_size, critic.learning_rate) == (2, 1, 1e-4)
+    assert critic.dp_size == 4 and not critic.share_prompt_forward

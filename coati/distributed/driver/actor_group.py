@@ -463,13 +463,13 @@ class ActorGroups:
 
     def train(self, batch_ref, generating: bool, total_steps: int | None = None, policy: bool = True) -> list:
         """Start a training step of a run of ``total_steps``, alongside rollouts (``generating``) or alone: the
-        policy's (unless ``policy`` is False: the critic's warm-up) and the critic's at once; returns the refs, the
-        consumers' first."""
-        threads = self.threads(generating, True)[1] if policy else []
+        policy's (counted only, ``policy`` False: the critic's warm-up) and the critic's at once; returns the refs,
+        the consumers' first."""
+        threads = self.threads(generating, True)[1]
         self.train_calls += 1
         refs = [
-            c.train_step.remote(batch_ref, t, self.train_calls, total_steps)
-            for c, t in zip(self.consumers if policy else [], threads, strict=True)
+            c.train_step.remote(batch_ref, t, self.train_calls, total_steps, policy)
+            for c, t in zip(self.consumers, threads, strict=True)
         ]
         return refs + [
             c.train_step.remote(batch_ref, t, self.train_calls, total_steps)

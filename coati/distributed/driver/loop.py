@@ -280,9 +280,9 @@ class Run:
         if self.max_staleness >= 1 and step < total:
             self.rollouts.fill_while_training(train_refs, step, total)
         results = get(train_refs, f"training step {step}")
-        trained = len(self.consumers) if policy else 0
+        trained = len(self.consumers)
         # With pipeline parallelism only the last stage sees the loss: report the fullest metrics.
-        train_metrics = {**(max(results[:trained], key=len) if trained else {}), **exp_metrics}
+        train_metrics = {**max(results[:trained], key=len), **exp_metrics}
         if len(results) > trained:  # the critic's rank 0
             train_metrics.update(results[trained])
         t_train = time.perf_counter() - t1

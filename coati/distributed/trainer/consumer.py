@@ -76,12 +76,21 @@ class GRPOConsumer:
         self.threads.lend(n, call)
 
     def train_step(
-        self, batch: RolloutBatch, threads: int | None = None, call: int | None = None, total_steps: int | None = None
+        self,
+        batch: RolloutBatch,
+        threads: int | None = None,
+        call: int | None = None,
+        total_steps: int | None = None,
+        update: bool = True,
     ) -> dict:
         """One training step on the global batch of the step, with ``threads`` CPU threads (None: this actor's own;
         a ``set_threads`` for the same ``call`` may raise it while the step runs), of a run of ``total_steps`` (the
-        learning-rate schedule's horizon); returns its metrics reduced over every DP rank."""
+        learning-rate schedule's horizon); returns its metrics reduced over every DP rank. Without ``update`` (a
+        critic's warm-up step) the step is counted and nothing trains: {}."""
         assert total_steps is not None or self.cfg.lr_schedule == "constant", "a decaying schedule needs its horizon"
+        if not update:
+            self.runner.step_count += 1
+            return {}
         with self.threads.running(call, threads):  # cores go back to the producers with the step's end
             return self.runner.run(batch, total_steps or self.runner.step_count + 1)
 

@@ -52,9 +52,9 @@ def step_estimate(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> Advanta
     values = token_rewards = None
     if exp is not None:
         rewards = ((rewards.double() - exp.reward_mean) / (exp.reward_std + 1e-8)).float()
-        values = None if exp.values is None else torch.from_numpy(np.asarray(exp.values, dtype=np.float32))
+        values = None if exp.values is None else torch.from_numpy(np.array(exp.values, dtype=np.float32))
         if algo.kl_in_reward:
-            old, ref = (torch.from_numpy(np.asarray(a, dtype=np.float32)) for a in (exp.old_logprobs, exp.ref_logprobs))
+            old, ref = (torch.from_numpy(np.array(a, dtype=np.float32)) for a in (exp.old_logprobs, exp.ref_logprobs))
             token_rewards, _ = kl_penalty(old, ref, loss_mask, exp.kl_coef, algo.kl_reward_estimator)
     else:
         assert not (algo.uses_critic or algo.kl_in_reward), "values and KL rewards come with the batch's experience"
