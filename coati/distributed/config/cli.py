@@ -21,6 +21,7 @@ from pathlib import Path
 
 from coati.distributed.algo.config import AlgorithmConfig
 from coati.distributed.checks import check_plain_data, field_docs, strict_json
+from coati.distributed.config import openrlhf
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 from coati.distributed.config.trl import SAME, refusal
 
@@ -528,6 +529,11 @@ def parse_command(
     ``base`` (a resumed run's recorded tree), then the ``--config`` file over it, then the flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(description, everything="--help-all" in argv)
+    try:
+        # OpenRLHF's flags in coati's, in coati's units
+        argv = openrlhf.translate(argv, {s for a in parser._actions for s in a.option_strings})
+    except ValueError as e:
+        parser.error(str(e))
     if prog:
         parser.prog = prog
     given = vars(parser.parse_args(normalize_flags(argv, {s for a in parser._actions for s in a.option_strings})))

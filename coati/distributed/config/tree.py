@@ -25,6 +25,7 @@ from coati.distributed.loggers import LOGGERS
 from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.config import ProducerConfig
 from coati.distributed.rollout.data import DatasetSpec, PromptFormat
+from coati.distributed.runtime.layout import LayoutConfig
 from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
@@ -180,6 +181,8 @@ class RunConfig:
     """checkpoint every N steps (0: only at the end)"""
     keep_checkpoints: int = 2
     """checkpoints kept"""
+    save_hf_checkpoints: bool = False
+    """also write the policy as a Hugging Face folder in every checkpoint (<checkpoint>/hf), loadable as final/ is"""
     resume: str | None = None
     """continue from a checkpoint: 'latest' or a checkpoint folder"""
     resume_allow: tuple[str, ...] = ()
@@ -300,6 +303,8 @@ class Config:
     """scoring"""
     run: RunConfig = field(default_factory=RunConfig)
     """the run"""
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    """where each role runs: nodes per role, colocations (OpenRLHF's --{role}_num_nodes)"""
 
     def __post_init__(self):
         check_finite_tree(self)
@@ -338,6 +343,7 @@ class Config:
                 "pp_num_microbatches", c.plugin.pp_num_microbatches, "train_minibatch_size * num_generations", samples
             )
         self._check_critic()
+        self._check_layout()
         buffer = self.algo_config.overlong_buffer_len(self.generation.max_new_tokens)
         require(
             buffer < self.generation.max_new_tokens,
@@ -388,6 +394,37 @@ class Config:
                 f"policy: critic num_procs * minibatches = {dp * minibatches} must divide {prompts}; set critic "
                 f"num_procs to a divisor of {prompts // minibatches}",
             )
+
+    def _check_layout(self) -> None:
+        """A layout places the roles the run has, and only those."""
+        lay, algo = self.layout, self.algo_config
+        if not lay.active:
+            return
+        require(not self.run.colocate, "run.colocate pairs producers and consumers; with a layout use its colocations")
+        require(lay.actor_nodes > 0, "a layout places the actor on nodes of its own: set layout actor_nodes")
+        require(
+            not lay.ref_procs or algo.beta > 0 or algo.kl_in_reward,
+            f"layout ref_procs={lay.ref_procs} starts reference servers, but --algo {self.algo} uses no reference "
+            "(beta 0, init_kl_coef 0); drop ref_procs",
+        )
+        require(
+            not lay.ref_procs or lay.ref_nodes > 0 or lay.colocate_actor_ref or lay.colocate_all_models,
+            f"layout ref_procs={lay.ref_procs}: set ref_nodes, colocate_actor_ref or colocate_all_models",
+        )
+        require(
+            not (lay.critic_nodes or lay.colocate_critic_reward) or algo.uses_critic,
+            f"the layout places a critic, but --algo {self.algo} trains none; use --algo PPO or drop critic_nodes",
+        )
+        require(
+            not algo.uses_critic or lay.critic_nodes > 0 or lay.colocate_all_models,
+            "with a layout, the critic needs nodes of its own or colocate_all_models: set layout critic_nodes",
+        )
+        rm = self.reward.rm.path is not None
+        require(
+            not (lay.reward_nodes or lay.colocate_critic_reward) or rm,
+            "the layout places reward-model servers, but the reward has none; set reward.rm.path or drop "
+            "reward_nodes/colocate_critic_reward",
+        )
 
     def critic_trainer(self) -> ConsumerConfig:
         """The critic's training settings as the engine takes them: its own optimiser and layout, the policy's batch
@@ -455,6 +492,7 @@ SECTIONS: dict[str, type] = {
     "generation": GenerationConfig,
     "reward": RewardConfig,
     "run": RunConfig,
+    "layout": LayoutConfig,
 }
 """the tree's dataclass sections (consumer holds plugin); ``algorithm`` is a dict of AlgorithmConfig fields"""
 

@@ -1,6 +1,7 @@
 """TRL's ``GRPOConfig`` names on coati's command line: each field TRL documents either is a flag (``SAME``: the same
 setting under TRL's name, ``--max_completion_length 64`` is ``-mnt 64``) or is refused with the nearest coati
-setting or the reason there is none (``REFUSED``). ``tests/unit/test_trl.py`` checks the table against TRL's
+setting or the reason there is none (``REFUSED``); ``--bf16``, a switch in both TRL and OpenRLHF, is converted with
+OpenRLHF's flags (``openrlhf.SWITCHES``: ``--precision bf16``). ``tests/unit/test_trl.py`` checks the table against TRL's
 own class, so a field TRL adds is noticed."""
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ SAME: dict[str, str] = {
     "output_dir": "run.run_dir",
     "vllm_importance_sampling_cap": "algorithm.tis_cap",
     "vllm_enable_sleep_mode": "run.sleep_while_training",
+    "vllm_tensor_parallel_size": "producer.num_proc_per_producer",
+    "save_steps": "run.save_interval",
 }
 """TRL name -> the coati setting of the same meaning (accepted as ``--name`` and ``--name-with-dashes``)"""
 
@@ -67,7 +70,6 @@ REFUSED: dict[str, str] = {
     "vllm_group_port": "the weight group's port is picked free (--master-port for the trainers')",
     "vllm_gpu_memory_utilization": "--inference-options '{\"gpu_memory_utilization\": 0.5}'",
     "vllm_max_model_length": "--inference-options '{\"max_model_len\": N}' (and -mpt, -mnt)",
-    "vllm_tensor_parallel_size": "-ptp (num_proc_per_producer)",
     "delta": "the two-sided clip is --dual-clip-c",
     "sapo_temperature_neg": _NO_PRESET.format("SAPO"),
     "sapo_temperature_pos": _NO_PRESET.format("SAPO"),
@@ -108,10 +110,8 @@ REFUSED: dict[str, str] = {
         "-tbs counts prompts per DP rank (TRL counts completions): -tbs = per_device_train_batch_size / num_generations"
     ),
     "gradient_accumulation_steps": "-tMbs (train_minibatch_size) and -tmbs (train_microbatch_size) per update",
-    "bf16": "--precision bf16",
     "fp16": "--precision fp16",
     "logging_steps": _LOGS,
-    "save_steps": "-si (save_interval)",
     "eval_steps": "-ei (eval_interval)",
     "eval_strategy": "-ei (eval_interval): held-out evaluations before, every N steps and after",
     "save_strategy": "-si (save_interval)",

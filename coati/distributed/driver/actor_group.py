@@ -222,6 +222,9 @@ class ActorGroups:
         self.producers, self.consumers, self.senders = [], [], []
         self.critics: list = []
         """the critic's ranks (PPO), none without a critic"""
+        self.references: list = []
+        """the reference servers (``layout.ref_procs``), none where each consumer holds the reference"""
+        self.reference_info: list[dict] = []
         self.critic_info: list[dict] = []
         self.weight_groups: list[str] = []
         self.shared_gpus: dict[int, object] = {}
@@ -235,7 +238,9 @@ class ActorGroups:
         p, env = self.plan, actor_env()
         self._start_watchdog()
         servers = [s for slots in p.server_slots.values() for s in slots if s is not None]
-        self.shared_gpus = reserve_shared_gpus(p.producer_slots + p.consumer_slots + servers)
+        self.shared_gpus = reserve_shared_gpus(
+            p.producer_slots + p.consumer_slots + p.critic_slots + p.ref_slots + servers
+        )
         self.reward_servers, pings = start_reward_servers(self.cfg.reward, p, self.run_name, self.shared_gpus, env)
         if self.shared_gpus:  # a server on a GPU an engine shares loads first: the engine sizes itself by what is free
             self.server_info = get(pings, "reward model setup")
@@ -243,7 +248,9 @@ class ActorGroups:
         if consumers:
             self._start_consumers(env)
             self._start_critics(env)
-        for kind, group in (("producer", self.producers), ("consumer", self.consumers), ("critic", self.critics)):
+            self._start_references(env)
+        groups = ("producer", self.producers), ("consumer", self.consumers), ("critic", self.critics)
+        for kind, group in (*groups, ("reference", self.references)):
             for i, a in enumerate(group):
                 ACTOR_NAMES[a._actor_id.hex()] = f"{self.run_name}-{kind}-{i}"
         producers = [a.setup.remote() for a in self.producers]
@@ -255,6 +262,7 @@ class ActorGroups:
         self.producer_info = get(producers, "producer setup")
         self.consumer_info = get(consumers, "consumer setup")
         self.critic_info = get(critics, "critic setup")
+        self.reference_info = get([a.ping.remote() for a in self.references], "reference server setup")
         self.cores = {}
         # the CPUs each node lets its actors run on
         for info in self.producer_info + self.consumer_info + self.critic_info:
@@ -269,6 +277,7 @@ class ActorGroups:
             [(f"producer-{i}", info) for i, info in enumerate(self.producer_info)]
             + [(f"consumer-{i}", info) for i, info in enumerate(self.consumer_info)]
             + [(f"critic-{i}", info) for i, info in enumerate(self.critic_info)]
+            + [(f"reference-{i}", info) for i, info in enumerate(self.reference_info)]
             + list(zip(servers, self.server_info, strict=True))
         )
 
@@ -336,6 +345,20 @@ class ActorGroups:
                 name=f"{self.run_name}-critic-{rank}",
             )
             self.critics.append(actor.remote(rank, role))
+
+    def _start_references(self, env: dict) -> None:
+        """The reference servers of the layout, each a whole replica on its planned slot."""
+        import ray
+
+        from coati.distributed.trainer.reference import ReferenceServer  # deferred: imports torch and transformers
+
+        for i, slot in enumerate(self.plan.ref_slots):
+            actor = ray.remote(ReferenceServer).options(
+                **actor_options(slot, self.shared_gpus),
+                **cpu_actor_env(env, slot.num_gpus),
+                name=f"{self.run_name}-reference-{i}",
+            )
+            self.references.append(actor.remote(self.plan.train_model_path, self.cfg.generation.temperature))
 
     def threads(self, producers: bool, consumers: bool) -> tuple[list, list]:
         """Threads for each producer and each consumer while the producers (``producers``) and/or the consumers
@@ -476,13 +499,23 @@ class ActorGroups:
             for c, t in zip(self.critics, self.critic_threads(generating), strict=True)
         ]
 
-    def experience(self, batch_ref, rows: int, width: int, values: bool, logprobs: bool, generating: bool) -> dict:
-        """What a step's batch needs before it trains, at once: the critic's values (``values``) and the policy's
-        and reference's log-probs (``logprobs``), each [rows, width] float32 put together from the ranks' shards."""
+    def experience(
+        self, batch_ref, rows: int, width: int, values: bool, logprobs: bool, generating: bool, ref: bool = False
+    ) -> dict:
+        """What a step's batch needs before it trains, at once: the critic's values (``values``), the policy's
+        log-probs and, without servers of its own, the reference's (``logprobs``), the reference servers' (``ref``),
+        each [rows, width] float32 put together from the ranks' shards."""
         import numpy as np
 
         self.train_calls += 1
         asks = {}
+        if ref and self.references:  # the rows split evenly over the servers, each on a thread
+            k = len(self.references)
+            bounds = [rows * i // k for i in range(k + 1)]
+            asks["references"] = [
+                a.logprobs.remote(batch_ref, np.arange(bounds[i], bounds[i + 1]), 1, self.train_calls)
+                for i, a in enumerate(self.references)
+            ]
         if values:
             asks["values"] = [
                 c.values.remote(batch_ref, t, self.train_calls)
@@ -495,12 +528,14 @@ class ActorGroups:
             ]
         answers = {k: get(v, f"the step's {k} before training") for k, v in asks.items()}
         out = {}
-        for key, names in (("values", ("values",)), ("logprobs", ("old", "ref"))):
+        for key, names in (("values", ("values",)), ("logprobs", ("old", "ref")), ("references", ("ref",))):
             for name in names if key in answers else ():
                 full = np.zeros((rows, width), dtype=np.float32)
-                for part in filter(None, answers[key]):
+                parts = [part for part in answers[key] if part and name in part]
+                for part in parts:
                     full[part["rows"]] = part[name]
-                out[name] = full
+                if parts:
+                    out[name] = full
         return out
 
     def evaluate(self) -> list[dict]:
@@ -543,7 +578,7 @@ class ActorGroups:
         servers = [a for group in getattr(self, "reward_servers", {}).values() for _, a in group]
         WATCH.clear()
         watchdog = [self.watchdog] if hasattr(self, "watchdog") else []
-        for a in self.producers + self.consumers + self.critics + servers + watchdog:
+        for a in self.producers + self.consumers + self.critics + self.references + servers + watchdog:
             ray.kill(a)
         for g in self.shared_gpus.values():
             ray.util.remove_placement_group(g)

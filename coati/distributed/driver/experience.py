@@ -25,7 +25,7 @@ class ExperienceMaker:
     @property
     def needed(self) -> bool:
         a = self.algo
-        return a.uses_critic or a.kl_in_reward or a.normalize_reward
+        return a.uses_critic or a.kl_in_reward or a.normalize_reward or bool(self.actors.references)
 
     def attach(self, batch: RolloutBatch, generating: bool) -> tuple[RolloutBatch, dict]:
         """``batch`` with its experience, and the experience's metrics; the KL controller then moves by the batch's
@@ -34,9 +34,15 @@ class ExperienceMaker:
 
         a, metrics = self.algo, {}
         parts = {}
-        if a.uses_critic or a.kl_in_reward:
+        if a.uses_critic or a.kl_in_reward or self.actors.references:
             parts = self.actors.experience(
-                ray.put(batch), len(batch), batch.response_ids.shape[1], a.uses_critic, a.kl_in_reward, generating
+                ray.put(batch),
+                len(batch),
+                batch.response_ids.shape[1],
+                a.uses_critic,
+                a.kl_in_reward,
+                generating,
+                ref=bool(self.actors.references),
             )
         scored = batch.rewards[~batch.left_out()]
         if a.normalize_reward:

@@ -140,7 +140,13 @@ class Run:
             c, path = self.cfg.consumer, os.path.join(folder, "adapter")
             export_lora(self.actors, c, self.plan.train_model_path, self.tokenizer, path)
 
-        also = adapter if self.cfg.consumer.lora_rank else None
+        def extras(folder: str) -> None:
+            if self.cfg.consumer.lora_rank:
+                adapter(folder)
+            if self.cfg.run.save_hf_checkpoints:  # the policy as a Hugging Face folder, as final/ holds it
+                self.save(os.path.join(folder, "hf"))
+
+        also = extras if self.cfg.consumer.lora_rank or self.cfg.run.save_hf_checkpoints else None
         buffer = self.rollouts.buffer
         self.last_checkpoint = write_checkpoint(
             self.actors, manager, step, buffer.state(), buffer.ledger.state(), meta, also=also

@@ -35,6 +35,7 @@ from coati.distributed.rollout.data import (
     rows_digest,
 )
 from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
+from coati.distributed.runtime.layout import plan_roles
 from coati.distributed.runtime.placement import alive_nodes, check_free, plan_placement, plan_servers
 from coati.distributed.trainer.plan import TrainerPlan
 from coati.registry import use_user_folders, user_folders
@@ -129,6 +130,8 @@ class Plan(Inputs):
     """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
     critic_slots: list
     """where the critic's ranks run (none without a critic)"""
+    ref_slots: list
+    """where the reference servers run (``layout.ref_procs``; none: each consumer holds the reference)"""
 
 
 def check_inputs(config: Config) -> Inputs:
@@ -316,20 +319,9 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
 
     if not ray.is_initialized():
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
-    critics = cfg.critic.num_procs if cfg.algo_config.uses_critic else 0
-    producers, trainers = plan_placement(
-        alive_nodes(),
-        cfg.producer.num_producers,
-        cfg.producer.num_proc_per_producer,
-        cfg.consumer.num_consumer_procs + critics,
-        r.cpus_per_actor,
-        r.colocate,
-    )
-    # the critic's ranks after the policy's: on the highest-index nodes
-    consumers, critic_slots = trainers[: cfg.consumer.num_consumer_procs], trainers[cfg.consumer.num_consumer_procs :]
-    server_slots, producers = plan_reward_servers(cfg.reward, alive_nodes(), producers)
+    producers, consumers, critic_slots, server_slots, ref_slots = place_roles(cfg)
     check_free(
-        resources_needed(cfg.reward, producers + consumers + critic_slots),
+        resources_needed(cfg.reward, producers + consumers + critic_slots + ref_slots),
         ray.available_resources,
         ray.cluster_resources(),
     )
@@ -360,7 +352,35 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         server_slots=server_slots,
         in_flight=in_flight,
         critic_slots=critic_slots,
+        ref_slots=ref_slots,
     )
+
+
+def place_roles(cfg: Config) -> tuple[list, list, list, dict, list]:
+    """(producer, consumer, critic, {reward component: server slots}, reference server slots): by the run's layout
+    where it has one (``runtime.layout``), else producers low, consumers and then the critic high, the reward's
+    servers by their placement."""
+    r, lay, nodes = cfg.run, cfg.layout, alive_nodes()
+    critics = cfg.critic.num_procs if cfg.algo_config.uses_critic else 0
+    p = cfg.producer
+    if not lay.active:
+        producers, trainers = plan_placement(
+            nodes, p.num_producers, p.num_proc_per_producer, cfg.consumer.num_consumer_procs + critics,
+            r.cpus_per_actor, r.colocate,
+        )  # fmt: skip
+        # the critic's ranks after the policy's: on the highest-index nodes
+        n = cfg.consumer.num_consumer_procs
+        server_slots, producers = plan_reward_servers(cfg.reward, nodes, producers)
+        return producers, trainers[:n], trainers[n:], server_slots, []
+    producers, _ = plan_placement(nodes, p.num_producers, p.num_proc_per_producer, 0, r.cpus_per_actor)
+    rm = cfg.reward.rm
+    counts = {"actor": cfg.consumer.num_consumer_procs, "critic": critics, "ref": lay.ref_procs}
+    counts["reward"] = rm.servers if rm.path is not None else 0
+    slots = plan_roles(nodes, lay, counts, producers, r.cpus_per_actor)
+    server_slots, producers = plan_reward_servers(cfg.reward, nodes, producers)
+    if "reward" in slots:
+        server_slots["rm"] = slots["reward"]
+    return producers, slots["actor"], slots.get("critic", []), server_slots, slots.get("ref", [])
 
 
 def rollout_plan(config: Config, plan: Plan) -> RolloutPlan:
@@ -392,6 +412,7 @@ def trainer_plan(config: Config, plan: Plan, master_addr: str, master_port: int)
     """The consumers' role plan: their section, the algorithm, how rows were sampled and the group size, the resolved
     model, and where rank 0's process group listens (chosen once the actors are placed)."""
     return TrainerPlan(
+        reference_inside=not plan.ref_slots,
         world_size=config.consumer.num_consumer_procs,
         master_addr=master_addr,
         master_port=master_port,

@@ -11,6 +11,7 @@ import torch
 
 from coati.distributed.reward.reward_model import RewardModel
 from coati.distributed.runtime.liveness import HEARTBEAT_S, Stall, note_progress, start_heartbeat, watchdog_name
+from coati.distributed.runtime.placement import whereabouts
 from coati.distributed.runtime.startup import mark, marks
 
 
@@ -36,7 +37,7 @@ class RewardModelServer:
 
     def ping(self) -> dict:
         """Answered once the model has loaded: the server's start-up marks (``startup``)."""
-        return {"startup": marks()}
+        return {**whereabouts(), "startup": marks()}
 
 
 class RewardModelClient:

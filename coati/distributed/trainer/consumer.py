@@ -40,6 +40,7 @@ class GRPOConsumer:
         self.cfg, self.algo, self.generation = plan.consumer, plan.algorithm, plan.generation
         self.n = plan.num_generations
         self.seed = plan.seed
+        self.reference_inside = plan.reference_inside
 
     def setup(self) -> dict:
         """Build the engine and the units over it; returns where the rank runs, how it computes and its start-up
@@ -52,7 +53,8 @@ class GRPOConsumer:
             self.master_port,
             self.model_path,
             self.cfg,
-            self.algo.beta + self.algo.init_kl_coef,  # a reference for the KL in the loss or in the reward
+            # a reference for the KL in the loss or in the reward, unless servers of its own hold it
+            (self.algo.beta + self.algo.init_kl_coef) * self.reference_inside,
             self.seed,
             self.threads,
         )
@@ -96,16 +98,16 @@ class GRPOConsumer:
 
     def experience(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict | None:
         """The KL penalty's log-probs of this rank's DP shard before the step trains: {"rows", "old", "ref"} (float32
-        [S, R]: the policy's and the reference's), from the rank of each shard that holds them (TP rank 0); None from
-        the others."""
+        [S, R]: the policy's and, where this rank holds the reference, the reference's), from the rank of each shard
+        that holds them (TP rank 0); None from the others."""
         e = self.engine
+        out = {}
         with self.threads.running(call, threads):
-            rows = self.runner.shard_rows(batch)
-            old = self.passes.logprobs_no_grad(e.model, batch, rows)
-            ref = self.passes.logprobs_no_grad(e.ref_model, batch, rows)
-        if e.tp_rank != 0:
-            return None
-        return {"rows": rows, "old": old.float().cpu().numpy(), "ref": ref.float().cpu().numpy()}
+            out["rows"] = rows = self.runner.shard_rows(batch)
+            out["old"] = self.passes.logprobs_no_grad(e.model, batch, rows).float().cpu().numpy()
+            if e.ref_model is not None:
+                out["ref"] = self.passes.logprobs_no_grad(e.ref_model, batch, rows).float().cpu().numpy()
+        return out if e.tp_rank == 0 else None
 
     # ---- weights ---------------------------------------------------------------------------------------------
 

@@ -30,3 +30,6 @@ class TrainerPlan:
     num_generations: int
     """completions per prompt (the group size the estimators work over)"""
     seed: int = 0
+    reference_inside: bool = True
+    """each consumer holds the reference (for KL in the loss or the reward); False: reference servers of their own
+    compute its log-probs, handed to the step with its batch"""
