@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from coati.distributed.config.cli import flags, parse_command
 from coati.distributed.config import openrlhf
+from coati.distributed.config.cli import flags, parse_command
 from coati.distributed.config.trl import REFUSED, SAME
 
 trl = pytest.importorskip("trl")  # installed with the test requirements (benchmarks/requirements.txt)
