@@ -1,8 +1,8 @@
 """TRL's ``GRPOConfig`` names on coati's command line: each field TRL documents either is a flag (``SAME``: the same
 setting under TRL's name, ``--max_completion_length 64`` is ``-mnt 64``) or is refused with the nearest coati
-setting or the reason there is none (``REFUSED``); ``--bf16``, a switch in both TRL and OpenRLHF, is converted with
-OpenRLHF's flags (``openrlhf.SWITCHES``: ``--precision bf16``). ``tests/unit/test_trl.py`` checks the table against TRL's
-own class, so a field TRL adds is noticed."""
+setting or the reason there is none (``REFUSED``); ``--bf16``, a switch in both TRL and OpenRLHF, is converted
+with OpenRLHF's flags (``openrlhf.SWITCHES``: ``--precision bf16``). ``tests/unit/test_trl.py`` checks the table
+against TRL's own class, so a field TRL adds is noticed."""
 
 from __future__ import annotations
 
