@@ -52,7 +52,8 @@ def test_kl_in_the_loss_and_the_estimators_map():
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        ("--adam_offload", "OpenRLHF's --adam_offload is not a coati flag: the optimizer's states"),
+        ("--packing_samples", "OpenRLHF's --packing_samples is not a coati flag: each group's prompt"),
+        ("--adam_offload", "cpu_offload moves ZeRO's optimizer states to host memory: it needs zero_stage 1 or 2"),
         ("--advantage_estimator gea", r"unknown; one of .* \(did you mean gae\?\)"),
         ("--train_batch_size 30 --n_samples_per_prompt 4", r"\(samples\) / --n_samples_per_prompt = 30 does not"),
         ("-t 2 --rollout_batch_size 8", "give the actor's size as --actor_num_nodes"),

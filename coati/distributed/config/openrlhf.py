@@ -56,6 +56,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "vllm_enable_sleep": ("--sleep-while-training",),
     "load_checkpoint": ("--resume", "latest"),
     "bf16": ("--precision", "bf16"),
+    "adam_offload": ("--cpu-offload",),
     "apply_chat_template": (),
 }
 """OpenRLHF's store_true flags -> the coati flags they set (apply_chat_template is coati's default)"""
@@ -81,7 +82,6 @@ OTHER = ("advantage_estimator", "use_wandb", "use_kl_loss", "eps_clip", "eps_cli
 """flags converted by hand below"""
 
 REFUSED: dict[str, str] = {
-    "adam_offload": "the optimizer's states already live in host memory on a CPU; on GPUs use --zero 1 or 2",
     "deepspeed_enable_sleep": "trainers are not offloaded between phases; --sleep-while-training frees the engines'",
     "flash_attn": "the attention implementation follows the model and device (SDPA on CPU)",
     "packing_samples": "each group's prompt is computed once (--share-prompt-forward); groups are not packed together",

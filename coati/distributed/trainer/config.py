@@ -22,10 +22,24 @@ class PluginConfig:
     """training precision: fp32, bf16 or fp16 (fp16 needs CUDA)"""
     pp_num_microbatches: int = 1
     """micro-batches per pipeline pass when pp_size > 1"""
+    cpu_offload: bool = False
+    """keep ZeRO's optimizer states and fp32 master weights in host memory and step them there (zero_stage 1 or 2;
+    on a CPU they are there already: the same update)"""
 
     def __post_init__(self):
         positive(self, "tp_size", "pp_size", "pp_num_microbatches")
+        require(
+            self.zero_stage != 3,
+            "zero_stage=3 is refused: ColossalAI 0.5's ZeRO-3 paths need an accelerator (Gemini moves its chunks to "
+            "CUDA; its torch FSDP plugin pins FSDP to the CUDA device, and FSDP refuses a CPU-only host) and are not "
+            "wired here; use zero_stage 2, with cpu_offload to keep the optimizer's states in host memory",
+        )
         require(self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2, got {self.zero_stage}")
+        require(
+            not self.cpu_offload or self.zero_stage in (1, 2),
+            f"cpu_offload moves ZeRO's optimizer states to host memory: it needs zero_stage 1 or 2, got "
+            f"{self.zero_stage}",
+        )
         require(
             self.precision in ("fp32", "bf16", "fp16"),
             f"precision must be fp32, bf16 or fp16, got {self.precision!r}",

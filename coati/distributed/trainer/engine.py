@@ -162,6 +162,7 @@ def make_plugin(cfg: ConsumerConfig):
         tp_size=p.tp_size,
         pp_size=p.pp_size,
         zero_stage=p.zero_stage,
+        cpu_offload=p.cpu_offload,
         precision=p.precision,
         # With clipping off the norm is still measured (every step reports it, and a non-finite one skips the step):
         # a bound no gradient reaches.
