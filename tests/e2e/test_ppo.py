@@ -1,7 +1,8 @@
 """PPO with a learned critic, end to end with real Ray and ColossalAI: the critic's value loss falls and its explained
 variance rises on a task whose return the prompt decides; its export loads in transformers with its head; a run
 resumed from a checkpoint continues exactly (the critic's optimizer, the adaptive KL controller and the running reward
-statistics included); the critic's warm-up leaves the policy untouched; the vLLM engine serves the policy as well."""
+statistics included); the critic's warm-up leaves the policy untouched; a time limit ends a run after the step that
+passes it; the vLLM engine serves the policy as well."""
 
 import pytest
 import torch
@@ -73,10 +74,13 @@ def test_a_resumed_ppo_run_continues_exactly(ray_cluster, tiny, tmp_path):
     assert {k: resumed[0][k] for k in keys} == {k: straight[2][k] for k in keys}
 
 
-def test_the_critics_warm_up_leaves_the_policy_untouched(ray_cluster, tiny, tmp_path):
+def test_the_critics_warm_up_leaves_the_policy_untouched_and_a_time_limit_ends_the_run(ray_cluster, tiny, tmp_path):
     from safetensors.torch import load_file
 
-    out = launch(config_from_dict(ppo_tree(tiny, tmp_path, 1, freeze_actor_steps=1)))
+    tree = ppo_tree(tiny, tmp_path, 3, freeze_actor_steps=1)
+    tree["run"]["time_limit_s"] = 1e-3  # the first step ends past it: the run ends there, saved as at its end
+    out = launch(config_from_dict(tree))
+    assert [m["step"] for m in out["history"]] == [1]
     before, after = load_file(f"{tiny}/model.safetensors"), load_file(f"{out['final_model']}/model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert out["history"][0]["critic/grad_norm"] > 0

@@ -160,6 +160,9 @@ class RunConfig:
     default job's, runs DEMO_STEPS)"""
     num_episodes: int = 1
     """passes over the training prompts"""
+    time_limit_s: float | None = None
+    """end the run after the first step that finishes this many seconds into the training loop (evaluated and saved
+    as at its last step; None: no limit); equal budgets for side-by-side comparisons"""
     max_staleness: int = 1
     """k: no trained row was sampled more than k weight versions before the weights it trains; producers roll out
     up to k steps ahead while consumers train (0: synchronous on-policy)"""
@@ -239,6 +242,8 @@ class RunConfig:
         )
         if self.max_steps is not None:
             positive(self, "max_steps")
+        if self.time_limit_s is not None:
+            finite(self, "time_limit_s", low=0, strict=True)
         positive(self, "num_episodes", "keep_checkpoints")
         for name in ("max_staleness", "eval_interval", "save_interval", "max_restarts"):
             value = getattr(self, name)

@@ -193,14 +193,16 @@ class Run:
             check_declared(evals[-1])
             if on_step is not None:
                 on_step({**evals[-1], "eval_samples": predictions} if predictions else dict(evals[-1]))
+        limit, started = self.cfg.run.time_limit_s, time.monotonic()
         for step in range(self.progress.start_step + 1, total + 1):
             if step == self.progress.start_step + 1:
                 phase(f"step {step}: first rollouts and training")
             metrics = self._step(step, total)
             if step == self.progress.start_step + 1:
                 phase(FIRST_STEP_TRAINED)  # the start-up account ends here, before any evaluation after the step
+            last = step == total or (limit is not None and time.monotonic() - started >= limit)
             predictions = None
-            if self.plan.eval_dataset and ((eval_interval and step % eval_interval == 0) or step == total):
+            if self.plan.eval_dataset and ((eval_interval and step % eval_interval == 0) or last):
                 predictions = self._evaluate_at(step, evals)
                 metrics.update(evals[-1])
             history.append(metrics)
@@ -208,8 +210,10 @@ class Run:
             if on_step is not None:
                 on_step({**metrics, "eval_samples": predictions} if predictions else metrics)
             check_engine_trainer_gap(metrics, tolerance, step)
-            if manager is not None and ((save_interval and step % save_interval == 0) or step == total):
+            if manager is not None and ((save_interval and step % save_interval == 0) or last):
                 self.checkpoint(manager, step)
+            if last:  # the horizon, or the time limit: evaluated and saved as the run's end
+                break
         self.rollouts.settle()
         groups = self.account_groups()
         final = self.save(final_folder(save_dir)) if save_dir else None
