@@ -183,6 +183,20 @@ def test_plots_draw_evaluations_as_points_the_schedule_as_it_is_and_name_series_
     assert [(legend, style) for legend, style, _ in lines["reward"][1]] == [("drawn completions", "smoothed")]
     assert {"grad_norm", "time", "groups"} <= set(lines)
     assert [legend for legend, _, _ in lines["time"][1]] == ["whole step", "training"]
+    assert "critic" not in lines  # no critic trained
+
+
+def test_a_ppo_run_plots_its_critic():
+    from coati.distributed.driver.reporting import plot_lines
+
+    history = [
+        {"step": s, "critic/value_loss": 1 / s, "critic/explained_variance": s / 4, "critic/values_mean": 0.1 * s}
+        for s in range(1, 5)
+    ]
+    lines = plot_lines(history)
+    assert [k for k, _, _ in lines["critic"][1]] == ["value loss", "explained variance"]
+    assert lines["critic"][1][1][2] == [(1, 0.25), (2, 0.5), (3, 0.75), (4, 1.0)]
+    assert [k for k, _, _ in lines["values"][1]] == ["value before training"]
 
 
 def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path, monkeypatch):

@@ -27,6 +27,8 @@ PLOTS = {
         ["reward/strict_accuracy", "reward/lenient_accuracy", "eval/strict", "eval/lenient", "eval/at_max"],
     ),
     "kl": ("KL (nats per token)", ["loss/approx_kl", "loss/kl"]),
+    "critic": ("the critic (PPO)", ["critic/value_loss", "critic/explained_variance", "critic/clipfrac"]),
+    "values": ("value and return (mean per token)", ["critic/values_mean", "critic/return_mean"]),
     "entropy": ("entropy (nats per token)", ["actor/entropy"]),
     "response_length": ("response length (tokens)", ["response/length_mean"]),
     "learning_rate": ("learning rate", ["actor/lr"]),
@@ -37,6 +39,11 @@ PLOTS = {
 """file name -> (y axis label, the series it draws); a series that is absent or zero at every step is not drawn (the
 KL with beta 0, say), and a plot with no series is not written"""
 LABELS = {
+    "critic/value_loss": "value loss",
+    "critic/explained_variance": "explained variance",
+    "critic/clipfrac": "value clip fraction",
+    "critic/values_mean": "value before training",
+    "critic/return_mean": "return",
     "reward/mean": "drawn completions",
     "reward/train_batch_mean": "trained completions",
     "reward/strict_accuracy": "training, strict",
