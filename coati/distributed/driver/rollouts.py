@@ -57,10 +57,12 @@ class Rollouts:
         """draws in a row in which the reward scored no completion"""
 
     def draw_sizes(self, missing_groups: int) -> list[int]:
-        """Prompts each producer draws in one round. Synchronous runs (k = 0) ask for no more than the step lacks, since
-        a leftover group would be stale by the next step; otherwise every producer draws ``inference_batch_size``."""
+        """Prompts each producer draws in one round. A run that keeps every group it draws (no dynamic sampling) asks
+        for no more than the steps it draws for lack (the step's, or with k >= 1 the next k steps'), since a leftover
+        group would be dropped as stale later (PPO drew 16 prompts a round for steps of 4 and dropped 12); with
+        dynamic sampling, which drops groups without signal, every producer draws ``inference_batch_size``."""
         size, n = self.cfg.producer.inference_batch_size, len(self.actors.producers)
-        if self.max_staleness >= 1:
+        if self.max_staleness >= 1 and self.cfg.algo_config.dynamic_sampling:
             return [size] * n
         missing = max(missing_groups, 1)
         return [min(size, missing // n + (i < missing % n)) for i in range(n)]
