@@ -7,6 +7,9 @@ loop, the held-out accuracy before and after (lenient and strict) and its gain, 
 variance and value loss over the first and last five steps.
 
     python benchmarks/bench_ppo.py [--time-limit-s 360] [--algos PPO DAPO] [--out runs/bench_ppo] [-- extra flags]
+
+An entry of ``--algos`` may carry flags of its own run after a colon, ``PPO:--critic-learning-rate=1e-4``
+(comma-separated); the flags after ``--`` go to every run.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from benchmarks.results_file import write_result  # noqa: E402
 from coati.distributed.driver.run_folder import run_of  # noqa: E402
 
 
-def run(algo: str, args, extra: list[str]) -> dict:
-    project = f"ppo-bench-{algo.lower()}"
+def run(i: int, entry: str, args, extra: list[str]) -> dict:
+    algo, _, own = entry.partition(":")
+    flags = [f for f in own.split(",") if f]
+    project = f"ppo-bench-{i}-{algo.lower()}"
     cmd = [sys.executable, str(ROOT / "rl_example.py"), "--algo", algo, "--time-limit-s", str(args.time_limit_s)]
-    cmd += ["--max-steps", "1000", "--save-dir", args.out, "-p", project, "--overwrite", "--no-progress", *extra]
-    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return summarize(Path(run_of(str(Path(args.out) / project))), algo)
+    cmd += ["--max-steps", "1000", "--save-dir", args.out, "-p", project, "--overwrite", "--no-progress"]
+    subprocess.run([*cmd, *flags, *extra], check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return {**summarize(Path(run_of(str(Path(args.out) / project))), algo), "flags": flags}
 
 
 def _mean(values: list) -> float | None:
@@ -82,13 +87,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench_ppo"))
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
-    results = [run(algo, args, extra) for algo in args.algos]
+    results = [run(i, entry, args, extra) for i, entry in enumerate(args.algos)]
     print(f"\n== default job, {args.time_limit_s:.0f} s of training loop each ==")
     for r in results:
         critic = r.get("critic") or {}
         ev = critic.get("explained_variance_last5")
         print(
-            f"{r['algo']:>6} {r['steps']:>4} steps {r['completions_per_s']:.3f} completions/s, lenient "
+            f"{r['algo']:>6} {' '.join(r['flags']):>28} {r['steps']:>4} steps "
+            f"{r['completions_per_s']:.3f} completions/s, lenient "
             f"{r['lenient'][0]:.3f} -> {r['lenient'][1]:.3f} (gain {r['lenient_gain']:+.3f})"
             + (f", critic explained variance last 5 steps {ev:.3f}" if ev is not None else "")
         )
