@@ -293,6 +293,20 @@ def test_a_checkpoint_recorded_with_the_flat_reward_section_resumes_under_the_ne
         check_compatible({"config": {**old, "reward": {**flat, "rm_servers": 3}}}, {"config": record}, "step-3")
 
 
+def test_a_checkpoint_recorded_before_ppos_fields_existed_resumes_a_run_that_leaves_them_at_their_defaults():
+    """A DAPO checkpoint written before the critic section and PPO's algorithm fields existed matches the same run
+    now; a run that sets one of those fields is told so."""
+    from coati.distributed.driver.checkpoint import check_compatible, config_dict
+
+    record = config_dict(Config())
+    old = {k: v for k, v in record.items() if k != "critic"}
+    old["algorithm"] = {k: v for k, v in record["algorithm"].items() if k not in ("gamma", "lam", "init_kl_coef")}
+    check_compatible({"config": old}, {"config": record}, "step-3")
+    changed = config_dict(Config(algorithm={"gamma": 0.9}))
+    with pytest.raises(ValueError, match=r"config.algorithm.gamma: checkpoint None, this run 0.9"):
+        check_compatible({"config": old}, {"config": changed}, "step-3")
+
+
 def test_every_preset_names_registered_functions():
     """A run that overrides no function name is not checked against the registries (they import torch): the
     presets' names are checked here instead."""

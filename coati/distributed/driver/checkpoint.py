@@ -66,10 +66,13 @@ def check_compatible(saved: dict, current: dict, where: str, allow=()) -> None:
     written with the reward section flat is read under the nested names."""
     a, b = {_nested(k): v for k, v in _flatten(saved).items()}, _flatten(current)
     allowed = set(RESUMABLE_CHANGES) | set(allow)
+    added = _added_defaults()
     diffs = [
         k
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in allowed)
+        if a.get(k) != b.get(k)
+        and not any(k == p or k.startswith(p + ".") for p in allowed)
+        and not (k not in a and k in added and added[k] == b.get(k))
     ]
     if diffs:
         lines = "".join(f"\n  {k}: checkpoint {_short(a.get(k))}, this run {_short(b.get(k))}" for k in diffs)
@@ -80,6 +83,17 @@ def check_compatible(saved: dict, current: dict, where: str, allow=()) -> None:
         if len(allowable) < len(diffs):
             fix += " (the model's weights or data differ: a checkpoint resumes its own run only)"
         raise ValueError(f"checkpoint {where} does not match this run; {fix}:{lines}")
+
+
+def _added_defaults() -> dict:
+    """Every recorded field at its default, under the names ``check_compatible`` compares: a field a checkpoint
+    written before it existed does not record (the critic section, PPO's algorithm fields) matches a run that leaves
+    it at its default, the value that run trained with."""
+    from coati.distributed.algo.config import AlgorithmConfig
+
+    record = json.loads(json.dumps({"config": Config().training_record()}, default=str))
+    algorithm = json.loads(json.dumps(dataclasses.asdict(AlgorithmConfig()), default=str))
+    return {**_flatten(record), **_flatten({"config": {"algorithm": algorithm}})}
 
 
 def _short(value, limit: int = 80) -> str:
