@@ -59,7 +59,7 @@ def test_cpu_nodes_take_the_roles_by_cpus():
             [node(i, 8) for i in range(3)],
             LayoutConfig(actor_nodes=1, critic_nodes=1, ref_nodes=1, ref_procs=8),
             {"actor": 8, "critic": 8, "ref": 8},
-            r"needs 3 whole nodes \(ref 1, critic 1, actor 1\) beside the producers' 1; the cluster has 2 more",
+            r"the layout needs 3 whole nodes \(ref 1, critic 1, actor 1\) beside the producers' 1; the cluster has 2",
         ),
         (
             [node(0, 8), node(1, 4)],
