@@ -43,8 +43,8 @@ def test_colocations_share_nodes_and_gpus():
     assert [s.num_gpus for s in slots["ref"]] == [0.5, 0.5]
 
 
-def test_cpu_nodes_take_the_roles_by_cpus():
-    nodes = [node(i, 0, cpus=2) for i in range(3)]
+def test_cpu_nodes_take_the_roles_by_cpus_and_a_node_without_cpus_holds_none():
+    nodes = [node(9, 0, cpus=0)] + [node(i, 0, cpus=2) for i in range(3)]  # a head started with no CPUs first
     producers, _ = plan_placement(nodes, 1, 1, 0)
     layout = LayoutConfig(actor_nodes=1, critic_nodes=1)
     slots = plan_roles(nodes, layout, {"actor": 2, "critic": 1, "ref": 0, "reward": 0}, producers, 0.5)

@@ -61,7 +61,10 @@ def test_a_consumer_is_built_from_its_plan_and_rank_only():
     params = [p for p in inspect.signature(GRPOConsumer.__init__).parameters if not p.startswith("_ray")]
     assert params == ["self", "rank", "plan"]
     config = config_from_dict({"producer": {"num_generations": 8}, "consumer": {"num_consumer_procs": 1}})
-    role = trainer_plan(config, SimpleNamespace(train_model_path="/models/t"), "10.0.0.1", 29500)
+    role = trainer_plan(config, SimpleNamespace(train_model_path="/models/t", ref_slots=[]), "10.0.0.1", 29500)
     assert role == TrainerPlan(
         1, "10.0.0.1", 29500, "/models/t", config.consumer, config.algo_config, config.generation, 8, config.run.seed
     )
+    assert role.reference_inside  # no reference servers of its own: each consumer holds the reference
+    outside = trainer_plan(config, SimpleNamespace(train_model_path="/models/t", ref_slots=["slot"]), "10.0.0.1", 1)
+    assert not outside.reference_inside

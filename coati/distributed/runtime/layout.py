@@ -114,8 +114,10 @@ def plan_roles(
     """{role: one slot per process} for the roles ``layout`` places (``counts``: processes per role, 0 for a role
     the run does not have), on the nodes ``producers`` (planned before, lowest first) leave whole."""
     used = {s.node_id for s in producers}
-    free = [n for n in nodes if n["NodeID"] not in used]
     gpus = any(n["Resources"].get("GPU", 0) for n in nodes)
+    # a node with none of what roles run on (a head started with no CPUs, a CPU node in a GPU cluster) holds no role
+    kind = "GPU" if gpus else "CPU"
+    free = [n for n in nodes if n["NodeID"] not in used and n["Resources"].get(kind, 0) > 0]
     groups = [(lead, k, tuple(r for r in roles if counts.get(r))) for lead, k, roles in layout.groups()]
     groups = [g for g in groups if g[2]]
     need = sum(k for _, k, _ in groups)
@@ -123,7 +125,7 @@ def plan_roles(
         wanted = ", ".join(f"{'+'.join(roles)} {k}" for _, k, roles in groups)
         raise ValueError(
             f"the layout needs {need} whole nodes ({wanted}) beside the producers' {len(used)}; the cluster has "
-            f"{len(free)} more alive ({len(nodes)} in all): add nodes or lower the layout's node counts"
+            f"{len(free)} more alive with {kind}s ({len(nodes)} in all): add nodes or lower the layout's node counts"
         )
     slots: dict[str, list[Slot]] = {}
     share = 0
