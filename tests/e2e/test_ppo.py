@@ -99,3 +99,25 @@ def test_ppo_trains_with_the_vllm_engine(ray_cluster, vllm_tiny, tmp_path):
     for m in out["history"]:
         assert m["weights/attested"] > 0 and m["critic/grad_norm"] > 0 and m["actor/grad_norm"] > 0
     assert out["history"][1]["reward/kl"] > 0  # the policy moved away from the reference
+
+
+def test_a_tensor_parallel_critic_trains_as_a_whole_one(ray_cluster, vllm_tiny, tmp_path):
+    """The critic under TP=2 (its value head whole on both ranks) takes the step a single-process critic takes, in
+    fp32, and exports whole."""
+    from transformers import AutoModelForTokenClassification
+
+    def step(folder, **plugin):
+        tree = ppo_tree(vllm_tiny, folder, 1)
+        tree["critic"].update(compute_dtype="fp32", num_procs=plugin.get("tp_size", 1), plugin=plugin)
+        tree["consumer"]["compute_dtype"] = "fp32"
+        return launch(config_from_dict(tree))
+
+    whole, split = step(tmp_path / "whole"), step(tmp_path / "tp", tp_size=2)
+    a, b = whole["history"][0], split["history"][0]
+    assert a["reward/mean"] == b["reward/mean"]  # the same rollouts
+    for key in ("critic/value_loss", "critic/grad_norm", "critic/return_mean"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4), key
+    one = AutoModelForTokenClassification.from_pretrained(f"{whole['final_model']}/critic").state_dict()
+    two = AutoModelForTokenClassification.from_pretrained(f"{split['final_model']}/critic").state_dict()
+    assert one.keys() == two.keys()
+    assert all(torch.allclose(one[k], two[k], atol=1e-5) for k in one)

@@ -191,10 +191,14 @@ def test_the_critic_section_is_refused_where_no_critic_trains_and_splits_the_pro
         ValueError, match=r"critic settings \['learning_rate'\] given, but --algo DAPO .*trains no critic"
     ):
         config_from_dict({"critic": {"learning_rate": 1e-3}})
-    with pytest.raises(ValueError, match="critic num_procs \\* minibatches = 3 must divide 4"):
+    with pytest.raises(ValueError, match="critic DP ranks \\* minibatches = 3 must divide 4"):
         config_from_dict({"algo": "PPO", "critic": {"num_procs": 3}})
-    with pytest.raises(ValueError, match="critic plugin tp_size=1, pp_size=1"):
-        config_from_dict({"algo": "PPO", "critic": {"plugin": {"tp_size": 2}}})
+    with pytest.raises(ValueError, match="critic plugin pp_size=1"):
+        config_from_dict({"algo": "PPO", "critic": {"num_procs": 2, "plugin": {"pp_size": 2}}})
+    with pytest.raises(ValueError, match="critic num_procs=3 is not divisible by critic plugin tp_size=2"):
+        config_from_dict({"algo": "PPO", "critic": {"num_procs": 3, "plugin": {"tp_size": 2}}})
+    tp = config_from_dict({"algo": "PPO", "critic": {"num_procs": 2, "plugin": {"tp_size": 2}}}).critic_trainer()
+    assert tp.dp_size == 1 and tp.train_batch_size == 4  # two TP ranks share one DP rank's 4 prompts
     with pytest.raises(ValueError, match="pp_size=2"):
         config_from_dict({"algo": "PPO", "consumer": {"num_consumer_procs": 2, "plugin": {"pp_size": 2}}})
     cfg = config_from_dict(

@@ -391,13 +391,13 @@ class Config:
                 "parallelism)",
             )
         if algo.uses_critic:
-            prompts, dp = self.global_train_batch_size, self.critic.num_procs
+            prompts, dp = self.global_train_batch_size, self.critic.dp_size
             minibatches = c.train_batch_size // (c.train_minibatch_size or c.train_batch_size)
             require(
                 prompts % (dp * minibatches) == 0,
                 f"the critic's {dp} DP ranks train the step's {prompts} prompts in {minibatches} minibatches, as the "
-                f"policy: critic num_procs * minibatches = {dp * minibatches} must divide {prompts}; set critic "
-                f"num_procs to a divisor of {prompts // minibatches}",
+                f"policy: critic DP ranks * minibatches = {dp * minibatches} must divide {prompts}; set critic "
+                f"num_procs / tp_size to a divisor of {prompts // minibatches}",
             )
 
     def _check_layout(self) -> None:
@@ -435,7 +435,7 @@ class Config:
         """The critic's training settings as the engine takes them: its own optimiser and layout, the policy's batch
         arithmetic (per critic DP rank)."""
         k, c = self.critic, self.consumer
-        per_rank = self.global_train_batch_size // k.num_procs
+        per_rank = self.global_train_batch_size // k.dp_size
         minibatches = c.train_batch_size // (c.train_minibatch_size or c.train_batch_size)
         return ConsumerConfig(
             num_consumer_procs=k.num_procs,

@@ -19,7 +19,7 @@ class CriticConfig:
     """the critic's starting weights: a Hugging Face folder of a causal LM (a fresh value head is added), a reward
     model or a critic this run exported (their head is kept); None: the policy's weights with a fresh head"""
     num_procs: int = 1
-    """critic training processes (data parallel, ZeRO within them)"""
+    """critic training processes (data parallel x tensor parallel, ZeRO within the data-parallel ranks)"""
     learning_rate: float = 9e-6
     """the critic's learning rate (the peak, under a schedule)"""
     lr_schedule: str = "constant"
@@ -42,7 +42,7 @@ class CriticConfig:
     """also write the trained critic as a Hugging Face folder, final/critic (AutoModelForTokenClassification with
     one label loads it)"""
     plugin: PluginConfig = field(default_factory=PluginConfig)
-    """the critic's parallel layout (data parallelism and ZeRO 0-2)"""
+    """the critic's parallel layout (data and tensor parallelism, ZeRO 0-2)"""
 
     def __post_init__(self):
         require(
@@ -65,8 +65,16 @@ class CriticConfig:
         )
         p = self.plugin
         require(
-            p.tp_size == 1 and p.pp_size == 1,
-            f"the critic trains with data parallelism and ZeRO (critic plugin tp_size=1, pp_size=1); got tp_size="
-            f"{p.tp_size}, pp_size={p.pp_size}: coati's tensor- and pipeline-parallel policy shards an LM head, "
-            "not a value head; raise critic num_procs instead",
+            p.pp_size == 1,
+            f"the critic trains with data and tensor parallelism and ZeRO (critic plugin pp_size=1); got pp_size="
+            f"{p.pp_size}: its values come from the whole model's last hidden states; use tp_size or num_procs",
         )
+        require(
+            self.num_procs % p.tp_size == 0,
+            f"critic num_procs={self.num_procs} is not divisible by critic plugin tp_size={p.tp_size}; use a multiple "
+            f"of {p.tp_size}",
+        )
+
+    @property
+    def dp_size(self) -> int:
+        return self.num_procs // self.plugin.tp_size

@@ -59,8 +59,11 @@ class CriticConsumer:
             return self.step.run(batch, total_steps or self.step.step_count + 1)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The critic's weights on CPU under the Hugging Face names (every rank holds them whole)."""
-        return {k: v.detach().cpu().clone() for k, v in self.engine.model.unwrap().state_dict().items()}
+        """The critic's whole weights on CPU under the Hugging Face names; collective over its TP group (every rank
+        takes part, each returns them)."""
+        from coati.distributed.trainer.colossal_policy import gathered_weights  # deferred: imports ColossalAI
+
+        return {k: v.cpu().clone() for k, v in gathered_weights(self.engine.model.unwrap()).items()}
 
     def save_checkpoint(self, folder: str) -> bool:
         os.makedirs(os.path.join(folder, "critic"), exist_ok=True)

@@ -316,7 +316,7 @@ def export_critic(actors, model_path: str, tokenizer, path: str) -> str:
 
     from coati.distributed.trainer.engine import value_model_config  # deferred: imports ColossalAI
 
-    state = get(actors.critics[0].weights.remote(), "gathering the critic's weights")
+    state = get([c.weights.remote() for c in actors.critics], "gathering the critic's weights")[0]  # TP gathers
     bad = [k for k, v in state.items() if not all_finite([v])]
     if bad:
         raise RunError(f"refusing to export {path}: non-finite critic weights in {bad[:5]} ({len(bad)} tensors)")

@@ -13,8 +13,9 @@ What this policy does instead, for any model laid out as ``model.embed_tokens``,
 (Llama, Qwen2, Qwen3, Mistral):
 
 - tensor parallelism: q/k/v and gate/up split by output columns, o and down by input rows, the embedding and the LM
-  head split over the (padded) vocabulary, the LM head's output gathered. transformers 5's attention reshapes with
-  ``-1`` heads, so a shard's attention needs no attribute rewrites.
+  head split over the (padded) vocabulary, the LM head's output gathered (a critic's one-output value head, ``score``,
+  stays whole on every rank: its input, the final norm's output, is whole there). transformers 5's attention reshapes
+  with ``-1`` heads, so a shard's attention needs no attribute rewrites.
 - pipeline parallelism: each stage holds its slice of the layers (the first also the embedding, the last the final
   norm and the LM head), and ``stage_forward`` below runs that slice with transformers 5's own mask and rotary code.
 - otherwise the model keeps transformers' own forward: data parallelism and ZeRO change nothing in it.
@@ -43,10 +44,12 @@ class DecoderLMPolicy(Policy):
         model = self.model
         inner = getattr(model, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-        if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
+        head = hasattr(model, "lm_head") or (hasattr(model, "score") and self.pipeline_stage_manager is None)
+        if inner is None or not all(hasattr(inner, a) for a in needed) or not head:
             raise ValueError(
                 f"{type(model).__name__} is not laid out as a decoder-only LM (model.embed_tokens, model.layers, "
-                f"model.norm, model.rotary_emb, lm_head); coati's ColossalAI policy supports Llama, Qwen2, Qwen3 and "
+                f"model.norm, model.rotary_emb, lm_head, or a critic's score head without pipeline stages); coati's "
+                "ColossalAI policy supports Llama, Qwen2, Qwen3 and "
                 f"Mistral-style models"
             )
         layer = inner.layers[0]
@@ -95,7 +98,8 @@ class DecoderLMPolicy(Policy):
                 kwargs={**vocab, "gather_output": not shard.parallel_output},
             )
             policy[type(model.model)] = ModulePolicyDescription(sub_module_replacement=[embedding])
-            policy[type(model)] = ModulePolicyDescription(sub_module_replacement=[head])
+            if hasattr(model, "lm_head"):  # a critic's value head (score, one output) stays whole on every rank
+                policy[type(model)] = ModulePolicyDescription(sub_module_replacement=[head])
         stages = self.pipeline_stage_manager
         if stages is not None:
             start, end = stages.get_stage_index(stages.distribute_layers(len(model.model.layers)))
