@@ -1,7 +1,8 @@
 """Run as a script: PPO on a simulated cluster laid out as OpenRLHF's multi-node guide lays out its roles. First the
 guide's layout, a node each for the producer, the reference, the reward model, the critic and the actor; then its
-colocated one, the producer on one node and every model on another. Each run trains a step; prints, per run, which
-node each role's actors landed on and which node the plan gave it."""
+colocated one, the producer on one node and every model on another (started, joined and pushed to, not trained: the
+first run trains the roles' step). Prints, per run, which node each role's actors landed on and which node the plan
+gave it."""
 
 import json
 import sys
@@ -36,14 +37,16 @@ def tree(tiny: str, rm: str, layout: dict) -> dict:
     }
 
 
-def landed(config, name: str) -> dict:
+def landed(config, name: str, train: bool) -> dict:
     plan = preflight(config)
     run = Run(config, plan, run_name=name)
     try:
         run.start_actors()
         run.connect_weight_group()
         run.push_weights()
-        step = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)["history"][0]
+        step = {"critic/grad_norm": 0.0}
+        if train:
+            step = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)["history"][0]
         a = run.actors
         actual = {
             "producer": [i["node_id"] for i in a.producer_info],
@@ -59,7 +62,7 @@ def landed(config, name: str) -> dict:
             "ref": [s.node_id for s in plan.ref_slots],
             "reward": [s.node_id for s in plan.server_slots["rm"]],
         }
-        return {"actual": actual, "planned": planned, "trained": step["critic/grad_norm"] > 0}
+        return {"actual": actual, "planned": planned, "trained": step["critic/grad_norm"] > 0 if train else None}
     finally:
         run.shutdown()
 
@@ -78,7 +81,7 @@ if __name__ == "__main__":
     colocated = {"actor_nodes": 1, "colocate_all_models": True, "ref_procs": 1}
     out = {
         "nodes": nodes,
-        "guide": landed(config_from_dict(tree(tiny, rm, guide)), "layout-guide"),
-        "colocated": landed(config_from_dict(tree(tiny, rm, colocated)), "layout-colocated"),
+        "guide": landed(config_from_dict(tree(tiny, rm, guide)), "layout-guide", train=True),
+        "colocated": landed(config_from_dict(tree(tiny, rm, colocated)), "layout-colocated", train=False),
     }
     print("LAYOUT " + json.dumps(out))
