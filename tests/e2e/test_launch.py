@@ -1,5 +1,6 @@
 """End to end on CPU with real Ray actors, real ColossalAI and a tiny model built from a config."""
 
+import dataclasses
 import os
 import socket
 import time
@@ -214,3 +215,6 @@ def test_a_dry_run_checks_and_places_without_starting_actors(ray_cluster, tiny):
         32,
     )
     assert len(plan["producers"]) == len(plan["consumers"]) == 1 and plan["completions_per_step"] == 16
+    assert plan["critics"] == plan["reference_servers"] == []  # GRPO trains no critic
+    ppo = dataclasses.replace(config, algo="PPO", algorithm={})
+    assert len(dry_run(ppo)["critics"]) == 1  # the critic's rank is placed with the others

@@ -130,6 +130,8 @@ def dry_run(config: Config) -> dict:
     return {
         "producers": [dataclasses.asdict(slot) for slot in plan.producer_slots],
         "consumers": [dataclasses.asdict(slot) for slot in plan.consumer_slots],
+        "critics": [dataclasses.asdict(slot) for slot in plan.critic_slots],
+        "reference_servers": [dataclasses.asdict(slot) for slot in plan.ref_slots],
         "reward_servers": {k: len(v) for k, v in plan.server_slots.items()},
         "model": plan.train_model_path,
         "training_rows": plan.num_rows,
