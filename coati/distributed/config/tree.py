@@ -392,7 +392,7 @@ class Config:
             )
         if algo.uses_critic:
             prompts, dp = self.global_train_batch_size, self.critic.dp_size
-            minibatches = c.train_batch_size // (c.train_minibatch_size or c.train_batch_size)
+            minibatches = c.num_minibatches
             require(
                 prompts % (dp * minibatches) == 0,
                 f"the critic's {dp} DP ranks train the step's {prompts} prompts in {minibatches} minibatches, as the "
@@ -436,7 +436,7 @@ class Config:
         arithmetic (per critic DP rank)."""
         k, c = self.critic, self.consumer
         per_rank = self.global_train_batch_size // k.dp_size
-        minibatches = c.train_batch_size // (c.train_minibatch_size or c.train_batch_size)
+        minibatches = c.num_minibatches
         return ConsumerConfig(
             num_consumer_procs=k.num_procs,
             train_batch_size=per_rank,

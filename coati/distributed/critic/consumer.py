@@ -35,7 +35,7 @@ class CriticConsumer:
             p.master_port,
             p.model_path,
             p.trainer,
-            0.0,  # no reference model
+            False,  # no reference model
             p.seed,
             self.threads,
             value_head=True,

@@ -18,7 +18,7 @@ from coati.distributed.record import RolloutBatch
 from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
-from coati.distributed.trainer.forward import model_inputs, token_budget_chunks, trim_padding
+from coati.distributed.trainer.forward import model_inputs, row_tensors, token_budget_chunks
 from coati.distributed.trainer.step import StepPlan, dp_all_reduce, step_estimate, step_loss_mask
 from coati.distributed.trainer.step_metrics import StepMetrics
 
@@ -34,17 +34,10 @@ class CriticStep:
 
     def plan(self, batch: RolloutBatch) -> StepPlan:
         e, c = self.engine, self.cfg
-        assert c.train_minibatch_size is not None
-        return StepPlan(
-            len(batch), e.dp_size, e.dp_rank, c.train_batch_size // c.train_minibatch_size, c.num_iterations
-        )
+        return StepPlan(len(batch), e.dp_size, e.dp_rank, c.num_minibatches, c.num_iterations)
 
     def tensors(self, batch: RolloutBatch, rows) -> dict[str, torch.Tensor]:
-        arrays = {n: getattr(batch, n)[rows] for n in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")}
-        return {
-            k: torch.from_numpy(np.ascontiguousarray(a)).to(self.engine.device)
-            for k, a in trim_padding(**arrays).items()
-        }
+        return row_tensors(batch, rows, self.engine.device)
 
     def forward(self, t: dict) -> torch.Tensor:
         """[N, R] V(s_t) before each of the R response tokens: the head's output at the position that predicts it."""
@@ -71,8 +64,9 @@ class CriticStep:
         for chunk in self.chunks(batch, rows[ordered]):
             idx = ordered[chunk]
             self.threads.apply()
-            v = self.forward(self.tensors(batch, rows[idx]))
-            out[idx, : v.shape[1]] = (v * self.tensors(batch, rows[idx])["response_mask"]).cpu().numpy()
+            t = self.tensors(batch, rows[idx])
+            v = self.forward(t)
+            out[idx, : v.shape[1]] = (v * t["response_mask"]).cpu().numpy()
         return {"rows": rows, "values": out}
 
     def run(self, batch: RolloutBatch, total_steps: int) -> dict:

@@ -290,41 +290,38 @@ def final_folder(save_dir: str) -> str:
     return os.path.join(save_dir, "final")
 
 
-def export_model(state: dict, model_path: str, tokenizer, path: str) -> str:
-    """Write ``state`` as a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM,
-    atomically (a temporary folder renamed into place)."""
+def export_model(state: dict, model_path: str, tokenizer, path: str, value_head: bool = False) -> str:
+    """Write ``state`` as a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM (with
+    ``value_head``: by AutoModelForTokenClassification, one label, a critic), atomically (a temporary folder renamed
+    into place)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
+    what = "critic weights" if value_head else "weights"
     bad = [k for k, v in state.items() if not all_finite([v])]
     if bad:
-        raise RunError(f"refusing to export {path}: non-finite weights in {bad[:5]} ({len(bad)} tensors)")
+        raise RunError(f"refusing to export {path}: non-finite {what} in {bad[:5]} ({len(bad)} tensors)")
+    if value_head:
+        from coati.distributed.trainer.engine import value_model_config  # deferred: imports ColossalAI
+
+        config, cls = value_model_config(model_path), AutoModelForTokenClassification
+    else:
+        config, cls = AutoConfig.from_pretrained(model_path), AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    model.tie_weights()
+        model = cls.from_config(config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if not value_head:
+        model.tie_weights()  # a tied LM head is missing from the state: the embedding's
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
-    assert not still_meta and not unexpected, (still_meta, unexpected)
+    assert not still_meta and not unexpected and not (value_head and missing), (still_meta, unexpected, missing)
     return write_atomically(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 
 def export_critic(actors, model_path: str, tokenizer, path: str) -> str:
-    """The critic (rank 0's weights: data-parallel ranks hold the same) as a Hugging Face folder that
-    ``AutoModelForTokenClassification`` loads with its value head, atomically."""
-    import torch
-    from transformers import AutoModelForTokenClassification
-
-    from coati.distributed.trainer.engine import value_model_config  # deferred: imports ColossalAI
-
-    state = get([c.weights.remote() for c in actors.critics], "gathering the critic's weights")[0]  # TP gathers
-    bad = [k for k, v in state.items() if not all_finite([v])]
-    if bad:
-        raise RunError(f"refusing to export {path}: non-finite critic weights in {bad[:5]} ({len(bad)} tensors)")
-    with torch.device("meta"):
-        model = AutoModelForTokenClassification.from_config(value_model_config(model_path))
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    assert not missing and not unexpected, (missing, unexpected)
-    return write_atomically(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+    """The critic (rank 0's weights: data-parallel ranks hold the same; every rank takes part in the TP gathers) as
+    a Hugging Face folder that ``AutoModelForTokenClassification`` loads with its value head (``export_model``)."""
+    state = get([c.weights.remote() for c in actors.critics], "gathering the critic's weights")[0]
+    return export_model(state, model_path, tokenizer, path, value_head=True)
 
 
 def export_adapter(adapter: dict, lora_config, tokenizer, path: str) -> str:

@@ -190,6 +190,12 @@ class ConsumerConfig:
         return self.num_consumer_procs // (self.plugin.tp_size * self.plugin.pp_size)
 
     @property
+    def num_minibatches(self) -> int:
+        """optimizer steps per pass over a step's batch: train_batch_size / train_minibatch_size"""
+        assert self.train_minibatch_size is not None  # resolved in __post_init__
+        return self.train_batch_size // self.train_minibatch_size
+
+    @property
     def lora_scale(self) -> float | None:
         """alpha / r, what a producer multiplies the adapter's B A by (None without LoRA)"""
         return self.lora_alpha / self.lora_rank if self.lora_rank else None

@@ -54,7 +54,7 @@ class GRPOConsumer:
             self.model_path,
             self.cfg,
             # a reference for the KL in the loss or in the reward, unless servers of its own hold it
-            (self.algo.beta + self.algo.init_kl_coef) * self.reference_inside,
+            (self.algo.beta > 0 or self.algo.kl_in_reward) and self.reference_inside,
             self.seed,
             self.threads,
         )

@@ -181,7 +181,12 @@ def load_policy(model_path: str, cfg: ConsumerConfig, device: torch.device, seed
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return for_training(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), cfg, device)
+
+
+def for_training(model, cfg: ConsumerConfig, device: torch.device):
+    """``model`` as a consumer trains it: without a KV cache, its attention for ``device``, with gradient
+    checkpointing as configured (the policy's and the critic's alike)."""
     model.config.use_cache = False
     attention.use(model, device)
     if cfg.gradient_checkpointing:
@@ -222,11 +227,7 @@ def load_value_model(model_path: str, cfg: ConsumerConfig, device: torch.device,
         torch.nn.init.zeros_(head.weight)
         if head.bias is not None:
             torch.nn.init.zeros_(head.bias)
-    model.config.use_cache = False
-    attention.use(model, device)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
+    return for_training(model, cfg, device)
 
 
 def boosted_policy(model_path: str, cfg: ConsumerConfig, plugin, booster, device, seed: int, value_head: bool = False):
@@ -256,13 +257,13 @@ def build_engine(
     master_port: int,
     model_path: str,
     cfg: ConsumerConfig,
-    beta: float,
+    reference: bool,
     seed: int,
     threads: ThreadLease,
     value_head: bool = False,
 ) -> Engine:
     """Launch ColossalAI, load and boost the policy (a critic's value model with ``value_head``), and load the
-    reference model when ``beta`` > 0.
+    reference model with ``reference`` (a KL to it in the loss or the reward, held by this rank).
 
     The weights live in flat buffers laid out as a transformers producer's, so pushes go in a few transfers and are
     received in place. ZeRO's optimizer keeps views of each parameter's storage for its gathers, so there the weights
@@ -281,7 +282,7 @@ def build_engine(
         flatten_parameters(model.unwrap())  # after boosting: only the parameters this rank holds
     last_stage = p.pp_size == 1 or plugin.stage_manager.is_last_stage()
     ref_model = None
-    if beta > 0 and last_stage:  # a whole unsharded replica, needed only where the loss is computed
+    if reference and last_stage:  # a whole unsharded replica, needed only where the loss is computed
         ref_model = reference_model(model_path, device)
         lease_layers += threads.follow_layers(ref_model)  # its forward takes up lends too
     if p.pp_size == 1 and not value_head:  # pipeline stages compute the loss from the model's own logits

@@ -3,6 +3,7 @@ inference backends with. Takes the RolloutBatch layout (left-padded prompt, righ
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from coati.distributed.algo.logprobs import logprobs_and_entropy
@@ -31,6 +32,19 @@ def trim_padding(prompt_ids, prompt_mask, response_ids, response_mask) -> dict:
         "response_ids": response_ids[:, :r],
         "response_mask": response_mask[:, :r],
     }
+
+
+ROW_INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+"""the RolloutBatch arrays a forward pass over its rows reads"""
+
+
+def row_tensors(batch, rows, device, trim: bool = True) -> dict[str, torch.Tensor]:
+    """The model inputs (``ROW_INPUTS``) of ``rows`` of a RolloutBatch on ``device``; with ``trim``, without the
+    columns that are padding in all of them (``trim_padding``)."""
+    arrays = {name: getattr(batch, name)[rows] for name in ROW_INPUTS}
+    if trim:
+        arrays = trim_padding(**arrays)
+    return {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) for name, a in arrays.items()}
 
 
 def token_budget_chunks(prompt_lens, response_lens, unit: int, budget: int, shared: bool) -> list[slice]:

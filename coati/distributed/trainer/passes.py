@@ -13,7 +13,7 @@ from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
-from coati.distributed.trainer.forward import LAYOUTS, choose_layout, pair_cost, token_budget_chunks, trim_padding
+from coati.distributed.trainer.forward import LAYOUTS, choose_layout, pair_cost, row_tensors, token_budget_chunks
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,7 @@ class Passes:
 
     def tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
         """The model inputs of ``rows``; with ``trim``, without the columns that are padding in all of them."""
-        arrays = {
-            name: getattr(batch, name)[rows] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-        }
-        if trim:
-            arrays = trim_padding(**arrays)
-        return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.engine.device) for name, a in arrays.items()}
+        return row_tensors(batch, rows, self.engine.device, trim)
 
     def chunks(self, batch: RolloutBatch, rows) -> list[slice]:
         """``rows`` (in their order) split into forward/backward passes: ``train_microbatch_size`` rows each, or as

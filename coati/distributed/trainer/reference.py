@@ -13,7 +13,7 @@ from coati.distributed.runtime.liveness import start_heartbeat
 from coati.distributed.runtime.placement import whereabouts
 from coati.distributed.runtime.startup import mark, marks
 from coati.distributed.runtime.threads import ThreadLease
-from coati.distributed.trainer.forward import sequence_logprobs, token_budget_chunks, trim_padding
+from coati.distributed.trainer.forward import row_tensors, sequence_logprobs, token_budget_chunks
 
 
 class ReferenceServer:
@@ -43,9 +43,7 @@ class ReferenceServer:
         with self.threads.running(call, threads):
             lengths = batch.prompt_mask[rows].sum(-1), batch.response_lengths[rows]
             for chunk in token_budget_chunks(*lengths, 1, self.budget, False):
-                names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-                arrays = trim_padding(**{n: getattr(batch, n)[rows[chunk]] for n in names})
-                t = {k: torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for k, a in arrays.items()}
+                t = row_tensors(batch, rows[chunk], self.device)
                 self.threads.apply()
                 lp, _ = sequence_logprobs(self.model, **t, temperature=self.temperature, vocab_size=self.vocab_size)
                 out[chunk, : lp.shape[1]] = lp.float().cpu().numpy()

@@ -159,7 +159,7 @@ class StepRunner:
             len(batch),
             e.dp_size,
             e.dp_rank,
-            self.cfg.train_batch_size // self.cfg.train_minibatch_size,
+            self.cfg.num_minibatches,
             self.cfg.num_iterations,
         )
         loss_mask = step_loss_mask(batch, self.algo)
