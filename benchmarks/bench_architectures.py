@@ -58,6 +58,7 @@ def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
             "lr": 3e-3,
             "reward_fn_type": "benchmarks.bench_architectures:digit_fraction",
             "train_microbatch_size": 8,
+            "compute_dtype": "fp32",  # "auto" computes in bf16 on a CPU with AVX512-BF16
         },
         num_generations=4,
         core_algo="GRPO",

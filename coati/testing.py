@@ -44,7 +44,10 @@ def char_tokenizer(path: str | Path | None = None):
     return fast
 
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+"""the mixture-of-experts families ``build_tiny_model`` writes: 8 experts, 2 routed per token (Qwen2-MoE adds its
+shared expert)"""
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", *MOE_ARCHITECTURES)
 """the families ``build_tiny_model`` writes (each from its current transformers config)"""
 
 
@@ -121,6 +124,10 @@ DECODER_CONFIGS = {
     "gemma2": "Gemma2Config",
     "gemma3": "Gemma3TextConfig",
     "phi3": "Phi3Config",
+    "qwen3_moe": "Qwen3MoeConfig",
+    "mixtral": "MixtralConfig",
+    "olmoe": "OlmoeConfig",
+    "qwen2_moe": "Qwen2MoeConfig",
 }
 """the transformers config class of each decoder family but GPT-2"""
 
@@ -140,7 +147,15 @@ def _decoder_config(
 ):
     import transformers
 
-    sized_heads = head_dim is not None or arch in ("qwen3", "gemma2", "gemma3", "llama", "mistral")
+    sized_heads = head_dim is not None or arch in (
+        "qwen3",
+        "gemma2",
+        "gemma3",
+        "llama",
+        "mistral",
+        "qwen3_moe",
+        "mixtral",
+    )
     return getattr(transformers, DECODER_CONFIGS[arch])(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -151,8 +166,24 @@ def _decoder_config(
         max_position_embeddings=max_positions,
         tie_word_embeddings=tied,
         **({"head_dim": head_dim or hidden_size // num_heads} if sized_heads else {}),
+        **(_experts(arch, intermediate_size or 2 * hidden_size) if arch in MOE_ARCHITECTURES else {}),
         **special,
     )
+
+
+def _experts(arch: str, intermediate_size: int) -> dict:
+    """8 experts, top-2, each expert's width ``intermediate_size``; the routed weights renormalised to sum to 1 as
+    the family's released models do (Mixtral and Qwen3-MoE: yes; OLMoE and Qwen2-MoE: no)."""
+    experts = {"num_experts_per_tok": 2, "output_router_logits": False}
+    if arch == "mixtral":
+        return {**experts, "num_local_experts": 8}
+    # Routed weights renormalised over the top k as each family's released checkpoints set it.
+    experts |= {"num_experts": 8, "norm_topk_prob": arch == "qwen3_moe"}
+    if arch in ("qwen3_moe", "qwen2_moe"):
+        experts |= {"moe_intermediate_size": intermediate_size, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if arch == "qwen2_moe":
+        experts["shared_expert_intermediate_size"] = intermediate_size
+    return experts
 
 
 def build_tiny_reward_model(path: str | Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:

@@ -16,6 +16,7 @@ from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.options import TransformersOptions
 from coati.distributed.model import attention, lora
+from coati.distributed.model.checkpoint_format import to_checkpoint
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.transport.wire_layout import flatten_parameters
@@ -185,7 +186,8 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
             return adapter_fingerprints(adapter, version, scale, served, self._lora_base)
         if self._transposed is None:
             self._transposed = transposed_weights(self.model.config)
-        return fingerprints(self.weight_destinations(), version, transposed=self._transposed)
+        held = to_checkpoint(self.model, self.weight_destinations())  # as the consumers attest (a MoE's experts)
+        return fingerprints(held, version, transposed=self._transposed)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from coati.distributed.inference.hints import INSTALL_HINTS
 from coati.distributed.inference.options import BackendOptions
-from coati.distributed.model.architectures import head_size
+from coati.distributed.model.architectures import expert_width, head_size
 
 CPU_KV_CACHE_GIB = 1.0
 CPU_BLOCK_SIZE = 32
@@ -31,6 +31,9 @@ def on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+CPU_EXPERT_ALIGN = 32
+"""vLLM 0.32's CPU MoE kernel pads an expert's intermediate size to a multiple of this; a push is repacked for it
+(``vllm_worker.repack_experts``) only unpadded, so a model with other widths is refused (``check_model``)"""
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """head sizes vLLM 0.32's CPU attention computes (``CPUAttentionBackend.get_supported_head_sizes``; a test checks
 this list against the installed engine's)"""
@@ -92,6 +95,18 @@ class VLLMOptions(BackendOptions):
             raise ValueError(
                 f"{where} has attention heads of size {size}, which vLLM's CPU attention does not "
                 f"support (it does {', '.join(map(str, CPU_HEAD_SIZES))}); use the transformers backend "
+                "(-b transformers) on this machine"
+            )
+        if config.get("model_type") == "olmoe" and config.get("norm_topk_prob"):
+            raise ValueError(
+                f"{where} is an OLMoE with norm_topk_prob=true, which vLLM's OLMoE ignores (it always routes with "
+                "the unnormalised top-k weights); use the transformers backend (-b transformers)"
+            )
+        width = expert_width(config)
+        if not gpu and width is not None and width % CPU_EXPERT_ALIGN:
+            raise ValueError(
+                f"{where}'s experts are {width} wide, which vLLM's CPU MoE kernel pads to a multiple of "
+                f"{CPU_EXPERT_ALIGN}, and pushes are repacked for it only unpadded; use the transformers backend "
                 "(-b transformers) on this machine"
             )
 

@@ -10,6 +10,7 @@ import torch
 
 from coati.distributed.inference.sampling import inverse_cdf_forward
 from coati.distributed.model import lora
+from coati.distributed.model.checkpoint_format import meta_model, to_checkpoint
 from coati.distributed.transport import TorchGroup, ray_broadcast_tensor_dict
 from coati.distributed.transport.attest import adapter_fingerprints, column, crc, tied_weights
 
@@ -66,6 +67,10 @@ class WeightSyncExtension:
         the threads it ran with. It is loaded whole (``reload_weights`` takes an iterator and processes a layer once
         all of its tensors are in), so the engine never runs on a half-loaded model."""
         (received, device), self._coati_push = self._coati_push, None
+        # The push carries the trainer's layout; vLLM's loaders read the checkpoint's (a MoE's experts one by one).
+        if not hasattr(self, "_coati_meta"):
+            self._coati_meta = meta_model(self.model_config.hf_config)
+        received = list(to_checkpoint(self._coati_meta, dict(received)).items())
         # The consumer sends a tied weight once. vLLM's reload re-processes a layer only when one of its tensors
         # arrives, so without this the CPU build kept the LM head packed from the old weights (rollout log-probs 0.9
         # away from the trainer's after one push on a tiny tied model; GPT-2's head never followed its wte).
@@ -74,6 +79,7 @@ class WeightSyncExtension:
             if target not in names and source in names:
                 received.append((target, names[source]))
         self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
+        repack_experts(self.model_runner.model, [name for name, _ in received])
         if device.type == "cuda":
             torch.cuda.synchronize()
         return torch.get_num_threads()
@@ -122,6 +128,7 @@ class WeightSyncExtension:
             if name.rsplit(".", 2)[0] in layers
         ]
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        repack_experts(self.model_runner.model, [name for name, _ in weights])
         self._coati_adapter = (adapter, scale)
         return version, sum(t.numel() * t.element_size() for t in adapter.values())
 
@@ -160,8 +167,11 @@ class WeightSyncExtension:
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         out: dict[str, tuple[torch.Tensor, list]] = {}
         for module_name, module in model.named_modules():
+            experts = expert_weights(module_name, module)
+            for name, matrix in (experts or {}).items():
+                out[name] = (matrix[:, column(name, version, matrix.shape[1])], list(matrix.shape))
             for param_name, param in module.named_parameters(recurse=False):
-                if param.ndim == 0:
+                if param.ndim == 0 or (experts is not None and param_name in EXPERT_PARAMS):
                     continue
                 prefix, _, leaf = module_name.rpartition(".")
                 names = (
@@ -218,8 +228,10 @@ class WeightSyncExtension:
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         out: dict[str, torch.Tensor] = {}
         for module_name, module in model.named_modules():
+            experts = expert_weights(module_name, module)
+            out.update({name: matrix.to("cpu").clone() for name, matrix in (experts or {}).items()})
             for param_name, param in module.named_parameters(recurse=False):
-                if param.ndim == 0:  # quantisation scales
+                if param.ndim == 0 or (experts is not None and param_name in EXPERT_PARAMS):  # scales; experts
                     continue
                 value = param.detach()
                 if param_name == "weight" and value.numel() == 0 and hasattr(module, "cpu_linear"):
@@ -236,3 +248,92 @@ class WeightSyncExtension:
                     value = value[:vocab]
                 out[f"{module_name}.{param_name}"] = value
         return out
+
+
+EXPERT_PARAMS = ("w13_weight", "w2_weight")
+"""a fused-MoE layer's expert weights: [E, 2I, H] (gate then up) and [E, H, I]"""
+
+
+def expert_weights(module_name: str, module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """A fused mixture-of-experts layer's experts as its kernel computes with them, one [out, in] matrix per expert
+    under the checkpoint's names (``<block>.experts.<e>.<gate|up|down>.weight``, the names the layer loads from,
+    Mixtral's ``w1``/``w3``/``w2``); None for any other module. The CPU kernel's repacking is undone
+    (``unpacked_experts``) and the intermediate padding it adds dropped."""
+    if not all(hasattr(module, p) for p in EXPERT_PARAMS) or not hasattr(module, "ckpt_gate_proj_name"):
+        return None
+    w13, w2 = (unpacked_experts(module, p) for p in EXPERT_PARAMS)
+    if w13.shape[0] != module.global_num_experts:
+        raise ValueError(
+            f"{module_name} holds {w13.shape[0]} of {module.global_num_experts} experts: an engine with expert "
+            "parallelism cannot be read back here"
+        )
+    size, padded = module.intermediate_size_per_partition, w13.shape[1] // 2
+    block = module_name.rsplit(".experts", 1)[0]
+    out = {}
+    for e in range(w13.shape[0]):
+        parts = {
+            module.ckpt_gate_proj_name: w13[e, :size],
+            module.ckpt_up_proj_name: w13[e, padded : padded + size],
+            module.ckpt_down_proj_name: w2[e, :, :size],
+        }
+        out.update({f"{block}.experts.{e}.{part}.weight": m for part, m in parts.items()})
+    return out
+
+
+def cpu_packing(module: torch.nn.Module) -> str | None:
+    """The ISA whose layout vLLM's CPU MoE kernel repacks ``module``'s expert weights into (``vec``, ``amx``,
+    ...); None where they stay as loaded (a GPU, another kernel)."""
+    weight = getattr(module, EXPERT_PARAMS[0], None)
+    quant = getattr(module, "quant_method", None)
+    experts = getattr(getattr(quant, "moe_kernel", None), "fused_experts", None)
+    isa = getattr(experts, "isa", None)
+    if weight is None or weight.device.type != "cpu" or not isinstance(isa, str):
+        return None
+    return None if getattr(experts, "_use_zentorch", False) else isa
+
+
+def repack_experts(model: torch.nn.Module, loaded: list[str]) -> int:
+    """Repack the experts of every CPU MoE layer a reload of the ``loaded`` names reached into its kernel's layout;
+    returns the layers repacked.
+
+    vLLM 0.32 packs a layer's experts for its CPU grouped GEMM only on the first load: a reload's weight processing
+    skips the kernel's own step once the kernel exists, and leaves the new weights as loaded, which the kernel then
+    reads as packed (measured: every expert held otherwise than sent, log-probs 0.15 away after one reload of the
+    unchanged checkpoint). Packed here in place, as the first load packed them."""
+    from vllm import _custom_ops as ops
+
+    repacked = 0
+    for module_name, module in model.named_modules():
+        isa = cpu_packing(module) if all(hasattr(module, p) for p in EXPERT_PARAMS) else None
+        block = module_name.rsplit(".experts", 1)[0] + ".experts."
+        if isa is None or not any(name.startswith(block) for name in loaded):
+            continue
+        for param in EXPERT_PARAMS:
+            weight = getattr(module, param).data
+            weight.copy_(ops.cpu_prepack_moe_weight(weight.contiguous(), isa))
+        repacked += 1
+    return repacked
+
+
+def unpacked_experts(module: torch.nn.Module, param: str) -> torch.Tensor:
+    """``module.<param>`` in its loaded layout. vLLM's CPU kernel repacks the expert weights for its grouped GEMM
+    after loading (``cpu_prepack_moe_weight``, a permutation of the values within the same shape); the permutation
+    is found by packing the positions themselves, written in digits a few at a time that the dtype holds exactly,
+    and the values are put back where they came from (exact: nothing is computed on them)."""
+    weight = getattr(module, param).detach()
+    isa = cpu_packing(module)
+    if isa is None:
+        return weight
+    from vllm import _custom_ops as ops
+
+    base = 4096 if weight.dtype == torch.float32 else 256  # integers the dtype (fp32; bf16, fp16) holds exactly
+    index = torch.arange(weight.numel(), dtype=torch.int64)
+    positions = torch.zeros_like(index)
+    scale = 1
+    while scale < weight.numel():
+        digit = ((index // scale) % base).to(weight.dtype).reshape(weight.shape)
+        positions += ops.cpu_prepack_moe_weight(digit, isa).reshape(-1).to(torch.int64) * scale
+        scale *= base
+    out = torch.empty_like(weight)
+    out.view(-1)[positions] = weight.reshape(-1)
+    return out

@@ -47,6 +47,21 @@ def head_size(config: dict) -> int | None:
     return hidden // heads if hidden and heads else None
 
 
+def num_experts(config: dict) -> int:
+    """Routed experts per mixture-of-experts layer (0: a dense model)."""
+    config = text_config(config)
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return config[key]
+    return 0
+
+
+def expert_width(config: dict) -> int | None:
+    """A routed expert's intermediate size (Mixtral's experts are its ``intermediate_size``)."""
+    config = text_config(config)
+    return config.get("moe_intermediate_size") or config.get("intermediate_size") if num_experts(config) else None
+
+
 def max_positions(config: dict) -> int | None:
     config = text_config(config)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):

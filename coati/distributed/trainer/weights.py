@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from coati.distributed.model.checkpoint_format import to_checkpoint
 from coati.distributed.model.lora import adapter_tensors, merged_state
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
@@ -45,7 +46,9 @@ class WeightSender:
             ray_broadcast_tensor_dict(state, 0, self.engine.device, self.group, version=version)
         sent = None
         if self.group is not None and state is not None:
-            sent = fingerprints(state, version, *self.layout())
+            # In the checkpoint's layout, as every engine reports what it holds (a MoE's experts one by one).
+            shown = state if self.cfg.lora_rank else to_checkpoint(causal_lm(self.engine.model), state)
+            sent = fingerprints(shown, version, *self.layout())
         return {"seconds": time.perf_counter() - start, "fingerprints": sent}
 
     def layout(self) -> tuple[dict[str, str], frozenset[str]]:
