@@ -101,6 +101,12 @@ class RolloutBatch:
     turn_index: np.ndarray | None = None
     """int64 [N, R] multi-turn episodes: the 1-based model turn each sampled token belongs to, 0 elsewhere (turn k
     spans the tokens where it equals k); None for single-turn rows"""
+    prompt_routes: np.ndarray | None = None
+    """int16 [N, P, L, k] routing replay: the k experts a mixture-of-experts engine routed each prompt token to in
+    each of the model's L MoE layers; -1 on padding (``model/routing.py``)"""
+    response_routes: np.ndarray | None = None
+    """int16 [N, R, L, k] the same for each response token as it was fed back; -1 on padding and on a row's last
+    sampled token (never fed)"""
     experience: Experience | None = None
     """added by the driver to a step's whole batch just before it trains (never selected or concatenated)"""
 
@@ -155,6 +161,10 @@ class RolloutBatch:
             assert self.loss_mask.shape == r, (self.loss_mask.shape, r)
             assert not (self.loss_mask & ~self.response_mask).any(), "loss_mask outside response_mask"
             assert not self.rollout_logprobs[~self.loss_mask].any(), "rollout log-probs off the loss mask"
+        if self.prompt_routes is not None or self.response_routes is not None:
+            assert self.prompt_routes is not None and self.response_routes is not None, "routes come in pairs"
+            p, q = self.prompt_routes.shape, self.response_routes.shape
+            assert p[:2] == self.prompt_ids.shape and q[:2] == r and p[2:] == q[2:], (p, q)
         if self.turn_index is not None:
             assert self.turn_index.shape == r and np.array_equal(self.turn_index > 0, self.trained_mask()), "turn_index"
         return self
@@ -201,11 +211,22 @@ class RolloutBatch:
             out.token_versions = np.concatenate([right(b.token_versions, r, 0) for b in batches])
         if any(b.loss_mask is not None for b in batches):
             out.loss_mask = np.concatenate([right(b.trained_mask(), r, False) for b in batches])
+        prompt_routes = [b.prompt_routes for b in batches if b.prompt_routes is not None]
+        response_routes = [b.response_routes for b in batches if b.response_routes is not None]
+        if len(prompt_routes) == len(response_routes) == len(batches):
+            out.prompt_routes = np.concatenate([_pad_columns(a, p, -1, left=True) for a in prompt_routes])
+            out.response_routes = np.concatenate([_pad_columns(a, r, -1) for a in response_routes])
         if all(b.turn_index is not None for b in batches):
             out.turn_index = np.concatenate([right(b.turn_index, r, 0) for b in batches])
         keys = set.intersection(*(set(b.extras) for b in batches))
         out.extras = {k: np.concatenate([np.asarray(b.extras[k]) for b in batches]) for k in keys}
         return out
+
+
+def _pad_columns(a: np.ndarray, width: int, fill, left: bool = False) -> np.ndarray:
+    """``a`` [N, C, ...] padded to ``width`` columns with ``fill``, on the left or the right."""
+    gap = (width - a.shape[1], 0) if left else (0, width - a.shape[1])
+    return np.pad(a, ((0, 0), gap, *[(0, 0)] * (a.ndim - 2)), constant_values=fill)
 
 
 def oldest_versions(token_versions: np.ndarray, mask: np.ndarray, empty: np.ndarray) -> np.ndarray:

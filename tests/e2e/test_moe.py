@@ -40,3 +40,29 @@ def test_a_moe_trains_on_vllm_with_its_experts_attested_after_every_push(ray_clu
     assert max(gaps) < 1e-4, gaps  # after updates of lr 3e-3: the engine computes with the trained experts
     attested = [m["weights/attested"] for m in history if "weights/attested" in m]
     assert attested and set(attested) == {checkpoint_tensors(path)}, attested  # every expert's matrices compared
+
+
+def test_routing_replay_carries_each_tokens_experts_from_the_engine_to_the_trainer(ray_cluster, tmp_path):
+    """The transformers engine records the routes, the record carries them through the driver, and the trainer
+    replays them: fp32 on both sides and one optimizer step per training step (every pass at the weights that
+    sampled), every replayed token x layer already routes as the engine did (a route landing on another token's
+    column would not), in every step."""
+    path = str(build_tiny_model(tmp_path / "moe", arch="qwen3_moe", hidden_size=128, num_heads=2, vocab_multiple=8))
+    out = launch_distributed(
+        **run_kwargs(
+            path,
+            inference_model_config={"path": path, "dtype": "float32"},
+            grpo_config={
+                "lr": 3e-3,
+                "reward_fn_type": REWARD,
+                "train_microbatch_size": 8,
+                "compute_dtype": "fp32",
+                "routing_replay": True,
+            },
+            max_steps=2,
+            project_name="moe-replay",
+        )
+    )
+    agreement = [m["moe/routing_agreement"] for m in out["history"]]
+    assert agreement == [1.0, 1.0], agreement
+    assert max(m["rollout/engine_trainer_gap_abs"] for m in out["history"]) < 1e-4

@@ -45,9 +45,13 @@ class InferenceBackend(BackendOptions):
     """Base class of the engines; one implementation per module, chosen by name from ``BACKEND_MAP`` through its
     options class (``options.BackendOptions``)."""
 
-    def __init__(self, model_path: str, generation: GenerationConfig, lora_rank: int = 0, **options):
+    def __init__(
+        self, model_path: str, generation: GenerationConfig, lora_rank: int = 0, record_routing: bool = False, **options
+    ):
         # lora_rank (set by engine_options when pushes carry adapters) is for the engines that size for it (vLLM)
         self.check_options(options)
+        self.record_routing = record_routing
+        """record each token's routed experts in the batches (routing replay; set by engine_options)"""
         self.model_path = model_path
         self.generation = generation
         self.options = options

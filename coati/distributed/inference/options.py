@@ -32,6 +32,8 @@ class BackendOptions:
     records the version that sampled each token (``token_versions``)"""
     LORA = False
     """whether the engine applies LoRA pushes (``receive_adapter``)"""
+    ROUTES = False
+    """whether the engine reports the experts each token was routed to (routing replay)"""
     STREAMS = False
     """whether the engine keeps groups across calls (``submit``, ``collect``, ``withdraw``): a producer then keeps it
     full, adding a prompt as each group finishes, instead of generating rounds to their end"""
@@ -55,7 +57,15 @@ class BackendOptions:
 
     @classmethod
     def engine_options(
-        cls, options: Mapping, *, processes: int, sleep: bool, gpu: bool, in_flight: bool = False, lora_rank: int = 0
+        cls,
+        options: Mapping,
+        *,
+        processes: int,
+        sleep: bool,
+        gpu: bool,
+        in_flight: bool = False,
+        lora_rank: int = 0,
+        routing_replay: bool = False,
     ) -> dict:
         """Constructor options for a launch: the user's ``options`` (checked), ``processes`` engine processes per
         producer (``num_proc_per_producer``), whether producers sleep while consumers train, whether pushes load
@@ -79,10 +89,29 @@ class BackendOptions:
                 "in_flight_weight_updates with LoRA is not supported yet: an adapter loads between "
                 "batches; turn one of them off"
             )
+        if routing_replay:
+            cls.check_routing(gpu)
         options = cls.launch_options(options, processes, sleep)
         if lora_rank:
             options["lora_rank"] = lora_rank
+        if routing_replay:
+            options["record_routing"] = True
         return {**options, "in_flight_updates": True} if in_flight else options
+
+    @classmethod
+    def cannot_route(cls, gpu: bool) -> str:
+        """Why the engine reports no routing (``ROUTES`` False)."""
+        return "it has no hook for it"
+
+    @classmethod
+    def check_routing(cls, gpu: bool) -> None:
+        """Refuse routing replay where the engine cannot report its routing."""
+        if not cls.ROUTES:
+            raise ValueError(
+                f"routing_replay=True, but the {cls.engine_name()} engine does not report its routing here "
+                f"({cls.cannot_route(gpu)}); use the transformers backend (-b transformers) or turn "
+                "routing_replay off"
+            )
 
     @classmethod
     def check_processes(cls, processes: int, gpu: bool) -> None:
@@ -119,6 +148,7 @@ class BackendOptions:
 class TransformersOptions(BackendOptions):
     ENGINE = "coati.distributed.inference.transformers_backend:TransformersBackend"
     LORA = True
+    ROUTES = True
     OPTIONS = {
         "device": "torch device (default: cuda when available, else cpu)",
         "dtype": "weights dtype, e.g. bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
@@ -128,6 +158,11 @@ class TransformersOptions(BackendOptions):
 
 class SGLangOptions(BackendOptions):
     ENGINE = "coati.distributed.inference.sglang_backend:SGLangBackend"
+
+    @classmethod
+    def cannot_route(cls, gpu: bool) -> str:
+        return "SGLang's routed-experts return is not wired into coati's records yet"
+
     OPTIONS = {
         "mem_fraction_static": f"fraction of the GPU for weights and KV cache (default {DEFAULT_MEM_FRACTION:g}; "
         "lower it with colocate)",

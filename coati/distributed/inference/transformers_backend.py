@@ -8,6 +8,8 @@ each step scaled by the temperature, the same formula (``token_logprobs``) the t
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
 
@@ -15,7 +17,7 @@ from coati.distributed.algo.logprobs import token_logprobs
 from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.options import TransformersOptions
-from coati.distributed.model import attention, lora
+from coati.distributed.model import attention, lora, routing
 from coati.distributed.model.checkpoint_format import to_checkpoint
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
@@ -95,15 +97,17 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         from transformers import LogitsProcessorList
 
         kwargs = {"tokenizer": self.tokenizer} if self.generation.stop_strings else {}
-        if n > 1 and ids.shape[1] > 1:
-            kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            generation_config=self._generation_config(greedy),
-            logits_processor=LogitsProcessorList([_EachStep(self.between_steps)]),
-            **kwargs,
-        )
+        recorder = routing.Recorder(self.model) if self.record_routing else nullcontext()
+        with recorder:
+            if n > 1 and ids.shape[1] > 1:
+                kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                generation_config=self._generation_config(greedy),
+                logits_processor=LogitsProcessorList([_EachStep(self.between_steps)]),
+                **kwargs,
+            )
         new = out.sequences[:, ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1)
         temperature = 1.0 if greedy else self.generation.temperature
@@ -115,7 +119,27 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
             tokens.append(new[i, :length].tolist())
             lps.append(logprobs[i, :length].tolist())
             finished.append(done)
-        return batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id)
+        batch = batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id)
+        if self.record_routing:
+            self._attach_routes(batch, recorder.blocks, n)
+        return batch
+
+    @staticmethod
+    def _attach_routes(batch: RolloutBatch, blocks: list[np.ndarray], n: int) -> None:
+        """Put the recorded routes (one block per forward: the shared prefill's, one row per group, then each
+        decode step's) on ``batch`` as its prompt and response routes, -1 on padding and where nothing was fed."""
+        if blocks and len(blocks[0]) * n == len(batch) and n > 1:
+            blocks[0] = np.repeat(blocks[0], n, axis=0)  # the prefill ran once per group
+        routes = np.concatenate(blocks, axis=1)  # [N, P + decode steps - 1, L, k]: every fed token
+        p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+        full = np.full((len(batch), p + r, *routes.shape[2:]), -1, dtype=np.int16)
+        width = min(routes.shape[1], p + r)
+        full[:, :width] = routes[:, :width]
+        fed = np.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
+        fed[np.arange(len(batch)), p + batch.response_lengths - 1] = False  # the last sampled token is not fed
+        full[~fed] = -1
+        batch.prompt_routes, batch.response_routes = full[:, :p], full[:, p:]
+        batch.validate()
 
     def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int):
         """The KV cache of each prompt but its last token, computed once and repeated for the prompt's n samples

@@ -111,6 +111,14 @@ class VLLMOptions(BackendOptions):
             )
 
     @classmethod
+    def cannot_route(cls, gpu: bool) -> str:
+        return (
+            "vLLM 0.32 captures routed experts only in its V2 model runner, which needs Triton, so not on a CPU"
+            if not gpu
+            else "vLLM's routed-experts capture (its V2 model runner) is not wired into coati's records yet"
+        )
+
+    @classmethod
     def check_processes(cls, processes: int, gpu: bool) -> None:
         if not gpu and processes != 1:
             raise ValueError(

@@ -49,6 +49,11 @@ METRICS: dict[str, Metric] = {
     "actor/packed_rows_frac": Metric(
         "share of trained rows whose group was packed into one row (its prompt once)", "share"
     ),
+    "moe/routing_agreement": Metric(
+        "routing replay: share of tokens x MoE layers whose own top-k experts were already the engine's, over the "
+        "step's passes (those after an update within the step run on weights that moved on)",
+        "share",
+    ),
     "actor/skipped_steps": Metric("optimizer steps skipped in this step for a non-finite gradient", "steps"),
     "actor/skipped_steps_total": Metric("optimizer steps skipped so far in the run", "steps"),
     "actor/threads": Metric("the most CPU threads a consumer's training step ran with", "threads"),

@@ -97,6 +97,23 @@ def check_layout(config: dict, where: str, tp_size: int, pp_size: int) -> None:
         )
 
 
+ROUTED_FAMILIES = frozenset({"qwen3_moe", "mixtral", "olmoe", "qwen2_moe"})
+"""``model_type`` values whose routers coati records and replays (``model/routing.py``)"""
+
+
+def check_routing(config: dict, where: str) -> None:
+    """Refuse routing replay for a model it cannot route: a dense one, or a family whose router it does not know."""
+    config = text_config(config)
+    family = config.get("model_type")
+    if not num_experts(config):
+        raise ValueError(f"routing_replay=True, but {where} ({family}) has no routed experts; turn routing_replay off")
+    if family not in ROUTED_FAMILIES:
+        raise ValueError(
+            f"routing_replay=True, but {where} is a {family} mixture of experts, whose router coati does not "
+            f"replay (it does {', '.join(sorted(ROUTED_FAMILIES))}); turn routing_replay off"
+        )
+
+
 def check_positions(config: dict, where: str, tokens: int, what: str) -> None:
     """Refuse sequences longer than the model's position table."""
     limit = max_positions(config)

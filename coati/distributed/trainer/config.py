@@ -112,6 +112,10 @@ class ConsumerConfig:
     attention), whichever has the fewer estimated FLOPs for the pass (gradient checkpointing: packing only); used
     when micro-batches hold whole groups (train_microbatch_size a multiple of num_generations) and pp_size is 1,
     otherwise the full forward of every row (said at start-up)"""
+    routing_replay: bool = False
+    """mixture-of-experts models: route each sampled row's tokens in training through the experts the engine routed
+    them to (R3; the trainer's own router probabilities for those experts), so a token near a routing tie does not
+    pass through other experts than it was sampled with; needs an engine that reports its routing (transformers)"""
     lora_rank: int = 0
     """train a LoRA adapter of this rank instead of the whole model (0: full fine-tuning): the base weights stay
     frozen, only the adapter is optimised and pushed, and producers merge it into a kept copy of the base"""

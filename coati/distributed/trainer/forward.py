@@ -38,12 +38,18 @@ ROW_INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 """the RolloutBatch arrays a forward pass over its rows reads"""
 
 
-def row_tensors(batch, rows, device, trim: bool = True) -> dict[str, torch.Tensor]:
+def row_tensors(batch, rows, device, trim: bool = True, routes: bool = False) -> dict[str, torch.Tensor]:
     """The model inputs (``ROW_INPUTS``) of ``rows`` of a RolloutBatch on ``device``; with ``trim``, without the
-    columns that are padding in all of them (``trim_padding``)."""
+    columns that are padding in all of them (``trim_padding``); with ``routes``, also the experts the engine routed
+    each of those columns' tokens to (``routes``: [rows, prompt + response columns, layers, k], ``model/routing``)."""
     arrays = {name: getattr(batch, name)[rows] for name in ROW_INPUTS}
     if trim:
         arrays = trim_padding(**arrays)
+    if routes:
+        p, r = arrays["prompt_ids"].shape[1], arrays["response_ids"].shape[1]
+        width = batch.prompt_ids.shape[1]
+        prompt = batch.prompt_routes[rows][:, width - p :] if p else batch.prompt_routes[rows][:, :0]
+        arrays["routes"] = np.concatenate([prompt, batch.response_routes[rows][:, :r]], axis=1)
     return {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) for name, a in arrays.items()}
 
 

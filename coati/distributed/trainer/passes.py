@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from coati.distributed.inference.config import GenerationConfig
+from coati.distributed.model import routing
 from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 class Passes:
     def __init__(self, engine: Engine, cfg: ConsumerConfig, generation: GenerationConfig, num_generations: int):
         self.engine, self.cfg, self.generation, self.n = engine, cfg, generation, num_generations
+        self.routes = [0, 0]
+        """routing replay: (tokens x MoE layers whose own top-k already was the engine's, those replayed) since
+        ``route_agreement`` last read them"""
         self.share_prompts = self._can_share_prompts()
         """whether passes compute each group's prompt once (``share_prompt_forward``, where the run allows it)"""
         self.layouts = self._allowed_layouts()
@@ -34,6 +38,8 @@ class Passes:
         reason = (
             "pipeline stages pass hidden states, not caches"
             if self.cfg.plugin.pp_size > 1
+            else "routing replay routes each row's own columns"
+            if self.cfg.routing_replay
             else "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
             if self.cfg.gradient_checkpointing and not self.engine.sdpa
             else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}"
@@ -53,7 +59,20 @@ class Passes:
 
     def tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
         """The model inputs of ``rows``; with ``trim``, without the columns that are padding in all of them."""
-        return row_tensors(batch, rows, self.engine.device, trim)
+        return row_tensors(batch, rows, self.engine.device, trim, routes=self.replays(batch))
+
+    def replays(self, batch: RolloutBatch) -> bool:
+        """Whether this batch's rows are routed as the engine routed them (``routing_replay``)."""
+        if self.cfg.routing_replay and batch.prompt_routes is None:
+            raise ValueError("routing_replay is on, but the batch carries no routes: its engine recorded none")
+        return self.cfg.routing_replay
+
+    def route_agreement(self) -> tuple[float, int] | None:
+        """(the share of replayed tokens x MoE layers whose own top-k set was already the engine's, how many were
+        replayed) since the last call; None when none were."""
+        agreed, replayed = self.routes
+        self.routes = [0, 0]
+        return (agreed / replayed, replayed) if replayed else None
 
     def chunks(self, batch: RolloutBatch, rows) -> list[slice]:
         """``rows`` (in their order) split into forward/backward passes: ``train_microbatch_size`` rows each, or as
@@ -94,10 +113,14 @@ class Passes:
     def logprobs(self, model, t: dict, with_entropy: bool = False, layout: str | None = None):
         """Per-token log-probs (and entropy) of a micro-batch's inputs, under the configured precision, in ``layout``
         (None: the one ``layout`` picks)."""
+        t = dict(t)
+        routes = t.pop("routes", None)
         layout = layout or self.layout(t)
         group = {} if layout == "rows" else {"group_size": self.n}
-        with self.engine.compute():
-            return LAYOUTS[layout](
+        assert routes is None or layout == "rows", layout
+        # The policy's passes only: the reference is another model, routed by its own router.
+        with self.engine.compute(), routing.replay(model, routes if model is self.engine.model else None) as replay:
+            out = LAYOUTS[layout](
                 model,
                 **t,
                 **group,
@@ -105,6 +128,10 @@ class Passes:
                 with_entropy=with_entropy,
                 vocab_size=self.engine.vocab_size,
             )
+        if replay is not None:
+            self.routes[0] += replay.agreed
+            self.routes[1] += replay.replayed
+        return out
 
     @torch.no_grad()
     def logprobs_no_grad(self, model, batch: RolloutBatch, rows) -> torch.Tensor:

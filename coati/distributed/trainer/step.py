@@ -190,6 +190,9 @@ class StepRunner:
             step_loss += sum(losses) / e.dp_size / per_step
             e.steps.step(losses, self.step_count * per_step + k, total_steps * per_step, per_step)
         self.step_count += 1
+        agreement = self.passes.route_agreement()
+        if agreement is not None:
+            metrics.add("moe/routing_agreement", *agreement)
         out = metrics.reduce(self._dp_all_reduce if e.dp_size > 1 else None)
         if e.dp_size > 1:
             torch.distributed.all_reduce(step_loss, group=e.plugin.dp_group)

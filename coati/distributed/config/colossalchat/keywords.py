@@ -29,6 +29,7 @@ GRPO_KEYS = {
     "min_lr_ratio": "consumer.min_lr_ratio",
     "gradient_checkpointing": "consumer.gradient_checkpointing",
     "share_prompt_forward": "consumer.share_prompt_forward",
+    "routing_replay": "consumer.routing_replay",
     "lora_rank": "consumer.lora_rank",
     "lora_alpha": "consumer.lora_alpha",
     "lora_dropout": "consumer.lora_dropout",
