@@ -45,7 +45,10 @@ def test_a_dense_models_weights_are_returned_as_they_are(arch, tmp_path):
 def test_the_cpu_vllm_engine_is_refused_for_moes_it_computes_or_reloads_otherwise():
     base = {"model_type": "qwen3_moe", "hidden_size": 128, "num_attention_heads": 2, "head_dim": 64}
     VLLMOptions.check_model({**base, "num_experts": 8, "moe_intermediate_size": 256}, "m", {}, gpu=False)
-    with pytest.raises(ValueError, match=r"m's experts are 48 wide, .* multiple of 32.*-b transformers"):
+    with pytest.raises(
+        ValueError,
+        match=r"m's experts are 48 wide, which vLLM's CPU MoE kernel pads to a multiple of 32.*-b transformers",
+    ):
         VLLMOptions.check_model({**base, "num_experts": 8, "moe_intermediate_size": 48}, "m", {}, gpu=False)
     VLLMOptions.check_model({**base, "num_experts": 8, "moe_intermediate_size": 48}, "m", {}, gpu=True)
     olmoe = {**base, "model_type": "olmoe", "num_experts": 8, "intermediate_size": 256}

@@ -81,3 +81,20 @@ def test_routes_are_padded_with_minus_one_when_batches_concatenate_and_select(mo
     p = a.prompt_ids.shape[1]
     assert np.array_equal(both.prompt_routes[: len(a), -p:], a.prompt_routes)
     assert np.array_equal(both.response_routes[len(a) :, : b.response_ids.shape[1]], b.response_routes)
+
+
+def test_replay_is_refused_for_a_dense_model_an_unknown_router_and_an_engine_that_records_none():
+    from coati.distributed.inference.options import SGLangOptions, TransformersOptions
+    from coati.distributed.inference.vllm_options import VLLMOptions
+    from coati.distributed.model.architectures import check_routing
+
+    check_routing({"model_type": "mixtral", "num_local_experts": 8}, "m")
+    with pytest.raises(ValueError, match=r"m \(llama\) has no routed experts; turn routing_replay off"):
+        check_routing({"model_type": "llama"}, "m")
+    with pytest.raises(ValueError, match=r"m is a deepseek_v3 mixture of experts, whose router coati does not"):
+        check_routing({"model_type": "deepseek_v3", "n_routed_experts": 64}, "m")
+    TransformersOptions.check_routing(gpu=False)
+    with pytest.raises(ValueError, match=r"does not report its routing here \(vLLM 0.32 captures .* needs Triton"):
+        VLLMOptions.check_routing(gpu=False)
+    with pytest.raises(ValueError, match=r"engine does not report its routing here \(SGLang's"):
+        SGLangOptions.check_routing(gpu=True)
