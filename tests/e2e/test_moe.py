@@ -42,27 +42,38 @@ def test_a_moe_trains_on_vllm_with_its_experts_attested_after_every_push(ray_clu
     assert attested and set(attested) == {checkpoint_tensors(path)}, attested  # every expert's matrices compared
 
 
-def test_routing_replay_carries_each_tokens_experts_from_the_engine_to_the_trainer(ray_cluster, tmp_path):
-    """The transformers engine records the routes, the record carries them through the driver, and the trainer
-    replays them: fp32 on both sides and one optimizer step per training step (every pass at the weights that
-    sampled), every replayed token x layer already routes as the engine did (a route landing on another token's
-    column would not), in every step."""
-    path = str(build_tiny_model(tmp_path / "moe", arch="qwen3_moe", hidden_size=128, num_heads=2, vocab_multiple=8))
-    out = launch_distributed(
-        **run_kwargs(
-            path,
-            inference_model_config={"path": path, "dtype": "float32"},
-            grpo_config={
-                "lr": 3e-3,
-                "reward_fn_type": REWARD,
-                "train_microbatch_size": 8,
-                "compute_dtype": "fp32",
-                "routing_replay": True,
-            },
-            max_steps=2,
-            project_name="moe-replay",
+def test_replayed_routes_and_the_routers_losses_from_the_engine_to_the_step_loss(ray_cluster, tmp_path):
+    """One step each, same seed and rollouts, plain and then with routing replay and the router losses weighed.
+    Replay: the transformers engine records the routes, the record carries them through the driver, the trainer
+    replays them; fp32 on both sides, every replayed token x layer already routes as the engine did (a route landing
+    on another token's column would not). Losses: the step's loss differs by exactly the weighed losses the step
+    reports; each MoE layer's load and entropy are reported."""
+    path = str(build_tiny_model(tmp_path / "moe", arch="mixtral", hidden_size=128, num_heads=2, vocab_multiple=8))
+    steps = {}
+    for coefs in ((0.0, 0.0), (0.5, 0.25)):
+        out = launch_distributed(
+            **run_kwargs(
+                path,
+                grpo_config={
+                    "lr": 3e-3,
+                    "reward_fn_type": REWARD,
+                    "train_microbatch_size": 8,
+                    "compute_dtype": "fp32",
+                    "router_aux_loss_coef": coefs[0],
+                    "router_z_loss_coef": coefs[1],
+                    "routing_replay": coefs[0] > 0,
+                },
+                inference_model_config={"path": path, "dtype": "float32"},
+                max_steps=1,
+                project_name=f"moe-router-{coefs[0]}",
+            )
         )
-    )
-    agreement = [m["moe/routing_agreement"] for m in out["history"]]
-    assert agreement == [1.0, 1.0], agreement
-    assert max(m["rollout/engine_trainer_gap_abs"] for m in out["history"]) < 1e-4
+        steps[coefs] = out["history"][0]
+    plain, weighed = steps[(0.0, 0.0)], steps[(0.5, 0.25)]
+    assert "moe/routing_agreement" not in plain and weighed["moe/routing_agreement"] == 1.0
+    added = 0.5 * weighed["moe/load_balancing_loss"] + 0.25 * weighed["moe/router_z_loss"]
+    assert weighed["moe/load_balancing_loss"] >= 2.0 - 1e-6  # k = 2: perfectly even
+    assert weighed["loss/policy"] - plain["loss/policy"] == pytest.approx(added, rel=1e-4, abs=1e-6)
+    for layer in (0, 1):
+        assert 1.0 <= weighed[f"moe/expert_load_layer{layer}"] <= 4.0  # E / k = 4 when every token picks the same two
+        assert 0 < weighed[f"moe/router_entropy_layer{layer}"] <= 2.08  # log 8

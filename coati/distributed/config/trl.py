@@ -24,6 +24,7 @@ SAME: dict[str, str] = {
     "warmup_steps": "consumer.warmup_steps",
     "lr_scheduler_type": "consumer.lr_schedule",
     "gradient_checkpointing": "consumer.gradient_checkpointing",
+    "router_aux_loss_coef": "consumer.router_aux_loss_coef",
     "max_steps": "run.max_steps",
     "num_train_epochs": "run.num_episodes",
     "seed": "run.seed",
@@ -45,7 +46,6 @@ _LOGS = "every step's metrics and sample completions are written to the run fold
 REFUSED: dict[str, str] = {
     "model_init_kwargs": "the model is a folder (-m); its dtype follows --precision and --compute-dtype",
     "trust_remote_code": "only architectures transformers ships are loaded (docs/models.md)",
-    "router_aux_loss_coef": "no router loss is trained yet",
     "disable_dropout": "dropout is off in training as in the engines (eval mode); no setting needed",
     "cast_lm_head_to_fp32": "the log-probs are computed in fp32 already (--precision sets the rest)",
     "num_generations_eval": "held-out evaluation is greedy, one completion per prompt (--eval-size)",

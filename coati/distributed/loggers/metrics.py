@@ -49,6 +49,14 @@ METRICS: dict[str, Metric] = {
     "actor/packed_rows_frac": Metric(
         "share of trained rows whose group was packed into one row (its prompt once)", "share"
     ),
+    "moe/expert_load_layer{k}": Metric(
+        "MoE layer k: the busiest expert's share of the trained tokens' assignments over the mean (1: even)"
+    ),
+    "moe/router_entropy_layer{k}": Metric("MoE layer k: mean entropy of the router over experts", "nats"),
+    "moe/load_balancing_loss": Metric(
+        "the routers' load-balancing loss, mean over MoE layers (k, the experts per token: even routing)"
+    ),
+    "moe/router_z_loss": Metric("the routers' z-loss, mean over MoE layers"),
     "moe/routing_agreement": Metric(
         "routing replay: share of tokens x MoE layers whose own top-k experts were already the engine's, over the "
         "step's passes (those after an update within the step run on weights that moved on)",

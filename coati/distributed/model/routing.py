@@ -103,3 +103,39 @@ def replay(model: torch.nn.Module, routes: torch.Tensor | None):
     finally:
         for h in hooks:
             h.remove()
+
+
+class RouterStats:
+    """Each MoE layer's router logits [T, E] and chosen experts [T, k] over the real tokens of one forward
+    (``router_stats``), in layer order; a recomputation under gradient checkpointing replaces its layer's entry."""
+
+    def __init__(self, layers: list[torch.nn.Module], real: torch.Tensor):
+        self.real = real.reshape(-1).bool()
+        self.logits: list[torch.Tensor | None] = [None] * len(layers)
+        self.experts: list[torch.Tensor | None] = [None] * len(layers)
+
+    def hook(self, layer: int):
+        def keep(module, inputs, output):
+            logits, _, chosen = output
+            self.logits[layer] = logits[self.real.to(logits.device)]
+            self.experts[layer] = chosen[self.real.to(chosen.device)].detach()
+
+        return keep
+
+
+@contextmanager
+def router_stats(model: torch.nn.Module, real: torch.Tensor | None):
+    """Within the block, collect ``model``'s router logits and choices over the tokens ``real`` marks ([rows,
+    positions] of its input, True on real tokens); yields the ``RouterStats`` (None for a model without routers, or
+    without ``real``). Enter it inside ``replay`` so it sees the replayed choices."""
+    layers = routers(model) if real is not None else []
+    if not layers:
+        yield None
+        return
+    state = RouterStats(layers, real)
+    hooks = [r.register_forward_hook(state.hook(i)) for i, r in enumerate(layers)]
+    try:
+        yield state
+    finally:
+        for h in hooks:
+            h.remove()

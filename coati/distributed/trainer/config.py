@@ -116,6 +116,12 @@ class ConsumerConfig:
     """mixture-of-experts models: route each sampled row's tokens in training through the experts the engine routed
     them to (R3; the trainer's own router probabilities for those experts), so a token near a routing tie does not
     pass through other experts than it was sampled with; needs an engine that reports its routing (transformers)"""
+    router_aux_loss_coef: float = 0.0
+    """mixture-of-experts models: weight of the routers' load-balancing loss (``E * sum_e f_e * P_e`` as transformers
+    computes it: k when routing is even), averaged over the MoE layers (0: off)"""
+    router_z_loss_coef: float = 0.0
+    """mixture-of-experts models: weight of the routers' z-loss (mean squared logsumexp of the router logits),
+    averaged over the MoE layers (0: off)"""
     lora_rank: int = 0
     """train a LoRA adapter of this rank instead of the whole model (0: full fine-tuning): the base weights stay
     frozen, only the adapter is optimised and pushed, and producers merge it into a kept copy of the base"""
@@ -140,6 +146,8 @@ class ConsumerConfig:
         finite(self, "learning_rate", low=0, strict=True)
         finite(self, "max_grad_norm", "weight_decay", "min_lr_ratio", low=0)
         finite(self, "lora_alpha", "lora_dropout")
+        finite(self, "router_aux_loss_coef", low=0)
+        finite(self, "router_z_loss_coef", low=0)
         if self.max_engine_trainer_gap is not None:
             finite(self, "max_engine_trainer_gap", low=0)
         require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")

@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import torch
 
+from coati.distributed.algo import router_losses
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.model import routing
 from coati.distributed.record import RolloutBatch
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 class Passes:
     def __init__(self, engine: Engine, cfg: ConsumerConfig, generation: GenerationConfig, num_generations: int):
         self.engine, self.cfg, self.generation, self.n = engine, cfg, generation, num_generations
+        self.moe = bool(routing.routers(engine.model))
+        """whether the policy routes through experts (router statistics and losses each pass)"""
+        self.router: routing.RouterStats | None = None
+        """the last policy pass's router logits and choices"""
         self.routes = [0, 0]
         """routing replay: (tokens x MoE layers whose own top-k already was the engine's, those replayed) since
         ``route_agreement`` last read them"""
@@ -40,6 +45,8 @@ class Passes:
             if self.cfg.plugin.pp_size > 1
             else "routing replay routes each row's own columns"
             if self.cfg.routing_replay
+            else "a mixture of experts' router statistics and losses count each row's own tokens"
+            if self.moe
             else "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
             if self.cfg.gradient_checkpointing and not self.engine.sdpa
             else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}"
@@ -66,6 +73,26 @@ class Passes:
         if self.cfg.routing_replay and batch.prompt_routes is None:
             raise ValueError("routing_replay is on, but the batch carries no routes: its engine recorded none")
         return self.cfg.routing_replay
+
+    def router_loss(self, weight: float, metrics) -> torch.Tensor | None:
+        """The last policy pass's router losses (load balancing, z-loss; ``algo/router_losses``), averaged over its
+        MoE layers and weighed by their coefficients and by ``weight`` (the pass's share of the minibatch), for the
+        loss; None when neither is weighed. Records each layer's expert load and router entropy and both losses in
+        ``metrics``, weighted by ``weight``."""
+        stats, self.router = self.router, None
+        if stats is None or stats.logits[0] is None:
+            return None
+        lb = torch.stack(
+            [router_losses.load_balancing_loss(g, x) for g, x in zip(stats.logits, stats.experts, strict=True)]
+        )
+        z = torch.stack([router_losses.router_z_loss(g) for g in stats.logits])
+        for i, (g, x) in enumerate(zip(stats.logits, stats.experts, strict=True)):
+            metrics.add(f"moe/expert_load_layer{i}", router_losses.expert_load(x, g.shape[-1]), weight)
+            metrics.add(f"moe/router_entropy_layer{i}", router_losses.router_entropy(g), weight)
+        metrics.add("moe/load_balancing_loss", float(lb.mean()), weight)
+        metrics.add("moe/router_z_loss", float(z.mean()), weight)
+        a, b = self.cfg.router_aux_loss_coef, self.cfg.router_z_loss_coef
+        return weight * (a * lb.mean() + b * z.mean()) if a or b else None
 
     def route_agreement(self) -> tuple[float, int] | None:
         """(the share of replayed tokens x MoE layers whose own top-k set was already the engine's, how many were
@@ -119,7 +146,13 @@ class Passes:
         group = {} if layout == "rows" else {"group_size": self.n}
         assert routes is None or layout == "rows", layout
         # The policy's passes only: the reference is another model, routed by its own router.
-        with self.engine.compute(), routing.replay(model, routes if model is self.engine.model else None) as replay:
+        policy = model is self.engine.model
+        real = torch.cat([t["prompt_mask"], t["response_mask"]], dim=1) if self.moe and policy else None
+        with (
+            self.engine.compute(),
+            routing.replay(model, routes if policy else None) as replay,
+            routing.router_stats(model, real) as stats,
+        ):
             out = LAYOUTS[layout](
                 model,
                 **t,
@@ -128,6 +161,8 @@ class Passes:
                 with_entropy=with_entropy,
                 vocab_size=self.engine.vocab_size,
             )
+        if policy:
+            self.router = stats
         if replay is not None:
             self.routes[0] += replay.agreed
             self.routes[1] += replay.replayed

@@ -252,6 +252,11 @@ class StepRunner:
             self.passes.rollout_logprobs(batch, rows, r),
         )
         loss = self._loss(batch, micro, logprobs, entropy, norm, step.metrics)
+        # The pass's share of the minibatch's loss tokens over all DP ranks (token-mean: the shares sum to 1).
+        share = float(micro.mask.sum()) * norm.dp_size / max(norm.num_tokens, 1.0)
+        router = self.passes.router_loss(share, step.metrics)
+        if router is not None:
+            loss = loss + router
         e.booster.backward(loss, e.optimizer)
         return loss.item()
 

@@ -30,6 +30,8 @@ GRPO_KEYS = {
     "gradient_checkpointing": "consumer.gradient_checkpointing",
     "share_prompt_forward": "consumer.share_prompt_forward",
     "routing_replay": "consumer.routing_replay",
+    "router_aux_loss_coef": "consumer.router_aux_loss_coef",
+    "router_z_loss_coef": "consumer.router_z_loss_coef",
     "lora_rank": "consumer.lora_rank",
     "lora_alpha": "consumer.lora_alpha",
     "lora_dropout": "consumer.lora_dropout",
