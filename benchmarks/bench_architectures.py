@@ -37,11 +37,16 @@ def digit_fraction(completions, **fields):
     return [RewardResult(sum(ch.isdigit() for ch in c) / max(len(c), 1), True, False) for c in completions]
 
 
-def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
-    from coati.distributed.driver.actor_group import RunError
-    from coati.distributed.guards import EngineMismatch
-    from coati.distributed.launch import launch_distributed
-
+def run_kwargs(path: str, backend: str, steps: int, **over) -> dict:
+    """``launch_distributed``'s arguments for ``steps`` synchronous GRPO steps of the tiny model at ``path`` on
+    ``backend``, fp32 on both sides (``grpo_config``'s keys in ``over`` are merged into it)."""
+    grpo = {
+        "lr": 3e-3,
+        "reward_fn_type": "benchmarks.bench_architectures:digit_fraction",
+        "train_microbatch_size": 8,
+        "compute_dtype": "fp32",  # "auto" computes in bf16 on a CPU with AVX512-BF16
+        **over.pop("grpo_config", {}),
+    }
     kw = dict(
         num_producers=1,
         num_proc_per_producer=1,
@@ -54,19 +59,22 @@ def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
         inference_model_config={"path": path, "dtype": "float32"},
         train_model_config={"path": path},
         generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
-        grpo_config={
-            "lr": 3e-3,
-            "reward_fn_type": "benchmarks.bench_architectures:digit_fraction",
-            "train_microbatch_size": 8,
-            "compute_dtype": "fp32",  # "auto" computes in bf16 on a CPU with AVX512-BF16
-        },
+        grpo_config=grpo,
         num_generations=4,
         core_algo="GRPO",
         max_steps=steps,
         inference_backend=backend,
         max_staleness=0,
-        **LAYOUTS[layout],
     )
+    return {**kw, **over}
+
+
+def run_one(path: str, backend: str, layout: str, steps: int) -> dict:
+    from coati.distributed.driver.actor_group import RunError
+    from coati.distributed.guards import EngineMismatch
+    from coati.distributed.launch import launch_distributed
+
+    kw = run_kwargs(path, backend, steps, **LAYOUTS[layout])
     start = time.perf_counter()
     try:
         out = launch_distributed(**kw)

@@ -25,39 +25,23 @@ PRECISIONS = {"fp32": ("float32", "fp32"), "bf16": ("bfloat16", "bf16")}
 
 
 def run_one(path: str, precision: str, replay: bool, steps: int) -> dict:
-    from benchmarks.bench_architectures import digit_fraction  # noqa: F401 (the reward, by name)
+    from benchmarks.bench_architectures import run_kwargs
     from coati.distributed.launch import launch_distributed
 
     dtype, compute = PRECISIONS[precision]
-    out = launch_distributed(
-        num_producers=1,
-        num_proc_per_producer=1,
-        num_episodes=1,
-        inference_batch_size=4,
-        inference_microbatch_size=4,
-        train_batch_size=4,
-        train_minibatch_size=4,
+    kw = run_kwargs(
+        path,
+        "transformers",
+        steps,
+        grpo_config={"lr": 1e-3, "compute_dtype": compute, "routing_replay": replay, "max_engine_trainer_gap": 0},
         train_dataset_config={"rows": [{"prompt": f"question {i}: how many?"} for i in range(4 * steps)]},
         inference_model_config={"path": path, "dtype": dtype},
-        train_model_config={"path": path},
         generate_config={"max_new_tokens": 24, "max_prompt_tokens": 48, "temperature": 1.0},
-        grpo_config={
-            "lr": 1e-3,
-            "reward_fn_type": "benchmarks.bench_architectures:digit_fraction",
-            "train_microbatch_size": 8,
-            "compute_dtype": compute,
-            "routing_replay": replay,
-            "max_engine_trainer_gap": 0,
-        },
-        num_generations=4,
-        core_algo="GRPO",
-        max_steps=steps,
-        inference_backend="transformers",
-        max_staleness=0,
         num_consumer_procs=1,
         plugin_config={},
         project_name=f"replay-{precision}-{int(replay)}",
     )
+    out = launch_distributed(**kw)
     history = out["history"]
     gaps = [m.get("rollout/engine_trainer_gap_abs") for m in history]
     row = {"precision": precision, "routing_replay": replay, "gaps": gaps, "mean_gap": sum(gaps) / len(gaps)}

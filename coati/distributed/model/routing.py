@@ -96,13 +96,8 @@ def replay(model: torch.nn.Module, routes: torch.Tensor | None):
         return
     layers = routers(model)
     assert routes.shape[-2] == len(layers), (tuple(routes.shape), len(layers))
-    state = Replay(layers, routes)
-    hooks = [r.register_forward_hook(state.hook(i)) for i, r in enumerate(layers)]
-    try:
+    with _hooked(layers, Replay(layers, routes)) as state:
         yield state
-    finally:
-        for h in hooks:
-            h.remove()
 
 
 class RouterStats:
@@ -132,7 +127,13 @@ def router_stats(model: torch.nn.Module, real: torch.Tensor | None):
     if not layers:
         yield None
         return
-    state = RouterStats(layers, real)
+    with _hooked(layers, RouterStats(layers, real)) as state:
+        yield state
+
+
+@contextmanager
+def _hooked(layers: list[torch.nn.Module], state):
+    """``state.hook(i)`` on router ``i``'s forward while the block runs; yields ``state``."""
     hooks = [r.register_forward_hook(state.hook(i)) for i, r in enumerate(layers)]
     try:
         yield state
