@@ -177,7 +177,6 @@ def _experts(arch: str, intermediate_size: int) -> dict:
     experts = {"num_experts_per_tok": 2, "output_router_logits": False}
     if arch == "mixtral":
         return {**experts, "num_local_experts": 8}
-    # Routed weights renormalised over the top k as each family's released checkpoints set it.
     experts |= {"num_experts": 8, "norm_topk_prob": arch == "qwen3_moe"}
     if arch in ("qwen3_moe", "qwen2_moe"):
         experts |= {"moe_intermediate_size": intermediate_size, "decoder_sparse_step": 1, "mlp_only_layers": []}

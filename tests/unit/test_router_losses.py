@@ -49,7 +49,7 @@ def test_router_stats_keep_real_tokens_only_and_the_balancing_loss_reaches_the_r
     ids = torch.randint(3, 90, (2, 6))
     real = torch.ones(2, 6, dtype=torch.bool)
     real[0, :2] = False  # left padding of the first row
-    with routing.router_stats(model, real) as stats:
+    with routing.router_stats(routing.routers(model), real) as stats:
         model(input_ids=ids, attention_mask=real.long())
     assert len(stats.logits) == 2 and all(g.shape == (10, 8) for g in stats.logits)
     assert all(x.shape == (10, 2) for x in stats.experts)

@@ -44,7 +44,7 @@ def test_the_routes_an_fp32_engine_records_are_the_trainers_own_token_for_token(
     routes = t.pop("routes")
     with torch.no_grad():
         own, _ = sequence_logprobs(model, **t, temperature=1.0)
-        with routing.replay(model, routes) as state:
+        with routing.replay(routing.routers(model), routes) as state:
             replayed, _ = sequence_logprobs(model, **t, temperature=1.0)
     fed = int((routes[..., 0, 0] >= 0).sum())
     assert state.replayed == fed * layers and state.agreed == state.replayed
@@ -60,7 +60,7 @@ def test_replayed_routes_steer_the_experts_and_the_router_still_learns(moe):
     routes = t.pop("routes")
     other = torch.where(routes >= 0, (routes + 1) % 8, routes)  # every fed token through other experts
     own, _ = sequence_logprobs(model, **t, temperature=1.0)
-    with routing.replay(model, other) as state:
+    with routing.replay(routing.routers(model), other) as state:
         steered, _ = sequence_logprobs(model, **t, temperature=1.0)
     mask = t["response_mask"].bool()
     assert (own - steered)[mask].abs().max() > 1e-3

@@ -98,8 +98,9 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
 
         kwargs = {"tokenizer": self.tokenizer} if self.generation.stop_strings else {}
         recorder = routing.Recorder(self.model) if self.record_routing else nullcontext()
+        shared = n > 1 and ids.shape[1] > 1  # each group's prompt prefilled once
         with recorder:
-            if n > 1 and ids.shape[1] > 1:
+            if shared:
                 kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
             out = self.model.generate(
                 input_ids=input_ids,
@@ -121,15 +122,16 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
             finished.append(done)
         batch = batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id)
         if self.record_routing:
-            self._attach_routes(batch, recorder.blocks, n)
+            self._attach_routes(batch, recorder.blocks, n if shared else 1)
         return batch
 
     @staticmethod
-    def _attach_routes(batch: RolloutBatch, blocks: list[np.ndarray], n: int) -> None:
-        """Put the recorded routes (one block per forward: the shared prefill's, one row per group, then each
-        decode step's) on ``batch`` as its prompt and response routes, -1 on padding and where nothing was fed."""
-        if blocks and len(blocks[0]) * n == len(batch) and n > 1:
-            blocks[0] = np.repeat(blocks[0], n, axis=0)  # the prefill ran once per group
+    def _attach_routes(batch: RolloutBatch, blocks: list[np.ndarray], prefill_group: int) -> None:
+        """Put the recorded routes (one block per forward: with ``prefill_group`` > 1 first the shared prefill's, one
+        row per group of that many rows, then each decode step's) on ``batch`` as its prompt and response routes, -1
+        on padding and where nothing was fed."""
+        if prefill_group > 1:
+            blocks[0] = np.repeat(blocks[0], prefill_group, axis=0)
         routes = np.concatenate(blocks, axis=1)  # [N, P + decode steps - 1, L, k]: every fed token
         p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
         full = np.full((len(batch), p + r, *routes.shape[2:]), -1, dtype=np.int16)

@@ -259,7 +259,7 @@ def expert_weights(module_name: str, module: torch.nn.Module) -> dict[str, torch
     under the checkpoint's names (``<block>.experts.<e>.<gate|up|down>.weight``, the names the layer loads from,
     Mixtral's ``w1``/``w3``/``w2``); None for any other module. The CPU kernel's repacking is undone
     (``unpacked_experts``) and the intermediate padding it adds dropped."""
-    if not all(hasattr(module, p) for p in EXPERT_PARAMS) or not hasattr(module, "ckpt_gate_proj_name"):
+    if not is_fused_experts(module):
         return None
     w13, w2 = (unpacked_experts(module, p) for p in EXPERT_PARAMS)
     if w13.shape[0] != module.global_num_experts:
@@ -268,7 +268,7 @@ def expert_weights(module_name: str, module: torch.nn.Module) -> dict[str, torch
             "parallelism cannot be read back here"
         )
     size, padded = module.intermediate_size_per_partition, w13.shape[1] // 2
-    block = module_name.rsplit(".experts", 1)[0]
+    block = expert_block(module_name)
     out = {}
     for e in range(w13.shape[0]):
         parts = {
@@ -278,6 +278,18 @@ def expert_weights(module_name: str, module: torch.nn.Module) -> dict[str, torch
         }
         out.update({f"{block}.experts.{e}.{part}.weight": m for part, m in parts.items()})
     return out
+
+
+def is_fused_experts(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a fused mixture-of-experts layer (its experts in ``EXPERT_PARAMS``, loaded from the
+    checkpoint names it records)."""
+    return all(hasattr(module, p) for p in EXPERT_PARAMS) and hasattr(module, "ckpt_gate_proj_name")
+
+
+def expert_block(module_name: str) -> str:
+    """The MoE block an expert layer belongs to, under which the checkpoint names its experts
+    (``model.layers.0.mlp`` of ``model.layers.0.mlp.experts.routed_experts``)."""
+    return module_name.rsplit(".experts", 1)[0]
 
 
 def cpu_packing(module: torch.nn.Module) -> str | None:
@@ -304,8 +316,8 @@ def repack_experts(model: torch.nn.Module, loaded: list[str]) -> int:
 
     repacked = 0
     for module_name, module in model.named_modules():
-        isa = cpu_packing(module) if all(hasattr(module, p) for p in EXPERT_PARAMS) else None
-        block = module_name.rsplit(".experts", 1)[0] + ".experts."
+        isa = cpu_packing(module) if is_fused_experts(module) else None
+        block = expert_block(module_name) + ".experts."
         if isa is None or not any(name.startswith(block) for name in loaded):
             continue
         for param in EXPERT_PARAMS:

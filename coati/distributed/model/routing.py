@@ -87,14 +87,13 @@ class Replay:
 
 
 @contextmanager
-def replay(model: torch.nn.Module, routes: torch.Tensor | None):
-    """Within the block, ``model``'s forward routes token (row, position) of its [rows, positions] input through
-    ``routes[row, position, layer]`` where that is not -1 (``routes``: [rows, positions, layers, k]); yields the
-    ``Replay`` (None and no hooks without routes)."""
+def replay(layers: list[torch.nn.Module], routes: torch.Tensor | None):
+    """Within the block, a forward through the routers ``layers`` (a model's ``routers``) routes token (row,
+    position) of its [rows, positions] input through ``routes[row, position, layer]`` where that is not -1
+    (``routes``: [rows, positions, layers, k]); yields the ``Replay`` (None and no hooks without routes)."""
     if routes is None:
         yield None
         return
-    layers = routers(model)
     assert routes.shape[-2] == len(layers), (tuple(routes.shape), len(layers))
     with _hooked(layers, Replay(layers, routes)) as state:
         yield state
@@ -119,12 +118,12 @@ class RouterStats:
 
 
 @contextmanager
-def router_stats(model: torch.nn.Module, real: torch.Tensor | None):
-    """Within the block, collect ``model``'s router logits and choices over the tokens ``real`` marks ([rows,
-    positions] of its input, True on real tokens); yields the ``RouterStats`` (None for a model without routers, or
-    without ``real``). Enter it inside ``replay`` so it sees the replayed choices."""
-    layers = routers(model) if real is not None else []
-    if not layers:
+def router_stats(layers: list[torch.nn.Module], real: torch.Tensor | None):
+    """Within the block, collect the router logits and choices of the routers ``layers`` (a model's ``routers``)
+    over the tokens ``real`` marks ([rows, positions] of the forward's input, True on real tokens); yields the
+    ``RouterStats`` (None without routers or without ``real``). Enter it inside ``replay`` so it sees the replayed
+    choices."""
+    if not layers or real is None:
         yield None
         return
     with _hooked(layers, RouterStats(layers, real)) as state:

@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 class Passes:
     def __init__(self, engine: Engine, cfg: ConsumerConfig, generation: GenerationConfig, num_generations: int):
         self.engine, self.cfg, self.generation, self.n = engine, cfg, generation, num_generations
-        self.moe = bool(routing.routers(engine.model))
-        """whether the policy routes through experts (router statistics and losses each pass)"""
+        self.routers = routing.routers(engine.model)
+        """the policy's MoE routers, in layer order (none: a dense model); each pass's statistics and losses"""
         self.router: routing.RouterStats | None = None
         """the last policy pass's router logits and choices"""
         self.routes = [0, 0]
@@ -46,7 +46,7 @@ class Passes:
             else "routing replay routes each row's own columns"
             if self.cfg.routing_replay
             else "a mixture of experts' router statistics and losses count each row's own tokens"
-            if self.moe
+            if self.routers
             else "gradient checkpointing recomputes layers without their KV cache, and packing needs SDPA attention"
             if self.cfg.gradient_checkpointing and not self.engine.sdpa
             else f"train_microbatch_size={size} is not a multiple of num_generations={self.n}"
@@ -82,11 +82,10 @@ class Passes:
         stats, self.router = self.router, None
         if stats is None or stats.logits[0] is None:
             return None
-        lb = torch.stack(
-            [router_losses.load_balancing_loss(g, x) for g, x in zip(stats.logits, stats.experts, strict=True)]
-        )
-        z = torch.stack([router_losses.router_z_loss(g) for g in stats.logits])
-        for i, (g, x) in enumerate(zip(stats.logits, stats.experts, strict=True)):
+        layers = list(zip(stats.logits, stats.experts, strict=True))
+        lb = torch.stack([router_losses.load_balancing_loss(g, x) for g, x in layers])
+        z = torch.stack([router_losses.router_z_loss(g) for g, _ in layers])
+        for i, (g, x) in enumerate(layers):
             metrics.add(f"moe/expert_load_layer{i}", router_losses.expert_load(x, g.shape[-1]), weight)
             metrics.add(f"moe/router_entropy_layer{i}", router_losses.router_entropy(g), weight)
         metrics.add("moe/load_balancing_loss", float(lb.mean()), weight)
@@ -147,11 +146,12 @@ class Passes:
         assert routes is None or layout == "rows", layout
         # The policy's passes only: the reference is another model, routed by its own router.
         policy = model is self.engine.model
-        real = torch.cat([t["prompt_mask"], t["response_mask"]], dim=1) if self.moe and policy else None
+        layers = self.routers if policy else []
+        real = torch.cat([t["prompt_mask"], t["response_mask"]], dim=1) if layers else None
         with (
             self.engine.compute(),
-            routing.replay(model, routes if policy else None) as replay,
-            routing.router_stats(model, real) as stats,
+            routing.replay(layers, routes if policy else None) as replay,
+            routing.router_stats(layers, real) as stats,
         ):
             out = LAYOUTS[layout](
                 model,
