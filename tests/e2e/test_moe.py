@@ -79,3 +79,39 @@ def test_replayed_routes_and_the_routers_losses_from_the_engine_to_the_step_loss
     for layer in (0, 1):
         assert 1.0 <= weighed[f"moe/expert_load_layer{layer}"] <= 4.0  # E / k = 4 when every token picks the same two
         assert 0 < weighed[f"moe/router_entropy_layer{layer}"] <= 2.08  # log 8
+
+
+def test_experts_split_over_two_trainers_train_attested_and_resume_exactly(ray_cluster, tmp_path):
+    """ep_size=2 (ColossalChat's plugin_config key): two consumers each hold half of every layer's experts. Every
+    push gathers them (attested tensor by tensor against the engine's), the engine/trainer gap stays at float
+    level, and a run resumed from the step-2 checkpoint (each rank's experts and their Adam moments) trains step 3
+    with the whole run's loss. ``tests/component/test_expert_parallel.py`` checks the step against DP."""
+    path = str(
+        build_tiny_model(tmp_path / "qwen3_moe", arch="qwen3_moe", hidden_size=64, num_heads=2, vocab_multiple=8)
+    )
+
+    def run(folder: str, **over):
+        return launch_distributed(
+            **run_kwargs(
+                path,
+                num_consumer_procs=2,
+                train_batch_size=2,
+                train_minibatch_size=2,
+                plugin_config={"ep_size": 2},
+                inference_model_config={"path": path, "dtype": "float32"},
+                grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "compute_dtype": "fp32"},
+                max_steps=3,
+                save_dir=str(tmp_path / folder),
+                project_name="moe-ep",
+                **over,
+            )
+        )["history"]
+
+    full = run("full", save_interval=2)
+    assert len(full) == 3
+    assert max(m["rollout/engine_trainer_gap_abs"] for m in full) < 1e-4
+    attested = [m["weights/attested"] for m in full if "weights/attested" in m]
+    assert attested and set(attested) == {checkpoint_tensors(path)}, attested
+    resumed = run("cont", resume=str(tmp_path / "full" / "checkpoints" / "step-2"))
+    assert [m["step"] for m in resumed] == [3]
+    assert resumed[0]["loss/policy"] == full[2]["loss/policy"]

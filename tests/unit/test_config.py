@@ -47,6 +47,19 @@ BAD = [
     (lambda: PluginConfig(precision="fp8"), "precision must be fp32, bf16 or fp16, got 'fp8'"),
     (lambda: PluginConfig(pp_size=2, zero_stage=2, precision="bf16"), "zero_stage=2 cannot be combined with pp_size=2"),
     (lambda: PluginConfig(zero_stage=1), "zero_stage=1 needs precision bf16 or fp16"),
+    (lambda: PluginConfig(ep_size=2, tp_size=2), "ep_size=2 splits experts over data-parallel ranks; it is not"),
+    (
+        lambda: PluginConfig(ep_size=2, zero_stage=1, precision="bf16"),
+        "ep_size=2 with zero_stage=1 is refused: ColossalAI 0.5's MoE ZeRO optimizer measures",
+    ),
+    (
+        lambda: ConsumerConfig(num_consumer_procs=3, plugin=PluginConfig(ep_size=2)),
+        "dp_size=3 is not divisible by ep_size=2; use ep_size=1 or 3",
+    ),
+    (
+        lambda: ConsumerConfig(num_consumer_procs=2, lora_rank=8, plugin=PluginConfig(ep_size=2)),
+        "ep_size=2 shards the experts that full fine-tuning trains",
+    ),
     (
         lambda: Config(
             producer=ProducerConfig(num_generations=3),

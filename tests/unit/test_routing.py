@@ -98,3 +98,16 @@ def test_replay_is_refused_for_a_dense_model_an_unknown_router_and_an_engine_tha
         VLLMOptions.check_routing(gpu=False)
     with pytest.raises(ValueError, match=r"engine does not report its routing here \(SGLang's"):
         SGLangOptions.check_routing(gpu=True)
+
+
+def test_expert_parallelism_is_refused_for_models_it_cannot_shard():
+    from coati.distributed.model.architectures import check_experts
+
+    check_experts({"model_type": "llama"}, "m", 1)
+    check_experts({"model_type": "qwen3_moe", "num_experts": 8}, "m", 4)
+    with pytest.raises(ValueError, match=r"ep_size=2, but m \(llama\) has no routed experts; use ep_size=1"):
+        check_experts({"model_type": "llama"}, "m", 2)
+    with pytest.raises(ValueError, match="deepseek_v3 mixture of experts, whose experts coati does not shard"):
+        check_experts({"model_type": "deepseek_v3", "n_routed_experts": 64}, "m", 2)
+    with pytest.raises(ValueError, match="ep_size=3 must divide m's 8 experts per layer"):
+        check_experts({"model_type": "mixtral", "num_local_experts": 8}, "m", 3)

@@ -70,6 +70,11 @@ class CriticConfig:
             f"{p.pp_size}: its values come from the whole model's last hidden states; use tp_size or num_procs",
         )
         require(
+            p.ep_size == 1,
+            f"critic plugin ep_size={p.ep_size}: the critic trains with data and tensor parallelism and ZeRO; expert "
+            "parallelism is the policy's (--ep-size); use critic plugin ep_size 1",
+        )
+        require(
             self.num_procs % p.tp_size == 0,
             f"critic num_procs={self.num_procs} is not divisible by critic plugin tp_size={p.tp_size}; use a multiple "
             f"of {p.tp_size}",

@@ -18,7 +18,13 @@ from coati.distributed.envs import resolve_environment
 from coati.distributed.envs.base import check_messages
 from coati.distributed.envs.episodes import TurnTemplate
 from coati.distributed.inference import backend_options
-from coati.distributed.model.architectures import check_layout, check_positions, check_routing, load_config
+from coati.distributed.model.architectures import (
+    check_experts,
+    check_layout,
+    check_positions,
+    check_routing,
+    load_config,
+)
 from coati.distributed.model.files import read_safetensors_header, weight_files
 from coati.distributed.reward import RewardSignature, resolve_reward_fn
 from coati.distributed.reward.base import TRAINER_FIELDS, max_reward_of
@@ -526,6 +532,7 @@ def check_models(
     train, inference = load_config(train_path), load_config(inference_path)
     if train:
         check_layout(train, f"model {train_path}", p.tp_size, p.pp_size)
+        check_experts(train, f"model {train_path}", p.ep_size)
         if cfg.consumer.routing_replay:
             check_routing(train, f"model {train_path}")
             backend.check_routing(producer_gpu)

@@ -114,6 +114,31 @@ def check_routing(config: dict, where: str) -> None:
         )
 
 
+EP_FAMILIES = ROUTED_FAMILIES
+"""``model_type`` values whose experts coati shards for expert parallelism (fused ``gate_up_proj``/``down_proj``
+tensors with one router per layer, ``trainer/expert_parallel.py``)"""
+
+
+def check_experts(config: dict, where: str, ep_size: int) -> None:
+    """Refuse expert parallelism for a model it cannot shard: a dense one, an unknown expert layout, or experts
+    that do not split evenly over ``ep_size`` ranks."""
+    if ep_size == 1:
+        return
+    config = text_config(config)
+    family, experts = config.get("model_type"), num_experts(config)
+    if not experts:
+        raise ValueError(f"ep_size={ep_size}, but {where} ({family}) has no routed experts; use ep_size=1")
+    if family not in EP_FAMILIES:
+        raise ValueError(
+            f"ep_size={ep_size}, but {where} is a {family} mixture of experts, whose experts coati does not shard "
+            f"(it does {', '.join(sorted(EP_FAMILIES))}); use ep_size=1"
+        )
+    if experts % ep_size:
+        raise ValueError(
+            f"ep_size={ep_size} must divide {where}'s {experts} experts per layer; use an ep_size that divides it"
+        )
+
+
 def check_positions(config: dict, where: str, tokens: int, what: str) -> None:
     """Refuse sequences longer than the model's position table."""
     limit = max_positions(config)

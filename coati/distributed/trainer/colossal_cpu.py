@@ -11,6 +11,8 @@ works around. With CUDA, nothing here runs and ColossalAI is used as shipped.
    no-ops), ``get_accelerator().get_rng_state(device)`` (CPU takes no device argument), ``manual_seed`` (refused by the
    CPU accelerator), ``torch.distributed.is_hccl_available`` (absent from CPU builds), and an accelerator-name assertion
    in the ZeRO optimizer ("device is required") that rejects "cpu".
+3. The MoE plugin's checkpoint writer (``MoECheckpointIO``, expert parallelism) moves each expert tensor and
+   optimizer state to CUDA with ``.cuda()`` before gathering it: there, ``.cuda()`` leaves a tensor where it is.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def apply_cpu_shims() -> bool:
     if not hasattr(torch.distributed, "is_hccl_available"):
         torch.distributed.is_hccl_available = lambda: False
     _zero_device_check()
+    _moe_checkpoint_in_place()
     _applied = True
     return True
 
@@ -203,3 +206,32 @@ def _zero_device_check() -> None:
             return getattr(self._inner, item)
 
     low_level.get_accelerator = lambda: _NamedAsDevice(src())
+
+
+@contextlib.contextmanager
+def _cuda_in_place():
+    """Within the block, ``Tensor.cuda()`` returns the tensor itself."""
+    real = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = real
+
+
+def _moe_checkpoint_in_place() -> None:
+    from colossalai.checkpoint_io.moe_checkpoint import MoECheckpointIO
+
+    gather = MoECheckpointIO.gather_from_sharded_optimizer_state
+    pre_save = MoECheckpointIO.pre_save_model
+
+    def gather_here(*args, **kwargs):
+        with _cuda_in_place():
+            return gather(*args, **kwargs)
+
+    def pre_save_here(self, *args, **kwargs):
+        with _cuda_in_place():
+            return pre_save(self, *args, **kwargs)
+
+    MoECheckpointIO.gather_from_sharded_optimizer_state = staticmethod(gather_here)
+    MoECheckpointIO.pre_save_model = pre_save_here

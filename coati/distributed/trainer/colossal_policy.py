@@ -18,6 +18,8 @@ What this policy does instead, for any model laid out as ``model.embed_tokens``,
   with ``-1`` heads, so a shard's attention needs no attribute rewrites.
 - pipeline parallelism: each stage holds its slice of the layers (the first also the embedding, the last the final
   norm and the LM head), and ``stage_forward`` below runs that slice with transformers 5's own mask and rotary code.
+- expert parallelism (the MoE plugin's EP group, ``shard_config.ep_group``): each MoE layer's fused experts become
+  this rank's ``expert_parallel.ExpertShard``.
 - otherwise the model keeps transformers' own forward: data parallelism and ZeRO change nothing in it.
 """
 
@@ -30,6 +32,8 @@ from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row, VocabParall
 from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, Policy
 from colossalai.shardformer.policies.base_policy import SubModuleReplacementDescription as Replace
 from torch import nn
+
+from coati.distributed.trainer.expert_parallel import gather_experts, is_expert, shard_experts
 
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW = ("self_attn.o_proj", "mlp.down_proj")
@@ -73,6 +77,10 @@ class DecoderLMPolicy(Policy):
     def postprocess(self) -> nn.Module:
         if self.shard_config.enable_tensor_parallelism:
             sum_partial_grads(self.model, self.shard_config.tensor_parallel_process_group)
+        ep_group = getattr(self.shard_config, "ep_group", None)
+        if ep_group is not None and ep_group.size() > 1:
+            if not shard_experts(self.model, ep_group):
+                raise ValueError(f"ep_size={ep_group.size()}, but {type(self.model).__name__} has no fused experts")
         return self.model
 
     def module_policy(self) -> dict:
@@ -175,12 +183,16 @@ def sum_partial_grads(model: nn.Module, group) -> list[str]:
 
 def gathered_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """A sharded module's full weights under their Hugging Face names (each tensor-parallel shard gathered, the
-    vocabulary padding TP adds dropped: the producers' models have the real size); collective over the TP group."""
+    vocabulary padding TP adds dropped: the producers' models have the real size; each expert-parallel layer's
+    experts gathered); collective over the TP and EP groups."""
     from colossalai.checkpoint_io.utils import gather_distributed_param
     from colossalai.tensor.padded_tensor import is_padded_tensor
 
     out = {}
     for name, param in module.named_parameters():
+        if is_expert(param):
+            out[name] = gather_experts(param)
+            continue
         full = gather_distributed_param(param, keep_vars=False).detach()
         if is_padded_tensor(param):
             full = full.narrow(param._padding_dim, 0, param._origin_length)

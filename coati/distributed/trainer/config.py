@@ -22,12 +22,26 @@ class PluginConfig:
     """training precision: fp32, bf16 or fp16 (fp16 needs CUDA)"""
     pp_num_microbatches: int = 1
     """micro-batches per pipeline pass when pp_size > 1"""
+    ep_size: int = 1
+    """expert-parallel size (mixture-of-experts models): each MoE layer's experts split over this many data-parallel
+    ranks, tokens exchanged with them by all-to-all; divides the DP size and the experts (zero_stage 0)"""
     cpu_offload: bool = False
     """keep ZeRO's optimizer states and fp32 master weights in host memory and step them there (zero_stage 1 or 2;
     on a CPU they are there already: the same update)"""
 
     def __post_init__(self):
-        positive(self, "tp_size", "pp_size", "pp_num_microbatches")
+        positive(self, "tp_size", "pp_size", "pp_num_microbatches", "ep_size")
+        require(
+            self.ep_size == 1 or (self.tp_size == 1 and self.pp_size == 1),
+            f"ep_size={self.ep_size} splits experts over data-parallel ranks; it is not combined with tensor or "
+            f"pipeline parallelism (tp_size={self.tp_size}, pp_size={self.pp_size}): use tp_size=1, pp_size=1",
+        )
+        require(
+            self.ep_size == 1 or self.zero_stage == 0,
+            f"ep_size={self.ep_size} with zero_stage={self.zero_stage} is refused: ColossalAI 0.5's MoE ZeRO "
+            "optimizer measures the experts' gradient norm within each moe_dp group only, so the EP ranks would "
+            "clip by different norms and drift apart (and it runs ZeRO-2 as ZeRO-1); use zero_stage 0",
+        )
         require(
             self.zero_stage != 3,
             "zero_stage=3 is refused: ColossalAI 0.5's ZeRO-3 paths need an accelerator (Gemini moves its chunks to "
@@ -195,6 +209,12 @@ class ConsumerConfig:
             )
         model_parallel = self.plugin.tp_size * self.plugin.pp_size
         divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
+        divides("ep_size", self.plugin.ep_size, "dp_size", self.dp_size)
+        require(
+            self.plugin.ep_size == 1 or not self.lora_rank,
+            f"ep_size={self.plugin.ep_size} shards the experts that full fine-tuning trains; LoRA trains with "
+            "data parallelism: use ep_size=1 or lora_rank 0",
+        )
         divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)
 
     @property

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -19,6 +20,7 @@ from coati.distributed.runtime.placement import whereabouts
 from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
 from coati.distributed.trainer.config import ConsumerConfig
+from coati.distributed.trainer.expert_parallel import expert_parallel_plugin, load_experts, save_experts
 from coati.distributed.trainer.forward import causal_lm, check_output_layer
 from coati.distributed.trainer.grad_clip import fold_clipping
 from coati.distributed.trainer.optimizer_step import OptimizerSteps
@@ -35,7 +37,7 @@ class Engine:
     world_size: int
     device: torch.device
     plugin: object
-    """ColossalAI's HybridParallelPlugin: the DP, TP and PP groups"""
+    """ColossalAI's HybridParallelPlugin (with ep_size > 1 its MoE plugin): the DP, TP, PP (and EP) groups"""
     booster: object
     model: object
     """the boosted policy (``model.unwrap()``: the Hugging Face module this rank holds)"""
@@ -71,6 +73,11 @@ class Engine:
     @property
     def is_last_stage(self) -> bool:
         return self.plugin.pp_size == 1 or self.plugin.stage_manager.is_last_stage()
+
+    @property
+    def ep_group(self):
+        """The expert-parallel group (None without expert parallelism): its ranks make the same passes."""
+        return self.plugin.ep_group if getattr(self.plugin, "ep_size", 1) > 1 else None
 
     @property
     def sdpa(self) -> bool:
@@ -112,13 +119,21 @@ class Engine:
         with separate_storages(self.model.unwrap()) if self.device.type == "cpu" else contextlib.nullcontext():
             self.booster.save_model(self.model, os.path.join(folder, "model"), shard=True)
         self.booster.save_optimizer(self.optimizer, os.path.join(folder, "optimizer"), shard=True)
+        if self.ep_group is not None:
+            save_experts(self.model.unwrap(), self.optimizer, self._experts_file(folder))
         torch.save({"torch": torch.get_rng_state(), "step": step}, os.path.join(folder, f"rng-consumer-{self.rank}.pt"))
+
+    def _experts_file(self, folder: str) -> str:
+        """This rank's experts and their optimizer states (expert parallelism: ``expert_parallel.save_experts``)."""
+        return os.path.join(folder, f"experts-consumer-{self.rank}.pt")
 
     def load(self, folder: str) -> int:
         """Restore what ``save`` wrote; returns its step. Nothing in it can run code (``weights_only_loads``)."""
         with weights_only_loads():
             self.booster.load_model(self.model, os.path.join(folder, "model"))
             self.booster.load_optimizer(self.optimizer, os.path.join(folder, "optimizer"))
+        if self.ep_group is not None:
+            load_experts(self.model.unwrap(), self.optimizer, self._experts_file(folder))
         state = torch.load(os.path.join(folder, f"rng-consumer-{self.rank}.pt"), weights_only=True)
         torch.set_rng_state(state["torch"])
         return state["step"]
@@ -158,7 +173,10 @@ def make_plugin(cfg: ConsumerConfig):
     from coati.distributed.trainer.colossal_policy import DecoderLMPolicy  # deferred: imports ColossalAI
 
     p = cfg.plugin
-    return HybridParallelPlugin(
+    plugin_class = HybridParallelPlugin
+    if p.ep_size > 1:  # ColossalAI's MoE plugin, with coati's expert shards over transformers 5's fused experts
+        plugin_class = partial(expert_parallel_plugin, ep_size=p.ep_size)
+    return plugin_class(
         tp_size=p.tp_size,
         pp_size=p.pp_size,
         zero_stage=p.zero_stage,
@@ -276,7 +294,7 @@ def build_engine(
     booster = Booster(plugin=plugin)
     model, optimizer, vocab_size = boosted_policy(model_path, cfg, plugin, booster, device, seed, value_head)
     lease_layers = threads.follow_layers(model)
-    clipping = fold_clipping(optimizer, p.tp_size, p.pp_size)
+    clipping = fold_clipping(optimizer, p.tp_size, p.pp_size, getattr(plugin, "ep_group", None))
     steps = OptimizerSteps(optimizer, cfg, clipping, device, world_size, "critic" if value_head else "actor")
     if p.zero_stage == 0 and not cfg.lora_rank:  # an adapter's push is small: no flat layout needed
         flatten_parameters(model.unwrap())  # after boosting: only the parameters this rank holds

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from coati.distributed.trainer.expert_parallel import expert_grad_norm, is_expert
+
 BLOCK = 4096
 """elements whose norm is accumulated in float32 before the float64 sum"""
 
@@ -43,10 +45,11 @@ def clip_divisor(norm: float, max_norm: float) -> float:
     return max(1.0, (norm + 1e-6) / max_norm)
 
 
-def fold_clipping(wrapper, tp_size: int, pp_size: int) -> bool:
-    """On ColossalAI's plain wrapper without TP or PP, measure its norm with ``global_grad_norm`` and leave the
-    gradients unscaled (the caller passes ``clip_divisor`` of that norm to the update); whether it did. Elsewhere
-    (ZeRO and mixed-precision wrappers clip their own way, TP and PP sum norms over ranks) nothing changes."""
+def fold_clipping(wrapper, tp_size: int, pp_size: int, ep_group=None) -> bool:
+    """On ColossalAI's plain wrapper without TP or PP, measure its norm with ``global_grad_norm`` (with an EP group
+    of more than one rank, over every rank's experts: ``expert_parallel.expert_grad_norm``) and leave the gradients
+    unscaled (the caller passes ``clip_divisor`` of that norm to the update); whether it did. Elsewhere (ZeRO and
+    mixed-precision wrappers clip their own way, TP and PP sum norms over ranks) nothing changes."""
     from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelNaiveOptimizer
 
     if type(wrapper) is not HybridParallelNaiveOptimizer or tp_size > 1 or pp_size > 1:
@@ -54,7 +57,11 @@ def fold_clipping(wrapper, tp_size: int, pp_size: int) -> bool:
 
     def norm(param_gradient_pairs, norm_type: int = 2) -> float:
         assert norm_type == 2, norm_type
-        return global_grad_norm([g for _, g in param_gradient_pairs])
+        if ep_group is None or ep_group.size() == 1:
+            return global_grad_norm([g for _, g in param_gradient_pairs])
+        experts = [g for p, g in param_gradient_pairs if is_expert(p)]
+        rest = [g for p, g in param_gradient_pairs if not is_expert(p)]
+        return expert_grad_norm(rest, experts, ep_group, global_grad_norm)
 
     wrapper._compute_grad_norm = norm
     wrapper._clip_grad_norm = lambda total_norm: None

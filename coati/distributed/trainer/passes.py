@@ -13,6 +13,7 @@ from coati.distributed.algo import router_losses
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.model import routing
 from coati.distributed.record import RolloutBatch
+from coati.distributed.trainer import expert_parallel
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
 from coati.distributed.trainer.forward import LAYOUTS, choose_layout, pair_cost, row_tensors, token_budget_chunks
@@ -102,18 +103,24 @@ class Passes:
 
     def chunks(self, batch: RolloutBatch, rows) -> list[slice]:
         """``rows`` (in their order) split into forward/backward passes: ``train_microbatch_size`` rows each, or as
-        many whole groups as fit in ``train_microbatch_tokens``."""
+        many whole groups as fit in ``train_microbatch_tokens``; with expert parallelism, as many as the EP group's
+        other ranks make (collective over it)."""
         size = self.cfg.train_microbatch_size
         if size:
-            return [slice(lo, lo + size) for lo in range(0, len(rows), size)]
-        unit = self.n if self.share_prompts else 1
-        return token_budget_chunks(
-            batch.prompt_mask[rows].sum(-1),
-            batch.response_lengths[rows],
-            unit,
-            self.cfg.train_microbatch_tokens,
-            self.share_prompts,
-        )
+            chunks = [slice(lo, lo + size) for lo in range(0, len(rows), size)]
+        else:
+            chunks = token_budget_chunks(
+                batch.prompt_mask[rows].sum(-1),
+                batch.response_lengths[rows],
+                self.n if self.share_prompts else 1,
+                self.cfg.train_microbatch_tokens,
+                self.share_prompts,
+            )
+        group = self.engine.ep_group
+        if group is None:
+            return chunks
+        # Each pass's all-to-alls pair the EP ranks: every rank makes as many passes as the one that makes most.
+        return expert_parallel.even_chunks(chunks, expert_parallel.agreed_count(len(chunks), group))
 
     def by_length(self, batch: RolloutBatch, shard_rows, local) -> np.ndarray:
         """``local`` (indices into the shard) ordered by token count, so each micro-batch holds rows of similar

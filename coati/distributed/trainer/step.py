@@ -224,7 +224,10 @@ class StepRunner:
         """Whether torch DDP (which ColossalAI wraps the model in without PP, and with several DP ranks only without
         ZeRO) all-reduces this pass's gradients: only in the minibatch's last pass (the passes before accumulate
         theirs, which that all-reduce then sums), and never with one DP rank, where the all-reduce changes nothing
-        yet copies every gradient into DDP's buckets."""
+        yet copies every gradient into DDP's buckets. With expert parallelism (no DDP) the model's own
+        ``sync_dp_grads`` averages them after the last pass."""
+        if self.engine.ep_group is not None:  # no DDP with experts sharded: the model averages after the last pass
+            return _then(self.engine.model.sync_dp_grads) if last else contextlib.nullcontext()
         ddp = self.engine.model.module
         if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel) or (last and self.engine.dp_size > 1):
             return contextlib.nullcontext()
@@ -308,3 +311,10 @@ class StepRunner:
         n = float(same.sum())
         if n:
             metrics.add("rollout/engine_trainer_gap_abs", ((old.detach() - rollout).abs() * same).sum() / n, n)
+
+
+@contextlib.contextmanager
+def _then(action):
+    """Runs ``action`` after the block."""
+    yield
+    action()
