@@ -111,7 +111,7 @@ def test_parameters_without_a_field_are_stated_once():
         enable_profiling=True,
         eval_generation_config={"temperature": 0.6},
         grpo_config={"skip_threshold": 20.0},
-        plugin_config={"enable_flash_attention": True, "sp_size": 2, "enable_sequence_parallelism": True},
+        plugin_config={"enable_flash_attention": True},
         train_model_config={"use_cache": False, "use_flash_attention_2": True},
     )
     keys = sorted(s.split("=")[0] for s in said)
@@ -124,8 +124,30 @@ def test_parameters_without_a_field_are_stated_once():
             "eval_generation_config",
             "skip_threshold",
             "enable_flash_attention",
-            "sequence_parallelism",
             "use_cache",
             "use_flash_attention_2",
         ]
     ), keys
+
+
+def test_sequence_and_expert_parallelism_land_on_the_plugin():
+    base_kw = {"num_consumer_procs": 4}
+    cfg, said = tree(
+        **base_kw,
+        plugin_config={"sp_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "all_to_all"},
+    )
+    assert (cfg.consumer.plugin.sp_size, cfg.consumer.plugin.sp_mode, cfg.consumer.dp_size) == (2, "all_to_all", 2)
+    assert not said
+    cfg, _ = tree(**base_kw, plugin_config={"ep_size": 2})
+    assert cfg.consumer.plugin.ep_size == 2
+    with pytest.raises(ValueError, match="sp_mode=split_gather is refused: ColossalAI runs split_gather and ring"):
+        tree(
+            **base_kw,
+            plugin_config={
+                "sp_size": 2,
+                "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "split_gather",
+            },
+        )
+    with pytest.raises(ValueError, match="sp_size=2 without enable_sequence_parallelism=True"):
+        tree(**base_kw, plugin_config={"sp_size": 2})

@@ -48,6 +48,13 @@ BAD = [
     (lambda: PluginConfig(pp_size=2, zero_stage=2, precision="bf16"), "zero_stage=2 cannot be combined with pp_size=2"),
     (lambda: PluginConfig(zero_stage=1), "zero_stage=1 needs precision bf16 or fp16"),
     (lambda: PluginConfig(ep_size=2, tp_size=2), "ep_size=2 splits experts over data-parallel ranks; it is not"),
+    (lambda: PluginConfig(sp_size=2, sp_mode="ring"), "sp_mode=ring is refused: ColossalAI runs split_gather and"),
+    (lambda: PluginConfig(sp_size=2, sp_mode="ulysses"), "sp_mode must be one of"),
+    (lambda: PluginConfig(sp_size=2, tp_size=2), "sp_size=2 is not combined with tensor, pipeline or expert"),
+    (
+        lambda: ConsumerConfig(num_consumer_procs=3, plugin=PluginConfig(sp_size=2)),
+        r"num_consumer_procs=3 is not divisible by tp_size \* pp_size \* sp_size=2",
+    ),
     (
         lambda: PluginConfig(ep_size=2, zero_stage=1, precision="bf16"),
         "ep_size=2 with zero_stage=1 is refused: ColossalAI 0.5's MoE ZeRO optimizer measures",

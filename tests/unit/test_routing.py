@@ -111,3 +111,14 @@ def test_expert_parallelism_is_refused_for_models_it_cannot_shard():
         check_experts({"model_type": "deepseek_v3", "n_routed_experts": 64}, "m", 2)
     with pytest.raises(ValueError, match="ep_size=3 must divide m's 8 experts per layer"):
         check_experts({"model_type": "mixtral", "num_local_experts": 8}, "m", 3)
+
+
+def test_sequence_parallelism_is_refused_for_models_it_cannot_split():
+    from coati.distributed.model.architectures import check_sequence
+
+    check_sequence({"model_type": "qwen3_moe"}, "m", 1)
+    check_sequence({"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2}, "m", 2)
+    with pytest.raises(ValueError, match="m is qwen3_moe, which coati's sequence parallelism does not cover"):
+        check_sequence({"model_type": "qwen3_moe", "num_attention_heads": 4}, "m", 2)
+    with pytest.raises(ValueError, match=r"sp_size=2 must divide m's attention heads \(4\) and key/value heads \(1\)"):
+        check_sequence({"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 1}, "m", 2)

@@ -70,6 +70,11 @@ class CriticConfig:
             f"{p.pp_size}: its values come from the whole model's last hidden states; use tp_size or num_procs",
         )
         require(
+            p.sp_size == 1,
+            f"critic plugin sp_size={p.sp_size}: the critic trains with data and tensor parallelism and ZeRO; use "
+            "critic plugin sp_size 1",
+        )
+        require(
             p.ep_size == 1,
             f"critic plugin ep_size={p.ep_size}: the critic trains with data and tensor parallelism and ZeRO; expert "
             "parallelism is the policy's (--ep-size); use critic plugin ep_size 1",

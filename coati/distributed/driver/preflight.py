@@ -23,6 +23,7 @@ from coati.distributed.model.architectures import (
     check_layout,
     check_positions,
     check_routing,
+    check_sequence,
     load_config,
 )
 from coati.distributed.model.files import read_safetensors_header, weight_files
@@ -533,6 +534,7 @@ def check_models(
     if train:
         check_layout(train, f"model {train_path}", p.tp_size, p.pp_size)
         check_experts(train, f"model {train_path}", p.ep_size)
+        check_sequence(train, f"model {train_path}", p.sp_size)
         if cfg.consumer.routing_replay:
             check_routing(train, f"model {train_path}")
             backend.check_routing(producer_gpu)

@@ -139,6 +139,31 @@ def check_experts(config: dict, where: str, ep_size: int) -> None:
         )
 
 
+SP_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "gpt2"})
+"""``model_type`` values whose sequence-parallel forward (``trainer/sequence_parallel.py``) matches the whole model's,
+each checked in the suite (``tests/component/test_sequence_parallel.py``)"""
+
+
+def check_sequence(config: dict, where: str, sp_size: int) -> None:
+    """Refuse sequence parallelism for a family it is not tested on, or whose attention heads it cannot split."""
+    if sp_size == 1:
+        return
+    config = text_config(config)
+    family = config.get("model_type")
+    if family not in SP_FAMILIES:
+        raise ValueError(
+            f"sp_size={sp_size}, but {where} is {family}, which coati's sequence parallelism does not cover (it does "
+            f"{', '.join(sorted(SP_FAMILIES))}); use sp_size=1"
+        )
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    kv = config.get("num_key_value_heads") or heads
+    if heads % sp_size or kv % sp_size:
+        raise ValueError(
+            f"sp_size={sp_size} must divide {where}'s attention heads ({heads}) and key/value heads ({kv}): attention "
+            "exchanges heads for columns; use an sp_size that divides both"
+        )
+
+
 def check_positions(config: dict, where: str, tokens: int, what: str) -> None:
     """Refuse sequences longer than the model's position table."""
     limit = max_positions(config)

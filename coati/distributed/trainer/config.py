@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from coati.distributed.checks import as_strings, divides, finite, positive, require
 from coati.distributed.trainer.schedule import SCHEDULES
 
+SP_MODES = ("all_to_all", "split_gather", "ring")
+"""ColossalAI's sequence_parallelism_mode values"""
+
 
 @dataclass(frozen=True)
 class PluginConfig:
@@ -25,6 +28,12 @@ class PluginConfig:
     ep_size: int = 1
     """expert-parallel size (mixture-of-experts models): each MoE layer's experts split over this many data-parallel
     ranks, tokens exchanged with them by all-to-all; divides the DP size and the experts (zero_stage 0)"""
+    sp_size: int = 1
+    """sequence-parallel size: this many ranks share each data-parallel shard, each forward's columns split over them
+    (ColossalAI's sp_size; with sp_mode all_to_all)"""
+    sp_mode: str = "all_to_all"
+    """sequence parallelism's mode (ColossalAI's sequence_parallelism_mode): all_to_all (DeepSpeed-Ulysses: attention
+    exchanges heads for columns); split_gather and ring are refused"""
     cpu_offload: bool = False
     """keep ZeRO's optimizer states and fp32 master weights in host memory and step them there (zero_stage 1 or 2;
     on a CPU they are there already: the same update)"""
@@ -35,6 +44,18 @@ class PluginConfig:
             self.ep_size == 1 or (self.tp_size == 1 and self.pp_size == 1),
             f"ep_size={self.ep_size} splits experts over data-parallel ranks; it is not combined with tensor or "
             f"pipeline parallelism (tp_size={self.tp_size}, pp_size={self.pp_size}): use tp_size=1, pp_size=1",
+        )
+        positive(self, "sp_size")
+        require(self.sp_mode in SP_MODES, f"sp_mode must be one of {SP_MODES}, got {self.sp_mode!r}")
+        require(
+            self.sp_size == 1 or self.sp_mode == "all_to_all",
+            f"sp_mode={self.sp_mode} is refused: ColossalAI runs split_gather and ring inside its own Llama and Qwen2 "
+            "forwards, which do not run on transformers 5 (coati's policy replaces them); use sp_mode all_to_all",
+        )
+        require(
+            self.sp_size == 1 or (self.tp_size == 1 and self.pp_size == 1 and self.ep_size == 1),
+            f"sp_size={self.sp_size} is not combined with tensor, pipeline or expert parallelism (tp_size="
+            f"{self.tp_size}, pp_size={self.pp_size}, ep_size={self.ep_size}); use those at 1",
         )
         require(
             self.ep_size == 1 or self.zero_stage == 0,
@@ -207,8 +228,16 @@ class ConsumerConfig:
                 f"lora_alpha must be > 0, lora_dropout in [0, 1) and lora_target_modules non-empty; got "
                 f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}",
             )
-        model_parallel = self.plugin.tp_size * self.plugin.pp_size
-        divides("tp_size * pp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
+        p = self.plugin
+        if p.sp_size > 1:
+            model_parallel = p.tp_size * p.pp_size * p.sp_size
+            divides("tp_size * pp_size * sp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
+        else:
+            divides("tp_size * pp_size", p.tp_size * p.pp_size, "num_consumer_procs", self.num_consumer_procs)
+        require(
+            p.sp_size == 1 or not self.lora_rank,
+            f"sp_size={p.sp_size} with LoRA is not built; use sp_size=1 or lora_rank 0",
+        )
         divides("ep_size", self.plugin.ep_size, "dp_size", self.dp_size)
         require(
             self.plugin.ep_size == 1 or not self.lora_rank,
@@ -219,7 +248,9 @@ class ConsumerConfig:
 
     @property
     def dp_size(self) -> int:
-        return self.num_consumer_procs // (self.plugin.tp_size * self.plugin.pp_size)
+        """data-parallel shards: the processes over TP x PP x SP (SP ranks share a shard)"""
+        p = self.plugin
+        return self.num_consumer_procs // (p.tp_size * p.pp_size * p.sp_size)
 
     @property
     def num_minibatches(self) -> int:

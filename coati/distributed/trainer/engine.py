@@ -18,6 +18,7 @@ from coati.distributed.model.lora import peft_config
 from coati.distributed.model.precision import resolve_compute_dtype
 from coati.distributed.runtime.placement import whereabouts
 from coati.distributed.runtime.threads import ThreadLease
+from coati.distributed.trainer import sequence_parallel
 from coati.distributed.trainer.colossal_cpu import apply_cpu_shims
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.expert_parallel import expert_parallel_plugin, load_experts, save_experts
@@ -50,7 +51,7 @@ class Engine:
     compute_dtype: str
     """the forward passes' precision: "bf16" (autocast over the fp32 weights) or "fp32\""""
     attention: str | None
-    """the model's attention implementation"""
+    """the model's attention implementation (with sequence parallelism, the one its exchange wraps)"""
     lease_layers: int
     """decoder layers whose forward and backward follow the thread lease"""
 
@@ -60,7 +61,18 @@ class Engine:
 
     @property
     def dp_size(self) -> int:
-        return self.plugin.dp_size
+        """data-parallel shards (the SP ranks of one share it)"""
+        return self.plugin.dp_group.size()
+
+    @property
+    def sp_group(self):
+        """The sequence-parallel group (None without sequence parallelism): its ranks split each pass's columns."""
+        return self.plugin.sp_group if getattr(self.plugin, "sp_size", 1) > 1 else None
+
+    @property
+    def grad_ranks(self) -> int:
+        """Ranks the gradients are averaged over: DP x SP."""
+        return self.plugin.mixed_dp_group.size()
 
     @property
     def tp_rank(self) -> int:
@@ -187,10 +199,19 @@ def make_plugin(cfg: ConsumerConfig):
         max_norm=cfg.max_grad_norm or 1e30,
         num_microbatches=p.pp_num_microbatches if p.pp_size > 1 else None,
         make_vocab_size_divisible_by=p.tp_size,
+        **sequence_parallelism(p),
         enable_metadata_cache=False,
         parallel_output=False,
         custom_policy=DecoderLMPolicy(),
     )
+
+
+def sequence_parallelism(p) -> dict:
+    """The plugin's sequence-parallel arguments: its groups (SP, and DP x SP for the gradients' mean); coati's
+    exchanging attention (``sequence_parallel``) does the rest."""
+    if p.sp_size == 1:
+        return {}
+    return {"sp_size": p.sp_size, "enable_sequence_parallelism": True, "sequence_parallelism_mode": p.sp_mode}
 
 
 def load_policy(model_path: str, cfg: ConsumerConfig, device: torch.device, seed: int):
@@ -305,6 +326,9 @@ def build_engine(
         lease_layers += threads.follow_layers(ref_model)  # its forward takes up lends too
     if p.pp_size == 1 and not value_head:  # pipeline stages compute the loss from the model's own logits
         check_output_layer(model)
+    attention_name = getattr(causal_lm(model).config, "_attn_implementation", None)
+    if p.sp_size > 1:
+        sequence_parallel.use(causal_lm(model), plugin.sp_group)
     compute_dtype = resolve_compute_dtype(cfg.compute_dtype, device, p.precision, p.tp_size)
     if rank == 0:
         log.warning(
@@ -322,6 +346,6 @@ def build_engine(
         ref_model=ref_model,
         vocab_size=vocab_size,
         compute_dtype=compute_dtype,
-        attention=getattr(causal_lm(model).config, "_attn_implementation", None),
+        attention=attention_name,
         lease_layers=lease_layers,
     )

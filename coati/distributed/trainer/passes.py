@@ -4,6 +4,7 @@ the log-probs it yields, with or without gradients."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -13,10 +14,17 @@ from coati.distributed.algo import router_losses
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.model import routing
 from coati.distributed.record import RolloutBatch
-from coati.distributed.trainer import expert_parallel
+from coati.distributed.trainer import expert_parallel, sequence_parallel
 from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.engine import Engine
-from coati.distributed.trainer.forward import LAYOUTS, choose_layout, pair_cost, row_tensors, token_budget_chunks
+from coati.distributed.trainer.forward import (
+    LAYOUTS,
+    causal_lm,
+    choose_layout,
+    pair_cost,
+    row_tensors,
+    token_budget_chunks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +70,8 @@ class Passes:
         """The forward layouts a micro-batch may take (``forward.LAYOUTS``; ``choose_layout`` picks among them)."""
         if not self.share_prompts:
             return ("rows",)
-        cache = () if self.cfg.gradient_checkpointing else ("prompt_cache",)  # the recompute keeps no KV cache
+        # The recompute keeps no KV cache; sequence parallelism splits whole rows (a cache's responses are not)
+        cache = () if self.cfg.gradient_checkpointing or self.cfg.plugin.sp_size > 1 else ("prompt_cache",)
         return ("rows", *cache, *(("packed",) if self.engine.sdpa else ()))
 
     def tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
@@ -155,8 +164,10 @@ class Passes:
         policy = model is self.engine.model
         layers = self.routers if policy else []
         real = torch.cat([t["prompt_mask"], t["response_mask"]], dim=1) if layers else None
+        sp = self.engine.sp_group if policy else None
         with (
             self.engine.compute(),
+            sequence_parallel.split(causal_lm(model), sp) if sp is not None else contextlib.nullcontext(),
             routing.replay(layers, routes if policy else None) as replay,
             routing.router_stats(layers, real) as stats,
         ):

@@ -229,7 +229,7 @@ class StepRunner:
         if self.engine.ep_group is not None:  # no DDP with experts sharded: the model averages after the last pass
             return _then(self.engine.model.sync_dp_grads) if last else contextlib.nullcontext()
         ddp = self.engine.model.module
-        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel) or (last and self.engine.dp_size > 1):
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel) or (last and self.engine.grad_ranks > 1):
             return contextlib.nullcontext()
         return ddp.no_sync()
 

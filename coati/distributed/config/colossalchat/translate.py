@@ -9,7 +9,6 @@ nothing is dropped in silence. Pure translation of keyword arguments; no Ray.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -34,8 +33,6 @@ STATEMENTS = {
     "do_sample": "rollouts always sample",
     "include_stop_str_in_output": "a response keeps the tokens of the stop string that ended it",
     "enable_chunked_prefill": "the engine's scheduler decides how prompts are prefilled (the numbers are the same)",
-    "sequence_parallelism": "sequence parallelism is not applied: activations are whole on every TP rank (more "
-    "memory, the same numbers)",
     "ignore_eos": "a response ends at the end-of-sequence token (ignore_eos is not applied)",
     "code_verifier_api_url": "model-written code runs in the local sandbox (docs/security.md), not through "
     "code_verifier_api_url",
@@ -315,5 +312,11 @@ def _plugin(p: dict, grpo: dict, say) -> dict:
         say("enable_flash_attention", p.pop("enable_flash_attention"))
     sp = {k: p.pop(k) for k in ("sp_size", "enable_sequence_parallelism", "sequence_parallelism_mode") if k in p}
     if sp.get("enable_sequence_parallelism"):
-        say("sequence_parallelism", json.dumps(sp))
+        p["sp_size"] = sp.get("sp_size") or 1
+        p["sp_mode"] = sp.get("sequence_parallelism_mode") or "all_to_all"  # ColossalAI's default once enabled
+    elif (sp.get("sp_size") or 1) != 1:
+        raise ValueError(
+            f"plugin_config sp_size={sp['sp_size']} without enable_sequence_parallelism=True (ColossalAI refuses it "
+            "too); set enable_sequence_parallelism=True or drop sp_size"
+        )
     return p
