@@ -14,8 +14,9 @@ import torch
 
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.model.architectures import TP_FAMILIES, model_type
-from coati.testing import ARCHITECTURES, build_tiny_model
+from coati.testing import ARCHITECTURES
 from tests.component.tp_parity import tp_parity
+from tests.helpers import tiny_families
 
 TOLERANCE = 1e-5
 """fp32 on both sides: the same model computed two ways agrees to ~1e-6"""
@@ -23,11 +24,9 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {
-        a: str(build_tiny_model(root / a, arch=a, hidden_size=128, num_heads=2, vocab_multiple=8))
-        for a in ARCHITECTURES
-    }
+    return tiny_families(
+        tmp_path_factory.mktemp("families"), ARCHITECTURES, hidden_size=128, num_heads=2, vocab_multiple=8
+    )
 
 
 @pytest.mark.background  # nothing timed; two processes of its own

@@ -15,7 +15,8 @@ import torch
 
 from coati.distributed.runtime.placement import free_port
 from coati.distributed.trainer.expert_parallel import even_chunks
-from coati.testing import MOE_ARCHITECTURES, build_tiny_model
+from coati.testing import MOE_ARCHITECTURES
+from tests.helpers import tiny_families
 
 TOL = 2e-5
 """fp32: the experts see the same rows in another grouping; sums stay in the same order"""
@@ -102,11 +103,9 @@ def _case(rank: int, device, path: str, forced: list[int] | None) -> dict:
 
 @pytest.fixture(scope="module")
 def moe_paths(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ep")
-    return {
-        arch: str(build_tiny_model(folder / arch, arch=arch, hidden_size=64, num_heads=2, vocab_multiple=8))
-        for arch in MOE_ARCHITECTURES
-    }
+    return tiny_families(
+        tmp_path_factory.mktemp("ep"), MOE_ARCHITECTURES, hidden_size=64, num_heads=2, vocab_multiple=8
+    )
 
 
 def test_ep2_gives_dp2_losses_gradients_norm_and_update(moe_paths, tmp_path):

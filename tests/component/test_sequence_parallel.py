@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from coati.distributed.runtime.placement import free_port
-from coati.testing import ARCHITECTURES, MOE_ARCHITECTURES, build_tiny_model
+from coati.testing import ARCHITECTURES, MOE_ARCHITECTURES
+from tests.helpers import tiny_families
 
 DENSE = [a for a in ARCHITECTURES if a not in MOE_ARCHITECTURES]
 TOL = 2e-5
@@ -102,11 +103,7 @@ def _rank(rank: int, port: int, paths: dict[str, str], out: str) -> None:
 
 @pytest.fixture(scope="module")
 def dense_paths(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sp")
-    return {
-        arch: str(build_tiny_model(folder / arch, arch=arch, hidden_size=64, num_heads=4, num_kv_heads=2))
-        for arch in DENSE
-    }
+    return tiny_families(tmp_path_factory.mktemp("sp"), DENSE, hidden_size=64, num_heads=4, num_kv_heads=2)
 
 
 def test_sp2_gives_the_whole_models_logprobs_loss_and_gradients(dense_paths, tmp_path):
