@@ -101,17 +101,26 @@ ROUTED_FAMILIES = frozenset({"qwen3_moe", "mixtral", "olmoe", "qwen2_moe"})
 """``model_type`` values whose routers coati records and replays (``model/routing.py``)"""
 
 
+def known_experts(config: dict, where: str, setting: str, families: frozenset, whose: str, fix: str) -> int:
+    """``config``'s routed experts per layer, or a refusal of ``setting`` naming ``where`` and ``fix``: for a dense
+    model, or a family outside ``families`` ("whose {whose} (it does ...)")."""
+    config = text_config(config)
+    family, experts = config.get("model_type"), num_experts(config)
+    if not experts:
+        raise ValueError(f"{setting}, but {where} ({family}) has no routed experts; {fix}")
+    if family not in families:
+        raise ValueError(
+            f"{setting}, but {where} is a {family} mixture of experts, whose {whose} (it does "
+            f"{', '.join(sorted(families))}); {fix}"
+        )
+    return experts
+
+
 def check_routing(config: dict, where: str) -> None:
     """Refuse routing replay for a model it cannot route: a dense one, or a family whose router it does not know."""
-    config = text_config(config)
-    family = config.get("model_type")
-    if not num_experts(config):
-        raise ValueError(f"routing_replay=True, but {where} ({family}) has no routed experts; turn routing_replay off")
-    if family not in ROUTED_FAMILIES:
-        raise ValueError(
-            f"routing_replay=True, but {where} is a {family} mixture of experts, whose router coati does not "
-            f"replay (it does {', '.join(sorted(ROUTED_FAMILIES))}); turn routing_replay off"
-        )
+    known_experts(
+        config, where, "routing_replay=True", ROUTED_FAMILIES, "router coati does not replay", "turn routing_replay off"
+    )
 
 
 EP_FAMILIES = ROUTED_FAMILIES
@@ -124,15 +133,8 @@ def check_experts(config: dict, where: str, ep_size: int) -> None:
     that do not split evenly over ``ep_size`` ranks."""
     if ep_size == 1:
         return
-    config = text_config(config)
-    family, experts = config.get("model_type"), num_experts(config)
-    if not experts:
-        raise ValueError(f"ep_size={ep_size}, but {where} ({family}) has no routed experts; use ep_size=1")
-    if family not in EP_FAMILIES:
-        raise ValueError(
-            f"ep_size={ep_size}, but {where} is a {family} mixture of experts, whose experts coati does not shard "
-            f"(it does {', '.join(sorted(EP_FAMILIES))}); use ep_size=1"
-        )
+    setting = f"ep_size={ep_size}"
+    experts = known_experts(config, where, setting, EP_FAMILIES, "experts coati does not shard", "use ep_size=1")
     if experts % ep_size:
         raise ValueError(
             f"ep_size={ep_size} must divide {where}'s {experts} experts per layer; use an ep_size that divides it"

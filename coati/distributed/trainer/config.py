@@ -229,19 +229,16 @@ class ConsumerConfig:
                 f"{self.lora_alpha}, {self.lora_dropout}, {self.lora_target_modules}",
             )
         p = self.plugin
-        if p.sp_size > 1:
-            model_parallel = p.tp_size * p.pp_size * p.sp_size
-            divides("tp_size * pp_size * sp_size", model_parallel, "num_consumer_procs", self.num_consumer_procs)
-        else:
-            divides("tp_size * pp_size", p.tp_size * p.pp_size, "num_consumer_procs", self.num_consumer_procs)
+        per_shard = "tp_size * pp_size" + (" * sp_size" if p.sp_size > 1 else "")  # SP named only where it is set
+        divides(per_shard, p.tp_size * p.pp_size * p.sp_size, "num_consumer_procs", self.num_consumer_procs)
         require(
             p.sp_size == 1 or not self.lora_rank,
             f"sp_size={p.sp_size} with LoRA is not built; use sp_size=1 or lora_rank 0",
         )
-        divides("ep_size", self.plugin.ep_size, "dp_size", self.dp_size)
+        divides("ep_size", p.ep_size, "dp_size", self.dp_size)
         require(
-            self.plugin.ep_size == 1 or not self.lora_rank,
-            f"ep_size={self.plugin.ep_size} shards the experts that full fine-tuning trains; LoRA trains with "
+            p.ep_size == 1 or not self.lora_rank,
+            f"ep_size={p.ep_size} shards the experts that full fine-tuning trains; LoRA trains with "
             "data parallelism: use ep_size=1 or lora_rank 0",
         )
         divides("train_minibatch_size", self.train_minibatch_size, "train_batch_size", self.train_batch_size)

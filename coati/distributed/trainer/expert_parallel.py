@@ -31,16 +31,14 @@ EXPERT_TENSORS = ("gate_up_proj", "down_proj")
 """the fused expert tensors ``ExpertShard`` shards (leading dimension: the expert)"""
 
 
-def fused_experts(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, attribute, experts module) of each MoE layer's fused experts, in layer order."""
-    found = []
-    for module in model.modules():
-        experts = getattr(module, "experts", None)
-        if isinstance(experts, nn.Module) and all(
-            isinstance(getattr(experts, t, None), nn.Parameter) for t in EXPERT_TENSORS
-        ):
-            found.append((module, "experts", experts))
-    return found
+def moe_blocks(model: nn.Module) -> list[nn.Module]:
+    """The MoE blocks of ``model`` whose ``experts`` hold fused expert tensors, in layer order."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(getattr(module, "experts", None), nn.Module)
+        and all(isinstance(getattr(module.experts, t, None), nn.Parameter) for t in EXPERT_TENSORS)
+    ]
 
 
 class ExpertShard(nn.Module):
@@ -83,7 +81,7 @@ class ExpertShard(nn.Module):
             group=self.group,
         )
         which = torch.empty(sum(recv_n), dtype=expert.dtype, device=expert.device)
-        dist.all_to_all_single(which, expert - (expert // self.local) * self.local, recv_n, send_n, group=self.group)
+        dist.all_to_all_single(which, expert % self.local, recv_n, send_n, group=self.group)  # the holder's index
         outputs = self._experts(inputs, which)
         back = exchange(outputs.new_empty(len(token), outputs.shape[-1]), outputs, send_n, recv_n, group=self.group)
         weighted = back * top_k_weights.reshape(-1)[order, None]
@@ -106,10 +104,10 @@ class ExpertShard(nn.Module):
 
 def shard_experts(model: nn.Module, group) -> int:
     """Replace every fused experts module of ``model`` by its ``ExpertShard`` on this rank; returns how many."""
-    layers = fused_experts(model)
-    for parent, name, experts in layers:
-        setattr(parent, name, ExpertShard(experts, group))
-    return len(layers)
+    blocks = moe_blocks(model)
+    for block in blocks:
+        block.experts = ExpertShard(block.experts, group)
+    return len(blocks)
 
 
 def is_expert(param: torch.Tensor) -> bool:
@@ -133,9 +131,9 @@ def expert_grad_norm(grads: list[torch.Tensor], experts: list[torch.Tensor], ep_
     """The global gradient norm with EP: ``norm`` (a norm over a list of gradients) of the replicated ``grads``,
     combined with the experts' (``experts``: this rank's expert gradients) summed over the EP group, where each
     expert lives on one rank."""
-    own = torch.tensor([norm(experts) ** 2 if experts else 0.0], dtype=torch.float64)
+    own = torch.tensor([norm(experts) ** 2], dtype=torch.float64)  # norm([]) is 0
     dist.all_reduce(own, group=ep_group)
-    return float((norm(grads) ** 2 + own.item()) ** 0.5) if grads else float(own.item() ** 0.5)
+    return float((norm(grads) ** 2 + own.item()) ** 0.5)
 
 
 def even_chunks(chunks: list[slice], count: int) -> list[slice]:
@@ -162,12 +160,14 @@ def save_experts(model: nn.Module, optimizer, path: str) -> None:
     """This rank's expert tensors and their optimizer states, to ``path``. ColossalAI's MoE checkpoint writer keys
     tensors by name, and a fused expert tensor has one name on every EP rank: its shards would overwrite each
     other's there, so each rank keeps its own here."""
-    state = {}
-    for name, param in model.named_parameters():
-        if is_expert(param):
-            state[name] = param.detach().clone()
-            for key, value in optimizer.optim.state.get(param, {}).items():
-                state[f"{name}:{key}"] = value.clone() if torch.is_tensor(value) else torch.tensor(value)
+    state = {
+        name: {
+            "weight": param.detach().clone(),
+            "optimizer": {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.optim.state[param].items()},
+        }
+        for name, param in model.named_parameters()
+        if is_expert(param)
+    }
     torch.save(state, path)
 
 
@@ -175,14 +175,9 @@ def load_experts(model: nn.Module, optimizer, path: str) -> None:
     """Restore what ``save_experts`` wrote, in place (the flat weight buffers stay)."""
     state = torch.load(path, weights_only=True)
     for name, param in model.named_parameters():
-        if not is_expert(param):
-            continue
-        param.data.copy_(state[name])
-        moments = {k.split(":", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}:")}
-        if moments:
-            held = optimizer.optim.state[param]
-            for key, value in moments.items():
-                held[key] = value.item() if value.ndim == 0 and not torch.is_tensor(held.get(key)) else value
+        if is_expert(param):
+            param.data.copy_(state[name]["weight"])
+            optimizer.optim.state[param].update(state[name]["optimizer"])
 
 
 def expert_parallel_plugin(**kwargs):
