@@ -333,6 +333,7 @@ def test_dead_peer_gives_named_error_within_timeout(ray_cluster):
 
 def test_missing_peer_times_out_at_rendezvous(ray_cluster):
     lonely = Peer.remote()
+    ray.get(lonely.__ray_ready__.remote(), timeout=120)  # the actor's own start-up is not the rendezvous's time
     start = time.monotonic()
     with pytest.raises(ray.exceptions.RayTaskError, match="did not publish its address"):
         ray.get(lonely.join.remote(2, 1, new_group(), 2.0), timeout=60)
