@@ -107,6 +107,11 @@ class RolloutBatch:
     response_routes: np.ndarray | None = None
     """int16 [N, R, L, k] the same for each response token as it was fed back; -1 on padding and on a row's last
     sampled token (never fed)"""
+    teacher_logprobs: np.ndarray | None = None
+    """float32 [N, R] on-policy distillation: the teacher's log-prob of each sampled token at the sampling
+    temperature, under the teacher's own rendering of the prompt; 0 off the loss mask (``teacher/``)"""
+    teacher_top1: np.ndarray | None = None
+    """bool [N, R] the sampled token is the teacher's most likely one there; False off the loss mask"""
     experience: Experience | None = None
     """added by the driver to a step's whole batch just before it trains (never selected or concatenated)"""
 
@@ -165,6 +170,11 @@ class RolloutBatch:
             assert self.prompt_routes is not None and self.response_routes is not None, "routes come in pairs"
             p, q = self.prompt_routes.shape, self.response_routes.shape
             assert p[:2] == self.prompt_ids.shape and q[:2] == r and p[2:] == q[2:], (p, q)
+        if self.teacher_logprobs is not None or self.teacher_top1 is not None:
+            assert self.teacher_logprobs is not None and self.teacher_top1 is not None, "teacher fields come in pairs"
+            assert self.teacher_logprobs.shape == r and self.teacher_top1.shape == r, self.teacher_logprobs.shape
+            off = ~self.trained_mask()
+            assert not self.teacher_logprobs[off].any() and not self.teacher_top1[off].any(), "teacher off the mask"
         if self.turn_index is not None:
             assert self.turn_index.shape == r and np.array_equal(self.turn_index > 0, self.trained_mask()), "turn_index"
         return self
@@ -216,6 +226,9 @@ class RolloutBatch:
         if len(prompt_routes) == len(response_routes) == len(batches):
             out.prompt_routes = np.concatenate([_pad_columns(a, p, -1, left=True) for a in prompt_routes])
             out.response_routes = np.concatenate([_pad_columns(a, r, -1) for a in response_routes])
+        if all(b.teacher_logprobs is not None for b in batches):
+            out.teacher_logprobs = np.concatenate([right(b.teacher_logprobs, r, 0.0) for b in batches])
+            out.teacher_top1 = np.concatenate([right(b.teacher_top1, r, False) for b in batches])
         if all(b.turn_index is not None for b in batches):
             out.turn_index = np.concatenate([right(b.turn_index, r, 0) for b in batches])
         keys = set.intersection(*(set(b.extras) for b in batches))

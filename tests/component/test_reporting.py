@@ -199,6 +199,19 @@ def test_a_ppo_run_plots_its_critic():
     assert [k for k, _, _ in lines["values"][1]] == ["value before training"]
 
 
+def test_a_distilling_run_plots_its_kl_to_the_teacher():
+    from coati.distributed.driver.reporting import plot_lines
+
+    history = [{"step": s, "teacher/kl": 2.0 / s, "teacher/top1_match": 0.1 * s} for s in range(1, 4)]
+    lines = plot_lines(history)
+    assert [k for k, _, _ in lines["teacher"][1]] == [
+        "KL to the teacher (nats per token)",
+        "tokens the teacher would pick",
+    ]
+    assert lines["teacher"][1][0][2] == [(1, 2.0), (2, 1.0), (3, 2.0 / 3)]
+    assert "teacher" not in plot_lines([{"step": 1, "reward/mean": 0.5}])
+
+
 def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path, monkeypatch):
     """summary.json says when each start-up phase began and when the first training step ended, counted from the
     process's start (the command's imports included) for the process's first run."""

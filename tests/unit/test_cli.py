@@ -53,7 +53,7 @@ def test_help_fits_a_screen_and_help_all_lists_every_flag():
     short, full = build_parser().format_help(), build_parser(everything=True).format_help()
     assert len(short.splitlines()) <= 65, len(short.splitlines())
     assert (
-        "--algo {GRPO,DAPO,DR_GRPO,RLOO,REINFORCE_PPB,GSPO,CISPO,PPO,REINFORCE_PP}" in short
+        "--algo {GRPO,DAPO,DR_GRPO,RLOO,REINFORCE_PPB,GSPO,CISPO,PPO,REINFORCE_PP,OPD}" in short
         and "-tbs INT, --train-batch-size" in short
     )
     for alias in ("-m STR, --model-path", "-d STR, --data-train", "-g INT", "-mnt INT", "-rt FN", "-lr FLOAT"):

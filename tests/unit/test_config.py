@@ -90,7 +90,7 @@ BAD = [
         "one must divide the other",
     ),
     (lambda: RunConfig(num_episodes=0), "RunConfig.num_episodes must be a positive integer, got 0"),
-    (lambda: resolve_algorithm("TRPO"), "unknown algorithm 'TRPO'; known: CISPO, DAPO, DR_GRPO, GRPO, GSPO, PPO"),
+    (lambda: resolve_algorithm("TRPO"), "unknown algorithm 'TRPO'; known: CISPO, DAPO, DR_GRPO, GRPO, GSPO, OPD, PPO"),
     (lambda: resolve_algorithm("DAPO", clip_high=0.3), r"unknown algorithm option\(s\) \['clip_high'\]"),
 ]
 

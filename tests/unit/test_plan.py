@@ -6,20 +6,22 @@ from types import SimpleNamespace
 
 from coati.distributed.config.tree import config_from_dict
 from coati.distributed.driver.preflight import rollout_plan
-from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
+from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TeacherLink, TrainerPrecision
 from coati.distributed.rollout.producer import Producer
 
 
 def _plan(**over):
-    return SimpleNamespace(
+    fields = dict(
         inference_model_path="/models/m",
         inference_options={"dtype": "float32"},
         train_dataset="train-spec",
         eval_dataset=None,
         prompt_format="fmt",
         stream_prompts=0,
-        **over,
+        tokenizer_path="/models/m",
+        teacher_model_path=None,
     )
+    return SimpleNamespace(**{**fields, **over})
 
 
 def test_the_rollout_plan_holds_what_a_producer_needs_resolved():
@@ -44,11 +46,20 @@ def test_the_rollout_plan_holds_what_a_producer_needs_resolved():
     )
     assert role.algorithm == config.algo_config and role.engine_options == {"dtype": "float32"}
     assert rollout_plan(config_from_dict({}), _plan()).lora is None
+    assert role.teacher is None
+    tree = {"algo": "OPD", "teacher": {"model": "/t", "privileged_context": " {gt_answer}", "timeout_s": 9.0}}
+    link = rollout_plan(config_from_dict(tree), _plan(teacher_model_path="/t")).teacher
+    assert link == TeacherLink("/t", " {gt_answer}", 9.0)  # the teacher's own chat template
+    tree["teacher"]["model"] = "self:2"
+    assert (
+        rollout_plan(config_from_dict(tree), _plan(teacher_model_path="/models/m")).teacher.tokenizer_path
+        == "/models/m"
+    )
 
 
 def test_a_producer_is_built_from_its_plan_and_index_only():
     params = [p for p in inspect.signature(Producer.__init__).parameters if not p.startswith("_ray")]  # Ray adds one
-    assert params == ["self", "producer_idx", "plan", "reward_servers"]
+    assert params == ["self", "producer_idx", "plan", "reward_servers", "teacher_servers"]
     source = inspect.getsource(Producer)
     assert "config." not in source and ".consumer" not in source  # no other role's section read by attribute
 

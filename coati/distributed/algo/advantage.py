@@ -55,6 +55,16 @@ def grpo_advantage(rewards, group_ids, response_mask, cfg, *, values=None, token
     return _finish((r - mean) / (std + cfg.adv_eps), rewards, group_ids, response_mask)
 
 
+@ADVANTAGE_ESTIMATORS.register("none")
+@torch.no_grad()
+def no_advantage(rewards, group_ids, response_mask, cfg, *, values=None, token_rewards=None) -> AdvantageOutput:
+    """No reward term: A = 0 everywhere. On-policy distillation's estimator (OPD): its advantage is the teacher's
+    per-token term alone (``distill.distill_advantages``, added by the trainer with ``distill_coef``); the rewards
+    are still scored and logged."""
+    _check_inputs(rewards, group_ids, response_mask, values, token_rewards)
+    return _finish(torch.zeros_like(rewards, dtype=torch.float64), rewards, group_ids, response_mask)
+
+
 @ADVANTAGE_ESTIMATORS.register("drgrpo")
 @torch.no_grad()
 def drgrpo_advantage(rewards, group_ids, response_mask, cfg, *, values=None, token_rewards=None) -> AdvantageOutput:

@@ -21,7 +21,7 @@ class AlgorithmConfig:
 
     advantage_estimator: str = "grpo"
     """advantage estimator: grpo, drgrpo, rloo, reinforce_ppb (group baselines), gae (a learned critic), reinforce_pp
-    (per-token discounted returns, no baseline)"""
+    (per-token discounted returns, no baseline), none (no reward term: on-policy distillation's, with distill_coef)"""
     policy_loss: str = "ppo_clip"
     """policy loss: ppo_clip, gspo, cispo"""
     loss_agg_mode: str = "token-mean"
@@ -90,6 +90,9 @@ class AlgorithmConfig:
     """the critic's clipped value loss: new values may move at most this far from the rollout's (None: unclipped)"""
     freeze_actor_steps: int = 0
     """critic warm-up: the first N training steps train the critic only (the policy keeps its weights)"""
+    distill_coef: float = 0.0
+    """on-policy distillation: coef * (log pi_teacher - log pi_student) of each sampled token is added to its
+    advantage (the per-token reverse KL to the teacher, which teacher.model names; 0 = off; OPD's preset: 1.0)"""
 
     def __post_init__(self):
         require(0 <= self.clip_eps_low <= 1, f"clip_eps_low must be in [0, 1], got {self.clip_eps_low}")
@@ -114,6 +117,12 @@ class AlgorithmConfig:
         )
         require(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
         self._check_returns()
+        require(self.distill_coef >= 0, f"distill_coef must be >= 0, got {self.distill_coef}")
+        require(
+            self.advantage_estimator != "none" or self.distill_coef > 0,
+            "advantage_estimator='none' trains on the teacher's term alone, but distill_coef=0; set distill_coef > 0 "
+            "(--distill-coef 1.0) and a teacher (--teacher-model), or another estimator",
+        )
         require(
             isinstance(self.skip_no_signal_after, int) and self.skip_no_signal_after >= 0,
             f"skip_no_signal_after must be an integer >= 0, got {self.skip_no_signal_after!r}",
@@ -174,6 +183,11 @@ class AlgorithmConfig:
     def uses_critic(self) -> bool:
         """Whether the run trains a value model (its estimator needs V)."""
         return self.advantage_estimator in VALUE_ESTIMATORS
+
+    @property
+    def distills(self) -> bool:
+        """Whether the run has a teacher score the sampled tokens (``algo/distill.py``)."""
+        return self.distill_coef > 0
 
     @property
     def kl_in_reward(self) -> bool:

@@ -126,6 +126,19 @@ ALGO_MAP.register(
     ),
 )
 
+ALGO_MAP.register(
+    "OPD",
+    AlgorithmConfig(
+        advantage_estimator="none",
+        policy_loss="ppo_clip",
+        loss_agg_mode="token-mean",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        beta=0.0,
+        distill_coef=1.0,
+    ),
+)
+
 
 def preset_name(name: str) -> str:
     """The preset ``name`` refers to, in any case and with ``-`` or ``.`` for ``_`` (grpo, Dr.GRPO, dr-grpo); an

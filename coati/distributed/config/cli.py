@@ -25,7 +25,7 @@ from coati.distributed.config import openrlhf
 from coati.distributed.config.tree import SECTIONS, Config, config_from_dict
 from coati.distributed.config.trl import SAME, refusal
 
-PREFIXED = {"model", "data", "reward", "critic"}
+PREFIXED = {"model", "data", "reward", "critic", "teacher"}
 """sections whose flags carry the section name (their field names alone would be unclear)"""
 
 ALIASES: dict[str, tuple[str, ...]] = {

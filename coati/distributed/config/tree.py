@@ -26,6 +26,7 @@ from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.config import ProducerConfig
 from coati.distributed.rollout.data import DatasetSpec, PromptFormat
 from coati.distributed.runtime.layout import LayoutConfig
+from coati.distributed.teacher.config import TeacherConfig
 from coati.distributed.trainer.config import ConsumerConfig
 
 DEFAULT_TASK = "reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=1&max_digits=2"
@@ -289,7 +290,8 @@ class Config:
     """Everything a run needs, in one tree."""
 
     algo: str = "DAPO"
-    """algorithm preset from ALGO_MAP (GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO, PPO, REINFORCE_PP)"""
+    """algorithm preset from ALGO_MAP (GRPO, DAPO, DR_GRPO, RLOO, REINFORCE_PPB, GSPO, CISPO, PPO, REINFORCE_PP,
+    OPD)"""
     algorithm: dict = field(default_factory=dict)
     """overrides of the preset's fields (AlgorithmConfig), e.g. {"beta": 0.01}"""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -310,6 +312,8 @@ class Config:
     """the run"""
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     """where each role runs: nodes per role, colocations (OpenRLHF's --{role}_num_nodes)"""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """on-policy distillation's teacher, for algorithms with distill_coef > 0 (OPD)"""
 
     def __post_init__(self):
         check_finite_tree(self)
@@ -349,6 +353,7 @@ class Config:
             )
         self._check_critic()
         self._check_layout()
+        self._check_teacher()
         buffer = self.algo_config.overlong_buffer_len(self.generation.max_new_tokens)
         require(
             buffer < self.generation.max_new_tokens,
@@ -399,6 +404,26 @@ class Config:
                 f"policy: critic DP ranks * minibatches = {dp * minibatches} must divide {prompts}; set critic "
                 f"num_procs / tp_size to a divisor of {prompts // minibatches}",
             )
+
+    def _check_teacher(self) -> None:
+        """A teacher exactly where the algorithm distils; single-turn completions only."""
+        algo, t = self.algo_config, self.teacher
+        require(
+            not algo.distills or t.model is not None,
+            f"distill_coef={algo.distill_coef} (--algo {self.algo}) distils from a teacher, but none is set; set "
+            "teacher.model (--teacher-model PATH, or self:N for the policy itself, refreshed every N steps)",
+        )
+        changed = [f.name for f in dataclasses.fields(t) if getattr(t, f.name) != getattr(TeacherConfig(), f.name)]
+        require(
+            algo.distills or not changed,
+            f"teacher settings {changed} given, but --algo {self.algo} has distill_coef=0; use --algo OPD, or "
+            "--distill-coef 0.5 beside the reward",
+        )
+        require(
+            not algo.distills or not self.reward.episodes,
+            f"env {self.reward.env.name!r} makes multi-turn episodes, which the teacher does not score (it scores "
+            "one completion after its prompt); drop reward.env or the teacher",
+        )
 
     def _check_layout(self) -> None:
         """A layout places the roles the run has, and only those."""
@@ -481,6 +506,7 @@ class Config:
             "producer": dataclasses.asdict(self.producer),
             "consumer": dataclasses.asdict(self.consumer),
             "critic": dataclasses.asdict(self.critic),
+            "teacher": dataclasses.asdict(self.teacher),
             "generation": dataclasses.asdict(self.generation),
             "algorithm": dataclasses.asdict(self.algo_config),
             "reward": dataclasses.asdict(self.reward),
@@ -498,6 +524,7 @@ SECTIONS: dict[str, type] = {
     "reward": RewardConfig,
     "run": RunConfig,
     "layout": LayoutConfig,
+    "teacher": TeacherConfig,
 }
 """the tree's dataclass sections (consumer holds plugin); ``algorithm`` is a dict of AlgorithmConfig fields"""
 

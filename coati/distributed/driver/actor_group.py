@@ -208,6 +208,32 @@ def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -
     return servers, [a.ping.remote() for group in servers.values() for _, a in group]
 
 
+def start_teacher_servers(config, plan, run_name: str, shared_gpus: dict, env: dict) -> tuple[list, list]:
+    """The teacher's servers [(name, actor)] on their planned slots, and their pings (each answered once its model
+    has loaded); none when the run does not distil."""
+    import ray
+
+    from coati.distributed.teacher.server import TeacherServer  # deferred: imports torch and transformers
+
+    t = config.teacher
+    if plan.teacher_model_path is None:
+        return [], []
+    remote = ray.remote(TeacherServer)
+    kwargs = dict(
+        path=plan.teacher_model_path,
+        temperature=config.generation.temperature,
+        batch_tokens=t.batch_tokens,
+        threads=max(1, int(t.cpus)),
+    )
+    servers = []
+    for i, slot in enumerate(plan.server_slots["teacher"]):
+        name = f"{run_name}-teacher-{i}"
+        options = actor_options(slot, shared_gpus, t.cpus, t.gpus)
+        servers.append((name, remote.options(name=name, **options, **env).remote(**kwargs)))
+        ACTOR_NAMES[servers[-1][1]._actor_id.hex()] = name
+    return servers, [a.ping.remote() for _, a in servers]
+
+
 class ActorGroups:
     """Producers (on the low-index nodes) and consumers (on the high-index ones), as the plan placed them."""
 
@@ -231,6 +257,12 @@ class ActorGroups:
         self.producer_info: list[dict] = []
         self.consumer_info: list[dict] = []
         self.server_info: list[dict] = []
+        self.teachers: list = []
+        """the teacher's servers [(name, actor)] (on-policy distillation), none without a teacher"""
+        self.teacher_version = 0
+        """the policy version a self-teacher holds (0: the model folder's weights)"""
+        self.teacher_weights = None
+        """the object-store ref of the weights a self-teacher was last given (None: the folder's), for checkpoints"""
 
     def start(self, consumers: bool = True) -> None:
         """Start the plan's actors (the reward's model servers, the producers and, unless ``consumers`` is False,
@@ -242,8 +274,10 @@ class ActorGroups:
             p.producer_slots + p.consumer_slots + p.critic_slots + p.ref_slots + servers
         )
         self.reward_servers, pings = start_reward_servers(self.cfg.reward, p, self.run_name, self.shared_gpus, env)
+        self.teachers, teacher_pings = start_teacher_servers(self.cfg, p, self.run_name, self.shared_gpus, env)
+        pings = pings + teacher_pings
         if self.shared_gpus:  # a server on a GPU an engine shares loads first: the engine sizes itself by what is free
-            self.server_info = get(pings, "reward model setup")
+            self.server_info = get(pings, "model server setup")
         self._start_producers(env)
         if consumers:
             self._start_consumers(env)
@@ -258,7 +292,7 @@ class ActorGroups:
             self.producer_info = get(producers, "producer setup")
         consumers = [a.setup.remote() for a in self.consumers]
         critics = [a.setup.remote() for a in self.critics]
-        self.server_info = get(pings, "reward model setup")  # first: a model that fails to load is what stops the run
+        self.server_info = get(pings, "model server setup")  # first: a model that fails to load is what stops the run
         self.producer_info = get(producers, "producer setup")
         self.consumer_info = get(consumers, "consumer setup")
         self.critic_info = get(critics, "critic setup")
@@ -271,7 +305,9 @@ class ActorGroups:
     def startup(self) -> list[tuple[str, dict]]:
         """(name, setup's or ping's reply) of each producer, consumer and reward server, for the start-up account."""
         servers = [
-            name.removeprefix(f"{self.run_name}-") for group in self.reward_servers.values() for name, _ in group
+            name.removeprefix(f"{self.run_name}-")
+            for group in [*self.reward_servers.values(), self.teachers]
+            for name, _ in group
         ]
         return (
             [(f"producer-{i}", info) for i, info in enumerate(self.producer_info)]
@@ -308,7 +344,7 @@ class ActorGroups:
             actor = ray.remote(Producer).options(
                 **options, **cpu_actor_env(env, slot.num_gpus), **threads, name=f"{self.run_name}-producer-{i}"
             )
-            self.producers.append(actor.remote(i, role, self.reward_servers))
+            self.producers.append(actor.remote(i, role, self.reward_servers, self.teachers))
 
     def _start_consumers(self, env: dict) -> None:
         import ray
@@ -538,6 +574,15 @@ class ActorGroups:
                     out[name] = full
         return out
 
+    def refresh_teachers(self, version: int, weights=None) -> None:
+        """A self-teacher takes the policy's weights of ``version``: gathered from the consumers, or ``weights`` (a
+        checkpoint's); every teacher server holds them once this returns."""
+        import ray
+
+        self.teacher_weights = ray.put(self.full_weights() if weights is None else weights)
+        get([a.load_weights.remote(self.teacher_weights, version) for _, a in self.teachers], "refreshing the teacher")
+        self.teacher_version = version
+
     def evaluate(self) -> list[dict]:
         threads = self.threads(True, False)[0]
         return get([p.evaluate.remote(threads=t) for p, t in zip(self.producers, threads, strict=True)], "evaluation")
@@ -575,7 +620,11 @@ class ActorGroups:
                 ray.get(a.close.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        servers = [a for group in getattr(self, "reward_servers", {}).values() for _, a in group]
+        servers = [
+            a
+            for group in [*getattr(self, "reward_servers", {}).values(), getattr(self, "teachers", [])]
+            for _, a in group
+        ]
         WATCH.clear()
         watchdog = [self.watchdog] if hasattr(self, "watchdog") else []
         for a in self.producers + self.consumers + self.critics + self.references + servers + watchdog:

@@ -285,6 +285,29 @@ def read_checkpoint(actors, folder: str) -> tuple[dict, dict]:
     return meta, state
 
 
+TEACHER_FILE = "teacher.safetensors"
+"""a self-teacher's weights in a checkpoint (the policy as it was at the teacher's last refresh)"""
+
+
+def save_teacher(weights_ref, folder: str) -> None:
+    """The self-teacher's weights (an object-store ref of the state dict it was given) into ``folder``."""
+    import ray
+    from safetensors.torch import save_file
+
+    state = ray.get(weights_ref)
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, os.path.join(folder, TEACHER_FILE))
+
+
+def load_teacher(folder) -> dict:
+    """The self-teacher's weights a checkpoint holds (``save_teacher``)."""
+    from safetensors.torch import load_file
+
+    path = os.path.join(str(folder), TEACHER_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {folder} records a self-teacher but holds no {TEACHER_FILE}; it is incomplete")
+    return load_file(path)
+
+
 def final_folder(save_dir: str) -> str:
     """Where a run exports its final model (complete once there: it is written elsewhere and renamed)."""
     return os.path.join(save_dir, "final")

@@ -28,7 +28,9 @@ from coati.distributed.driver.checkpoint import (
     export_lora,
     export_policy,
     final_folder,
+    load_teacher,
     read_checkpoint,
+    save_teacher,
     write_checkpoint,
 )
 from coati.distributed.driver.experience import ExperienceMaker
@@ -134,6 +136,7 @@ class Run:
             "identity": self.record.get("identity", {}),
             "dataset": self.record.get("dataset", {}),
             "experience": self.experience.state(),
+            "teacher_version": self.actors.teacher_version,
         }
 
         def adapter(folder: str) -> None:  # a LoRA run's checkpoint holds its adapter as a PEFT folder too
@@ -141,12 +144,18 @@ class Run:
             export_lora(self.actors, c, self.plan.train_model_path, self.tokenizer, path)
 
         def extras(folder: str) -> None:
+            if self.actors.teacher_version:  # a self-teacher's weights, older than the checkpoint's policy
+                save_teacher(self.actors.teacher_weights, folder)
             if self.cfg.consumer.lora_rank:
                 adapter(folder)
             if self.cfg.run.save_hf_checkpoints:  # the policy as a Hugging Face folder, as final/ holds it
                 self.save(os.path.join(folder, "hf"))
 
-        also = extras if self.cfg.consumer.lora_rank or self.cfg.run.save_hf_checkpoints else None
+        also = (
+            extras
+            if self.cfg.consumer.lora_rank or self.cfg.run.save_hf_checkpoints or self.cfg.teacher.self_lag
+            else None
+        )
         buffer = self.rollouts.buffer
         self.last_checkpoint = write_checkpoint(
             self.actors, manager, step, buffer.state(), buffer.ledger.state(), meta, also=also
@@ -160,6 +169,8 @@ class Run:
         meta, state = read_checkpoint(self.actors, folder)
         self.rollouts.buffer.restore(state["buffer"], state["ledger"])
         self.experience.restore(meta.get("experience"))
+        if meta.get("teacher_version"):  # the self-teacher the run had at that step
+            self.actors.refresh_teachers(meta["teacher_version"], load_teacher(folder))
         p = self.progress
         p.version = p.start_step = p.reported_step = meta["step"]
         self.last_checkpoint = str(folder)
@@ -300,6 +311,11 @@ class Run:
         if self.sleep_while_training:
             asleep["time/wake"] = self.actors.wake()
         t_push = self.push_weights()
+        lag = self.cfg.teacher.self_lag
+        if lag and step % lag == 0:  # a self-teacher becomes the policy as it is now, for the next lag steps
+            t2 = time.perf_counter()
+            self.actors.refresh_teachers(step)
+            t_push += time.perf_counter() - t2
         if (
             self.rollouts.round is not None
         ):  # pushed mid-round: the round still in flight takes the idle consumers' cores
@@ -318,6 +334,8 @@ class Run:
         # puts, metrics). Rollout wait itself is generation + reward + transfer, reported by the producers.
         metrics["time/overhead"] = max(metrics["time/step"] - t_rollout - t_train - t_push, 0.0)
         metrics.update({**train_metrics, **asleep})
+        if lag:
+            metrics["teacher/version"] = self.actors.teacher_version
         if self.plan.sandbox is not None:  # 1: model-written code ran without bwrap (allow_degraded_sandbox)
             metrics["reward/sandbox_degraded"] = float(self.plan.sandbox_degraded)
         return metrics

@@ -41,9 +41,10 @@ from coati.distributed.rollout.data import (
     reward_fields,
     rows_digest,
 )
-from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TrainerPrecision
+from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TeacherLink, TrainerPrecision
 from coati.distributed.runtime.layout import plan_roles
 from coati.distributed.runtime.placement import alive_nodes, check_free, plan_placement, plan_servers
+from coati.distributed.teacher.checks import check_teacher_files, check_teacher_tokenizer, teacher_model_path
 from coati.distributed.trainer.plan import TrainerPlan
 from coati.registry import use_user_folders, user_folders
 
@@ -117,6 +118,8 @@ class Inputs:
     process"""
     critic_model_path: str | None
     """the critic's starting weights, resolved (None: the run trains no critic)"""
+    teacher_model_path: str | None
+    """the folder the teacher servers load (the policy's for a self-teacher; None: the run does not distil)"""
 
 
 @dataclass
@@ -131,8 +134,8 @@ class Plan(Inputs):
     inference_options: dict
     """the engine's constructor options (the user's, checked, and the launch's choices)"""
     server_slots: dict
-    """{component: [Slot or None per server]}: where the reward's model servers (rm, judge) run (None: anywhere
-    with their resources)"""
+    """{component: [Slot or None per server]}: where the reward's model servers (rm, judge) and the teacher's
+    (teacher) run (None: anywhere with their resources)"""
     in_flight: bool
     """whether pushes load while producers generate (``run.in_flight_weight_updates``, auto resolved)"""
     critic_slots: list
@@ -184,6 +187,8 @@ def check_inputs(config: Config) -> Inputs:
         if eval_rows:
             check_env_inputs(cfg, eval_rows, "eval set", tokenizer)
     check_counts(cfg, len(rows))  # again: the overlong rows dropped above may leave too few
+    if files.teacher_model_path is not None:
+        check_teacher_tokenizer(files.teacher_model_path, tokenizer, files.tokenizer_path, files.prompt_format.raw)
     sandbox, degraded, per_run = check_sandbox(cfg.reward)
     return Inputs(
         files.train_model_path,
@@ -201,6 +206,7 @@ def check_inputs(config: Config) -> Inputs:
         degraded,
         per_run,
         files.critic_model_path,
+        files.teacher_model_path,
     )
 
 
@@ -218,6 +224,8 @@ class Files:
     """(training rows, held-out rows)"""
     critic_model_path: str | None = None
     """the critic's starting weights (None: no critic)"""
+    teacher_model_path: str | None = None
+    """the teacher's folder (None: no teacher)"""
 
 
 def check_files(config: Config) -> Files:
@@ -250,6 +258,9 @@ def check_files(config: Config) -> Files:
         check_value_model(critic_model_path)
     if cfg.reward.rm.path is not None:
         check_reward_model(cfg.reward.rm.path)
+    teacher_path = teacher_model_path(cfg.teacher, train_model_path)
+    if teacher_path is not None:
+        check_teacher_files(cfg.teacher, teacher_path, {"training set": rows, "eval set": eval_rows})
     if cfg.reward.judge.path is not None:
         check_judge(cfg.reward.judge.path, cfg.reward.judge.template, {"training set": rows, "eval set": eval_rows})
     if config.run.address is None:  # a local cluster: its accelerators are this machine's
@@ -264,6 +275,7 @@ def check_files(config: Config) -> Files:
         config.data.prompt_format(),
         (rows, eval_rows),
         critic_model_path,
+        teacher_path,
     )
 
 
@@ -328,7 +340,7 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         raise RuntimeError("call ray.init() (or ray.init(address=...)) before launch_distributed")
     producers, consumers, critic_slots, server_slots, ref_slots = place_roles(cfg)
     check_free(
-        resources_needed(cfg.reward, producers + consumers + critic_slots + ref_slots),
+        resources_needed(cfg.reward, producers + consumers + critic_slots + ref_slots, cfg.teacher),
         ray.available_resources,
         ray.cluster_resources(),
     )
@@ -378,14 +390,14 @@ def place_roles(cfg: Config) -> tuple[list, list, list, dict, list]:
         )  # fmt: skip
         # the critic's ranks after the policy's: on the highest-index nodes
         n = cfg.consumer.num_consumer_procs
-        server_slots, producers = plan_reward_servers(cfg.reward, nodes, producers)
+        server_slots, producers = plan_reward_servers(cfg.reward, nodes, producers, cfg.teacher)
         return producers, trainers[:n], trainers[n:], server_slots, []
     producers, _ = plan_placement(nodes, p.num_producers, p.num_proc_per_producer, 0, r.cpus_per_actor)
     rm = cfg.reward.rm
     counts = {"actor": cfg.consumer.num_consumer_procs, "critic": critics, "ref": lay.ref_procs}
     counts["reward"] = rm.servers if rm.path is not None else 0
     slots = plan_roles(nodes, lay, counts, producers, r.cpus_per_actor)
-    server_slots, producers = plan_reward_servers(cfg.reward, nodes, producers)
+    server_slots, producers = plan_reward_servers(cfg.reward, nodes, producers, cfg.teacher)
     if "reward" in slots:
         server_slots["rm"] = slots["reward"]
     return producers, slots["actor"], slots.get("critic", []), server_slots, slots.get("ref", [])
@@ -413,7 +425,18 @@ def rollout_plan(config: Config, plan: Plan) -> RolloutPlan:
         stream_prompts=plan.stream_prompts,
         trainer_precision=TrainerPrecision(c.compute_dtype, c.plugin.precision, c.plugin.tp_size),
         lora=lora,
+        teacher=teacher_link(config, plan),
     )
+
+
+def teacher_link(config: Config, plan: Plan) -> TeacherLink | None:
+    """What producers need of the teacher: the chat template it reads prompts with (its own folder's; a
+    self-teacher's is the student's), its privileged context and its servers' stall limit."""
+    t = config.teacher
+    if plan.teacher_model_path is None:
+        return None
+    path = plan.tokenizer_path if t.self_lag else plan.teacher_model_path
+    return TeacherLink(path, t.privileged_context, t.timeout_s)
 
 
 def trainer_plan(config: Config, plan: Plan, master_addr: str, master_port: int) -> TrainerPlan:
@@ -454,12 +477,13 @@ def horizon(episode_steps: int, limit: int | None) -> int:
     return min(episode_steps, limit) if limit else episode_steps
 
 
-def resources_needed(r, slots: list) -> dict[str, float]:
-    """{"CPU": n, "GPU": n} the run's actors take: producers and consumers (``slots``) and the reward's model
-    servers."""
+def resources_needed(r, slots: list, teacher=None) -> dict[str, float]:
+    """{"CPU": n, "GPU": n} the run's actors take: producers and consumers (``slots``), the reward's model servers
+    and the teacher's."""
     cpus, gpus = sum(s.num_cpus for s in slots), sum(s.num_gpus for s in slots)
-    for server in (r.rm, r.judge):
-        if server.path is not None:
+    servers = [(r.rm, r.rm.path), (r.judge, r.judge.path)] + ([(teacher, teacher.model)] if teacher else [])
+    for server, path in servers:
+        if path is not None:
             cpus, gpus = cpus + server.servers * server.cpus, gpus + server.servers * server.gpus
     return {"CPU": cpus, "GPU": gpus}
 
@@ -561,12 +585,16 @@ def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_
     return backend.IN_FLIGHT_UPDATES and max_staleness >= 1 and not lora_rank
 
 
-def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, list]:
-    """({component: server slots}, producer slots) for the reward's model components (rm, judge)."""
+def plan_reward_servers(r, nodes: list[dict], producers: list, teacher=None) -> tuple[dict, list]:
+    """({component: server slots}, producer slots) for the reward's model components (rm, judge) and the teacher's
+    servers (teacher), placed alike."""
 
     slots = {}
-    for c, server in (("rm", r.rm), ("judge", r.judge)):
-        if server.path is not None:
+    servers = [("rm", r.rm, r.rm.path), ("judge", r.judge, r.judge.path)]
+    if teacher is not None:
+        servers.append(("teacher", teacher, teacher.model))
+    for c, server, path in servers:
+        if path is not None:
             slots[c], producers = plan_servers(
                 server.placement,
                 server.servers,
@@ -574,7 +602,7 @@ def plan_reward_servers(r, nodes: list[dict], producers: list) -> tuple[dict, li
                 server.gpus,
                 nodes,
                 producers,
-                f"reward.{c}.placement",
+                "teacher.placement" if c == "teacher" else f"reward.{c}.placement",
             )
     return slots, producers
 

@@ -42,6 +42,15 @@ METRICS: dict[str, Metric] = {
     "reward/kl_coef": Metric("the KL-in-reward coefficient this step used (adaptive under kl_target)"),
     "reward/running_mean": Metric("running mean of every reward so far (normalize_reward)"),
     "reward/running_std": Metric("running std of every reward so far (normalize_reward)"),
+    # on-policy distillation
+    "teacher/kl": Metric(
+        "mean over the trained tokens of log pi_student - log pi_teacher of the sampled token (the reverse KL per "
+        "token, k1)",
+        "nats",
+    ),
+    "teacher/top1_match": Metric("share of the trained tokens that are the teacher's own most likely token", "share"),
+    "teacher/version": Metric("the policy version the self-teacher holds (teacher.model self:N)", "step"),
+    "time/teacher": Metric("the longest a producer waited for the teacher's log-probs in the step's draws", "s"),
     # the trainer
     "actor/entropy": Metric("mean entropy of the policy over the trained tokens", "nats"),
     "actor/grad_norm": Metric("gradient norm before clipping (the last optimizer step of the training step)"),

@@ -46,9 +46,18 @@ class RewardModelClient:
     scoring, for this producer or another, is waited for however long the draw takes. Outside a run, with no watchdog
     to ask, each server's share must come back within ``timeout_s``."""
 
-    def __init__(self, servers: list, names: list[str], timeout_s: float, setting: str = "reward.rm.timeout_s"):
+    def __init__(
+        self,
+        servers: list,
+        names: list[str],
+        timeout_s: float,
+        setting: str = "reward.rm.timeout_s",
+        label: str = "reward model server",
+    ):
         assert servers and len(servers) == len(names), (len(servers), names)
         self.servers, self.names, self.timeout_s, self.setting = list(servers), list(names), timeout_s, setting
+        self.label = label
+        """what the servers are, in errors (a teacher's servers answer ``score`` as well)"""
 
     def score(self, prompts: list, completions: list[str], *columns: list) -> list:
         """The servers' (score, note) pairs, in order (a note: a judge reply left unread, a reward-model input cut)."""
@@ -77,12 +86,12 @@ class RewardModelClient:
             except GetTimeoutError:
                 pass
             except RayActorError as e:
-                raise RuntimeError(f"reward model server {name} died: {e}") from e
+                raise RuntimeError(f"{self.label} {name} died: {e}") from e
             done = None if watchdog is None else ray.get(watchdog.progress.remote([name]), timeout=30).get(name)
             stalled = stall.seconds(done)
             if stalled >= self.timeout_s:
                 raise RuntimeError(
-                    f"reward model server {name} finished no batch for {stalled:.0f} s while alive "
+                    f"{self.label} {name} finished no batch for {stalled:.0f} s while alive "
                     f"({self.setting}={self.timeout_s:g})"
                 )
 

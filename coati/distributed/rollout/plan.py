@@ -38,6 +38,17 @@ class TrainerPrecision:
 
 
 @dataclass(frozen=True)
+class TeacherLink:
+    """What a producer needs of the teacher role: how it reads prompts, and how long its servers may stall."""
+
+    tokenizer_path: str
+    """the folder whose chat template renders the teacher's prompts (its tokenizer is the student's: checked)"""
+    privileged_context: str | None
+    """text after the prompt's last message, for the teacher alone, with {column} fields of the row"""
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class RolloutPlan:
     """One producer role's inputs, the same for every producer of a run (each adds its index)."""
 
@@ -67,3 +78,5 @@ class RolloutPlan:
     trainer_precision: TrainerPrecision
     lora: LoraSpec | None
     """the adapters consumers push; None when they push whole weights"""
+    teacher: TeacherLink | None = None
+    """on-policy distillation: how the teacher reads prompts (its servers come with the producer); None: no teacher"""

@@ -24,6 +24,7 @@ from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
 from coati.distributed.rollout.plan import RolloutPlan
 from coati.distributed.rollout.receipt import PushReceipt
 from coati.distributed.rollout.scoring import Scorer, episode_results, shaped_rewards
+from coati.distributed.rollout.teaching import Teaching
 from coati.distributed.runtime.liveness import note_progress, start_heartbeat
 from coati.distributed.runtime.placement import whereabouts
 from coati.distributed.runtime.startup import mark, marks
@@ -34,9 +35,15 @@ class Producer:
     """One producer: ``plan`` its role's inputs, resolved once by preflight (``RolloutPlan``: its sections of the
     config, the resolved model, datasets, prompt format and engine options, and what it needs of the trainer);
     ``producer_idx`` its identity; ``reward_servers`` the reward's model components ({component: [(name, actor)]}),
-    shared by all producers."""
+    shared by all producers; ``teacher_servers`` [(name, actor)] the teacher's, when the run distils."""
 
-    def __init__(self, producer_idx: int, plan: RolloutPlan, reward_servers: dict[str, list] | None = None):
+    def __init__(
+        self,
+        producer_idx: int,
+        plan: RolloutPlan,
+        reward_servers: dict[str, list] | None = None,
+        teacher_servers: list | None = None,
+    ):
         mark("imported")  # the worker is up and this module's imports are done
         start_heartbeat()
         self.idx, self.num_producers = producer_idx, plan.num_producers
@@ -56,6 +63,7 @@ class Producer:
         self.lora = plan.lora.as_dict() if plan.lora else None
         """{rank, alpha, target_modules} when consumers push LoRA adapters, else None"""
         self.reward_servers = dict(reward_servers or {})
+        self.teacher_link, self.teacher_servers = plan.teacher, list(teacher_servers or [])
         self.calls = 0
         """rollout calls made (a group's id carries its call's number)"""
         self.threads = ThreadLease()
@@ -87,6 +95,9 @@ class Producer:
         self.eval_rows = self.eval_spec.load() if self.eval_spec else []
         r = self.reward
         self.scorer = Scorer(r, self.n, self.tokenizer, self.reward_servers)
+        self.teaching = (
+            Teaching(self.teacher_link, self.teacher_servers, self.prompt_format) if self.teacher_link else None
+        )
         self.episodes = None  # multi-turn: episodes scored by their environment instead of completions by the pool
         if r.episodes:
             env = r.env
@@ -157,10 +168,12 @@ class Producer:
         drawn = self.draws.draw(num_prompts)
         drawn.label(self.n)
         picks = drawn.picks
+        out = RolloutBatch.concat(drawn.batches, pad_id=self.backend.pad_id)
+        # The teacher scores while the reward workers do (their own processes).
+        teacher_s = self.teaching.annotate(out, [self.rows[i] for _, i in picks], self.n) if self.teaching else None
         t0 = time.perf_counter()
         results = self.scorer.gather(drawn.futures)
         wait_s = time.perf_counter() - t0
-        out = RolloutBatch.concat(drawn.batches, pad_id=self.backend.pad_id)
         texts = [getattr(f, "completion_text", None) for f in drawn.futures]
         self.scorer.apply(out, results, [self.rows[i] for _, i in picks], texts)
         for g, (_, row) in enumerate(picks):
@@ -177,6 +190,8 @@ class Producer:
         out.extras["time/generate"] = np.full(len(out), drawn.generate_s)
         out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in self.threads.counts().items()})
         out.extras["time/reward_wait"] = np.full(len(out), wait_s)
+        if teacher_s is not None:
+            out.extras["time/teacher"] = np.full(len(out), teacher_s)
         out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
         return out.validate()
 

@@ -6,6 +6,7 @@ pipelined minibatch in ``pipeline_step``). Returns the step's metrics reduced ov
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 
 from coati.distributed.algo import ADVANTAGE_ESTIMATORS, AdvantageOutput, LossInput, LossNorm, compute_policy_loss
 from coati.distributed.algo.config import AlgorithmConfig
+from coati.distributed.algo.distill import distill_advantages
 from coati.distributed.algo.grouping import without_unscored
 from coati.distributed.algo.kl_reward import kl_penalty
 from coati.distributed.algo.shaping import mask_truncated
@@ -40,7 +42,8 @@ def step_loss_mask(batch: RolloutBatch, algo) -> torch.Tensor:
 
 def step_estimate(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> AdvantageOutput:
     """Advantages (and a critic's returns) of a batch under ``algo``'s estimator, with what the driver added to it
-    (``batch.experience``: the critic's values, the KL penalty's log-probs and coefficient, reward statistics); a
+    (``batch.experience``: the critic's values, the KL penalty's log-probs and coefficient, reward statistics) and,
+    when the run distils, the teacher's per-token term (``algo/distill.py``); a
     completion without a score (its reward function's None, or a scoring error or timeout) is left out of its
     group's statistics, and its loss mask is empty."""
     group_ids = torch.tensor(batch.group_ids)
@@ -58,9 +61,18 @@ def step_estimate(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> Advanta
             token_rewards, _ = kl_penalty(old, ref, loss_mask, exp.kl_coef, algo.kl_reward_estimator)
     else:
         assert not (algo.uses_critic or algo.kl_in_reward), "values and KL rewards come with the batch's experience"
-    return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
+    out = ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
         rewards, group_ids, loss_mask, algo, values=values, token_rewards=token_rewards
     )
+    if algo.distills:  # the teacher's per-token term beside (OPD: instead of) the reward's
+        assert batch.teacher_logprobs is not None, "a distilling run's batches carry the teacher's log-probs"
+        student, teacher = (
+            torch.from_numpy(np.array(a, dtype=np.float32)) for a in (batch.rollout_logprobs, batch.teacher_logprobs)
+        )
+        out = dataclasses.replace(
+            out, advantages=out.advantages + distill_advantages(student, teacher, loss_mask, algo.distill_coef)
+        )
+    return out
 
 
 def batch_advantages(batch: RolloutBatch, loss_mask: torch.Tensor, algo) -> torch.Tensor:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from coati.distributed.algo.distill import teacher_metrics
 from coati.distributed.guards import reward_failures
 from coati.distributed.record import RewardStatus, RolloutBatch, group_versions
 
@@ -107,7 +108,7 @@ def drawn_metrics(drawn, draws, n: int) -> dict:
             if k.startswith("component/")
         },
     }
-    for key in ("time/generate", "time/reward_wait", "time/producer_total"):
+    for key in ("time/generate", "time/reward_wait", "time/teacher", "time/producer_total"):
         if key in ex:
             out[key] = float(np.max(ex[key]))
     return out
@@ -134,6 +135,9 @@ def trained_metrics(step: int, batch, n: int, max_staleness: int) -> dict:
     for j, count in enumerate(np.bincount(group_lag[::n], minlength=max_staleness + 1)):
         out[f"rollout/lag{j}_groups"] = int(count)  # trained groups whose oldest row started j versions back
     out["rollout/prompt_index"] = batch.extras["prompt_index"][::n].tolist()
+    if batch.teacher_logprobs is not None:  # on-policy distillation: the teacher on the tokens the step trains
+        t = (torch.from_numpy(np.asarray(a)) for a in (batch.rollout_logprobs, batch.teacher_logprobs))
+        out.update(teacher_metrics(*t, torch.from_numpy(batch.teacher_top1), torch.from_numpy(mask)))
     if "episode" in batch.extras:
         out["rollout/epoch"] = batch.extras["episode"][::n].tolist()
     return out
