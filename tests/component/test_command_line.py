@@ -73,3 +73,30 @@ def test_a_backend_or_layout_that_cannot_run_the_model_is_refused_before_ray_sta
         assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
         assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_teacher_the_student_cannot_distil_from_is_refused_before_ray_starts(tmp_path):
+    """A teacher whose tokenizer is not the student's (one token more), a teacher folder with no model, and a
+    privileged context naming a column the data lacks: one line each, before Ray starts."""
+    from transformers import AutoTokenizer
+
+    from coati.testing import build_tiny_model
+
+    student = build_tiny_model(tmp_path / "student")
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(other)
+    (tmp_path / "data.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
+    opd = ["-d", "data.jsonl", "-m", str(student), "-b", "transformers", "--algo", "OPD", "--teacher-model"]
+    cases = {
+        (*opd, str(other)): f"teacher {other}'s tokenizer is not the student's ({student})",
+        (*opd, str(tmp_path)): "is not a model folder (no config.json",
+        (*opd, "self:2", "--teacher-privileged-context", " {solution}"): "shows {solution}, but training set row 0",
+    }
+    for args, message in cases.items():
+        out = run(list(args), tmp_path)
+        assert out.returncode == 2, (args, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
+        assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])
