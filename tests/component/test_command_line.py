@@ -100,3 +100,21 @@ def test_a_teacher_the_student_cannot_distil_from_is_refused_before_ray_starts(t
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
         assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])
+
+
+def test_images_a_text_model_cannot_read_are_refused_before_ray_starts(tmp_path):
+    """The built-in visual task, and a data file whose image is missing: one line each, before Ray starts."""
+    from coati.testing import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model")
+    (tmp_path / "data.jsonl").write_text('{"prompt": "how many?", "images": ["gone.png"], "gt_answer": "1"}\n' * 8)
+    cases = {
+        ("-d", "shapes:count"): f"the data holds 608 images, but model {model} (LlamaForCausalLM) is text-only",
+        ("-d", "data.jsonl"): f"training set row 0 image 0: image file {tmp_path / 'gone.png'} does not exist",
+    }
+    for args, message in cases.items():
+        out = run([*args, "-m", str(model), "-b", "transformers"], tmp_path)
+        assert out.returncode == 2, (args, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, out.stderr[-2000:])
+        assert "Ray" not in out.stdout + out.stderr, (args, out.stderr[-2000:])

@@ -116,3 +116,21 @@ def test_a_context_column_a_row_lacks_is_refused(teacher_path, tmp_path):
         check_teacher_files(t, teacher_path, rows)
     with pytest.raises(FileNotFoundError, match="is not a model folder"):
         check_teacher_files(TeacherConfig(model=str(tmp_path)), str(tmp_path), {})
+
+
+class Dying:
+    def score(self, prompts, responses):
+        import os
+
+        os._exit(1)
+
+
+def test_a_teacher_server_that_dies_is_named(ray_cluster, teacher_path):
+    import ray
+
+    server = ray.remote(Dying).remote()
+    link = TeacherLink(teacher_path, None, 30.0)
+    teaching = Teaching(link, [("run-teacher-0", server)], PromptFormat())
+    batch = batch_from_responses([[3, 4]], 1, [[20, 21]], None, [True], 0)
+    with pytest.raises(RuntimeError, match="teacher server run-teacher-0 died"):
+        teaching.annotate(batch, [{"prompt": "2+2?"}], 1)

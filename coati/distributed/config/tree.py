@@ -24,7 +24,8 @@ from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.loggers import LOGGERS
 from coati.distributed.reward.config import RewardConfig
 from coati.distributed.rollout.config import ProducerConfig
-from coati.distributed.rollout.data import DatasetSpec, PromptFormat
+from coati.distributed.rollout.data import GENERATED, DatasetSpec, PromptFormat
+from coati.distributed.rollout.images import MAX_PIXELS
 from coati.distributed.runtime.layout import LayoutConfig
 from coati.distributed.teacher.config import TeacherConfig
 from coati.distributed.trainer.config import ConsumerConfig
@@ -68,8 +69,8 @@ class DataConfig:
 
     train: str | list = DEFAULT_TASK
     """training prompts: a JSONL, parquet, JSON, arrow or CSV file, a folder of them or one written by
-    Dataset.save_to_disk, a hub dataset id (when the hub is reachable), reasoning_gym:<task>?<options>, or (from
-    Python or a config file) a list of rows"""
+    Dataset.save_to_disk, a hub dataset id (when the hub is reachable), reasoning_gym:<task>?<options>,
+    shapes:count?<options> (the built-in visual task), or (from Python or a config file) a list of rows"""
     train_split: str = "train"
     """the split of a dataset folder or hub dataset used for training (a single file is one split)"""
     train_size: int | None = None
@@ -102,8 +103,12 @@ class DataConfig:
     per row and no system_prompt"""
     system_prompt: str | None = None
     """system prompt added to every prompt"""
+    max_image_pixels: int = MAX_PIXELS
+    """the most pixels one prompt image may have (width x height; the images column, or image parts of messages):
+    a larger one is refused at start-up"""
 
     def __post_init__(self):
+        positive(self, "max_image_pixels", where="data")
         require(
             isinstance(self.train, (str, list)) and len(self.train) > 0,
             f"data train must be a path, a reasoning_gym: task or a list of rows, got {self.train!r}",
@@ -131,7 +136,7 @@ class DataConfig:
 
     def datasets(self, run_seed: int) -> tuple[DatasetSpec, DatasetSpec | None]:
         """(the training set, the held-out set or None) as the run reads them."""
-        gym = isinstance(self.train, str) and self.train.startswith("reasoning_gym:")
+        gym = isinstance(self.train, str) and self.train.startswith(GENERATED)
         seed = run_seed if self.train_seed is None else self.train_seed
         columns = (self.subset, self.prompt_column, self.answer_column)
         size = DEFAULT_TRAIN_ROWS if self.train_size is None and gym else self.train_size
@@ -141,7 +146,7 @@ class DataConfig:
             return train, None
         held_seed = seed + 10_000 if self.eval_seed is None else self.eval_seed
         # the same generator: the held-out prompts are drawn apart from the training ones
-        apart = train if gym and source == self.train else None
+        apart = train if gym and source == self.train and str(self.train).startswith("reasoning_gym:") else None
         held_out = DatasetSpec(source, self.eval_size, held_seed, self.eval_split, *columns, disjoint_from=apart)
         return train, held_out
 

@@ -41,6 +41,7 @@ from coati.distributed.rollout.data import (
     reward_fields,
     rows_digest,
 )
+from coati.distributed.rollout.images import check_image_model, check_images
 from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TeacherLink, TrainerPrecision
 from coati.distributed.runtime.layout import plan_roles
 from coati.distributed.runtime.placement import alive_nodes, check_free, plan_placement, plan_servers
@@ -250,6 +251,10 @@ def check_files(config: Config) -> Files:
     tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
     backend_options(cfg.producer.backend).check_options(m.inference_options or {})
     check_model_files(train_model_path, "train model")
+    limit = cfg.data.max_image_pixels
+    images = check_images(rows, "training set", limit) + check_images(eval_rows, "eval set", limit)
+    if images:
+        check_image_model(train_model_path, images)
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
     critic_model_path = None

@@ -26,9 +26,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from coati.distributed.checks import check_plain_data, strict_json
+from coati.distributed.rollout.images import with_image_paths
+from coati.distributed.rollout.shapes import shape_rows
 
 FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
 """file suffix -> the ``datasets`` builder that reads it (JSONL files are read here unless inside a folder)"""
+GENERATED = ("reasoning_gym:", "shapes:")
+"""the prefixes of tasks generated here from a seed (a reasoning-gym task, the built-in visual task)"""
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -72,7 +76,7 @@ class DatasetSpec:
     def absolute(self) -> DatasetSpec:
         """The spec with a local file or folder made absolute (actors may run in other folders)."""
         source, under = self.source, self.disjoint_from
-        if isinstance(source, str) and not source.startswith("reasoning_gym:") and os.path.exists(source):
+        if isinstance(source, str) and not source.startswith(GENERATED) and os.path.exists(source):
             source = os.path.abspath(source)
         return replace(self, source=source, disjoint_from=under.absolute() if under else None)
 
@@ -126,13 +130,15 @@ def load_rows(
     elif isinstance(source, str) and source.startswith("reasoning_gym:"):
         taken = {r["prompt"] for r in disjoint_from.load()} if disjoint_from else set()
         rows = disjoint_gym_rows(source.split(":", 1)[1], size or 100, seed, taken)
+    elif isinstance(source, str) and source.startswith("shapes:"):
+        rows = shape_rows(source.split(":", 1)[1], size or 100, seed)
     elif isinstance(source, str) and source.endswith(".jsonl") and os.path.isfile(source):
         rows = read_jsonl(source, columns)
     else:
         rows = [
             as_row(r, *columns, f"{source} row {i}") for i, r in enumerate(read_dataset(source, split, subset, size))
         ]
-    if size is not None and not (isinstance(source, str) and source.startswith("reasoning_gym:")):
+    if size is not None and not (isinstance(source, str) and source.startswith(GENERATED)):
         rows = rows[:size]
     if exclude:
         drop = set(exclude)
@@ -267,7 +273,7 @@ def read_jsonl(path, columns: tuple[str | None, str | None] = (None, None)) -> l
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from e
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(as_row(row, *columns, f"{path}:{lineno}"))
+            rows.append(with_image_paths(as_row(row, *columns, f"{path}:{lineno}"), path.parent.resolve()))
     return rows
 
 

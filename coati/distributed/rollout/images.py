@@ -1,0 +1,140 @@
+"""A row's images, as the data gives them: an ``images`` column (TRL's convention; ``image`` for one) and the image
+parts of chat messages (``{"type": "image", "image" or "path" or "url": ...}`` in the Hugging Face chat format). An
+image is a file path (relative paths are the data file's), bytes, a mapping with ``bytes`` or ``path`` (the datasets
+library's Image feature) or a PIL image. ``check_images`` opens every one before any actor starts and refuses, in one
+line naming the row, a missing or unreadable file, an unsupported format and an image over the pixel budget."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+IMAGE_COLUMNS = ("images", "image")
+"""the columns that hold a row's images"""
+FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF")
+"""the image formats read (by their content, whatever the file is named)"""
+MAX_PIXELS = 4096 * 4096
+"""the most pixels one image may have (``data.max_image_pixels``' default)"""
+
+
+def row_images(row: dict) -> list:
+    """The row's images, in order: its image columns' values, then its messages' image parts."""
+    out: list = []
+    for name in IMAGE_COLUMNS:
+        value = row.get(name)
+        if value is not None:
+            out += list(value) if isinstance(value, (list, tuple)) else [value]
+    for message in row.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image":
+                out.append(next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None))
+    return out
+
+
+def with_image_paths(row: dict, folder: Path) -> dict:
+    """``row`` with its relative image paths (columns and message parts) made absolute under ``folder`` (the data
+    file's), so actors that run elsewhere find them."""
+
+    def absolute(item):
+        if isinstance(item, str) and not os.path.isabs(item) and "://" not in item:
+            return str(folder / item)
+        if isinstance(item, dict) and isinstance(item.get("path"), str) and item.get("bytes") is None:
+            return {**item, "path": absolute(item["path"])}
+        return item
+
+    out = dict(row)
+    for name in IMAGE_COLUMNS:
+        value = out.get(name)
+        if value is not None:
+            out[name] = [absolute(v) for v in value] if isinstance(value, list) else absolute(value)
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [
+            {**m, "content": [_part_paths(p, absolute) for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list)
+            else m
+            for m in out["messages"]
+        ]
+    return out
+
+
+def _part_paths(part, absolute):
+    if isinstance(part, dict) and part.get("type") == "image":
+        return {k: absolute(v) if k in ("image", "path") else v for k, v in part.items()}
+    return part
+
+
+def open_image(item, where: str):
+    """``item`` as a PIL image (loaded, so its file is closed), or a one-line ValueError naming ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(item, Image.Image):
+        return item
+    source = item
+    if isinstance(item, dict):
+        source = item.get("bytes") if item.get("bytes") is not None else item.get("path")
+    stream: str | io.BytesIO
+    if isinstance(source, str):
+        if "://" in source:
+            raise ValueError(f"{where}: image {source!r} is an address; images are read from local files or bytes")
+        if not os.path.isfile(source):
+            raise ValueError(f"{where}: image file {source} does not exist; paths are relative to the data file")
+        stream = source
+    elif isinstance(source, (bytes, bytearray)):
+        stream = io.BytesIO(source)
+    else:
+        raise ValueError(
+            f"{where}: an image must be a file path, bytes, {{'bytes' or 'path': ...}} or a PIL image, got "
+            f"{type(item).__name__}"
+        )
+    try:
+        image = Image.open(stream)
+        image.load()
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        what = source if isinstance(source, str) else f"{len(source)} bytes"
+        raise ValueError(
+            f"{where}: image {what} cannot be read ({type(e).__name__}); give a {', '.join(FORMATS)} image"
+        ) from None
+    if image.format is not None and image.format not in FORMATS:
+        raise ValueError(f"{where}: image format {image.format} is not read; convert it to PNG or JPEG")
+    return image
+
+
+def check_images(rows: list[dict], what: str, max_pixels: int = MAX_PIXELS) -> int:
+    """Open every image of ``rows`` (the ``what`` set) and refuse the first that cannot be used, naming its row;
+    returns how many images the rows hold."""
+    count = 0
+    for i, row in enumerate(rows):
+        for k, item in enumerate(row_images(row)):
+            where = f"{what} row {i} image {k}"
+            image = open_image(item, where)
+            pixels = image.width * image.height
+            if pixels > max_pixels:
+                raise ValueError(
+                    f"{where} is {image.width}x{image.height} = {pixels} pixels > max_image_pixels={max_pixels}; "
+                    "resize it or raise data.max_image_pixels"
+                )
+            count += 1
+    return count
+
+
+def check_image_model(model_path: str, images: int) -> None:
+    """Rows with ``images`` images need a model that reads them: a text-only model is refused naming the fix, and so,
+    with the reason, is a vision-language one (its training path is not built: the rollout record and the trainer's
+    forward carry no pixel inputs yet)."""
+    import json
+
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    arch = (config.get("architectures") or [config.get("model_type")])[0]
+    if "vision_config" not in config:
+        raise ValueError(
+            f"the data holds {images} images, but model {model_path} ({arch}) is text-only; use a vision-language "
+            "model, or drop the images column (and image parts of messages)"
+        )
+    raise ValueError(
+        f"the data holds {images} images for model {model_path} ({arch}), a vision-language model; coati reads and "
+        "checks images but does not yet train on them (no pixel inputs in the rollout record or the trainer's "
+        "forward): train on text-only rows"
+    )

@@ -1,0 +1,92 @@
+"""Prompt images as the data gives them (columns, message parts, paths, bytes, the datasets library's mapping, PIL)
+and their checks before any actor starts; the built-in visual task's pictures and answers."""
+
+import io
+import json
+import random
+
+import pytest
+from PIL import Image
+
+from coati.distributed.rollout.data import load_rows
+from coati.distributed.rollout.images import check_image_model, check_images, row_images, with_image_paths
+from coati.distributed.rollout.shapes import COLORS, layout, picture, shape_rows
+
+
+def png(width=8, height=8, fmt="PNG") -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "red").save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def test_images_come_from_both_columns_and_message_parts_in_order():
+    row = {
+        "image": "a.png",
+        "messages": [{"role": "user", "content": [{"type": "image", "path": "b.png"}, {"type": "text", "text": "?"}]}],
+    }
+    assert row_images(row) == ["a.png", "b.png"]
+    assert row_images({"images": ["x", "y"], "prompt": "p"}) == ["x", "y"]
+    assert row_images({"prompt": "p"}) == []
+
+
+def test_relative_paths_are_the_data_files_and_a_jsonl_row_carries_them(tmp_path):
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "a.png").write_bytes(png())
+    rows = [{"prompt": "what?", "images": ["pics/a.png"], "gt_answer": "1"}]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_rows(str(tmp_path / "data.jsonl"))
+    assert loaded[0]["images"] == [str(tmp_path / "pics" / "a.png")]
+    assert check_images(loaded, "training set") == 1
+    kept = with_image_paths({"image": {"path": "/abs.png"}, "images": [b"raw"]}, tmp_path)
+    assert kept["image"] == {"path": "/abs.png"} and kept["images"] == [b"raw"]
+
+
+def test_every_kind_of_image_value_is_read():
+    rows = [{"prompt": "p", "images": [png(), {"bytes": png(), "path": None}, Image.new("RGB", (4, 4))]}]
+    assert check_images(rows, "training set") == 3
+
+
+@pytest.mark.parametrize(
+    ("image", "message"),
+    [
+        ("missing.png", "training set row 0 image 0: image file missing.png does not exist"),
+        (b"not an image", "image 12 bytes cannot be read"),
+        ("http://x/y.png", "is an address; images are read from local files or bytes"),
+        (3, "an image must be a file path, bytes"),
+        (png(fmt="ICO"), "image format ICO is not read; convert it to PNG or JPEG"),
+        (png(300, 200), "is 300x200 = 60000 pixels > max_image_pixels=50000; resize it"),
+    ],
+)
+def test_an_unusable_image_is_refused_in_one_line_naming_its_row(image, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        check_images([{"prompt": "p", "images": [image]}], "training set", max_pixels=50_000)
+    assert "\n" not in str(e.value)
+
+
+def test_images_for_a_text_model_or_a_vision_model_are_refused_with_the_reason(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"holds 2 images, but model .* \(LlamaForCausalLM\) is text-only"):
+        check_image_model(str(tmp_path), 2)
+    vlm = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {}}
+    (tmp_path / "config.json").write_text(json.dumps(vlm))
+    with pytest.raises(ValueError, match="a vision-language model; coati reads and checks images but does not yet"):
+        check_image_model(str(tmp_path), 2)
+
+
+def test_the_visual_task_draws_what_its_answer_counts():
+    shapes, (color, kind) = layout(random.Random(3), 2, 9, 96)
+    image = Image.open(io.BytesIO(picture(shapes, 96))).convert("RGB")
+    taken = {place for _, _, place in shapes}
+    for c, _, place in shapes:  # each shape's colour at the middle of its cell
+        assert image.getpixel((place % 3 * 32 + 16, place // 3 * 32 + 18)) == COLORS[c]
+    for place in set(range(9)) - taken:
+        assert image.getpixel((place % 3 * 32 + 16, place // 3 * 32 + 18)) == (255, 255, 255)
+    assert (color, kind) in {(c, k) for c, k, _ in shapes}
+    rows = shape_rows("count?min=1&max=4", 20, 7)
+    assert rows == shape_rows("count?min=1&max=4", 20, 7)  # the same seed, the same bytes
+    assert all(1 <= int(r["gt_answer"]) <= 4 and r["images"][0].startswith(b"\x89PNG") for r in rows)
+    assert check_images(rows, "training set") == 20
+    with pytest.raises(ValueError, match=r"need 1 <= min <= max <= 9 \(a 96-pixel picture holds 9 shapes\)"):
+        shape_rows("count?max=10", 1, 0)
+    with pytest.raises(ValueError, match="is not one of count"):
+        shape_rows("locate", 1, 0)
