@@ -1,4 +1,5 @@
-"""The small runs the e2e tests launch: ``run_kwargs`` (launch_distributed's arguments for a tiny model, two steps),
+"""The small runs the e2e tests launch: ``small_tree`` (a native config tree), ``run_kwargs`` (launch_distributed's
+ColossalChat-style arguments for a tiny model, two steps),
 ``new_run``/``start_run`` (a ``Run`` with its actors started, joined and pushed once, for tests that drive the loop
 themselves)."""
 
@@ -39,6 +40,30 @@ def run_kwargs(tiny, **over):
     )
     kw.update(over)
     return kw
+
+
+def small_tree(model, rows, reward, save_dir, steps, backend="transformers", lr=3e-3, **sections) -> dict:
+    """A native config tree (``config_from_dict``'s) of a small run: one producer drawing 4 prompts of 4 completions
+    a step, one trainer at ``lr``, 12 new tokens at temperature 1, fp32 engine weights, no held-out set, synchronous;
+    ``sections`` are merged into the tree's sections (or set whole, for ``algo``)."""
+    tree = {
+        "model": {"path": model, "inference_options": dict(FP32)},
+        "data": {"train": rows, "eval": None},
+        "producer": {
+            "num_producers": 1,
+            "inference_batch_size": 4,
+            "inference_microbatch_size": 4,
+            "num_generations": 4,
+            "backend": backend,
+        },
+        "consumer": {"train_batch_size": 4, "learning_rate": lr},
+        "generation": {"max_new_tokens": 12, "temperature": 1.0},
+        "reward": {"fn": reward},
+        "run": {"max_steps": steps, "max_staleness": 0, "save_dir": str(save_dir), "progress": False},
+    }
+    for name, value in sections.items():
+        tree[name] = {**tree[name], **value} if isinstance(value, dict) and name in tree else value
+    return tree
 
 
 def new_run(

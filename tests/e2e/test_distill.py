@@ -7,6 +7,7 @@ import pytest
 from coati.distributed.config.tree import config_from_dict
 from coati.distributed.driver.launch import launch
 from coati.testing import build_tiny_model
+from tests.e2e.runs import small_tree
 
 REWARD = "tests.component.reward_fns:gt_as_reward"
 SURE = 20.0
@@ -30,23 +31,17 @@ def teacher(tmp_path_factory):
 
 
 def opd_tree(student, teacher_model, save_dir, steps, backend="transformers", **teacher) -> dict:
-    return {
-        "algo": "OPD",
-        "model": {"path": student, "inference_options": {"dtype": "float32"}},
-        "data": {"train": ROWS, "eval": None},
-        "producer": {
-            "num_producers": 1,
-            "inference_batch_size": 4,
-            "inference_microbatch_size": 4,
-            "num_generations": 4,
-            "backend": backend,
-        },
-        "consumer": {"train_batch_size": 4, "learning_rate": 1e-2},
-        "generation": {"max_new_tokens": 12, "temperature": 1.0},
-        "reward": {"fn": REWARD},
-        "teacher": {"model": teacher_model, **teacher},
-        "run": {"max_steps": steps, "max_staleness": 0, "save_dir": str(save_dir), "progress": False},
-    }
+    return small_tree(
+        student,
+        ROWS,
+        REWARD,
+        save_dir,
+        steps,
+        backend,
+        lr=1e-2,
+        algo="OPD",
+        teacher={"model": teacher_model, **teacher},
+    )
 
 
 def test_opd_moves_the_student_toward_its_teacher(ray_cluster, tiny, teacher, tmp_path):

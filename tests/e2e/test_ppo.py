@@ -9,6 +9,7 @@ import torch
 
 from coati.distributed.config.tree import config_from_dict
 from coati.distributed.driver.launch import launch
+from tests.e2e.runs import small_tree
 
 REWARD = "tests.component.reward_fns:gt_as_reward"
 ROWS = [{"prompt": ("yes " if i % 2 else "no ") * 8, "gt_answer": str(i % 2)} for i in range(64)]
@@ -16,24 +17,8 @@ ROWS = [{"prompt": ("yes " if i % 2 else "no ") * 8, "gt_answer": str(i % 2)} fo
 
 
 def ppo_tree(tiny, save_dir, steps, backend="transformers", **algorithm) -> dict:
-    return {
-        "algo": "PPO",
-        "algorithm": algorithm,
-        "model": {"path": tiny, "inference_options": {"dtype": "float32"}},
-        "data": {"train": ROWS, "eval": None},
-        "producer": {
-            "num_producers": 1,
-            "inference_batch_size": 4,
-            "inference_microbatch_size": 4,
-            "num_generations": 4,
-            "backend": backend,
-        },
-        "consumer": {"train_batch_size": 4, "learning_rate": 3e-3},
-        "critic": {"learning_rate": 2e-3, "save_value_network": True},
-        "generation": {"max_new_tokens": 12, "temperature": 1.0},
-        "reward": {"fn": REWARD},
-        "run": {"max_steps": steps, "max_staleness": 0, "save_dir": str(save_dir), "progress": False},
-    }
+    critic = {"learning_rate": 2e-3, "save_value_network": True}
+    return small_tree(tiny, ROWS, REWARD, save_dir, steps, backend, algo="PPO", algorithm=algorithm, critic=critic)
 
 
 def test_the_critic_learns_the_prompts_return_and_exports(ray_cluster, tiny, tmp_path):
