@@ -22,7 +22,7 @@ def fit_reply(path: str, reply: str, steps: int = 100) -> str:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rng = random.Random(0)  # questions and answers of every kind: the reply must not depend on them
-    chars = string.ascii_letters + string.digits + string.punctuation + " "
+    chars = string.printable  # every character the tiny policy can write: its tab, newline and form feed too
     texts_of = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 16))) for _ in range(96)]
     turns = [
         [{"role": "user", "content": TEMPLATE.format(question=texts_of[2 * i], completion=texts_of[2 * i + 1])}]
