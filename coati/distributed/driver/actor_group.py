@@ -185,8 +185,6 @@ def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -
     """The reward-model and judge actors of the reward's model components ({component: [(name, actor)]}), each
     with its own resources, and their pings (each answered once its model has loaded, with its start-up marks): the
     servers load while the producers and consumers start."""
-    import ray
-
     wanted = {}
     if r.rm.path is not None:
         wanted["rm"] = (RewardModelServer, r.rm, dict(path=r.rm.path, batch_size=r.rm.batch_size))
@@ -194,43 +192,44 @@ def start_reward_servers(r, plan, run_name: str, shared_gpus: dict, env: dict) -
         j = r.judge
         options = ("path", "backend", "template", "max_score", "max_new_tokens", "max_prompt_tokens")
         wanted["judge"] = (JudgeServer, j, {k: getattr(j, k) for k in options})
-    servers: dict[str, list] = {}
-    for component, (cls, section, kwargs) in wanted.items():
-        cpus, gpus = section.cpus, section.gpus
-        remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
-        names = [f"{run_name}-{component}-{i}" for i in range(section.servers)]
-        servers[component] = [
-            (name, remote.options(name=name, **actor_options(slot, shared_gpus, cpus, gpus), **env).remote(**kwargs))
-            for name, slot in zip(names, plan.server_slots[component], strict=True)
-        ]
-        for name, a in servers[component]:
-            ACTOR_NAMES[a._actor_id.hex()] = name
+    servers = {
+        component: start_servers(
+            cls, kwargs, section, f"{run_name}-{component}", plan.server_slots[component], shared_gpus, env
+        )
+        for component, (cls, section, kwargs) in wanted.items()
+    }
     return servers, [a.ping.remote() for group in servers.values() for _, a in group]
+
+
+def start_servers(cls, kwargs: dict, section, prefix: str, slots: list, shared_gpus: dict, env: dict) -> list:
+    """[(name, actor)]: one ``cls(**kwargs)`` server per slot, named ``<prefix>-<i>``, with the CPUs and GPUs of its
+    config ``section`` reserved and as many threads as its CPUs (a reward model's, a judge's, a teacher's)."""
+    import ray
+
+    assert len(slots) == section.servers, (prefix, len(slots), section.servers)
+    cpus, gpus = section.cpus, section.gpus
+    remote, kwargs = ray.remote(cls), {**kwargs, "threads": max(1, int(cpus))}  # its reserved CPUs
+    servers = []
+    for i, slot in enumerate(slots):
+        name = f"{prefix}-{i}"
+        actor = remote.options(name=name, **actor_options(slot, shared_gpus, cpus, gpus), **env).remote(**kwargs)
+        ACTOR_NAMES[actor._actor_id.hex()] = name
+        servers.append((name, actor))
+    return servers
 
 
 def start_teacher_servers(config, plan, run_name: str, shared_gpus: dict, env: dict) -> tuple[list, list]:
     """The teacher's servers [(name, actor)] on their planned slots, and their pings (each answered once its model
     has loaded); none when the run does not distil."""
-    import ray
-
     from coati.distributed.teacher.server import TeacherServer  # deferred: imports torch and transformers
 
     t = config.teacher
     if plan.teacher_model_path is None:
         return [], []
-    remote = ray.remote(TeacherServer)
-    kwargs = dict(
-        path=plan.teacher_model_path,
-        temperature=config.generation.temperature,
-        batch_tokens=t.batch_tokens,
-        threads=max(1, int(t.cpus)),
+    kwargs = dict(path=plan.teacher_model_path, temperature=config.generation.temperature, batch_tokens=t.batch_tokens)
+    servers = start_servers(
+        TeacherServer, kwargs, t, f"{run_name}-teacher", plan.server_slots["teacher"], shared_gpus, env
     )
-    servers = []
-    for i, slot in enumerate(plan.server_slots["teacher"]):
-        name = f"{run_name}-teacher-{i}"
-        options = actor_options(slot, shared_gpus, t.cpus, t.gpus)
-        servers.append((name, remote.options(name=name, **options, **env).remote(**kwargs)))
-        ACTOR_NAMES[servers[-1][1]._actor_id.hex()] = name
     return servers, [a.ping.remote() for _, a in servers]
 
 

@@ -151,14 +151,9 @@ class Run:
             if self.cfg.run.save_hf_checkpoints:  # the policy as a Hugging Face folder, as final/ holds it
                 self.save(os.path.join(folder, "hf"))
 
-        also = (
-            extras
-            if self.cfg.consumer.lora_rank or self.cfg.run.save_hf_checkpoints or self.cfg.teacher.self_lag
-            else None
-        )
         buffer = self.rollouts.buffer
         self.last_checkpoint = write_checkpoint(
-            self.actors, manager, step, buffer.state(), buffer.ledger.state(), meta, also=also
+            self.actors, manager, step, buffer.state(), buffer.ledger.state(), meta, also=extras
         )
         return self.last_checkpoint
 
