@@ -213,6 +213,26 @@ _CLAUSE_END = re.compile(r"[.!?;:](?:\s|$)|\n")
 _NOT_BEFORE = re.compile(r"(?:[\w.\\]|[-+*/×·÷^_]\s*\{?\s*|\\(?:times|cdot|div)\s*)$")
 _NOT_AFTER = re.compile(r"\s*(?:[\^!×·÷]|[*/]\s*[\w(\\]|\\times|\\cdot|\\div|\\circ|\\degree|°|\.\d)|[\w.]\w", re.I)
 _PERCENT_AFTER = re.compile(r"\s*(?:%|\\%|percent\b)", re.I)
+_ARGUMENT_BEFORE = re.compile(
+    r"(?:\}|\\(?:[dtc]?frac|[dt]?binom|sqrt(?:\[[^\]]*\])?|log|ln|exp|sin|cos|tan|overline|bar|vec|hat))\s*\{\s*$"
+)
+"""a number that opens a command's argument (``\\frac{1+\\sqrt{5}}{2}``, ``\\sqrt{5}``): a part of a value"""
+
+
+def in_group(before: str) -> bool:
+    """Whether the bracket left open in ``before`` also holds another value or a separator: the number is a bound of
+    an interval (``[0, 1)``) or a member of a tuple, not a value of its own."""
+    depth, opened = 0, None
+    for i in range(len(before) - 1, -1, -1):
+        c = before[i]
+        if c in ")]":
+            depth += 1
+        elif c in "([":
+            if depth == 0:
+                opened = i
+                break
+            depth -= 1
+    return opened is not None and bool(re.search(r"[\d,;]", before[opened + 1 :]))
 
 
 def lenient_answer(text: str) -> str | None:
@@ -230,11 +250,13 @@ def lenient_answer(text: str) -> str | None:
         return None
     m = matches[-1]
     before, after = body[: m.start()], body[m.end() :]
-    if _NOT_BEFORE.search(before) or _NOT_AFTER.match(after):
+    if _NOT_BEFORE.search(before) or _NOT_AFTER.match(after) or _ARGUMENT_BEFORE.search(before):
         return None
     clause_start = max((e.end() for e in _CLAUSE_END.finditer(before)), default=0)
     earlier = [n.end() for n in matches[:-1] if n.start() >= clause_start]
     between = before[max([clause_start, *earlier]) :]
+    if in_group(before[clause_start:]):
+        return None
     if _CONNECTIVE.search(between) or not _states_values(between.replace("=", "")):
         return None
     return m.group(0) + ("%" if _PERCENT_AFTER.match(after) else "")
