@@ -37,7 +37,16 @@ class RewardStatus(enum.IntEnum):
     """scoring ran past its time limit: as ERROR"""
 
 
-ROW_FIELDS = ("group_ids", "policy_version", "rewards", "task_rewards", "no_signal", "reward_status", "reward_error")
+ROW_FIELDS = (
+    "group_ids",
+    "policy_version",
+    "rewards",
+    "task_rewards",
+    "no_signal",
+    "reward_status",
+    "reward_error",
+    "call_index",
+)
 """the record's typed fields of one value per row"""
 
 
@@ -94,6 +103,11 @@ class RolloutBatch:
     """str [N] (at most 300 characters) why scoring failed, "" where it did not"""
     extras: dict = field(default_factory=dict)
     """name -> array [N]: per-row diagnostics (answer_ok, format_ok, prompt index, ...)"""
+    calls: list = field(default_factory=list)
+    """one dict of plain numbers per rollout call that made these rows, said once: the producer, its timings
+    (``time/...``), its threads at start, most and end, the prompts it passed over"""
+    call_index: np.ndarray | None = None
+    """int64 [N] the row's call, an index into ``calls``; None with no calls"""
     loss_mask: np.ndarray | None = None
     """bool [N, R] True on the tokens the policy sampled, within response_mask (multi-turn episodes: environment
     tokens are False); None: response_mask is the loss mask"""
@@ -162,6 +176,10 @@ class RolloutBatch:
                 ), "policy_version is not each row's oldest token version"
         for name, value in self.extras.items():
             assert len(value) == n, (name, len(value))
+        if self.call_index is not None:
+            assert n == 0 or 0 <= self.call_index.min() <= self.call_index.max() < len(self.calls), "call_index"
+        else:
+            assert not self.calls, "calls without call_index"
         if self.loss_mask is not None:
             assert self.loss_mask.shape == r, (self.loss_mask.shape, r)
             assert not (self.loss_mask & ~self.response_mask).any(), "loss_mask outside response_mask"
@@ -187,6 +205,8 @@ class RolloutBatch:
             value = getattr(self, f.name)
             if f.name == "extras":
                 kw[f.name] = {k: np.asarray(v)[index] for k, v in value.items()}
+            elif f.name == "calls":  # kept whole: call_index still points into it
+                kw[f.name] = list(value)
             else:
                 kw[f.name] = None if value is None else value[index]
         return RolloutBatch(**kw)
@@ -217,6 +237,10 @@ class RolloutBatch:
             values = [getattr(b, name) for b in batches]
             if all(v is not None for v in values):
                 setattr(out, name, np.concatenate(values))
+        if all(b.call_index is not None for b in batches):
+            offsets = np.cumsum([0] + [len(b.calls) for b in batches[:-1]])
+            out.calls = [c for b in batches for c in b.calls]
+            out.call_index = np.concatenate([b.call_index + o for b, o in zip(batches, offsets, strict=True)])
         if all(b.token_versions is not None for b in batches):
             out.token_versions = np.concatenate([right(b.token_versions, r, 0) for b in batches])
         if any(b.loss_mask is not None for b in batches):
@@ -322,6 +346,18 @@ def batch_from_responses(
 CALL_BITS, INDEX_BITS = 20, 20
 """a group id's layout: the producer's index, then its rollout call's number (``CALL_BITS``), then the group's index
 within the call (``INDEX_BITS``)"""
+
+
+def called_rows(batch: RolloutBatch) -> list[dict]:
+    """The calls some row of ``batch`` came from, each once, in order."""
+    return [] if batch.call_index is None else [batch.calls[i] for i in np.unique(batch.call_index)]
+
+
+def call_values(batch: RolloutBatch, key: str) -> np.ndarray | None:
+    """Each row's value of its call's ``key`` ([N]), or None where no call has it."""
+    if batch.call_index is None or not any(key in c for c in batch.calls):
+        return None
+    return np.array([c.get(key, np.nan) for c in batch.calls])[batch.call_index]
 
 
 def run_group_ids(local: np.ndarray, producer: int, call: int) -> np.ndarray:

@@ -40,20 +40,20 @@ def rollouts_take_the_consumers_cores(run, cores: int) -> None:
     them from its next decode step; given back when the call ends, and a lend meant for an earlier round does not
     reach the next one; taken back while the round runs, the round goes on with its share."""
     beside = ray.get(run.actors.generate([4], training=True))[0]
-    assert set(beside.extras["threads"]) == {1}  # beside a training step: one core
+    assert [c["threads"] for c in beside.calls] == [1]  # beside a training step: one core
     # Lent right after the round starts: 16 rows of up to 200 tokens, so the round sees it unless it ended first
     # (retried twice).
     seen = []
     for _ in range(3):
         refs = run.actors.generate([4], training=True)
         run.actors.lend_to_producers()
-        seen.append(int(ray.get(refs)[0].extras["threads"].max()))
+        seen.append(ray.get(refs)[0].calls[0]["threads"])
         if seen[-1] == cores:
             break
     assert seen[-1] == cores, seen
     refs = run.actors.generate([4], training=True)
     ray.get([p.set_threads.remote(cores, run.actors.generate_calls - 1) for p in run.producers])
-    assert set(ray.get(refs)[0].extras["threads"]) == {1}
+    assert ray.get(refs)[0].calls[0]["threads"] == 1
     # Taken back while it still runs (the next training step starts): it goes on with its share. The take-back must
     # come after the round has taken the lent cores (its next decode step) and before it ends (0.2 s on a fast
     # machine of this kind): waits from short to long, so that one of them falls in between on any machine.
@@ -63,15 +63,8 @@ def rollouts_take_the_consumers_cores(run, cores: int) -> None:
         run.actors.lend_to_producers()
         time.sleep(wait_s)
         run.actors.take_back_from_producers()
-        extras = ray.get(refs)[0].extras
-        seen.append(
-            (
-                int(extras["threads_start"][0]),
-                int(extras["threads"][0]),
-                int(extras["threads_end"][0]),
-                round(float(extras["time/generate"][0]), 2),
-            )
-        )
+        [call] = ray.get(refs)[0].calls
+        seen.append((call["threads_start"], call["threads"], call["threads_end"], round(call["time/generate"], 2)))
         if seen[-1][:3] == (1, cores, 1):
             break
     assert seen[-1][:3] == (1, cores, 1), seen

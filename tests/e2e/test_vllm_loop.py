@@ -50,7 +50,7 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
         # Given the cores, the engine generates with them (vLLM's CPU worker turns torch.set_num_threads into a no-op).
         cores = len(os.sched_getaffinity(0))
         lent = ray.get(run.producers[0].generate.remote(1, cores))
-        assert set(lent.extras["threads"]) == {cores}
+        assert [c["threads"] for c in lent.calls] == [cores]
     finally:
         run.shutdown()
     assert not mismatches, f"(step, producer, tensor) where the engine differs from the consumer: {mismatches[:5]}"

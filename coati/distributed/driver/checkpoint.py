@@ -210,10 +210,12 @@ def save_driver_state(folder: Path, buffer, producer_states: list, ledger: dict 
             if f.name == "extras":
                 for name, v in value.items():
                     arrays[f"buffer/{k}/extras/{name}"] = _plain_array(v, name)
+            elif f.name == "calls":
+                pass  # plain numbers, in the JSON
             elif value is not None:
                 arrays[f"buffer/{k}/{f.name}"] = _plain_array(value, f.name)
                 names.append(f.name)
-        meta["buffer"].append({"fields": names, "extras": sorted(batch.extras)})
+        meta["buffer"].append({"fields": names, "extras": sorted(batch.extras), "calls": batch.calls})
     for i, state in enumerate(producer_states):
         arrays[f"producer/{i}/torch_rng"] = state["torch_rng"].numpy()
         meta["producers"].append({k: v for k, v in state.items() if k != "torch_rng"})
@@ -236,6 +238,7 @@ def load_driver_state(folder: Path) -> dict:
         for k, entry in enumerate(meta["buffer"]):
             kw = {name: arrays[f"buffer/{k}/{name}"] for name in entry["fields"]}
             kw["extras"] = {name: arrays[f"buffer/{k}/extras/{name}"] for name in entry["extras"]}
+            kw["calls"] = entry.get("calls", [])  # a checkpoint from before calls had none
             buffer.append(RolloutBatch(**kw))
         producers = [
             {**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}

@@ -151,7 +151,7 @@ METRICS: dict[str, Metric] = {
     "time/overhead": Metric("step time that is none of the above (batching, object store, metrics)", "s"),
     "time/train_step": Metric("a consumer's training step", "s"),
     "time/old_logprobs": Metric("a consumer's forward for the old log-probs", "s"),
-    "time/generate": Metric("producers' generation time for the step's rows (mean over calls)", "s"),
+    "time/generate": Metric("producers' generation time for the step's rows (the slowest rollout call)", "s"),
     "time/reward_wait": Metric("producers' wait for rewards after generation", "s"),
     "time/producer_total": Metric("producers' whole rollout call", "s"),
     "time/sleep": Metric("producers freeing accelerator memory (sleep_while_training)", "s"),

@@ -178,21 +178,22 @@ class Producer:
         self.scorer.apply(out, results, [self.rows[i] for _, i in picks], texts)
         for g, (_, row) in enumerate(picks):
             self.cursor.record(row, bool(out.no_signal[g * self.n]))
-        skipped = np.zeros(len(out), dtype=np.int64)  # prompts passed over by this call, counted on its first row
-        skipped[:1] = self.cursor.skipped - skipped_before
-        out.extras["skipped_prompts"] = skipped
         if self.episodes is None:  # an episode's length is bounded by env_max_tokens instead
             out.rewards = shaped_rewards(out, self.algorithm, self.generation.max_new_tokens)
-        out.extras["producer"] = np.full(len(out), self.idx, dtype=np.int64)
         self.calls += 1
         out.group_ids = run_group_ids(out.group_ids, self.idx, self.calls)
         label_versions(out, start_version)
-        out.extras["time/generate"] = np.full(len(out), drawn.generate_s)
-        out.extras.update({k: np.full(len(out), n, dtype=np.int64) for k, n in self.threads.counts().items()})
-        out.extras["time/reward_wait"] = np.full(len(out), wait_s)
+        call = {
+            "producer": int(self.idx),
+            "skipped_prompts": int(self.cursor.skipped - skipped_before),
+            "time/generate": float(drawn.generate_s),
+            **{k: int(n) for k, n in self.threads.counts().items()},
+            "time/reward_wait": float(wait_s),
+        }
         if teacher_s is not None:
-            out.extras["time/teacher"] = np.full(len(out), teacher_s)
-        out.extras["time/producer_total"] = np.full(len(out), time.perf_counter() - t_start)
+            call["time/teacher"] = float(teacher_s)
+        call["time/producer_total"] = time.perf_counter() - t_start
+        out.calls, out.call_index = [call], np.zeros(len(out), dtype=np.int64)
         return out.validate()
 
     def _rollouts(self, rows: list[dict], n: int, greedy: bool) -> tuple[RolloutBatch, list]:

@@ -15,7 +15,7 @@ import torch
 
 from coati.distributed.algo.distill import teacher_metrics
 from coati.distributed.guards import reward_failures
-from coati.distributed.record import RewardStatus, RolloutBatch, group_versions
+from coati.distributed.record import RewardStatus, RolloutBatch, call_values, called_rows, group_versions
 
 
 def metric_kind(key: str) -> str:
@@ -77,7 +77,9 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
 
 def drawn_metrics(drawn, draws, n: int) -> dict:
     """The rewards, responses, draws and producer threads of the rows drawn for a step (``drawn``)."""
-    ex = drawn.extras
+    ex, calls = drawn.extras, called_rows(drawn)
+    threads = call_values(drawn, "threads")
+    lent = threads is not None and call_values(drawn, "threads_start") is not None
     out = {
         "reward/mean": float(drawn.rewards.mean()),
         "reward/strict_accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
@@ -90,12 +92,12 @@ def drawn_metrics(drawn, draws, n: int) -> dict:
         "rollout/dropped_zero_signal_groups": draws.dropped_zero_signal_groups,
         "rollout/filled_zero_signal_groups": draws.filled_zero_signal_groups,
         "rollout/stale_dropped_groups": draws.stale_dropped_groups,
-        "rollout/skipped_prompts": int(ex["skipped_prompts"].sum()) if "skipped_prompts" in ex else 0,
-        "rollout/threads": int(ex["threads"].max()) if "threads" in ex else 1,  # CPU threads a producer generated with
+        "rollout/skipped_prompts": sum(int(c.get("skipped_prompts", 0)) for c in calls),
+        "rollout/threads": max((int(c["threads"]) for c in calls if "threads" in c), default=1),  # a call's most
         # Rows of rounds that took the consumers' cores once training ended, and of those that gave them back when
         # the next training step began before the round ended.
-        "rollout/rows_lent_cores": int((ex["threads"] > ex["threads_start"]).sum()) if "threads_start" in ex else 0,
-        "rollout/rows_cores_taken_back": int((ex["threads"] > ex["threads_end"]).sum()) if "threads_end" in ex else 0,
+        "rollout/rows_lent_cores": int((threads > call_values(drawn, "threads_start")).sum()) if lent else 0,
+        "rollout/rows_cores_taken_back": int((threads > call_values(drawn, "threads_end")).sum()) if lent else 0,
         **reward_failures(drawn.failed(), drawn.reward_status == RewardStatus.TIMEOUT),
         **episode_metrics(ex),
         "reward/judge_unread": int(ex["judge_unread"].sum()) if "judge_unread" in ex else 0,
@@ -109,8 +111,8 @@ def drawn_metrics(drawn, draws, n: int) -> dict:
         },
     }
     for key in ("time/generate", "time/reward_wait", "time/teacher", "time/producer_total"):
-        if key in ex:
-            out[key] = float(np.max(ex[key]))
+        if any(key in c for c in calls):
+            out[key] = max(float(c[key]) for c in calls if key in c)
     return out
 
 
