@@ -9,7 +9,7 @@ answer scored right) and false negative, named by case, for each set:
   distribution), each prediction scored as a completion against the gold answer (a gold solution's boxed answer
   where it has one). Its cases where a right answer is expected to fail its parser are listed apart.
 
-Writes ``benchmarks/results/verdicts.json``; the sets are tests (``tests/unit/test_math_verdicts.py``,
+Writes ``benchmarks/results/verdicts.json``; the sets are tests (``tests/unit/test_math_reward.py``,
 ``tests/component/test_public_math_suite.py``).
 
     python benchmarks/bench_verdicts.py

@@ -5,7 +5,7 @@ them through ``tests/prefork.py``) as ``python setup_worker.py <worker args> --s
 --language=<language>``; that script imports Ray (a second of a core) only to read the context, set its variables and
 exec the worker through bash. The session fixture points Ray's setup step at this file, which does the same for
 Python workers (``setup`` below, checked against Ray's own ``RuntimeEnvContext.exec_worker`` in
-``tests/component/test_prefork.py``) and hands any other language to Ray's script.
+``tests/component/test_processes.py``) and hands any other language to Ray's script.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def test_every_troubleshooting_message_is_one_the_code_writes_and_a_test_asserts
     rows = re.findall(r"^\| `([^`]+)` \|", (ROOT / "docs" / "troubleshooting.md").read_text(), re.M)
     assert len(rows) >= 15, rows
     code = "".join(p.read_text() for p in (ROOT / "coati").rglob("*.py"))
-    tests = "".join(p.read_text() for p in (ROOT / "tests").rglob("*.py") if p.name != "test_docs_sources.py")
+    tests = "".join(p.read_text() for p in (ROOT / "tests").rglob("*.py") if p.name != "test_doc_sources.py")
     assert [m for m in rows if m not in code] == [], "messages the code does not write"
     assert [m for m in rows if m not in tests] == [], "messages no test asserts"
 
