@@ -4,6 +4,7 @@ built here from its command-line flags exactly as that script builds it (every k
 per-task held-out mapping), trains and evaluates on a tiny model, writes the run folder the command line writes, and
 states each parameter that has no field here once in the log."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -12,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from coati.distributed.config.colossalchat import config_from_launch_kwargs as launch_config
 from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
+from tests.e2e.runs import REWARD, tiny_config
 
 TAGS = {
     "think_start": {"text": "<think>", "num_occur": 1},
@@ -215,3 +218,68 @@ def test_colossalchat_s_call_trains_evaluates_and_writes_the_run_folder(
     ):
         assert sum(f"parameter {key}=" in s for s in stated) == 1, (key, stated)
     assert not (tmp_path / "eval").exists() and not (tmp_path / "rollouts").exists()
+
+
+def run_kwargs(tiny, **over):
+    """The e2e tests' small run (``tests/e2e/runs.py``'s ``tiny_tree``) as ColossalChat's keywords."""
+    kw = dict(
+        num_producers=1,
+        num_proc_per_producer=1,
+        num_consumer_procs=1,
+        num_episodes=1,
+        inference_batch_size=4,
+        inference_microbatch_size=4,
+        train_batch_size=4,
+        train_minibatch_size=4,
+        train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(64)]},
+        inference_model_config={"path": tiny},
+        train_model_config={"path": tiny},
+        generate_config={"max_new_tokens": 12, "temperature": 1.0},
+        grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8},
+        plugin_config={},
+        num_generations=4,
+        core_algo="GRPO",
+        max_steps=2,
+        inference_backend="transformers",
+        max_staleness=0,
+    )
+    kw.update(over)
+    return kw
+
+
+def test_the_keywords_build_the_native_small_run(tmp_path):
+    """ColossalChat's keywords and the native tree the other e2e tests use describe one run, field for field (the
+    keywords name the inference model's folder, which natively defaults to the trained one's)."""
+
+    def config_from_launch_kwargs(**kw):
+        config = launch_config(**kw)
+        return dataclasses.replace(config, model=dataclasses.replace(config.model, inference_path=None))
+
+    assert config_from_launch_kwargs(**run_kwargs("m")) == tiny_config("m")
+    folder = tmp_path / "run"
+    over = dict(
+        save_dir=str(folder),
+        core_algo="DAPO",
+        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4},
+        plugin_config={"tp_size": 1, "pp_size": 1},
+        inference_backend="vllm",
+        max_staleness=1,
+    )
+    assert config_from_launch_kwargs(**run_kwargs("m", **over)) == tiny_config(
+        "m",
+        folder,
+        algo="DAPO",
+        consumer={
+            "learning_rate": 1e-3,
+            "lora_rank": 4,
+            "train_microbatch_size": None,
+            "plugin": {"tp_size": 1, "pp_size": 1},
+        },
+        producer={"backend": "vllm"},
+        run={"max_staleness": 1},
+    )
+
+
+def test_dataloaders_config_is_refused():
+    with pytest.raises(ValueError, match="dataloaders_config is not supported"):
+        launch_config(**run_kwargs("m", dataloaders_config={"num_workers": 2}))

@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from coati.distributed.config.tree import config_from_dict, config_to_dict
-from coati.distributed.driver.launch import config_from_launch_kwargs, launch
-from tests.e2e.runs import run_kwargs
+from coati.distributed.driver.launch import launch
+from tests.e2e.runs import tiny_config
 
 
 def parquet_folder(tmp_path, n_train=12, n_test=5, long_row=3):
@@ -27,35 +26,29 @@ def parquet_folder(tmp_path, n_train=12, n_test=5, long_row=3):
 
 
 def config(tiny, folder, tmp_path, **data):
-    tree = config_to_dict(
-        config_from_launch_kwargs(
-            **run_kwargs(
-                tiny,
-                max_steps=2,
-                train_batch_size=2,
-                train_minibatch_size=2,
-                inference_batch_size=2,
-                inference_microbatch_size=2,
-                grpo_config={
-                    "lr": 1e-3,
-                    "reward_fn_type": "tests.component.reward_fns:gt_as_reward",
-                    "lr_schedule": "cosine",
-                    "min_lr_ratio": 0.1,
-                },
-                save_dir=str(tmp_path / "run"),
-                generate_config={"max_new_tokens": 4, "max_prompt_tokens": 64},
-            )
-        )
+    return tiny_config(
+        tiny,
+        tmp_path / "run",
+        run={"max_steps": 2, "progress": False},
+        producer={"inference_batch_size": 2, "inference_microbatch_size": 2},
+        consumer={
+            "train_batch_size": 2,
+            "train_minibatch_size": 2,
+            "train_microbatch_size": None,
+            "learning_rate": 1e-3,
+            "lr_schedule": "cosine",
+            "min_lr_ratio": 0.1,
+        },
+        reward={"fn": "tests.component.reward_fns:gt_as_reward"},
+        generation={"max_new_tokens": 4, "max_prompt_tokens": 64},
+        data={
+            "train": str(folder),
+            "eval": str(folder),
+            "eval_size": None,
+            "answer_column": "reward_model.ground_truth",
+            **data,
+        },
     )
-    tree["data"] = {
-        "train": str(folder),
-        "eval": str(folder),
-        "eval_size": None,
-        "answer_column": "reward_model.ground_truth",
-        **data,
-    }
-    tree["run"]["progress"] = False
-    return config_from_dict({k: v for k, v in tree.items() if k != "algorithm"} | {"algorithm": {}})
 
 
 def test_parquet_folder_trains_with_mapped_columns_and_overlong_prompts_dropped(ray_cluster, tiny, tmp_path):

@@ -7,9 +7,8 @@ import pytest
 import ray
 
 from coati.distributed.guards import EngineMismatch
-from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
-from tests.e2e.runs import REWARD, run_kwargs
+from tests.e2e.runs import FP32, tiny_config, train
 
 
 def skew_final_norm(producer) -> None:
@@ -52,16 +51,15 @@ def test_an_engine_computing_another_model_stops_the_run_at_the_next_step(ray_cl
         match=r"^step 2: the engines' log-probs .* from the trainer's on average "
         r"\(tolerance 0.005 for these precisions\): the engines generate from another model",
     ):
-        launch_distributed(
-            **run_kwargs(
+        train(
+            tiny_config(
                 path,
-                inference_model_config={"path": path, "dtype": "float32"},
-                generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
-                grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
-                max_steps=3,
-                inference_backend=backend,
-                project_name=project,
-                on_step=on_step,
-            )
+                model={"inference_options": FP32},
+                generation={"max_prompt_tokens": 32},
+                consumer={"compute_dtype": "fp32"},
+                producer={"backend": backend},
+                run={"max_steps": 3, "project": project},
+            ),
+            on_step=on_step,
         )
     assert len(gaps) == 1 and gaps[0] < 1e-4, gaps  # a correct engine and trainer: float tolerance

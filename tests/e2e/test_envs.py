@@ -11,16 +11,9 @@ from tests.e2e.runs import start_run
 ROWS = [{"prompt": f"{a}+{b}=", "gt_answer": str(a + b)} for a in range(8) for b in range(8)]
 TOOL = {"system_prompt": "Run <tool>code</tool> or answer in \\boxed{}.", "nudge": "Wrong, try again."}
 EPISODES = dict(
-    train_dataset_config={"rows": ROWS},
-    generate_config={"max_new_tokens": 8, "temperature": 1.0, "max_prompt_tokens": 192},
-    grpo_config={
-        "lr": 3e-3,
-        "env": "tool_math",
-        "env_kwargs": TOOL,
-        "env_max_turns": 3,
-        "env_max_tokens": 192,
-        "train_microbatch_size": 8,
-    },
+    data={"train": ROWS},
+    generation={"max_new_tokens": 8, "max_prompt_tokens": 192},
+    reward={"fn": "math", "env": {"name": "tool_math", "kwargs": TOOL, "max_turns": 3, "max_tokens": 192}},
 )
 
 

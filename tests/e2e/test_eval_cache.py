@@ -2,11 +2,9 @@
 and settings takes it from the cache (the same accuracy and predictions, without evaluating), and a run on other
 held-out rows or a rewritten model evaluates again."""
 
-import dataclasses
-
-from coati.distributed.driver.launch import config_from_launch_kwargs, launch
+from coati.distributed.driver.launch import launch
 from coati.distributed.driver.reporting import STARTUP
-from tests.e2e.runs import run_kwargs
+from tests.e2e.runs import tiny_config
 
 FNS = "tests.component.reward_fns"
 
@@ -16,17 +14,14 @@ def rows(n):
 
 
 def run(tiny, held_out, **run_fields):
-    config = config_from_launch_kwargs(
-        **run_kwargs(
-            tiny,
-            train_dataset_config={"rows": rows(16)},
-            eval_dataset_config={"rows": held_out},
-            generate_config={"max_new_tokens": 6},
-            grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
-            max_steps=1,
-        )
+    config = tiny_config(
+        tiny,
+        data={"train": rows(16), "eval": held_out},
+        generation={"max_new_tokens": 6},
+        consumer={"learning_rate": 1e-3, "train_microbatch_size": None},
+        reward={"fn": f"{FNS}:digit_fraction"},
+        run={"max_steps": 1, **run_fields},
     )
-    config = dataclasses.replace(config, run=dataclasses.replace(config.run, save_dir=None, **run_fields))
     STARTUP.clear()
     out = launch(config)
     return out, [message for message, _ in STARTUP]

@@ -7,9 +7,8 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
-from tests.e2e.runs import run_kwargs, start_run
+from tests.e2e.runs import start_run, tiny_config, train
 
 pytestmark = pytest.mark.gpu
 
@@ -19,12 +18,12 @@ def tiny(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("gpu_model"), vocab_multiple=8))
 
 
-def kwargs(tiny, **over):
-    return run_kwargs(tiny, **{"plugin_config": {"precision": "bf16"}, "core_algo": "RLOO", "max_steps": 3, **over})
+def config(tiny, **run):
+    return tiny_config(tiny, algo="RLOO", consumer={"plugin": {"precision": "bf16"}}, run={"max_steps": 3, **run})
 
 
 def test_colocated_reward_rises_on_one_gpu(ray_cluster, tiny):
-    out = launch_distributed(**kwargs(tiny, colocate=True, max_steps=12))
+    out = train(config(tiny, colocate=True, max_steps=12))
     rewards = [m["reward/mean"] for m in out["history"]]
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
     # The shared GPU's placement group is gone afterwards.
@@ -48,8 +47,8 @@ def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, ti
         tiny,
         colocate=True,
         sleep_while_training=sleep,
-        plugin_config=plugin,
-        core_algo="RLOO",
+        consumer={"plugin": plugin},
+        algo="RLOO",
         inference_options=options,
     )
     try:
@@ -82,7 +81,7 @@ def test_colocated_weights_change_and_reach_the_producer_bitwise(ray_cluster, ti
 def test_loop_on_two_gpus_over_nccl(ray_cluster, tiny):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs: one producer, one consumer")
-    out = launch_distributed(**kwargs(tiny))
+    out = train(config(tiny))
     assert [m["step"] for m in out["history"]] == [1, 2, 3]
     # NCCL, flat weights on both GPUs: every push lands in the producer's weights in place, in one transfer.
     last = out["history"][-1]

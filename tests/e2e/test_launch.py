@@ -11,18 +11,18 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.driver.launch import config_from_launch_kwargs
 from coati.distributed.driver.preflight import preflight
-from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
-from tests.e2e.runs import REWARD, new_run, run_kwargs, start_run
+from tests.e2e.runs import new_run, start_run, tiny_config, train
 
 
 def test_reward_rises_while_producers_sleep_and_threads_stay_single(ray_cluster, tiny):
     """12 RLOO steps raise the reward, with the producers put to sleep while the consumer trains (on CPU sleeping frees
     nothing, but every step sleeps and wakes) and threads not following the work (one per actor, always)."""
-    out = launch_distributed(
-        **run_kwargs(tiny, core_algo="RLOO", max_steps=12, sleep_while_training=True, threads_follow_work=False)
+    out = train(
+        tiny_config(
+            tiny, algo="RLOO", run={"max_steps": 12, "sleep_while_training": True, "threads_follow_work": False}
+        )
     )
     rewards = [m["reward/mean"] for m in out["history"]]
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
@@ -33,6 +33,7 @@ def test_reward_rises_while_producers_sleep_and_threads_stay_single(ray_cluster,
 
 
 DP2 = {"num_consumer_procs": 2, "train_batch_size": 2, "train_minibatch_size": 2}
+"""two data-parallel consumers (the consumer section)"""
 
 
 ZERO = {"precision": "bf16"}
@@ -43,20 +44,16 @@ ZERO = {"precision": "bf16"}
 @pytest.mark.parametrize(
     "layout,in_place",
     [
-        ({"core_algo": "CISPO"}, True),  # DAPO, the default, runs end to end in test_cluster.py
-        ({**DP2, "core_algo": "RLOO"}, True),  # torch DDP around flattened parameters
+        ({"algo": "CISPO"}, True),  # DAPO, the default, runs end to end in test_cluster.py
+        ({"consumer": DP2, "algo": "RLOO"}, True),  # torch DDP around flattened parameters
         # ZeRO: flattened before the optimizer is wrapped
-        ({**DP2, "core_algo": "GRPO", "plugin_config": {"zero_stage": 1, **ZERO}}, True),
-        ({**DP2, "core_algo": "DR_GRPO", "plugin_config": {"zero_stage": 2, **ZERO}}, True),
-        (
-            {"num_consumer_procs": 2, "core_algo": "GSPO", "plugin_config": {"tp_size": 2}},
-            False,
-        ),  # gathered from shards
+        ({"consumer": {**DP2, "plugin": {"zero_stage": 1, **ZERO}}, "algo": "GRPO"}, True),
+        ({"consumer": {**DP2, "plugin": {"zero_stage": 2, **ZERO}}, "algo": "DR_GRPO"}, True),
+        ({"consumer": {"num_consumer_procs": 2, "plugin": {"tp_size": 2}}, "algo": "GSPO"}, False),  # from shards
         (
             {
-                "num_consumer_procs": 2,
-                "core_algo": "REINFORCE_PPB",
-                "plugin_config": {"pp_size": 2, "pp_num_microbatches": 4},
+                "consumer": {"num_consumer_procs": 2, "plugin": {"pp_size": 2, "pp_num_microbatches": 4}},
+                "algo": "REINFORCE_PPB",
             },
             True,
         ),
@@ -64,9 +61,11 @@ ZERO = {"precision": "bf16"}
     ids=["dp1-CISPO", "dp2-RLOO", "zero1-GRPO", "zero2-DR_GRPO", "tp2-GSPO", "pp2-REINFORCE_PPB"],
 )
 def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster, tiny, layout, in_place):
-    if "zero_stage" in layout.get("plugin_config", {}):
+    if "zero_stage" in layout.get("consumer", {}).get("plugin", {}):
         layout = {**layout, "inference_options": {"dtype": "bfloat16"}}
-    run = start_run(tiny, num_producers=2, inference_batch_size=2, inference_microbatch_size=2, **layout)
+    run = start_run(
+        tiny, producer={"num_producers": 2, "inference_batch_size": 2, "inference_microbatch_size": 2}, **layout
+    )
     try:
         before = run.full_weights()
         assert len(before) == len(ray.get(run.producers[0].weights.remote()))  # every stage pushed
@@ -83,10 +82,12 @@ def test_every_parameter_changes_and_producers_hold_consumer_weights(ray_cluster
         assert not unchanged, f"parameters that did not change: {unchanged}"
         for p in run.producers:  # after the last push, bitwise equal
             assert_same(ray.get(p.weights.remote()), after)
-        if not {"pp_size", "tp_size"} & set(layout.get("plugin_config", {})):  # data-parallel replicas in step
+        if not {"pp_size", "tp_size"} & set(
+            layout.get("consumer", {}).get("plugin", {})
+        ):  # data-parallel replicas in step
             for c in run.consumers:
                 assert_same(ray.get(c.weights.remote()), after)
-        if layout == {**DP2, "core_algo": "RLOO"}:
+        if layout == {"consumer": DP2, "algo": "RLOO"}:
             # Metrics are reduced over DP ranks: both return the same values (each used to report its own shard's).
             batch = run.rollouts.take(3)
             metrics = ray.get([c.train_step.remote(batch) for c in run.consumers])
@@ -140,17 +141,10 @@ def test_pipeline_matches_one_stage_with_kl_and_two_minibatches(ray_cluster, tin
     pipeline, forward only) gives the same first step as one stage: same rollouts (one seeded producer), same
     losses."""
     # fp32: one stage shares each prompt's forward, the pipeline cannot; in bf16 the two roundings differ more.
-    common = dict(
-        core_algo="GRPO",
-        train_batch_size=4,
-        train_minibatch_size=2,
-        max_steps=1,
-        grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
-    )
-    one = launch_distributed(**run_kwargs(tiny, **common))["history"][0]
-    two = launch_distributed(
-        **run_kwargs(tiny, num_consumer_procs=2, plugin_config={"pp_size": 2, "pp_num_microbatches": 2}, **common)
-    )["history"][0]
+    consumer = {"train_batch_size": 4, "train_minibatch_size": 2, "compute_dtype": "fp32"}
+    one = train(tiny_config(tiny, consumer=consumer, run={"max_steps": 1}))["history"][0]
+    pipeline = {**consumer, "num_consumer_procs": 2, "plugin": {"pp_size": 2, "pp_num_microbatches": 2}}
+    two = train(tiny_config(tiny, consumer=pipeline, run={"max_steps": 1}))["history"][0]
     assert one["reward/mean"] == two["reward/mean"]  # the same rollouts
     for key in ("loss/policy", "loss/kl", "loss/clipfrac", "loss/ratio_mean", "actor/entropy"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
@@ -159,11 +153,11 @@ def test_pipeline_matches_one_stage_with_kl_and_two_minibatches(ray_cluster, tin
 
 def test_bad_input_fails_before_actors_start(ray_cluster, tiny, tmp_path):
     with pytest.raises(ValueError, match="train_batch_size=6 is not divisible by train_minibatch_size=4"):
-        launch_distributed(**run_kwargs(tiny, train_batch_size=6))
+        train(tiny_config(tiny, consumer={"train_batch_size": 6}))
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        launch_distributed(**run_kwargs(tiny, train_model_config={"path": str(tmp_path)}))
+        train(tiny_config(str(tmp_path)))
     with pytest.raises(KeyError, match="unknown algorithm 'PPO2'"):
-        launch_distributed(**run_kwargs(tiny, core_algo="PPO2"))
+        train(tiny_config(tiny, algo="PPO2"))
     assert not [a for a in ray.util.list_named_actors() if "producer" in a or "consumer" in a]
 
 
@@ -175,36 +169,30 @@ def test_in_flight_updates_are_on_by_default_where_a_run_can_load_them(ray_clust
     vllm = "vllm"
     tiny = str(build_tiny_model(tmp_path / "head32", num_heads=2, vocab_multiple=8))  # a head size vLLM's CPU takes
 
-    def planned(backend, **over):
-        plan = preflight(config_from_launch_kwargs(**run_kwargs(tiny, inference_backend=backend, **over)))
+    def planned(backend, staleness, in_flight=None, lora_rank=0):
+        run = {"max_staleness": staleness, "in_flight_weight_updates": in_flight}
+        config = tiny_config(tiny, producer={"backend": backend}, run=run, consumer={"lora_rank": lora_rank})
+        plan = preflight(config)
         return plan.in_flight, plan.inference_options.get("in_flight_updates", False)
 
-    assert config_from_launch_kwargs(**run_kwargs(tiny)).run.in_flight_weight_updates is None
-    assert planned(vllm, max_staleness=1) == (True, True)
-    assert planned(vllm, max_staleness=2) == (True, True)
-    assert planned(vllm, max_staleness=0) == (False, False)
-    assert planned(vllm, max_staleness=1, grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4}) == (
-        False,
-        False,
-    )
-    assert planned("transformers", max_staleness=1) == (False, False)
-    assert planned(vllm, max_staleness=1, in_flight_weight_updates=False) == (False, False)
+    assert tiny_config(tiny).run.in_flight_weight_updates is None
+    assert planned(vllm, 1) == (True, True)
+    assert planned(vllm, 2) == (True, True)
+    assert planned(vllm, 0) == (False, False)
+    assert planned(vllm, 1, lora_rank=4) == (False, False)
+    assert planned("transformers", 1) == (False, False)
+    assert planned(vllm, 1, in_flight=False) == (False, False)
     with pytest.raises(ValueError, match="in_flight_weight_updates=True, but the TransformersBackend engine loads"):
-        planned("transformers", max_staleness=1, in_flight_weight_updates=True)
+        planned("transformers", 1, in_flight=True)
     with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
-        planned(
-            vllm,
-            max_staleness=1,
-            in_flight_weight_updates=True,
-            grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "lora_rank": 4},
-        )
+        planned(vllm, 1, in_flight=True, lora_rank=4)
 
 
 def test_a_dry_run_checks_and_places_without_starting_actors(ray_cluster, tiny):
     """``--dry-run``: every check and the placement, the plan printed; no actor starts."""
     from coati.distributed.driver.job import dry_run
 
-    config = config_from_launch_kwargs(**run_kwargs(tiny, max_steps=None, num_episodes=2))
+    config = tiny_config(tiny, run={"max_steps": None, "num_episodes": 2})
     before = len(ray.util.list_named_actors(all_namespaces=True))
     plan = dry_run(config)
     assert ray.is_initialized() and len(ray.util.list_named_actors(all_namespaces=True)) == before

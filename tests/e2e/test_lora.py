@@ -7,12 +7,13 @@ import pytest
 import ray
 import torch
 
-from coati.distributed.launch import launch_distributed
-from tests.e2e.runs import FP32, REWARD, run_kwargs, start_run
+from tests.e2e.runs import FP32, start_run, tiny_config, train
 
 HEAD = ("q_proj", "v_proj", "lm_head")
 """with the LM head adapted too, a tiny random model can shift its output distribution within a few steps"""
 LORA = {"lora_rank": 4, "lora_alpha": 8, "lora_target_modules": ("q_proj", "v_proj", "down_proj")}
+WHOLE = {"train_microbatch_size": None}
+"""micro-batches of the default size"""
 
 
 def peft_merged(base_path: str, adapter: dict) -> dict:
@@ -34,9 +35,8 @@ def test_pushes_carry_the_adapter_and_the_engine_serves_peft_s_merge(ray_cluster
 
     run = start_run(
         tiny,
-        core_algo="GRPO",
         inference_options=FP32,
-        grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA, "lora_export_merged": True},
+        consumer={"learning_rate": 1e-2, "compute_dtype": "fp32", **LORA, "lora_export_merged": True, **WHOLE},
     )
     try:
         out = run.loop(max_steps=2, eval_interval=0, save_interval=0, save_dir=str(tmp_path), on_step=None)
@@ -84,13 +84,16 @@ def test_zero_trains_the_adapter_and_the_engine_serves_the_consumer_s_merge(ray_
 
     run = start_run(
         tiny,
-        core_algo="GRPO",
-        num_consumer_procs=2,
-        train_batch_size=2,
-        train_minibatch_size=2,
-        plugin_config={"zero_stage": 2, "precision": "bf16"},
         inference_options={"dtype": "bfloat16"},
-        grpo_config={"lr": 1e-2, "reward_fn_type": REWARD, **LORA},
+        consumer={
+            "num_consumer_procs": 2,
+            "train_batch_size": 2,
+            "train_minibatch_size": 2,
+            "plugin": {"zero_stage": 2, "precision": "bf16"},
+            "learning_rate": 1e-2,
+            **LORA,
+            **WHOLE,
+        },
     )
     try:
         before = ray.get(run.consumers[0].adapter.remote())
@@ -122,19 +125,14 @@ def tiny32(tmp_path_factory):
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
 def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):
     model = tiny32 if backend == "vllm" else tiny
-    out = launch_distributed(
-        **run_kwargs(
+    lora = {"lora_rank": 8, "lora_alpha": 16, "lora_target_modules": HEAD}
+    out = train(
+        tiny_config(
             model,
-            core_algo="RLOO",
-            max_steps=12,
-            inference_backend=backend,
-            grpo_config={
-                "lr": 2e-2,
-                "reward_fn_type": REWARD,
-                "lora_rank": 8,
-                "lora_alpha": 16,
-                "lora_target_modules": HEAD,
-            },
+            algo="RLOO",
+            run={"max_steps": 12},
+            producer={"backend": backend},
+            consumer={"learning_rate": 2e-2, **lora, **WHOLE},
         )
     )
     rewards = [m["reward/mean"] for m in out["history"]]
@@ -144,22 +142,14 @@ def test_reward_rises_with_lora(ray_cluster, tiny, tiny32, backend):
 
 def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny, tiny32):
     with pytest.raises(ValueError, match=r"LoRA trains with data parallelism, ZeRO included \(tp_size=1, pp_size=1\)"):
-        launch_distributed(
-            **run_kwargs(
-                tiny,
-                num_consumer_procs=2,
-                plugin_config={"tp_size": 2},
-                grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA},
-            )
-        )
+        train(tiny_config(tiny, consumer={"num_consumer_procs": 2, "plugin": {"tp_size": 2}, **LORA}))
     with pytest.raises(ValueError, match="in_flight_weight_updates with LoRA is not supported yet"):
-        launch_distributed(
-            **run_kwargs(
+        train(
+            tiny_config(
                 tiny32,
-                inference_backend="vllm",
-                in_flight_weight_updates=True,
-                max_staleness=1,
-                grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, **LORA},
+                producer={"backend": "vllm"},
+                run={"in_flight_weight_updates": True, "max_staleness": 1},
+                consumer=LORA,
             )
         )
     from coati.distributed.inference.sglang_backend import SGLangBackend  # the class only: sglang itself is GPU-only
@@ -171,15 +161,11 @@ def test_lora_refuses_what_it_does_not_support(ray_cluster, tiny, tiny32):
 def test_a_resumed_lora_run_continues_exactly(ray_cluster, tiny, tmp_path):
     """Adapter and optimizer come back from a checkpoint: resumed from the step-2 checkpoint of a 3-step run, step 3
     trains with that run's loss."""
-    grpo = {"lr": 2e-2, "reward_fn_type": REWARD, "compute_dtype": "fp32", **LORA}
-    full = launch_distributed(
-        **run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "full"), save_interval=2)
-    )
+    consumer = {"learning_rate": 2e-2, "compute_dtype": "fp32", **LORA, **WHOLE}
+    full = train(tiny_config(tiny, tmp_path / "full", consumer=consumer, run={"max_steps": 3, "save_interval": 2}))
     step2 = tmp_path / "full" / "checkpoints" / "step-2"
     assert (step2 / "adapter" / "adapter_config.json").exists()
-    resumed = launch_distributed(
-        **run_kwargs(tiny, max_steps=3, grpo_config=grpo, save_dir=str(tmp_path / "cont"), resume=str(step2))
-    )
+    resumed = train(tiny_config(tiny, tmp_path / "cont", consumer=consumer, run={"max_steps": 3, "resume": str(step2)}))
     assert [m["step"] for m in resumed["history"]] == [3]
     assert resumed["history"][0]["loss/policy"] == full["history"][2]["loss/policy"]
     assert resumed["history"][0]["loss/policy"] != full["history"][1]["loss/policy"]

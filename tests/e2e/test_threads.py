@@ -10,7 +10,7 @@ import ray
 from transformers import AutoConfig
 
 from coati.testing import build_tiny_model
-from tests.e2e.runs import REWARD, start_run
+from tests.e2e.runs import start_run
 
 
 def training_takes_the_producers_cores(run, cores: int, layers: int) -> None:
@@ -83,12 +83,11 @@ def test_each_side_takes_the_cores_the_other_stops_using(ray_cluster, tmp_path, 
     tiny = str(build_tiny_model(tmp_path / "model", num_heads=2, vocab_multiple=8))
     run = start_run(
         tiny,
-        core_algo="GRPO",
         max_staleness=1,
         backend=backend,
-        generate_config={"max_new_tokens": 200, "temperature": 1.0},
+        generation={"max_new_tokens": 200},
         inference_options={"dtype": "float32"},
-        grpo_config={"lr": 1e-3, "reward_fn_type": REWARD, "train_microbatch_size": 1},
+        consumer={"learning_rate": 1e-3, "train_microbatch_size": 1},
     )
     try:
         training_takes_the_producers_cores(run, cores, AutoConfig.from_pretrained(tiny).num_hidden_layers)

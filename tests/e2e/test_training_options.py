@@ -18,7 +18,7 @@ from coati.distributed.trainer.config import ConsumerConfig
 from coati.distributed.trainer.consumer import GRPOConsumer
 from coati.distributed.trainer.plan import TrainerPlan
 from coati.distributed.trainer.schedule import lr_factor
-from tests.e2e.runs import REWARD, start_run
+from tests.e2e.runs import start_run
 
 LR = 1e-3
 
@@ -30,18 +30,8 @@ def one_step(tiny, checkpointing: bool):
     # against the model's own gradients in test_forward.py.
     shared = {"share_prompt_forward": False}
     options = {"gradient_checkpointing": True, **shared} if checkpointing else shared
-    run = start_run(
-        tiny,
-        core_algo="GRPO",
-        grpo_config={
-            "lr": LR,
-            "reward_fn_type": REWARD,
-            "compute_dtype": "fp32",
-            "lr_schedule": "linear",
-            "warmup_steps": 2,
-            **options,
-        },
-    )
+    consumer = {"learning_rate": LR, "compute_dtype": "fp32", "lr_schedule": "linear", "warmup_steps": 2}
+    run = start_run(tiny, consumer={**consumer, "train_microbatch_size": None, **options})
     try:
         (info,) = run.actors.consumer_info
         assert info["gradient_checkpointing"] is checkpointing
@@ -72,9 +62,9 @@ def test_sequence_parallel_trainers_train_the_single_trainers_step(ray_cluster, 
     checkpointing recomputing the split layers, take the step one trainer takes: the same rollouts, loss, gradient
     norm and weights."""
 
-    def step(grpo=(), **over):
-        grpo = {"lr": LR, "reward_fn_type": REWARD, "compute_dtype": "fp32", **dict(grpo)}
-        run = start_run(tiny, core_algo="GRPO", grpo_config=grpo, **over)
+    def step(**consumer):
+        consumer = {"learning_rate": LR, "compute_dtype": "fp32", "train_microbatch_size": None, **consumer}
+        run = start_run(tiny, consumer=consumer)
         try:
             before = run.full_weights()
             metrics = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)["history"]
@@ -83,7 +73,7 @@ def test_sequence_parallel_trainers_train_the_single_trainers_step(ray_cluster, 
             run.shutdown()
 
     one, d_one = step()
-    split, d_split = step({"gradient_checkpointing": True}, num_consumer_procs=2, plugin_config={"sp_size": 2})
+    split, d_split = step(gradient_checkpointing=True, num_consumer_procs=2, plugin={"sp_size": 2})
     assert split["reward/mean"] == one["reward/mean"]  # the same rollouts
     for key in ("loss/policy", "actor/grad_norm", "actor/entropy"):  # GRPO's first loss is 0 up to rounding
         assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
@@ -165,7 +155,7 @@ def test_passes_over_a_batch_train_as_minibatches_of_its_copies(ray_cluster, tin
         **{
             f.name: np.concatenate([getattr(once, f.name)] * 2)
             for f in dataclasses.fields(once)
-            if f.name not in ("extras", "loss_mask", "turn_index") and getattr(once, f.name) is not None
+            if f.name not in ("extras", "calls", "loss_mask", "turn_index") and getattr(once, f.name) is not None
         },
     )
     twice.group_ids[4:] += 2

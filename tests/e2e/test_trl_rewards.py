@@ -5,14 +5,13 @@ error."""
 
 import pytest
 
-from coati.distributed.launch import launch_distributed
 from coati.testing import build_tiny_model
-from tests.e2e.runs import run_kwargs
+from tests.e2e.runs import tiny_config, train
 
 pytest.importorskip("trl", reason="TRL comes with benchmarks/requirements.txt, which make test installs")
 
 
-def run(tmp_path, reward: str, **grpo):
+def run(tmp_path, reward: str, **options):
     path = str(build_tiny_model(tmp_path / "model", vocab_multiple=8))
     # Conversational rows; every fourth solution is no expression math_verify can parse: TRL's accuracy_reward gives
     # such rows None.
@@ -23,8 +22,8 @@ def run(tmp_path, reward: str, **grpo):
         }
         for i in range(8)
     ]
-    grpo_config = {"lr": 1e-3, "reward_fn_type": reward, "train_microbatch_size": 8, **grpo}
-    return launch_distributed(**run_kwargs(path, train_dataset_config={"rows": rows}, grpo_config=grpo_config))
+    config = tiny_config(path, data={"train": rows}, consumer={"learning_rate": 1e-3}, reward={"fn": reward, **options})
+    return train(config)
 
 
 def test_trl_accuracy_reward_scores_message_lists_and_its_none_is_no_score(ray_cluster, tmp_path):
@@ -49,7 +48,7 @@ def test_trl_s_list_of_reward_functions_with_weights_is_their_weighted_sum(ray_c
 
     acc, fmt = "trl.rewards:accuracy_reward", "tests.component.trl_rewards:overlong"
     calls = "tests.component.reward_fns:batch_sizes"  # each completion's value: the size of the call that scored it
-    history = run(tmp_path, acc, reward_components={acc: 1.0, fmt: 0.5, calls: 0.0})["history"]
+    history = run(tmp_path, acc, components={acc: 1.0, fmt: 0.5, calls: 0.0})["history"]
     for m in history:
         assert m["reward/errors"] == 0 and m["reward/no_score"] == 0  # the punishment scores every completion
         assert m[f"reward/component/{fmt}"] < -0.3  # a tiny random model mostly writes all 12 tokens

@@ -27,10 +27,8 @@ def test_vllm_producers_learn_and_hold_the_consumer_weights(ray_cluster, tiny):
         tiny,
         backend="vllm",
         inference_options={"dtype": "float32"},
-        core_algo="RLOO",
-        num_producers=2,
-        inference_batch_size=2,
-        inference_microbatch_size=2,
+        algo="RLOO",
+        producer={"num_producers": 2, "inference_batch_size": 2, "inference_microbatch_size": 2},
     )
     mismatches = []
 
@@ -66,13 +64,10 @@ def test_in_flight_updates_land_mid_round_and_keep_the_bound(ray_cluster, tiny):
         tiny,
         backend="vllm",
         inference_options={"dtype": "float32"},
-        core_algo="RLOO",
-        num_producers=1,
-        inference_batch_size=4,
-        inference_microbatch_size=4,
+        algo="RLOO",
         max_staleness=k,
         in_flight=True,
-        generate_config={"max_new_tokens": 48, "temperature": 1.0},
+        generation={"max_new_tokens": 48},
     )
     try:
         out = run.loop(max_steps=6, eval_interval=0, save_interval=0, save_dir=None, on_step=None)
@@ -103,14 +98,11 @@ def test_streamed_groups_cross_draws_and_pushes_within_the_bound_and_none_is_los
         tiny,
         backend="vllm",
         inference_options={"dtype": "float32"},
-        core_algo="RLOO",
-        num_producers=1,
-        inference_batch_size=4,
-        inference_microbatch_size=4,
+        algo="RLOO",
         max_staleness=1,
         in_flight=True,
-        stream_prompts=8,
-        generate_config={"max_new_tokens": 48, "temperature": 1.0, "stop_strings": list("0123456789")},
+        producer={"stream_prompts": 8},
+        generation={"max_new_tokens": 48, "stop_strings": list("0123456789")},
     )
     producer = run.producers[0]
     try:

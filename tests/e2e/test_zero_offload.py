@@ -14,12 +14,9 @@ DP2 = {"num_consumer_procs": 2, "train_batch_size": 2, "train_minibatch_size": 2
 def one_step(tiny, **plugin):
     run = start_run(
         tiny,
-        num_producers=2,
-        inference_batch_size=2,
-        inference_microbatch_size=2,
+        producer={"num_producers": 2, "inference_batch_size": 2, "inference_microbatch_size": 2},
         inference_options={"dtype": "bfloat16"},
-        plugin_config={"precision": "bf16", **plugin},
-        **DP2,
+        consumer={**DP2, "plugin": {"precision": "bf16", **plugin}},
     )
     try:
         metrics = run.loop(max_steps=1, eval_interval=0, save_interval=0, save_dir=None, on_step=None)["history"][0]
