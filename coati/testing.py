@@ -11,7 +11,15 @@ import json
 import string
 from pathlib import Path
 
-__all__ = ["CHAT_TEMPLATE", "build_tiny_model", "build_tiny_reward_model", "char_tokenizer", "train_tiny_reward_model"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "VLM_CHAT_TEMPLATE",
+    "build_tiny_model",
+    "build_tiny_reward_model",
+    "build_tiny_vlm",
+    "char_tokenizer",
+    "train_tiny_reward_model",
+]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ '<eos>' if m['role'] == 'assistant' else '' }}\n"
@@ -49,6 +57,78 @@ MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
 shared expert)"""
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", *MOE_ARCHITECTURES)
 """the families ``build_tiny_model`` writes (each from its current transformers config)"""
+
+
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for part in m['content'] %}{{ '<image>' if part['type'] == 'image' else part['text'] }}{% endfor %}"
+    "{% endif %}{{ '<eos>' if m['role'] == 'assistant' else '' }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+"""``CHAT_TEMPLATE`` with the Hugging Face chat format's image parts: each ``{"type": "image"}`` part is one
+``<image>`` token, which the processor expands to the image's patch tokens"""
+
+
+def build_tiny_vlm(
+    path: str | Path, hidden_size: int = 64, num_layers: int = 2, image_size: int = 28, seed: int = 0
+) -> Path:
+    """Write a random tiny LLaVA (a CLIP vision tower of two layers over ``image_size``-pixel squares, a projector
+    and a Llama decoder) with its processor (the character tokenizer plus ``<image>``, CLIP's image processor in its
+    PIL form, ``VLM_CHAT_TEMPLATE``) to ``path``; returns the path. ``AutoProcessor`` and
+    ``AutoModelForImageTextToText`` load it."""
+    import torch
+    from transformers import CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+    path = Path(path)
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    patch = 14
+    config = LlavaConfig(
+        text_config=dict(
+            model_type="llama",
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        ),
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=image_size,
+            patch_size=patch,
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+    )
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(path))
+    images = CLIPImageProcessorPil(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    processor = LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        chat_template=VLM_CHAT_TEMPLATE,
+        patch_size=patch,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's class token
+    )
+    processor.save_pretrained(str(path))
+    (path / "coati_tiny.json").write_text(json.dumps({"arch": "llava", "seed": seed}))
+    return path
 
 
 def build_tiny_model(
