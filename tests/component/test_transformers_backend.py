@@ -146,7 +146,7 @@ def test_each_prompt_is_prefilled_once_and_samples_are_what_full_prefills_give(m
     ps = prompts(backend.tokenizer)
     calls = []
     prefill = backend._prefill
-    backend._prefill = lambda ids, mask, n: calls.append(ids.shape) or prefill(ids, mask, n)
+    backend._prefill = lambda ids, mask, n, images: calls.append(ids.shape) or prefill(ids, mask, n, images)
     shared = backend.generate(ps, n=3, greedy=True)
     full = backend.generate([p for p in ps for _ in range(3)], n=1, greedy=True)
     assert [tuple(c) for c in calls] == [(3, max(map(len, ps)) - 1)]
@@ -171,3 +171,48 @@ def test_bf16_generation_takes_coati_attention_and_gives_sdpa_s_logprobs(model_d
     mask = t["response_mask"].bool()
     diff = (torch.from_numpy(batch.rollout_logprobs)[mask] - ref.float()[mask]).abs()
     assert diff.mean() < 0.01 and diff.max() < 0.05, (diff.mean(), diff.max())
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_vision_language_model_generates_from_each_prompt_s_images(tmp_path, n):
+    """Two image prompts (a red and a blue square) through the tiny LLaVA's processor: the engine's log-probs are a
+    plain forward's with each row's own image (the shared prefill with n = 2 reads each image once), and another
+    row's image gives other ones."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from coati.distributed.algo.logprobs import token_logprobs
+    from coati.testing import build_tiny_vlm
+
+    path = build_tiny_vlm(tmp_path / "vlm")
+    processor = AutoProcessor.from_pretrained(path)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompts, pixels = [], []
+    for colour in ((255, 0, 0), (0, 0, 255)):
+        rendered = processor(text=[text], images=[Image.new("RGB", (60, 40), colour)], return_tensors="np")
+        prompts.append(rendered["input_ids"][0].tolist())
+        pixels.append({"pixel_values": rendered["pixel_values"]})
+    backend = TransformersBackend(str(path), GenerationConfig(max_new_tokens=6, temperature=1.0), dtype="float32")
+    assert type(backend.model).__name__ == "LlavaForConditionalGeneration"
+    torch.manual_seed(0)
+    batch = backend.generate(prompts, n=n, pixels=pixels)
+
+    def forward(row_pixels):
+        ids = torch.from_numpy(np.concatenate([batch.prompt_ids, batch.response_ids], 1))
+        mask = torch.from_numpy(np.concatenate([batch.prompt_mask, batch.response_mask], 1)).long()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        values = torch.cat([torch.from_numpy(row_pixels[i]["pixel_values"]) for i in range(len(batch))])
+        with torch.no_grad():
+            logits = backend.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, pixel_values=values
+            ).logits
+        p = batch.prompt_ids.shape[1]
+        return token_logprobs(logits[:, p - 1 : -1], torch.from_numpy(batch.response_ids), 1.0)
+
+    own = [pixels[i // n] for i in range(len(batch))]
+    other = [pixels[1 - i // n] for i in range(len(batch))]
+    mask = torch.from_numpy(batch.response_mask)
+    got = torch.from_numpy(batch.rollout_logprobs)
+    torch.testing.assert_close(got[mask], forward(own)[mask], rtol=0, atol=1e-4)
+    assert (got[mask] - forward(other)[mask]).abs().max() > 1e-3

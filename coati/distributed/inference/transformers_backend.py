@@ -18,6 +18,7 @@ from coati.distributed.inference.base import InferenceBackend, one_dtype
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.options import TransformersOptions
 from coati.distributed.model import attention, lora, routing
+from coati.distributed.model.architectures import auto_model_class
 from coati.distributed.model.checkpoint_format import to_checkpoint
 from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
 from coati.distributed.transport.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
@@ -36,14 +37,14 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         **options,
     ):
         super().__init__(model_path, generation, **options)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch_dtype = (
             getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         )
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+        self.model = model or auto_model_class(model_path).from_pretrained(model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
         attention.use(self.model, self.device)  # bf16 on a CPU: coati's attention, not SDPA's
         # Flat buffers, laid out as the consumer's (which flattens alike): pushes arrive in a few in-place transfers.
@@ -82,7 +83,11 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         )
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+    def generate(
+        self, prompts: list[list[int]], n: int = 1, greedy: bool = False, pixels: list[dict] | None = None
+    ) -> RolloutBatch:
+        """``n`` completions of each prompt; ``pixels``: each prompt's image inputs as its processor made them
+        (``pixel_values`` [images, ...] and whatever else the model's forward takes), for a vision-language model."""
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty")
@@ -101,7 +106,11 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         shared = n > 1 and ids.shape[1] > 1  # each group's prompt prefilled once
         with recorder:
             if shared:
-                kwargs["past_key_values"] = self._prefill(input_ids[::n, :-1], attention[::n, :-1], n)
+                kwargs["past_key_values"] = self._prefill(
+                    input_ids[::n, :-1], attention[::n, :-1], n, self._pixel_inputs(pixels, 1)
+                )
+            else:  # the images go in with the prompt's first forward
+                kwargs.update(self._pixel_inputs(pixels, n))
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
@@ -143,12 +152,31 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         batch.prompt_routes, batch.response_routes = full[:, :p], full[:, p:]
         batch.validate()
 
-    def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int):
+    def _pixel_inputs(self, pixels: list[dict] | None, n: int) -> dict:
+        """Prompts' image inputs as one forward's keywords, each prompt's repeated for its ``n`` rows, in row order
+        (the model matches images to its image tokens in that order)."""
+        if not pixels or not any(pixels):
+            return {}
+        names = sorted({k for p in pixels if p for k in p})
+        dtype = one_dtype(q.dtype for q in self.model.parameters()) or torch.float32
+        out = {}
+        for k in names:
+            value = torch.cat([torch.as_tensor(p[k]) for p in pixels if p for _ in range(n)]).to(self.device)
+            out[k] = value.to(dtype) if value.is_floating_point() else value
+        return out
+
+    def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int, images: dict | None = None):
         """The KV cache of each prompt but its last token, computed once and repeated for the prompt's n samples
-        (``generate`` then feeds only the last prompt token, at the positions it computes from the mask)."""
+        (``generate`` then feeds only the last prompt token, at the positions it computes from the mask); a
+        vision-language model reads the prompts' ``images`` here, once."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **(images or {}),
         ).past_key_values
         cache.batch_repeat_interleave(n)
         return cache

@@ -29,6 +29,19 @@ def load_config(path: str) -> dict:
     return json.loads(file.read_text()) if file.exists() else {}
 
 
+def is_vision_language(config: dict) -> bool:
+    """Whether the folder's model reads images: a vision tower's config beside its text model's."""
+    return "vision_config" in config
+
+
+def auto_model_class(path: str):
+    """The transformers Auto class that loads the folder's generative model: ``AutoModelForImageTextToText`` for a
+    vision-language model, else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(load_config(path)) else AutoModelForCausalLM
+
+
 def model_type(path: str) -> str | None:
     return load_config(path).get("model_type")
 
