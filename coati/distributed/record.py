@@ -37,6 +37,8 @@ class RewardStatus(enum.IntEnum):
     """scoring ran past its time limit: as ERROR"""
 
 
+SAID_ONCE = (("calls", "call_index"), ("pixels", "pixel_index"))
+"""lists of entries said once for many rows, each with the row field that indexes it"""
 ROW_FIELDS = (
     "group_ids",
     "policy_version",
@@ -46,6 +48,7 @@ ROW_FIELDS = (
     "reward_status",
     "reward_error",
     "call_index",
+    "pixel_index",
 )
 """the record's typed fields of one value per row"""
 
@@ -108,6 +111,11 @@ class RolloutBatch:
     (``time/...``), its threads at start, most and end, the prompts it passed over"""
     call_index: np.ndarray | None = None
     """int64 [N] the row's call, an index into ``calls``; None with no calls"""
+    pixels: list = field(default_factory=list)
+    """vision-language prompts: one dict of image inputs per prompt (numpy arrays as its processor made them:
+    ``pixel_values`` [images, ...] and the family's sizes or grids), said once for the prompt's group"""
+    pixel_index: np.ndarray | None = None
+    """int64 [N] the row's prompt's entry in ``pixels``; None for text-only rows"""
     loss_mask: np.ndarray | None = None
     """bool [N, R] True on the tokens the policy sampled, within response_mask (multi-turn episodes: environment
     tokens are False); None: response_mask is the loss mask"""
@@ -176,10 +184,12 @@ class RolloutBatch:
                 ), "policy_version is not each row's oldest token version"
         for name, value in self.extras.items():
             assert len(value) == n, (name, len(value))
-        if self.call_index is not None:
-            assert n == 0 or 0 <= self.call_index.min() <= self.call_index.max() < len(self.calls), "call_index"
-        else:
-            assert not self.calls, "calls without call_index"
+        for said, index in SAID_ONCE:
+            rows, entries = getattr(self, index), getattr(self, said)
+            if rows is not None:
+                assert n == 0 or 0 <= rows.min() <= rows.max() < len(entries), index
+            else:
+                assert not entries, f"{said} without {index}"
         if self.loss_mask is not None:
             assert self.loss_mask.shape == r, (self.loss_mask.shape, r)
             assert not (self.loss_mask & ~self.response_mask).any(), "loss_mask outside response_mask"
@@ -205,7 +215,7 @@ class RolloutBatch:
             value = getattr(self, f.name)
             if f.name == "extras":
                 kw[f.name] = {k: np.asarray(v)[index] for k, v in value.items()}
-            elif f.name == "calls":  # kept whole: call_index still points into it
+            elif f.name in ("calls", "pixels"):  # kept whole: call_index and pixel_index still point into them
                 kw[f.name] = list(value)
             else:
                 kw[f.name] = None if value is None else value[index]
@@ -237,10 +247,12 @@ class RolloutBatch:
             values = [getattr(b, name) for b in batches]
             if all(v is not None for v in values):
                 setattr(out, name, np.concatenate(values))
-        if all(b.call_index is not None for b in batches):
-            offsets = np.cumsum([0] + [len(b.calls) for b in batches[:-1]])
-            out.calls = [c for b in batches for c in b.calls]
-            out.call_index = np.concatenate([b.call_index + o for b, o in zip(batches, offsets, strict=True)])
+        for said, index in SAID_ONCE:
+            if all(getattr(b, index) is not None for b in batches):
+                offsets = np.cumsum([0] + [len(getattr(b, said)) for b in batches[:-1]])
+                setattr(out, said, [c for b in batches for c in getattr(b, said)])
+                rows = [getattr(b, index) + o for b, o in zip(batches, offsets, strict=True)]
+                setattr(out, index, np.concatenate(rows))
         if all(b.token_versions is not None for b in batches):
             out.token_versions = np.concatenate([right(b.token_versions, r, 0) for b in batches])
         if any(b.loss_mask is not None for b in batches):
@@ -346,6 +358,14 @@ def batch_from_responses(
 CALL_BITS, INDEX_BITS = 20, 20
 """a group id's layout: the producer's index, then its rollout call's number (``CALL_BITS``), then the group's index
 within the call (``INDEX_BITS``)"""
+
+
+def attach_pixels(batch: RolloutBatch, pixels: list[dict] | None, n: int) -> RolloutBatch:
+    """``batch`` (prompt-major, ``n`` rows per prompt) holding each prompt's image inputs once for its rows."""
+    if pixels and any(pixels):
+        batch.pixels = [dict(p or {}) for p in pixels]
+        batch.pixel_index = np.repeat(np.arange(len(pixels), dtype=np.int64), n)
+    return batch.validate()
 
 
 def called_rows(batch: RolloutBatch) -> list[dict]:

@@ -210,7 +210,8 @@ def test_a_vision_language_model_generates_from_each_prompt_s_images(tmp_path, n
         p = batch.prompt_ids.shape[1]
         return token_logprobs(logits[:, p - 1 : -1], torch.from_numpy(batch.response_ids), 1.0)
 
-    own = [pixels[i // n] for i in range(len(batch))]
+    assert len(batch.pixels) == 2 and batch.pixel_index.tolist() == [i // n for i in range(2 * n)]  # once a group
+    own = [batch.pixels[j] for j in batch.pixel_index]
     other = [pixels[1 - i // n] for i in range(len(batch))]
     mask = torch.from_numpy(batch.response_mask)
     got = torch.from_numpy(batch.rollout_logprobs)

@@ -90,3 +90,33 @@ def test_the_visual_task_draws_what_its_answer_counts():
         shape_rows("count?max=10", 1, 0)
     with pytest.raises(ValueError, match="is not one of count"):
         shape_rows("locate", 1, 0)
+
+
+def test_image_prompts_render_through_the_model_s_processor(tmp_path):
+    """An images column beside a prompt goes first in the user turn (TRL's layout), message image parts stay where
+    they are; the processor expands each image to its patch tokens and gives its pixels."""
+    from transformers import AutoProcessor
+
+    from coati.distributed.rollout.images import image_messages, render_with_images
+    from coati.testing import build_tiny_vlm
+
+    red = Image.new("RGB", (30, 20), (255, 0, 0))
+    column = {"prompt": "How many?", "images": [red, red]}
+    assert image_messages(column) == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "How many?"}]}
+    ]
+    parts = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image": red}]}]
+    }
+    assert image_messages(parts, "Count.") == [
+        {"role": "system", "content": "Count."},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]},
+    ]
+    with pytest.raises(ValueError, match="both in an images column and as message parts"):
+        image_messages({**parts, "images": [red]})
+    processor = AutoProcessor.from_pretrained(build_tiny_vlm(tmp_path / "vlm"))
+    ids, pixels = render_with_images(processor, column)
+    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert ids.count(image_id) == 2 * 4  # two images of (28 / 14)^2 patches
+    assert processor.tokenizer.decode([i for i in ids if i != image_id]) == "user: How many?\nassistant: "
+    assert set(pixels) == {"pixel_values"} and pixels["pixel_values"].shape == (2, 3, 28, 28)

@@ -62,3 +62,22 @@ def test_calls_round_trip_through_a_checkpoint(tmp_path):
     json.loads((tmp_path / "driver.json").read_text())  # plain JSON
     [back] = load_driver_state(tmp_path)["buffer"]
     assert back.calls == b.calls and back.call_index.tolist() == b.call_index.tolist()
+
+
+def test_a_prompt_s_image_inputs_are_said_once_for_its_group(tmp_path):
+    """Vision-language rows point at their prompt's image inputs (one entry per group, not per completion); the
+    entries survive concatenation, selection and a checkpoint."""
+    a, b = called(1, producer=0), called(2, producer=1)
+    for batch, k in ((a, 1), (b, 2)):
+        batch.pixels = [{"pixel_values": np.full((1, 3, 4, 4), float(j), dtype=np.float32)} for j in range(k)]
+        batch.pixel_index = np.repeat(np.arange(k), G)
+    both = RolloutBatch.concat([a, b]).validate()
+    assert len(both.pixels) == 3 and both.pixel_index.tolist() == [0, 0, 1, 1, 2, 2]
+    kept = both.select(np.array([4, 5]))
+    assert float(kept.pixels[kept.pixel_index[0]]["pixel_values"].max()) == 1.0  # the second group of b
+    save_driver_state(tmp_path, [both], [])
+    [back] = load_driver_state(tmp_path)["buffer"]
+    assert back.pixel_index.tolist() == both.pixel_index.tolist()
+    assert all(
+        np.array_equal(x["pixel_values"], y["pixel_values"]) for x, y in zip(back.pixels, both.pixels, strict=True)
+    )

@@ -212,10 +212,15 @@ def save_driver_state(folder: Path, buffer, producer_states: list, ledger: dict 
                     arrays[f"buffer/{k}/extras/{name}"] = _plain_array(v, name)
             elif f.name == "calls":
                 pass  # plain numbers, in the JSON
+            elif f.name == "pixels":
+                for j, inputs in enumerate(value):
+                    for name, v in inputs.items():
+                        arrays[f"buffer/{k}/pixels/{j}/{name}"] = _plain_array(v, name)
             elif value is not None:
                 arrays[f"buffer/{k}/{f.name}"] = _plain_array(value, f.name)
                 names.append(f.name)
-        meta["buffer"].append({"fields": names, "extras": sorted(batch.extras), "calls": batch.calls})
+        pixels = [sorted(inputs) for inputs in batch.pixels]
+        meta["buffer"].append({"fields": names, "extras": sorted(batch.extras), "calls": batch.calls, "pixels": pixels})
     for i, state in enumerate(producer_states):
         arrays[f"producer/{i}/torch_rng"] = state["torch_rng"].numpy()
         meta["producers"].append({k: v for k, v in state.items() if k != "torch_rng"})
@@ -239,6 +244,10 @@ def load_driver_state(folder: Path) -> dict:
             kw = {name: arrays[f"buffer/{k}/{name}"] for name in entry["fields"]}
             kw["extras"] = {name: arrays[f"buffer/{k}/extras/{name}"] for name in entry["extras"]}
             kw["calls"] = entry.get("calls", [])  # a checkpoint from before calls had none
+            kw["pixels"] = [
+                {name: arrays[f"buffer/{k}/pixels/{j}/{name}"] for name in names}
+                for j, names in enumerate(entry.get("pixels", []))
+            ]
             buffer.append(RolloutBatch(**kw))
         producers = [
             {**state, "torch_rng": torch.from_numpy(arrays[f"producer/{i}/torch_rng"].copy())}

@@ -20,7 +20,7 @@ from coati.distributed.inference.options import TransformersOptions
 from coati.distributed.model import attention, lora, routing
 from coati.distributed.model.architectures import auto_model_class
 from coati.distributed.model.checkpoint_format import to_checkpoint
-from coati.distributed.record import RolloutBatch, batch_from_responses, left_pad
+from coati.distributed.record import RolloutBatch, attach_pixels, batch_from_responses, left_pad
 from coati.distributed.transport.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.transport.wire_layout import flatten_parameters
 
@@ -129,7 +129,7 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
             tokens.append(new[i, :length].tolist())
             lps.append(logprobs[i, :length].tolist())
             finished.append(done)
-        batch = batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id)
+        batch = attach_pixels(batch_from_responses(prompts, n, tokens, lps, finished, self.pad_id), pixels, n)
         if self.record_routing:
             self._attach_routes(batch, recorder.blocks, n if shared else 1)
         return batch

@@ -138,3 +138,46 @@ def check_image_model(model_path: str, images: int) -> None:
         "checks images but does not yet train on them (no pixel inputs in the rollout record or the trainer's "
         "forward): train on text-only rows"
     )
+
+
+def image_messages(row: dict, system_prompt: str | None = None) -> list[dict]:
+    """The row's chat messages with one ``{"type": "image"}`` part per image, in ``row_images`` order: its messages'
+    own image parts (their data left out), or, for an ``images`` column beside a prompt or messages without image
+    parts, the images first in the first user turn (TRL's layout); ``system_prompt`` first when set."""
+    messages = []
+    for m in row.get("messages") or [{"role": "user", "content": row["prompt"]}]:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = [{"type": "image"} if _is_image(p) else p for p in content]
+        messages.append({**m, "content": content})
+    in_parts = any(_is_image(p) for m in messages if isinstance(m["content"], list) for p in m["content"])
+    column = sum(len(_listed(row[name])) for name in IMAGE_COLUMNS if row.get(name) is not None)
+    if column and in_parts:
+        raise ValueError("a row gives images both in an images column and as message parts; give each image once")
+    if column:
+        first = next(i for i, m in enumerate(messages) if m.get("role") == "user")
+        content = messages[first]["content"]
+        text = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        messages[first] = {**messages[first], "content": [{"type": "image"}] * column + text}
+    if system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def _is_image(part) -> bool:
+    return isinstance(part, dict) and part.get("type") == "image"
+
+
+def _listed(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def render_with_images(processor, row: dict, system_prompt: str | None = None) -> tuple[list[int], dict]:
+    """The row's prompt as the model's processor renders it: (token ids, with each image's tokens expanded; the
+    image inputs the model's forward takes, as numpy arrays: ``pixel_values`` and, where the family has them, its
+    sizes or grids)."""
+    images = [open_image(item, "a prompt image") for item in row_images(row)]
+    text = processor.apply_chat_template(image_messages(row, system_prompt), add_generation_prompt=True, tokenize=False)
+    rendered = processor(text=[text], images=images or None, return_tensors="np")
+    pixels = {k: v for k, v in rendered.items() if k not in ("input_ids", "attention_mask")}
+    return rendered["input_ids"][0].tolist(), pixels
