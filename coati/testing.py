@@ -31,6 +31,15 @@ templates do (a multi-turn episode's trained tokens are then the template's rend
 SPECIAL = ["<pad>", "<eos>", "<bos>"]
 
 
+def _special_ids(tokenizer) -> dict:
+    """The tokenizer's pad, end and start token ids as a model config's fields."""
+    return {
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+    }
+
+
 def char_tokenizer(path: str | Path | None = None):
     """A character-level PreTrainedTokenizerFast over printable ASCII: pad 0, eos 1, bos 2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -94,9 +103,7 @@ def build_tiny_vlm(
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=1024,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
+            **_special_ids(tokenizer),
         ),
         vision_config=dict(
             model_type="clip_vision_model",
@@ -112,9 +119,6 @@ def build_tiny_vlm(
     )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(str(path))
     images = CLIPImageProcessorPil(
         size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
     )
@@ -127,8 +131,7 @@ def build_tiny_vlm(
         num_additional_image_tokens=1,  # CLIP's class token
     )
     processor.save_pretrained(str(path))
-    (path / "coati_tiny.json").write_text(json.dumps({"arch": "llava", "seed": seed}))
-    return path
+    return _save_tiny(model, tokenizer, path, "llava", seed)
 
 
 def build_tiny_model(
@@ -164,9 +167,7 @@ def build_tiny_model(
         num_heads=num_heads,
         intermediate_size=intermediate_size,
         max_positions=max_positions,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
+        **_special_ids(tokenizer),
     )
     if arch == "gpt2":
         config = _gpt2_config(**shape)
@@ -175,6 +176,12 @@ def build_tiny_model(
         config = _decoder_config(arch, tied, num_kv_heads, head_dim, **shape)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
+    return _save_tiny(model, tokenizer, path, arch, seed)
+
+
+def _save_tiny(model, tokenizer, path: Path, arch: str, seed: int) -> Path:
+    """Write ``model`` to ``path``, stopping at the tokenizer's end-of-sequence token and padding with its pad token,
+    with the stamp that names its family and seed; returns the path."""
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(path))
@@ -281,9 +288,7 @@ def build_tiny_reward_model(path: str | Path, hidden_size: int = 64, num_layers:
         num_key_value_heads=4,
         max_position_embeddings=1024,
         num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
+        **_special_ids(tokenizer),
     )
     torch.manual_seed(seed)
     LlamaForSequenceClassification(config).save_pretrained(str(path))

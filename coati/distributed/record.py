@@ -39,6 +39,7 @@ class RewardStatus(enum.IntEnum):
 
 SAID_ONCE = (("calls", "call_index"), ("pixels", "pixel_index"))
 """lists of entries said once for many rows, each with the row field that indexes it"""
+SAID_BY_INDEX = {said for said, _ in SAID_ONCE}
 ROW_FIELDS = (
     "group_ids",
     "policy_version",
@@ -215,7 +216,7 @@ class RolloutBatch:
             value = getattr(self, f.name)
             if f.name == "extras":
                 kw[f.name] = {k: np.asarray(v)[index] for k, v in value.items()}
-            elif f.name in ("calls", "pixels"):  # kept whole: call_index and pixel_index still point into them
+            elif f.name in SAID_BY_INDEX:  # kept whole: the row indices still point into them
                 kw[f.name] = list(value)
             else:
                 kw[f.name] = None if value is None else value[index]
@@ -365,7 +366,8 @@ def attach_pixels(batch: RolloutBatch, pixels: list[dict] | None, n: int) -> Rol
     if pixels and any(pixels):
         batch.pixels = [dict(p or {}) for p in pixels]
         batch.pixel_index = np.repeat(np.arange(len(pixels), dtype=np.int64), n)
-    return batch.validate()
+        batch.validate()
+    return batch
 
 
 def called_rows(batch: RolloutBatch) -> list[dict]:

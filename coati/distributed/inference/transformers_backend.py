@@ -158,7 +158,7 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         if not pixels or not any(pixels):
             return {}
         names = sorted({k for p in pixels if p for k in p})
-        dtype = one_dtype(q.dtype for q in self.model.parameters()) or torch.float32
+        dtype = self.weight_dtype() or torch.float32
         out = {}
         for k in names:
             value = torch.cat([torch.as_tensor(p[k]) for p in pixels if p for _ in range(n)]).to(self.device)

@@ -10,6 +10,8 @@ import io
 import os
 from pathlib import Path
 
+from coati.distributed.model.architectures import is_vision_language, load_config
+
 IMAGE_COLUMNS = ("images", "image")
 """the columns that hold a row's images"""
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF")
@@ -22,9 +24,8 @@ def row_images(row: dict) -> list:
     """The row's images, in order: its image columns' values, then its messages' image parts."""
     out: list = []
     for name in IMAGE_COLUMNS:
-        value = row.get(name)
-        if value is not None:
-            out += list(value) if isinstance(value, (list, tuple)) else [value]
+        if row.get(name) is not None:
+            out += _listed(row[name])
     for message in row.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
@@ -123,12 +124,9 @@ def check_image_model(model_path: str, images: int) -> None:
     """Rows with ``images`` images need a model that reads them: a text-only model is refused naming the fix, and so,
     with the reason, is a vision-language one (its training path is not built: the rollout record and the trainer's
     forward carry no pixel inputs yet)."""
-    import json
-
-    with open(os.path.join(model_path, "config.json")) as f:
-        config = json.load(f)
+    config = load_config(model_path)
     arch = (config.get("architectures") or [config.get("model_type")])[0]
-    if "vision_config" not in config:
+    if not is_vision_language(config):
         raise ValueError(
             f"the data holds {images} images, but model {model_path} ({arch}) is text-only; use a vision-language "
             "model, or drop the images column (and image parts of messages)"

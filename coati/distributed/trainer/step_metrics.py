@@ -78,8 +78,8 @@ def rollout_metrics(step: int, batch, draws, num_generations: int, max_staleness
 def drawn_metrics(drawn, draws, n: int) -> dict:
     """The rewards, responses, draws and producer threads of the rows drawn for a step (``drawn``)."""
     ex, calls = drawn.extras, called_rows(drawn)
-    threads = call_values(drawn, "threads")
-    lent = threads is not None and call_values(drawn, "threads_start") is not None
+    threads, start, end = (call_values(drawn, k) for k in ("threads", "threads_start", "threads_end"))
+    lent = threads is not None and start is not None and end is not None
     out = {
         "reward/mean": float(drawn.rewards.mean()),
         "reward/strict_accuracy": float(np.mean(ex["answer_ok"])) if "answer_ok" in ex else float("nan"),
@@ -96,8 +96,8 @@ def drawn_metrics(drawn, draws, n: int) -> dict:
         "rollout/threads": max((int(c["threads"]) for c in calls if "threads" in c), default=1),  # a call's most
         # Rows of rounds that took the consumers' cores once training ended, and of those that gave them back when
         # the next training step began before the round ended.
-        "rollout/rows_lent_cores": int((threads > call_values(drawn, "threads_start")).sum()) if lent else 0,
-        "rollout/rows_cores_taken_back": int((threads > call_values(drawn, "threads_end")).sum()) if lent else 0,
+        "rollout/rows_lent_cores": int((threads > start).sum()) if lent else 0,
+        "rollout/rows_cores_taken_back": int((threads > end).sum()) if lent else 0,
         **reward_failures(drawn.failed(), drawn.reward_status == RewardStatus.TIMEOUT),
         **episode_metrics(ex),
         "reward/judge_unread": int(ex["judge_unread"].sum()) if "judge_unread" in ex else 0,
