@@ -4,10 +4,13 @@ resumed from a checkpoint continues exactly (the critic's optimizer, the adaptiv
 statistics included); the critic's warm-up leaves the policy untouched; a time limit ends a run after the step that
 passes it; the vLLM engine serves the policy as well."""
 
+from functools import partialmethod
+
 import pytest
 import torch
 
 from coati.distributed.config.tree import config_from_dict
+from coati.distributed.driver.actor_group import ActorGroups
 from coati.distributed.driver.launch import launch
 from tests.e2e.runs import small_tree
 
@@ -37,10 +40,14 @@ def test_the_critic_learns_the_prompts_return_and_exports(ray_cluster, tiny, tmp
     assert critic.config.num_labels == 1 and critic.score.weight.abs().sum() > 0
 
 
-def test_a_resumed_ppo_run_continues_exactly(ray_cluster, tiny, tmp_path):
+def test_a_resumed_ppo_run_continues_exactly(ray_cluster, tiny, tmp_path, monkeypatch):
     """Three steps straight, against two steps and a resume: step 3 is the same to the bit. The adaptive KL
     controller moves the coefficient every step and rewards are normalised by running statistics, so both must come
-    back from the checkpoint; the first step is the critic's warm-up (the policy's weights stay as they are)."""
+    back from the checkpoint; the first step is the critic's warm-up (the policy's weights stay as they are).
+
+    The second run also parks its trainers after every push and checkpoint (``offload_trainers``), copied to new host
+    memory as on an accelerator they would be: the policy's, its reference's and the critic's states come back in
+    place, so the bits are still the same."""
     options = {"kl_target": 0.05, "kl_horizon": 64, "normalize_reward": True, "freeze_actor_steps": 1}
 
     def config(folder, steps, **run):
@@ -51,9 +58,13 @@ def test_a_resumed_ppo_run_continues_exactly(ray_cluster, tiny, tmp_path):
     straight = launch(config(tmp_path / "a", 3))["history"]
     assert "actor/lr" not in straight[0] and "actor/lr" in straight[1]  # the warm-up trains the critic alone
     assert straight[1]["reward/kl_coef"] != straight[0]["reward/kl_coef"]  # the controller moved
-    launch(config(tmp_path / "b", 2))
-    resumed = launch(config(tmp_path / "b", 3, resume="latest"))["history"]
+    assert "time/trainer_reload" not in straight[2]
+    monkeypatch.setattr(ActorGroups, "offload_trainers", partialmethod(ActorGroups.offload_trainers, copy=True))
+    launch(config(tmp_path / "b", 2, offload_trainers=True))
+    resumed = launch(config(tmp_path / "b", 3, resume="latest", offload_trainers=True))["history"]
     assert [m["step"] for m in resumed] == [3]
+    assert resumed[0]["trainer/offloaded_mb"] > 0 and resumed[0]["trainer/mem_offloaded_mb"] == 0  # a CPU trainer
+    assert resumed[0]["time/trainer_reload"] >= 0 and resumed[0]["time/critic_reload"] >= 0
     keys = ["reward/mean", "loss/policy", "critic/value_loss", "critic/values_mean", "reward/kl_coef"]
     keys += ["reward/running_mean", "critic/grad_norm", "actor/grad_norm"]
     assert {k: resumed[0][k] for k in keys} == {k: straight[2][k] for k in keys}

@@ -189,6 +189,7 @@ def test_config_file_then_flags(tmp_path, suffix):
         ({"algorithm": {"clip_high": 0.3}}, r"unknown algorithm field\(s\) \['clip_high'\]"),
         ({"run": {"max_staleness": -1}}, r"max_staleness must be a non-negative integer, got -1"),
         ({"run": {"sleep_while_training": True}}, r"sleep_while_training=True .* set max_staleness=0"),
+        ({"run": {"offload_trainers": True}}, r"offload_trainers=True .* set max_staleness=0"),
         ({"run": {"resume": "latest", "save_dir": None}}, r"resume needs a run folder"),
         ({"consumer": {"compute_dtype": "fp16"}}, r"compute_dtype must be auto, fp32 or bf16, got 'fp16'"),
         (

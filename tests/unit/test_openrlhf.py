@@ -21,7 +21,7 @@ def test_the_guides_flags_convert_in_coatis_units():
         "--max_epochs 2 --prompt_max_len 256 --generate_max_len 64 --init_kl_coef 0.02 --kl_target 0.1 "
         "--critic_learning_rate 5e-6 --actor_learning_rate 1e-6 --normalize_reward --save_value_network "
         "--save_hf_ckpt --gradient_checkpointing --zero_stage 2 --bf16 --save_steps 5 --gamma 0.99 --lambd 0.9 "
-        "--value_clip 0.3 --freezing_actor_steps 2".split()
+        "--value_clip 0.3 --freezing_actor_steps 2 --deepspeed_enable_sleep --vllm_enable_sleep -nb 0".split()
     )
     c, k, a = cfg.consumer, cfg.critic, cfg.algo_config
     assert cfg.algo == "PPO" and a.advantage_estimator == "gae"
@@ -38,6 +38,7 @@ def test_the_guides_flags_convert_in_coatis_units():
     assert a.normalize_reward and a.freeze_actor_steps == 2 and c.learning_rate == 1e-6
     assert k.save_value_network and cfg.run.save_hf_checkpoints and c.gradient_checkpointing
     assert c.plugin.zero_stage == 2 and c.plugin.precision == "bf16" and cfg.run.save_interval == 5
+    assert cfg.run.offload_trainers and cfg.run.sleep_while_training  # both sides give up memory between phases
 
 
 def test_kl_in_the_loss_and_the_estimators_map():

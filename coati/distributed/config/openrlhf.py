@@ -54,6 +54,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "colocate_critic_reward": ("--colocate-critic-reward",),
     "colocate_all_models": ("--colocate-all-models",),
     "vllm_enable_sleep": ("--sleep-while-training",),
+    "deepspeed_enable_sleep": ("--offload-trainers",),
     "load_checkpoint": ("--resume", "latest"),
     "bf16": ("--precision", "bf16"),
     "adam_offload": ("--cpu-offload",),
@@ -82,7 +83,6 @@ OTHER = ("advantage_estimator", "use_wandb", "use_kl_loss", "eps_clip", "eps_cli
 """flags converted by hand below"""
 
 REFUSED: dict[str, str] = {
-    "deepspeed_enable_sleep": "trainers are not offloaded between phases; --sleep-while-training frees the engines'",
     "flash_attn": "the attention implementation follows the model and device (SDPA on CPU)",
     "packing_samples": "each group's prompt is computed once (--share-prompt-forward); groups are not packed together",
     "save_path": "the final model is <run folder>/final (--run-dir or --save-dir)",
@@ -95,7 +95,7 @@ REFUSED: dict[str, str] = {
     "max_len": "-mpt and -mnt bound prompt and response apart",
     "lr_warmup_ratio": "--warmup-steps",
     "zpg": "ZeRO partitions over the consumers' data-parallel ranks",
-    "ring_attn_size": "no sequence parallelism for the policy yet",
+    "ring_attn_size": "ring attention is not built; sequence parallelism is all-to-all (--sp-size)",
 }
 """OpenRLHF flag -> what to write instead, or why there is nothing to write (names TRL shares are refused by TRL's
 table, ``trl.REFUSED``: --eval_steps, --logging_steps, --vllm_gpu_memory_utilization; --save_steps and

@@ -206,6 +206,10 @@ class RunConfig:
     """producer i and consumer i share GPU i (for one-GPU machines; weights through host memory)"""
     sleep_while_training: bool = False
     """producers free their accelerator memory while consumers train (needs max_staleness 0)"""
+    offload_trainers: bool = False
+    """consumers and critic ranks move their weights, gradients and optimizer states to host memory after each
+    weight push and back before they next train (for engines colocated on the trainers' accelerators; needs
+    max_staleness 0; on a CPU trainer nothing moves)"""
     address: str | None = None
     """Ray cluster address to join (None: start a local cluster, or use the one already initialised)"""
     master_addr: str | None = None
@@ -262,6 +266,12 @@ class RunConfig:
             f"sleep_while_training=True frees the producers' memory while consumers train, but max_staleness="
             f"{self.max_staleness} has them generate then; set max_staleness=0 (-nb 0) or turn "
             "sleep_while_training off",
+        )
+        require(
+            not (self.offload_trainers and self.max_staleness),
+            f"offload_trainers=True parks the trainers' states while producers generate, but max_staleness="
+            f"{self.max_staleness} has the trainers train then; set max_staleness=0 (-nb 0) or turn "
+            "offload_trainers off",
         )
         require(
             self.in_flight_weight_updates is None or isinstance(self.in_flight_weight_updates, bool),

@@ -16,6 +16,7 @@ from coati.distributed.runtime.liveness import start_heartbeat
 from coati.distributed.runtime.startup import mark, marks
 from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.engine import build_engine
+from coati.distributed.trainer.offload import Residency, reloaded, resident
 
 
 class CriticConsumer:
@@ -41,23 +42,35 @@ class CriticConsumer:
             value_head=True,
         )
         self.step = CriticStep(self.engine, p.trainer, p.algorithm, p.generation, self.threads)
+        e = self.engine
+        self.residency = Residency(e.device, lambda: (e.model.unwrap(),), lambda: e.optimizer)
+        self.reload_s: float | None = None
         mark("ready")
         return {**self.engine.describe(), "startup": marks()}
 
     def set_threads(self, n: int, call: int) -> None:
         self.threads.lend(n, call)
 
+    @resident
     def values(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict:
         """V(s_t) of this rank's DP shard of ``batch`` (``CriticStep.values``)."""
         with self.threads.running(call, threads):
             return self.step.values(batch)
 
+    @resident
     def train_step(
         self, batch: RolloutBatch, threads: int | None = None, call: int | None = None, total_steps: int | None = None
     ) -> dict:
         with self.threads.running(call, threads):
-            return self.step.run(batch, total_steps or self.step.step_count + 1)
+            metrics = self.step.run(batch, total_steps or self.step.step_count + 1)
+        return reloaded(metrics, self, "time/critic_reload")
 
+    def offload(self, copy: bool = False) -> dict:
+        """Park the critic's weights and optimizer states in host memory (``GRPOConsumer.offload``)."""
+        self.residency.copy = copy
+        return self.residency.park()
+
+    @resident
     def weights(self) -> dict[str, torch.Tensor]:
         """The critic's whole weights on CPU under the Hugging Face names; collective over its TP group (every rank
         takes part, each returns them)."""
@@ -65,11 +78,13 @@ class CriticConsumer:
 
         return {k: v.cpu().clone() for k, v in gathered_weights(self.engine.model.unwrap()).items()}
 
+    @resident
     def save_checkpoint(self, folder: str) -> bool:
         os.makedirs(os.path.join(folder, "critic"), exist_ok=True)
         self.engine.save(os.path.join(folder, "critic"), self.step.step_count)
         return True
 
+    @resident
     def load_checkpoint(self, folder: str) -> int:
         self.step.step_count = self.engine.load(os.path.join(folder, "critic"))
         return self.step.step_count

@@ -601,6 +601,19 @@ class ActorGroups:
         get([p.wake.remote() for p in self.producers], "producers waking")
         return time.perf_counter() - start
 
+    def offload_trainers(self, copy: bool = False) -> dict:
+        """Consumers and critic ranks park their states in host memory until their next call that needs them
+        (``run.offload_trainers``; ``copy``: copied even on CPU trainers); returns the seconds, the megabytes moved and
+        the accelerator memory the busiest rank held before and after."""
+        start = time.perf_counter()
+        parked = get([a.offload.remote(copy) for a in self.consumers + self.critics], "trainers offloading")
+        return {
+            "time/trainer_offload": time.perf_counter() - start,
+            "trainer/mem_resident_mb": max(m["resident_bytes"] for m in parked) / 2**20,
+            "trainer/mem_offloaded_mb": max(m["parked_bytes"] for m in parked) / 2**20,
+            "trainer/offloaded_mb": sum(m["bytes"] for m in parked) / 2**20,
+        }
+
     def full_weights(self) -> dict:
         """The whole model's weights, merged from each pipeline stage's sender (all ranks join the TP gathers)."""
         states = get([c.weights.remote() for c in self.consumers], "gathering weights")

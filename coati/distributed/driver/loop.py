@@ -82,7 +82,7 @@ class Run:
         r = config.run
         self.cfg, self.plan, self.seed = config, plan, r.seed
         self.timeout_s, self.max_staleness = r.weight_sync_timeout_s, r.max_staleness
-        self.sleep_while_training = r.sleep_while_training
+        self.sleep_while_training, self.offload_trainers = r.sleep_while_training, r.offload_trainers
         self.actors = ActorGroups(config, plan, run_name)
         self.run_name = run_name
         self.push_stats: dict = {}
@@ -109,6 +109,9 @@ class Run:
     def start_actors(self) -> None:
         self.actors.start()
         actors_started(self.run_name, self.actors.startup())
+        trainers = self.actors.consumer_info + self.actors.critic_info
+        if self.offload_trainers and all(i["device"] == "cpu" for i in trainers):
+            log.info("offload_trainers: the trainers run on the CPU, where their states already lie: nothing moves")
 
     def connect_weight_group(self) -> None:
         self.actors.connect_weight_group(self.timeout_s)
@@ -199,6 +202,8 @@ class Run:
             check_declared(evals[-1])
             if on_step is not None:
                 on_step({**evals[-1], "eval_samples": predictions} if predictions else dict(evals[-1]))
+        if self.offload_trainers:  # the first rollouts have the accelerators to themselves too
+            self.actors.offload_trainers()
         limit, started = self.cfg.run.time_limit_s, time.monotonic()
         for step in range(self.progress.start_step + 1, total + 1):
             if step == self.progress.start_step + 1:
@@ -218,6 +223,8 @@ class Run:
             check_engine_trainer_gap(metrics, tolerance, step)
             if manager is not None and ((save_interval and step % save_interval == 0) or last):
                 self.checkpoint(manager, step)
+                if self.offload_trainers and not last:  # saving moved the states back
+                    self.actors.offload_trainers()
             if last:  # the horizon, or the time limit: evaluated and saved as the run's end
                 break
         self.rollouts.settle()
@@ -315,6 +322,7 @@ class Run:
             self.rollouts.round is not None
         ):  # pushed mid-round: the round still in flight takes the idle consumers' cores
             self.actors.lend_to_producers()
+        parked = self.actors.offload_trainers() if self.offload_trainers else {}
         metrics = {
             "step": step,
             "total_steps": total,
@@ -328,7 +336,7 @@ class Run:
         # Driver time that is none of: waiting for rollouts, training, pushing weights (batching, object store
         # puts, metrics). Rollout wait itself is generation + reward + transfer, reported by the producers.
         metrics["time/overhead"] = max(metrics["time/step"] - t_rollout - t_train - t_push, 0.0)
-        metrics.update({**train_metrics, **asleep})
+        metrics.update({**train_metrics, **asleep, **parked})
         if lag:
             metrics["teacher/version"] = self.actors.teacher_version
         if self.plan.sandbox is not None:  # 1: model-written code ran without bwrap (allow_degraded_sandbox)

@@ -156,6 +156,14 @@ METRICS: dict[str, Metric] = {
     "time/producer_total": Metric("producers' whole rollout call", "s"),
     "time/sleep": Metric("producers freeing accelerator memory (sleep_while_training)", "s"),
     "time/wake": Metric("producers taking it back", "s"),
+    "time/trainer_offload": Metric(
+        "trainers parking their states in host memory after the push (offload_trainers)", "s"
+    ),
+    "time/trainer_reload": Metric("a policy consumer moving them back before its step", "s"),
+    "time/critic_reload": Metric("a critic rank moving them back before its values and step", "s"),
+    "trainer/mem_resident_mb": Metric("a trainer's accelerator memory before offloading (the most over ranks)", "MiB"),
+    "trainer/mem_offloaded_mb": Metric("the same offloaded", "MiB"),
+    "trainer/offloaded_mb": Metric("trainers' states moved to host memory (all ranks)", "MiB"),
     "time/elapsed": Metric("time since the run started (written by the run folder's reporter)", "s"),
     # weight pushes
     "weights/transfers": Metric("collective calls of the push", "calls"),

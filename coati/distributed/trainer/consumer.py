@@ -17,6 +17,7 @@ from coati.distributed.runtime.liveness import start_heartbeat
 from coati.distributed.runtime.startup import mark, marks
 from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.engine import build_engine
+from coati.distributed.trainer.offload import Residency, reloaded, resident
 from coati.distributed.trainer.passes import Passes
 from coati.distributed.trainer.plan import TrainerPlan
 from coati.distributed.trainer.step import StepRunner, batch_advantages
@@ -62,6 +63,10 @@ class GRPOConsumer:
         self.passes = Passes(self.engine, self.cfg, self.generation, self.n)
         self.runner = StepRunner(self.engine, self.passes, self.cfg, self.algo, self.generation, self.n, self.threads)
         self.sender = WeightSender(self.engine, self.cfg)
+        e = self.engine
+        self.residency = Residency(e.device, lambda: (e.model.unwrap(), e.ref_model), lambda: e.optimizer)
+        self.reload_s: float | None = None
+        """seconds spent moving parked states back since the last training step reported them (None: none moved)"""
         mark("ready")
         return {
             **self.engine.describe(),
@@ -77,6 +82,7 @@ class GRPOConsumer:
         (called on a second thread: the driver lends the cores of producers that have stopped; ``ThreadLease``)."""
         self.threads.lend(n, call)
 
+    @resident
     def train_step(
         self,
         batch: RolloutBatch,
@@ -94,8 +100,10 @@ class GRPOConsumer:
             self.runner.step_count += 1
             return {}
         with self.threads.running(call, threads):  # cores go back to the producers with the step's end
-            return self.runner.run(batch, total_steps or self.runner.step_count + 1)
+            metrics = self.runner.run(batch, total_steps or self.runner.step_count + 1)
+        return reloaded(metrics, self)
 
+    @resident
     def experience(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict | None:
         """The KL penalty's log-probs of this rank's DP shard before the step trains: {"rows", "old", "ref"} (float32
         [S, R]: the policy's and, where this rank holds the reference, the reference's), from the rank of each shard
@@ -118,26 +126,38 @@ class GRPOConsumer:
         self.sender.join(world_size, group_name, backend, timeout_s, wire_dtype)
         return True
 
+    @resident
     def push_weights(self, version: int) -> dict:
         """Push the weights of ``version`` to the producers (``WeightSender.push``): seconds and fingerprints."""
         return self.sender.push(version)
 
+    @resident
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.sender.full_state_dict()
 
+    @resident
     def adapter(self) -> dict[str, torch.Tensor]:
         return self.sender.adapter()
 
+    @resident
     def weights(self) -> dict[str, torch.Tensor]:
         return self.sender.weights()
 
+    def offload(self, copy: bool = False) -> dict:
+        """Park the weights, gradients, optimizer states and reference in host memory until the next call that needs
+        them (``run.offload_trainers``; ``Residency.park``; ``copy``: copied even on a CPU trainer, and back)."""
+        self.residency.copy = copy
+        return self.residency.park()
+
     # ---- checkpoints -----------------------------------------------------------------------------------------
 
+    @resident
     def save_checkpoint(self, folder: str) -> bool:
         """This rank's shards of the model and optimizer, its RNG and step (``Engine.save``)."""
         self.engine.save(folder, self.runner.step_count)
         return True
 
+    @resident
     def load_checkpoint(self, folder: str) -> int:
         self.runner.step_count = self.engine.load(folder)
         return self.runner.step_count
