@@ -159,3 +159,70 @@ def test_a_model_whose_logits_are_not_its_output_head_s_is_refused_and_soft_capp
         broken.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"non-finite \(NaN or infinite\) weights in \['model.layers.1.mlp.down_proj"):
         check_output_layer(broken)
+
+
+@pytest.mark.parametrize("layout", ["rows", "prompt_cache"])
+def test_image_prompts_give_the_model_s_own_logprobs_and_gradients_in_each_layout(tmp_path, layout):
+    """A tiny LLaVA's groups of two rows, each group with its own picture (``row_tensors`` carries them once per
+    prompt): each layout's log-probs and gradients are a plain forward's with every row's image, and its projector
+    gets a gradient (the image tokens are read); packing refuses image rows."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from coati.distributed.record import attach_pixels
+    from coati.distributed.rollout.images import render_with_images
+    from coati.distributed.trainer.forward import LAYOUTS, model_inputs, packed_group_logprobs, row_tensors
+    from coati.testing import build_tiny_vlm
+
+    path = build_tiny_vlm(tmp_path / "vlm")
+    processor = AutoProcessor.from_pretrained(path)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    prompts, pixels = [], []
+    for colour, question in (((255, 0, 0), "How many?"), ((0, 0, 255), "Which colour is it?")):
+        ids, px = render_with_images(processor, {"prompt": question, "images": [Image.new("RGB", (40, 30), colour)]})
+        prompts.append(ids)
+        pixels.append(px)
+    responses = [[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]]
+    batch = attach_pixels(batch_from_responses(prompts, 2, responses, None, [True] * 4, pad_id=0), pixels, 2)
+    t = row_tensors(batch, np.arange(4), torch.device("cpu"))
+    assert t["images"][0] is t["images"][1] and t["images"][0] is not t["images"][2]  # once a prompt
+
+    def plain():
+        inputs = model_inputs(*(t[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")))
+        values = torch.cat([i["pixel_values"] for i in t["images"]])
+        logits = model(**inputs, pixel_values=values).logits[:, t["prompt_ids"].shape[1] - 1 : -1]
+        return torch.log_softmax(logits, -1).gather(-1, t["response_ids"][..., None])[..., 0]
+
+    results = []
+    for run in (plain, lambda: LAYOUTS[layout](model, **t, **({} if layout == "rows" else {"group_size": 2}))[0]):
+        model.zero_grad()
+        lp = run()
+        mask = t["response_mask"].bool()
+        lp = lp[mask]
+        (-lp.mean()).backward()
+        projector = model.model.multi_modal_projector.linear_1.weight.grad
+        results.append(
+            (lp.detach(), projector.clone(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        )
+    (lp_a, proj_a, g_a), (lp_b, proj_b, g_b) = results
+    torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=1e-5)
+    assert proj_b.abs().sum() > 0
+    for a, b in zip(g_a, g_b, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    with pytest.raises(AssertionError, match="packed rows take no images"):
+        packed_group_logprobs(model, **t, group_size=2)
+
+
+def test_the_vision_tower_is_frozen_unless_asked_to_train(tmp_path):
+    from coati.distributed.trainer.config import ConsumerConfig
+    from coati.distributed.trainer.engine import load_policy
+    from coati.testing import build_tiny_vlm
+
+    path = str(build_tiny_vlm(tmp_path / "vlm"))
+    for freeze in (True, False):
+        model = load_policy(path, ConsumerConfig(freeze_vision_tower=freeze), torch.device("cpu"), seed=0)
+        trains = {n: p.requires_grad for n, p in model.named_parameters()}
+        tower = [v for n, v in trains.items() if "vision_tower" in n]
+        assert tower and all(v is not freeze for v in tower)
+        assert all(v for n, v in trains.items() if "vision_tower" not in n)

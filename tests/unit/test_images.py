@@ -4,6 +4,7 @@ and their checks before any actor starts; the built-in visual task's pictures an
 import io
 import json
 import random
+import re
 
 import pytest
 from PIL import Image
@@ -63,14 +64,48 @@ def test_an_unusable_image_is_refused_in_one_line_naming_its_row(image, message)
     assert "\n" not in str(e.value)
 
 
-def test_images_for_a_text_model_or_a_vision_model_are_refused_with_the_reason(tmp_path):
+def test_images_for_a_text_model_are_refused_and_a_vision_model_takes_them(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(ValueError, match=r"holds 2 images, but model .* \(LlamaForCausalLM\) is text-only"):
         check_image_model(str(tmp_path), 2)
     vlm = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {}}
     (tmp_path / "config.json").write_text(json.dumps(vlm))
-    with pytest.raises(ValueError, match="a vision-language model; coati reads and checks images but does not yet"):
-        check_image_model(str(tmp_path), 2)
+    check_image_model(str(tmp_path), 2)
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"producer": {"backend": "vllm"}}, "backend vllm does not serve it yet: use --backend transformers"),
+        ({"algo": "PPO"}, "--algo PPO needs a critic, which is not built over it"),
+        ({"consumer": {"lora_rank": 4}}, "LoRA adapters over it are not built: drop --lora-rank"),
+        (
+            {"consumer": {"num_consumer_procs": 2, "plugin": {"tp_size": 2}}},
+            "tp_size=2, pp_size=1, sp_size=1 and ep_size=1 split it in ways not built",
+        ),
+        ({"algo": "OPD", "teacher": {"model": "self:1"}}, "a teacher does not read images: drop --teacher-model"),
+        ({"data": {"raw_prompt": True}}, "raw_prompt has no place for images"),
+    ],
+)
+def test_what_a_vision_language_run_does_not_do_yet_is_refused_naming_the_setting(tmp_path, tree, message):
+    from coati.distributed.config.tree import config_from_dict
+    from coati.distributed.driver.preflight import check_vision_language_run
+
+    vlm = str(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["LlavaForConditionalGeneration"], "vision_config": {}})
+    )
+    base = {"producer": {"backend": "transformers"}}
+    config = config_from_dict({**base, **tree})
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        check_vision_language_run(config, vlm, vlm)
+    assert str(e.value).startswith(f"model {vlm} is a vision-language model") and "\n" not in str(e.value)
+    check_vision_language_run(config_from_dict(base), vlm, vlm)  # GRPO on the transformers engine: nothing refused
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ValueError, match="its inference model .* is text-only: serve the same model"):
+        check_vision_language_run(config_from_dict(base), vlm, str(text))
 
 
 def test_the_visual_task_draws_what_its_answer_counts():

@@ -20,6 +20,7 @@ def _plan(**over):
         stream_prompts=0,
         tokenizer_path="/models/m",
         teacher_model_path=None,
+        processor_path=None,
     )
     return SimpleNamespace(**{**fields, **over})
 
@@ -46,7 +47,8 @@ def test_the_rollout_plan_holds_what_a_producer_needs_resolved():
     )
     assert role.algorithm == config.algo_config and role.engine_options == {"dtype": "float32"}
     assert rollout_plan(config_from_dict({}), _plan()).lora is None
-    assert role.teacher is None
+    assert role.teacher is None and role.processor_path is None
+    assert rollout_plan(config, _plan(processor_path="/models/vlm")).processor_path == "/models/vlm"
     tree = {"algo": "OPD", "teacher": {"model": "/t", "privileged_context": " {gt_answer}", "timeout_s": 9.0}}
     link = rollout_plan(config_from_dict(tree), _plan(teacher_model_path="/t")).teacher
     assert link == TeacherLink("/t", " {gt_answer}", 9.0)  # the teacher's own chat template

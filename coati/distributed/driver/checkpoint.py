@@ -25,6 +25,7 @@ import numpy as np
 from coati.distributed.config.tree import Config
 from coati.distributed.driver.actor_group import RunError, get
 from coati.distributed.guards import all_finite
+from coati.distributed.model.architectures import auto_model_class
 from coati.distributed.model.lora import peft_config, write_adapter
 from coati.distributed.record import RolloutBatch
 
@@ -326,11 +327,11 @@ def final_folder(save_dir: str) -> str:
 
 
 def export_model(state: dict, model_path: str, tokenizer, path: str, value_head: bool = False) -> str:
-    """Write ``state`` as a Hugging Face folder (weights, config, tokenizer) loadable by AutoModelForCausalLM (with
-    ``value_head``: by AutoModelForTokenClassification, one label, a critic), atomically (a temporary folder renamed
-    into place)."""
+    """Write ``state`` as a Hugging Face folder (weights, config, ``tokenizer``: or a processor) loadable by
+    AutoModelForCausalLM, or AutoModelForImageTextToText for a vision-language model (with ``value_head``: by
+    AutoModelForTokenClassification, one label, a critic), atomically (a temporary folder renamed into place)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     what = "critic weights" if value_head else "weights"
     bad = [k for k, v in state.items() if not all_finite([v])]
@@ -341,7 +342,7 @@ def export_model(state: dict, model_path: str, tokenizer, path: str, value_head:
 
         config, cls = value_model_config(model_path), AutoModelForTokenClassification
     else:
-        config, cls = AutoConfig.from_pretrained(model_path), AutoModelForCausalLM
+        config, cls = AutoConfig.from_pretrained(model_path), auto_model_class(model_path)
     with torch.device("meta"):
         model = cls.from_config(config)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

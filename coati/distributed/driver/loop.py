@@ -41,6 +41,7 @@ from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, ga
 from coati.distributed.loggers.metrics import check_declared
 from coati.distributed.record import RolloutBatch
 from coati.distributed.rollout.evaluation import EvalShare
+from coati.distributed.rollout.images import load_processor
 from coati.distributed.trainer.step_metrics import rollout_metrics
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class Run:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path)
+        self.model_files = load_processor(plan.processor_path) if plan.processor_path else self.tokenizer
+        """what an exported model folder holds beside its weights: a vision-language model's processor (its
+        tokenizer, image processor and chat template), else the tokenizer"""
 
     # ---- actors (see actor_group.py) -----------------------------------------------------------------------------
 
@@ -176,7 +180,7 @@ class Run:
 
     def save(self, path: str) -> str:
         """The trained model as a Hugging Face folder (``export_policy``)."""
-        return export_policy(self.actors, self.cfg.consumer, self.plan.train_model_path, self.tokenizer, path)
+        return export_policy(self.actors, self.cfg.consumer, self.plan.train_model_path, self.model_files, path)
 
     # ---- loop ------------------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from coati.distributed.model.architectures import (
     check_positions,
     check_routing,
     check_sequence,
+    is_vision_language,
     load_config,
 )
 from coati.distributed.model.files import read_safetensors_header, weight_files
@@ -41,7 +42,13 @@ from coati.distributed.rollout.data import (
     reward_fields,
     rows_digest,
 )
-from coati.distributed.rollout.images import check_image_model, check_images
+from coati.distributed.rollout.images import (
+    check_image_model,
+    check_images,
+    load_processor,
+    render_with_images,
+    vision_language_refusal,
+)
 from coati.distributed.rollout.plan import LoraSpec, RolloutPlan, TeacherLink, TrainerPrecision
 from coati.distributed.runtime.layout import plan_roles
 from coati.distributed.runtime.placement import alive_nodes, check_free, plan_placement, plan_servers
@@ -121,6 +128,9 @@ class Inputs:
     """the critic's starting weights, resolved (None: the run trains no critic)"""
     teacher_model_path: str | None
     """the folder the teacher servers load (the policy's for a self-teacher; None: the run does not distil)"""
+    processor_path: str | None
+    """the folder whose processor renders prompts with their images (a vision-language model's tokenizer folder;
+    None: the tokenizer renders text prompts)"""
 
 
 @dataclass
@@ -167,16 +177,23 @@ def check_inputs(config: Config) -> Inputs:
     if not files.prompt_format.raw:
         check_chat_template(tokenizer, f"tokenizer {files.tokenizer_path}")
     for path in {files.train_model_path, files.inference_model_path}:
-        vocab = AutoConfig.from_pretrained(path).vocab_size
+        vocab = AutoConfig.from_pretrained(path).get_text_config().vocab_size
         if vocab < len(tokenizer):
             raise ValueError(
                 f"model {path} has vocab_size={vocab} but its tokenizer has {len(tokenizer)} tokens: sampled ids past "
                 "the vocabulary would crash generation; resize the model's embeddings or use its own tokenizer"
             )
+    processor_path = files.tokenizer_path if is_vision_language(load_config(files.train_model_path)) else None
+    if processor_path is not None:  # prompts are as long as the processor renders them, image tokens included
+        processor = load_processor(processor_path)
+        system = files.prompt_format.system_prompt
+        encode = lambda row: render_with_images(processor, row, system)[0]  # noqa: E731
+    else:
+        encode = functools.partial(files.prompt_format.encode, tokenizer)
     overlong, specs = {}, {"train": files.train_dataset, "eval": files.eval_dataset}
     limit, drop = cfg.generation.max_prompt_tokens, cfg.data.filter_overlong_prompts
     for what, data in (("train", rows), ("eval", eval_rows)):
-        over = overlong_rows(data, files.prompt_format, tokenizer, limit, what, drop)
+        over = overlong_rows(data, encode, limit, what, drop)
         if over:  # the producers read the same rows and leave these out
             specs[what], dropped = dataclasses.replace(specs[what], exclude=tuple(over)), set(over)
             data[:] = [row for i, row in enumerate(data) if i not in dropped]
@@ -208,6 +225,7 @@ def check_inputs(config: Config) -> Inputs:
         per_run,
         files.critic_model_path,
         files.teacher_model_path,
+        processor_path,
     )
 
 
@@ -255,6 +273,8 @@ def check_files(config: Config) -> Files:
     images = check_images(rows, "training set", limit) + check_images(eval_rows, "eval set", limit)
     if images:
         check_image_model(train_model_path, images)
+    if is_vision_language(load_config(train_model_path)):
+        check_vision_language_run(cfg, train_model_path, inference_model_path)
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
     critic_model_path = None
@@ -281,6 +301,35 @@ def check_files(config: Config) -> Files:
         (rows, eval_rows),
         critic_model_path,
         teacher_path,
+    )
+
+
+def check_vision_language_run(cfg: Config, train_model_path: str, inference_model_path: str) -> None:
+    """What a vision-language model's run does not do yet is refused before any actor starts, naming the setting."""
+    p, c, lay = cfg.producer, cfg.consumer, cfg.layout
+    plugin = c.plugin
+    vision_language_refusal(
+        {
+            f"backend {p.backend} does not serve it yet: use --backend transformers": p.backend != "transformers",
+            f"tp_size={plugin.tp_size}, pp_size={plugin.pp_size}, sp_size={plugin.sp_size} and ep_size="
+            f"{plugin.ep_size} split it in ways not built for its vision tower: use 1 for each (-tp, -pp, --sp-size, "
+            "--ep-size)": max(plugin.tp_size, plugin.pp_size, plugin.sp_size, plugin.ep_size) > 1,
+            f"--algo {cfg.algo} needs a critic, which is not built over it: use a group baseline (GRPO, DAPO, RLOO)": (
+                cfg.algo_config.uses_critic
+            ),
+            "LoRA adapters over it are not built: drop --lora-rank": bool(c.lora_rank),
+            f"layout ref_procs={lay.ref_procs}: reference servers do not read images; leave the reference inside the "
+            "consumers (ref_procs 0)": bool(lay.ref_procs),
+            "a teacher does not read images: drop --teacher-model": cfg.teacher.model is not None,
+            "multi-turn environments do not carry images: drop --env": cfg.reward.episodes,
+            "raw_prompt has no place for images (the processor's chat template places them): turn raw_prompt off": (
+                cfg.data.raw_prompt
+            ),
+            f"its inference model {inference_model_path} is text-only: serve the same model": not is_vision_language(
+                load_config(inference_model_path)
+            ),
+        },
+        train_model_path,
     )
 
 
@@ -428,6 +477,7 @@ def rollout_plan(config: Config, plan: Plan) -> RolloutPlan:
         microbatch_size=p.inference_microbatch_size,
         seed=config.run.seed,
         stream_prompts=plan.stream_prompts,
+        processor_path=plan.processor_path,
         trainer_precision=TrainerPrecision(c.compute_dtype, c.plugin.precision, c.plugin.tp_size),
         lora=lora,
         teacher=teacher_link(config, plan),
@@ -612,11 +662,12 @@ def plan_reward_servers(r, nodes: list[dict], producers: list, teacher=None) -> 
     return slots, producers
 
 
-def overlong_rows(rows: list[dict], prompt_format, tokenizer, limit: int, what: str, drop: bool) -> list[int]:
-    """Indices of the rows whose prompts have more than ``limit`` tokens: refused, or returned when ``drop``."""
+def overlong_rows(rows: list[dict], encode, limit: int, what: str, drop: bool) -> list[int]:
+    """Indices of the rows whose prompts (``encode``: a row's prompt ids) have more than ``limit`` tokens: refused,
+    or returned when ``drop``."""
     over = []
     for i, row in enumerate(rows):
-        n = len(prompt_format.encode(tokenizer, row))
+        n = len(encode(row))
         if n > limit and not drop:
             raise ValueError(
                 f"{what} row {i}'s prompt has {n} tokens > max_prompt_tokens={limit}; raise "

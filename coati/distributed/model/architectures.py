@@ -42,6 +42,32 @@ def auto_model_class(path: str):
     return AutoModelForImageTextToText if is_vision_language(load_config(path)) else AutoModelForCausalLM
 
 
+def model_classes(config) -> dict:
+    """transformers' mapping from a config class to its generative model class, for a loaded ``config``: the
+    image-text-to-text one for a vision-language model, else the causal-LM one."""
+    from transformers.models.auto import modeling_auto
+
+    if getattr(config, "vision_config", None) is not None:
+        return modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+    return modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING
+
+
+VISION_TOWERS = ("vision_tower", "visual", "vision_model")
+"""the attribute a vision-language family keeps its image encoder under (LLaVA and Gemma 3, Qwen-VL, Idefics3 and
+SmolVLM), on the model or its inner model"""
+
+
+def vision_towers(model) -> list:
+    """A vision-language model's image encoders (its projector excluded); none for a text model."""
+    out = []
+    for holder in (model, getattr(model, "model", None)):
+        for name in VISION_TOWERS:
+            tower = getattr(holder, name, None) if holder is not None else None
+            if tower is not None and all(tower is not t for t in out):
+                out.append(tower)
+    return out
+
+
 def model_type(path: str) -> str | None:
     return load_config(path).get("model_type")
 

@@ -17,11 +17,12 @@ import torch
 
 
 def meta_model(config):
-    """The causal LM of ``config`` on the meta device (no memory): what ``to_checkpoint`` needs of a model."""
-    from transformers import AutoModelForCausalLM
+    """The generative model of ``config`` (a causal LM, or a vision-language model) on the meta device (no memory):
+    what ``to_checkpoint`` needs of a model."""
+    from coati.distributed.model.architectures import model_classes
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return model_classes(config)[type(config)](config)
 
 
 def to_checkpoint(model, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

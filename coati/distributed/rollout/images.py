@@ -121,21 +121,25 @@ def check_images(rows: list[dict], what: str, max_pixels: int = MAX_PIXELS) -> i
 
 
 def check_image_model(model_path: str, images: int) -> None:
-    """Rows with ``images`` images need a model that reads them: a text-only model is refused naming the fix, and so,
-    with the reason, is a vision-language one (its training path is not built: the rollout record and the trainer's
-    forward carry no pixel inputs yet)."""
+    """Rows with ``images`` images need a model that reads them: a text-only model is refused naming the fix."""
     config = load_config(model_path)
-    arch = (config.get("architectures") or [config.get("model_type")])[0]
     if not is_vision_language(config):
+        arch = (config.get("architectures") or [config.get("model_type")])[0]
         raise ValueError(
             f"the data holds {images} images, but model {model_path} ({arch}) is text-only; use a vision-language "
             "model, or drop the images column (and image parts of messages)"
         )
-    raise ValueError(
-        f"the data holds {images} images for model {model_path} ({arch}), a vision-language model; coati reads and "
-        "checks images but does not yet train on them (no pixel inputs in the rollout record or the trainer's "
-        "forward): train on text-only rows"
-    )
+
+
+def vision_language_refusal(settings: dict[str, bool], model_path: str) -> None:
+    """Refuse, in one line naming the first setting that holds, what a vision-language run does not train with yet:
+    ``settings`` maps each such setting (as the user writes it, with its fix) to whether the run asks for it."""
+    for setting, asked in settings.items():
+        if asked:
+            raise ValueError(
+                f"model {model_path} is a vision-language model, which coati trains with data parallelism and ZeRO "
+                f"on the transformers engine; {setting}"
+            )
 
 
 def image_messages(row: dict, system_prompt: str | None = None) -> list[dict]:
@@ -168,6 +172,39 @@ def _is_image(part) -> bool:
 
 def _listed(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def load_processor(path: str):
+    """The folder's processor (tokenizer and image processor), or a one-line ValueError naming the folder."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError, TypeError, ImportError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(
+            f"the processor of {path} cannot be loaded ({type(e).__name__}: {first}); a vision-language model's "
+            "folder (or --model-tokenizer-path) needs its processor files"
+        ) from None
+    if not hasattr(processor, "image_processor"):
+        raise ValueError(
+            f"{path} holds a tokenizer but no image processor; a vision-language model's folder (or "
+            "--model-tokenizer-path) needs its processor files"
+        )
+    return processor
+
+
+class ImagePrompts:
+    """A vision-language model's prompts: each row rendered by its processor (``render_with_images``) under the run's
+    system prompt."""
+
+    def __init__(self, processor_path: str, system_prompt: str | None):
+        self.processor, self.system_prompt = load_processor(processor_path), system_prompt
+
+    def encode(self, rows: list[dict]) -> tuple[list[list[int]], list[dict]]:
+        """(each row's prompt ids, each row's image inputs: {} for a row without images)."""
+        rendered = [render_with_images(self.processor, row, self.system_prompt) for row in rows]
+        return [ids for ids, _ in rendered], [pixels for _, pixels in rendered]
 
 
 def render_with_images(processor, row: dict, system_prompt: str | None = None) -> tuple[list[int], dict]:

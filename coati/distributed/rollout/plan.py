@@ -75,6 +75,9 @@ class RolloutPlan:
     """the run's seed (each producer derives its own from it and its index)"""
     stream_prompts: int
     """groups kept generating across draws (0: rounds)"""
+    processor_path: str | None
+    """the folder whose processor renders each prompt with its images (a vision-language model's); None: the
+    tokenizer renders text prompts"""
     trainer_precision: TrainerPrecision
     lora: LoraSpec | None
     """the adapters consumers push; None when they push whole weights"""

@@ -21,6 +21,7 @@ from coati.distributed.record import RolloutBatch, run_group_ids
 from coati.distributed.rollout.data import DataCursor
 from coati.distributed.rollout.draw import Rounds, Stream, label_versions
 from coati.distributed.rollout.evaluation import EvalShare, evaluate_share
+from coati.distributed.rollout.images import ImagePrompts
 from coati.distributed.rollout.plan import RolloutPlan
 from coati.distributed.rollout.receipt import PushReceipt
 from coati.distributed.rollout.scoring import Scorer, episode_results, shaped_rewards
@@ -52,6 +53,7 @@ class Producer:
         self.dataset_spec, self.eval_spec = plan.train_dataset, plan.eval_dataset
         self.n, self.microbatch_size = plan.num_generations, plan.microbatch_size
         self.prompt_format, self.seed = plan.prompt_format, plan.seed
+        self.processor_path = plan.processor_path
         self.backend_options = dict(plan.engine_options or {})
         self.stream_prompts = plan.stream_prompts
         """groups the engine is kept generating across calls (0: rounds, each call generating its prompts to the
@@ -82,6 +84,10 @@ class Producer:
         mark("engine")
         self.backend.between_steps = self.threads.apply  # in the generating thread, whose OpenMP setting it uses
         self.tokenizer = self.backend.tokenizer
+        self.image_prompts = (
+            ImagePrompts(self.processor_path, self.prompt_format.system_prompt) if self.processor_path else None
+        )
+        """a vision-language model's prompts, rendered with their images by its processor (None: text prompts)"""
         self.rows = self.dataset_spec.load()
         a = self.algorithm
         self.cursor = DataCursor(
@@ -200,8 +206,12 @@ class Producer:
         """``n`` rollouts of each row and their scores (futures of RewardResults): completions scored by the reward
         pool, or episodes scored by their environment."""
         if self.episodes is None:
-            prompts = [self.prompt_format.encode(self.tokenizer, r) for r in rows]
-            batch = self.backend.generate(prompts, n, greedy=greedy)
+            if self.image_prompts is not None:
+                prompts, pixels = self.image_prompts.encode(rows)
+                batch = self.backend.generate(prompts, n, greedy=greedy, pixels=pixels)
+            else:
+                prompts = [self.prompt_format.encode(self.tokenizer, r) for r in rows]
+                batch = self.backend.generate(prompts, n, greedy=greedy)
             return batch, self.scorer.submit(batch, rows, self.version)
         batch = self.episodes.rollouts(
             lambda contexts: self.backend.generate(contexts, 1, greedy=greedy),

@@ -125,6 +125,9 @@ class ConsumerConfig:
     gradient_checkpointing: bool = False
     """recompute each decoder layer's activations in the backward pass instead of keeping them (less memory, about
     a third more compute); each row's prompt is then computed in full (the recompute keeps no KV cache)"""
+    freeze_vision_tower: bool = True
+    """a vision-language model's image encoder keeps its weights (its projector and language model train); off:
+    it trains too"""
     weight_decay: float = 0.0
     """optimizer weight decay"""
     max_grad_norm: float = 1.0

@@ -14,6 +14,7 @@ import torch
 
 from coati.distributed.guards import all_finite
 from coati.distributed.model import attention
+from coati.distributed.model.architectures import auto_model_class, vision_towers
 from coati.distributed.model.lora import peft_config
 from coati.distributed.model.precision import resolve_compute_dtype
 from coati.distributed.runtime.placement import whereabouts
@@ -217,10 +218,12 @@ def sequence_parallelism(p) -> dict:
 def load_policy(model_path: str, cfg: ConsumerConfig, device: torch.device, seed: int):
     """The policy as it is boosted: fp32, without a KV cache, with gradient checkpointing and a LoRA adapter as
     configured (peft wraps it before boosting; only the adapter trains)."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
-    return for_training(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), cfg, device)
+    model = auto_model_class(model_path).from_pretrained(model_path, dtype=torch.float32)
+    if cfg.freeze_vision_tower:
+        for tower in vision_towers(model):
+            tower.requires_grad_(False)
+    return for_training(model, cfg, device)
 
 
 def for_training(model, cfg: ConsumerConfig, device: torch.device):
@@ -235,9 +238,7 @@ def for_training(model, cfg: ConsumerConfig, device: torch.device):
 
 def reference_model(model_path: str, device: torch.device) -> torch.nn.Module:
     """The frozen reference policy (KL) on ``device``."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = auto_model_class(model_path).from_pretrained(model_path, dtype=torch.float32)
     attention.use(model, device)
     return model.to(device).eval().requires_grad_(False)
 
@@ -279,7 +280,7 @@ def boosted_policy(model_path: str, cfg: ConsumerConfig, plugin, booster, device
     if cfg.lora_rank:
         lora = peft_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, model_path)
         model = plugin.enable_lora(model, lora_config=lora)
-    vocab_size = model.config.vocab_size
+    vocab_size = model.config.get_text_config().vocab_size
     if p.zero_stage > 0 and p.tp_size == 1 and p.pp_size == 1:
         model.to(device, {"bf16": torch.bfloat16, "fp16": torch.float16}[p.precision])
         flatten_parameters(model)

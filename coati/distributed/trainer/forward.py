@@ -38,10 +38,12 @@ ROW_INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 """the RolloutBatch arrays a forward pass over its rows reads"""
 
 
-def row_tensors(batch, rows, device, trim: bool = True, routes: bool = False) -> dict[str, torch.Tensor]:
+def row_tensors(batch, rows, device, trim: bool = True, routes: bool = False) -> dict:
     """The model inputs (``ROW_INPUTS``) of ``rows`` of a RolloutBatch on ``device``; with ``trim``, without the
     columns that are padding in all of them (``trim_padding``); with ``routes``, also the experts the engine routed
-    each of those columns' tokens to (``routes``: [rows, prompt + response columns, layers, k], ``model/routing``)."""
+    each of those columns' tokens to (``routes``: [rows, prompt + response columns, layers, k], ``model/routing``);
+    for vision-language prompts, each row's image inputs (``images``: one dict of tensors per row, {} for a row
+    without images; rows of one prompt share its tensors)."""
     arrays = {name: getattr(batch, name)[rows] for name in ROW_INPUTS}
     if trim:
         arrays = trim_padding(**arrays)
@@ -50,7 +52,22 @@ def row_tensors(batch, rows, device, trim: bool = True, routes: bool = False) ->
         width = batch.prompt_ids.shape[1]
         prompt = batch.prompt_routes[rows][:, width - p :] if p else batch.prompt_routes[rows][:, :0]
         arrays["routes"] = np.concatenate([prompt, batch.response_routes[rows][:, :r]], axis=1)
-    return {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) for name, a in arrays.items()}
+    out: dict = {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) for name, a in arrays.items()}
+    if batch.pixel_index is not None:
+        index = batch.pixel_index[rows]
+        prompts = {int(i): {k: torch.as_tensor(v).to(device) for k, v in batch.pixels[i].items()} for i in index}
+        out["images"] = [prompts[int(i)] for i in index]
+    return out
+
+
+def image_inputs(images: list[dict] | None, step: int = 1) -> dict[str, torch.Tensor]:
+    """One forward's image keywords from rows' image inputs (``row_tensors``), every ``step``-th row's (a group's
+    first, when the group's prompt is computed once), in row order: the model matches images to its image tokens in
+    that order. {} when no row has images."""
+    chosen = [i for i in (images or [])[::step] if i]
+    if not chosen:
+        return {}
+    return {k: torch.cat([i[k] for i in chosen]) for k in chosen[0]}
 
 
 def token_budget_chunks(prompt_lens, response_lens, unit: int, budget: int, shared: bool) -> list[slice]:
@@ -181,15 +198,16 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     vocab_size: int | None = None,
+    images: list[dict] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(response token t | prefix) at ``temperature`` [N, R], entropy [N, R] or None), 0 at padding: every
-    row's prompt and response in one padded forward.
+    row's prompt and response in one padded forward, with each row's ``images`` (``row_tensors``).
 
     ``vocab_size`` drops logits of padding rows that tensor parallelism adds to the vocabulary.
     """
     inputs = model_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     with DecoderStates(model) as d:
-        model(**inputs, use_cache=False, logits_to_keep=NO_POSITIONS.to(prompt_ids.device))
+        model(**inputs, **image_inputs(images), use_cache=False, logits_to_keep=NO_POSITIONS.to(prompt_ids.device))
     # Position j predicts token j + 1: response token t is predicted at position P - 1 + t.
     hidden = d.states[0][:, prompt_ids.shape[1] - 1 : -1][response_mask.bool()]
     return head_logprobs(d.lm_head, hidden, response_ids, response_mask, temperature, with_entropy, vocab_size)
@@ -213,11 +231,12 @@ def shared_prompt_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     vocab_size: int | None = None,
+    images: list[dict] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sequence_logprobs`` for rows in groups of ``group_size`` consecutive rows sharing one prompt, computing each
-    prompt once: a forward of the groups' prompts fills a KV cache, repeated ``group_size`` times, which the
-    responses attend to; gradients flow back through it into the prompt forward. Equal to the full forward up to
-    float rounding (tested, loss and gradients)."""
+    prompt once: a forward of the groups' prompts (with each group's ``images``, read once) fills a KV cache,
+    repeated ``group_size`` times, which the responses attend to; gradients flow back through it into the prompt
+    forward. Equal to the full forward up to float rounding (tested, loss and gradients)."""
     groups = group_prompts(prompt_ids, prompt_mask, group_size)
     keep = NO_POSITIONS.to(prompt_ids.device)
     positions = (groups[1].long().cumsum(-1) - 1).clamp(min=0)
@@ -230,6 +249,7 @@ def shared_prompt_logprobs(
             position_ids=positions,
             use_cache=True,
             logits_to_keep=keep,
+            **image_inputs(images, group_size),
         ).past_key_values
         cache.batch_repeat_interleave(group_size)
         model(
@@ -258,12 +278,16 @@ def packed_group_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     vocab_size: int | None = None,
+    images: list[dict] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``shared_prompt_logprobs`` without padding: each group's prompt and its responses' real tokens packed in one
     row (prompt, response 1, ..., response n; rows padded only to the longest group), under a tree-shaped attention
     mask: prompt tokens attend causally to the prompt, a response token to the prompt and to its own response's
     earlier tokens; positions restart after the prompt for every response. One forward, gradients included; needs
-    the SDPA attention (a boolean 4D mask). Equal to the full forward up to float rounding (tested)."""
+    the SDPA attention (a boolean 4D mask). Equal to the full forward up to float rounding (tested). Not for image
+    prompts (``images``): a vision-language model's own positions and masks for its image tokens do not follow the
+    packing."""
+    assert not image_inputs(images), "packed rows take no images"
     n, (num_rows, p_cols), r_cols = group_size, prompt_ids.shape, response_ids.shape[1]
     g, dev = num_rows // n, prompt_ids.device
     group_ids, group_mask = group_prompts(prompt_ids, prompt_mask, n)

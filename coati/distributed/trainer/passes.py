@@ -72,7 +72,9 @@ class Passes:
             return ("rows",)
         # The recompute keeps no KV cache; sequence parallelism splits whole rows (a cache's responses are not)
         cache = () if self.cfg.gradient_checkpointing or self.cfg.plugin.sp_size > 1 else ("prompt_cache",)
-        return ("rows", *cache, *(("packed",) if self.engine.sdpa else ()))
+        # a vision-language model places its image tokens by its own positions and masks, which packing replaces
+        packed = self.engine.sdpa and not hasattr(causal_lm(self.engine.model).config, "vision_config")
+        return ("rows", *cache, *(("packed",) if packed else ()))
 
     def tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:
         """The model inputs of ``rows``; with ``trim``, without the columns that are padding in all of them."""

@@ -73,22 +73,27 @@ def fingerprints(
 def transposed_weights(config) -> frozenset[str]:
     """The weights the model's own transformers class stores transposed, [in, out] (GPT-2's Conv1D layers), found
     by building the model on the meta device (no memory, no values)."""
-    from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
+    from coati.distributed.model.architectures import model_classes
+
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_classes(config)[type(config)](config)
     return frozenset(f"{name}.weight" for name, module in model.named_modules() if isinstance(module, Conv1D))
 
 
 def tied_weights(config) -> dict[str, str]:
     """{tied weight: the weight it is tied to} as the model's own transformers class ties them, when its config ties
     the embeddings (Llama's lm_head to model.embed_tokens, GPT-2's to transformer.wte); {} otherwise."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from coati.distributed.model.architectures import model_classes
 
-    if not getattr(config, "tie_word_embeddings", False) or type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+    classes = model_classes(config)
+    tied = getattr(config, "tie_word_embeddings", None)
+    if tied is None:  # a multimodal config says it of its language model
+        tied = getattr(config.get_text_config(), "tie_word_embeddings", False)
+    if not tied or type(config) not in classes:
         return {}
-    keys = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_tied_weights_keys", None)
+    keys = getattr(classes[type(config)], "_tied_weights_keys", None)
     return dict(keys) if isinstance(keys, dict) else {}
 
 

@@ -1,0 +1,51 @@
+"""Vision-language RL end to end (real Ray and ColossalAI, the transformers engine, fp32 on both sides): a tiny LLaVA
+trains on the built-in picture task. The producer renders each prompt with its image through the model's processor,
+the engine reads each group's image once, the record carries the image inputs once per group, and the trainer's
+forward reads them again: the engine/trainer gap stays at float rounding (a trainer without the images would compute
+other log-probs). The vision tower stays as it was; the projector and the language model train; every push is
+attested; the final folder loads with its processor."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from coati.testing import build_tiny_vlm
+from tests.e2e.runs import FP32, tiny_config, train
+
+SHAPES = "shapes:count?min=1&max=3&size=64"
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    return str(build_tiny_vlm(tmp_path_factory.mktemp("vlm")))
+
+
+def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_sides(ray_cluster, vlm, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    out = train(
+        tiny_config(
+            vlm,
+            tmp_path / "run",
+            model={"inference_options": FP32},
+            data={"train": SHAPES, "eval": None},
+            generation={"max_prompt_tokens": 96},
+            consumer={"compute_dtype": "fp32"},
+            run={"max_steps": 2, "project": "vision"},
+        )
+    )
+    history = out["history"]
+    assert len(history) == 2
+    gaps = [m["rollout/engine_trainer_gap_abs"] for m in history]
+    assert max(gaps) < 1e-4, gaps  # step 2's rollouts come from the pushed weights, read with their images
+    attested = [m["weights/attested"] for m in history if "weights/attested" in m]
+    initial = load_file(f"{vlm}/model.safetensors")
+    assert attested and set(attested) == {len(initial)}, attested
+    final = out["final_model"]
+    trained = load_file(f"{final}/model.safetensors")
+    changed = {k for k in initial if not torch.equal(initial[k], trained[k])}
+    assert changed and not [k for k in changed if "vision_tower" in k], sorted(changed)[:5]
+    assert [k for k in changed if "multi_modal_projector" in k] and [k for k in changed if "language_model" in k]
+    model = AutoModelForImageTextToText.from_pretrained(final)
+    processor = AutoProcessor.from_pretrained(final)
+    assert type(model).__name__ == "LlavaForConditionalGeneration" and processor.image_processor is not None
