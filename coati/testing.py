@@ -17,6 +17,7 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_reward_model",
     "build_tiny_vlm",
+    "VLM_ARCHITECTURES",
     "char_tokenizer",
     "train_tiny_reward_model",
 ]
@@ -78,50 +79,70 @@ VLM_CHAT_TEMPLATE = (
 ``<image>`` token, which the processor expands to the image's patch tokens"""
 
 
+VLM_ARCHITECTURES = ("llava", "idefics3")
+"""the vision-language families ``build_tiny_vlm`` writes: LLaVA (a CLIP tower, an MLP projector, Llama) and
+Idefics3, SmolVLM's family (a SigLIP-style tower, a pixel-shuffle connector, Llama)"""
+
+
 def build_tiny_vlm(
-    path: str | Path, hidden_size: int = 64, num_layers: int = 2, image_size: int = 28, seed: int = 0
+    path: str | Path,
+    arch: str = "llava",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    image_size: int | None = None,
+    seed: int = 0,
 ) -> Path:
-    """Write a random tiny LLaVA (a CLIP vision tower of two layers over ``image_size``-pixel squares, a projector
-    and a Llama decoder) with its processor (the character tokenizer plus ``<image>``, CLIP's image processor in its
-    PIL form, ``VLM_CHAT_TEMPLATE``) to ``path``; returns the path. ``AutoProcessor`` and
-    ``AutoModelForImageTextToText`` load it."""
+    """Write a random tiny vision-language model of family ``arch`` (``VLM_ARCHITECTURES``: a vision tower of two
+    layers over ``image_size``-pixel squares, its projector or connector and a Llama decoder) with its processor (the
+    character tokenizer plus the family's image tokens, the family's image processor in its PIL form,
+    ``VLM_CHAT_TEMPLATE``) to ``path``; returns the path. ``AutoProcessor`` and ``AutoModelForImageTextToText`` load
+    it."""
+
+    if arch not in VLM_ARCHITECTURES:
+        raise ValueError(f"arch must be one of {list(VLM_ARCHITECTURES)}, got {arch!r}")
+    path = Path(path)
+    tokenizer = char_tokenizer()
+    extra = (
+        ["<image>"]
+        if arch == "llava"
+        else ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": extra})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    text = dict(
+        model_type="llama",
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        **_special_ids(tokenizer),
+    )
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    model, processor = (_tiny_llava if arch == "llava" else _tiny_idefics3)(
+        tokenizer, text, vision, image_id, image_size, seed
+    )
+    processor.save_pretrained(str(path))
+    return _save_tiny(model, tokenizer, path, arch, seed)
+
+
+def _tiny_llava(tokenizer, text: dict, vision: dict, image_id: int, image_size: int | None, seed: int):
     import torch
     from transformers import CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
-    path = Path(path)
-    tokenizer = char_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    tokenizer.chat_template = VLM_CHAT_TEMPLATE
-    patch = 14
+    size, patch = image_size or 28, 14
     config = LlavaConfig(
-        text_config=dict(
-            model_type="llama",
-            vocab_size=len(tokenizer),
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            **_special_ids(tokenizer),
-        ),
-        vision_config=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=image_size,
-            patch_size=patch,
-        ),
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        text_config=text,
+        vision_config=dict(model_type="clip_vision_model", image_size=size, patch_size=patch, **vision),
+        image_token_id=image_id,
         vision_feature_layer=-1,
     )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
-    images = CLIPImageProcessorPil(
-        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
-    )
+    images = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
     processor = LlavaProcessor(
         image_processor=images,
         tokenizer=tokenizer,
@@ -130,8 +151,37 @@ def build_tiny_vlm(
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,  # CLIP's class token
     )
-    processor.save_pretrained(str(path))
-    return _save_tiny(model, tokenizer, path, "llava", seed)
+    return model, processor
+
+
+def _tiny_idefics3(tokenizer, text: dict, vision: dict, image_id: int, image_size: int | None, seed: int):
+    """Idefics3 with one global image per picture (no splitting into tiles): (size / patch)^2 patches shuffled by
+    ``scale_factor`` 2 into 4 image tokens between its marker tokens."""
+    import torch
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+    )
+
+    size, patch, scale = image_size or 32, 8, 2
+    config = Idefics3Config(
+        text_config=text,
+        vision_config=dict(image_size=size, patch_size=patch, **vision),
+        image_token_id=image_id,
+        scale_factor=scale,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config)
+    edge = {"longest_edge": size}
+    images = Idefics3ImageProcessorPil(do_image_splitting=False, size=edge, max_image_size=edge)
+    seq_len = (size // patch) ** 2 // scale**2
+    processor = Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, chat_template=VLM_CHAT_TEMPLATE, image_seq_len=seq_len
+    )
+    return model, processor
 
 
 def build_tiny_model(

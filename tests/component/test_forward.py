@@ -162,10 +162,11 @@ def test_a_model_whose_logits_are_not_its_output_head_s_is_refused_and_soft_capp
 
 
 @pytest.mark.parametrize("layout", ["rows", "prompt_cache"])
-def test_image_prompts_give_the_model_s_own_logprobs_and_gradients_in_each_layout(tmp_path, layout):
-    """A tiny LLaVA's groups of two rows, each group with its own picture (``row_tensors`` carries them once per
-    prompt): each layout's log-probs and gradients are a plain forward's with every row's image, and its projector
-    gets a gradient (the image tokens are read); packing refuses image rows."""
+@pytest.mark.parametrize("arch", ["llava", "idefics3"])
+def test_image_prompts_give_the_model_s_own_logprobs_and_gradients_in_each_layout(tmp_path, layout, arch):
+    """A tiny LLaVA's and Idefics3's groups of two rows, each group with its own picture (``row_tensors`` carries
+    them once per prompt): each layout's log-probs and gradients are a plain forward's with every row's image, and
+    its projector gets a gradient (the image tokens are read); packing refuses image rows."""
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -174,7 +175,7 @@ def test_image_prompts_give_the_model_s_own_logprobs_and_gradients_in_each_layou
     from coati.distributed.trainer.forward import LAYOUTS, model_inputs, packed_group_logprobs, row_tensors
     from coati.testing import build_tiny_vlm
 
-    path = build_tiny_vlm(tmp_path / "vlm")
+    path = build_tiny_vlm(tmp_path / "vlm", arch=arch)
     processor = AutoProcessor.from_pretrained(path)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
@@ -190,8 +191,8 @@ def test_image_prompts_give_the_model_s_own_logprobs_and_gradients_in_each_layou
 
     def plain():
         inputs = model_inputs(*(t[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")))
-        values = torch.cat([i["pixel_values"] for i in t["images"]])
-        logits = model(**inputs, pixel_values=values).logits[:, t["prompt_ids"].shape[1] - 1 : -1]
+        images = {k: torch.cat([i[k] for i in t["images"]]) for k in t["images"][0]}
+        logits = model(**inputs, **images).logits[:, t["prompt_ids"].shape[1] - 1 : -1]
         return torch.log_softmax(logits, -1).gather(-1, t["response_ids"][..., None])[..., 0]
 
     results = []
@@ -201,7 +202,8 @@ def test_image_prompts_give_the_model_s_own_logprobs_and_gradients_in_each_layou
         mask = t["response_mask"].bool()
         lp = lp[mask]
         (-lp.mean()).backward()
-        projector = model.model.multi_modal_projector.linear_1.weight.grad
+        parts = model.model.multi_modal_projector if arch == "llava" else model.model.connector
+        projector = torch.cat([p.grad.reshape(-1) for p in parts.parameters()])
         results.append(
             (lp.detach(), projector.clone(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
         )

@@ -1,9 +1,10 @@
 """Vision-language RL end to end (real Ray and ColossalAI, the transformers engine, fp32 on both sides): a tiny LLaVA
-trains on the built-in picture task. The producer renders each prompt with its image through the model's processor,
-the engine reads each group's image once, the record carries the image inputs once per group, and the trainer's
-forward reads them again: the engine/trainer gap stays at float rounding (a trainer without the images would compute
-other log-probs). The vision tower stays as it was; the projector and the language model train; every push is
-attested; the final folder loads with its processor."""
+and a tiny Idefics3 (SmolVLM's family) train on the built-in picture task. The producer renders each prompt with its
+image through the model's processor, the engine reads each group's image once, the record carries the image inputs
+once per group, and the trainer's forward reads them again: the engine/trainer gap stays at float rounding (a
+trainer without the images would compute other log-probs). The vision tower stays as it was; the projector
+(Idefics3's connector) and the language model train; every push is attested; the final folder loads with its
+processor."""
 
 import pytest
 import torch
@@ -15,13 +16,19 @@ from tests.e2e.runs import FP32, tiny_config, train
 SHAPES = "shapes:count?min=1&max=3&size=64"
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):
-    return str(build_tiny_vlm(tmp_path_factory.mktemp("vlm")))
+PARTS = {
+    "llava": ("LlavaForConditionalGeneration", "vision_tower", "multi_modal_projector"),
+    "idefics3": ("Idefics3ForConditionalGeneration", "vision_model", "connector"),
+}
+"""each family's class, and where it keeps its vision tower and its projector"""
 
 
-def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_sides(ray_cluster, vlm, tmp_path):
+@pytest.mark.parametrize("arch", sorted(PARTS))
+def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_sides(ray_cluster, tmp_path, arch):
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    vlm = str(build_tiny_vlm(tmp_path / arch, arch=arch))
+    cls, tower, projector = PARTS[arch]
 
     out = train(
         tiny_config(
@@ -29,9 +36,9 @@ def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_side
             tmp_path / "run",
             model={"inference_options": FP32},
             data={"train": SHAPES, "eval": None},
-            generation={"max_prompt_tokens": 96},
+            generation={"max_prompt_tokens": 128},
             consumer={"compute_dtype": "fp32"},
-            run={"max_steps": 2, "project": "vision"},
+            run={"max_steps": 2, "project": f"vision-{arch}"},
         )
     )
     history = out["history"]
@@ -44,8 +51,9 @@ def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_side
     final = out["final_model"]
     trained = load_file(f"{final}/model.safetensors")
     changed = {k for k in initial if not torch.equal(initial[k], trained[k])}
-    assert changed and not [k for k in changed if "vision_tower" in k], sorted(changed)[:5]
-    assert [k for k in changed if "multi_modal_projector" in k] and [k for k in changed if "language_model" in k]
+    assert changed and not [k for k in changed if tower in k], sorted(changed)[:5]
+    assert [k for k in changed if projector in k] and [k for k in changed if "layers" in k and tower not in k]
+    assert [k for k in initial if tower in k]
     model = AutoModelForImageTextToText.from_pretrained(final)
     processor = AutoProcessor.from_pretrained(final)
-    assert type(model).__name__ == "LlavaForConditionalGeneration" and processor.image_processor is not None
+    assert type(model).__name__ == cls and processor.image_processor is not None
