@@ -182,6 +182,7 @@ def test_a_vision_language_model_generates_from_each_prompt_s_images(tmp_path, n
     from transformers import AutoProcessor
 
     from coati.distributed.algo.logprobs import token_logprobs
+    from coati.distributed.rollout.images import ImagePrompt
     from coati.testing import build_tiny_vlm
 
     path = build_tiny_vlm(tmp_path / "vlm")
@@ -196,7 +197,8 @@ def test_a_vision_language_model_generates_from_each_prompt_s_images(tmp_path, n
     backend = TransformersBackend(str(path), GenerationConfig(max_new_tokens=6, temperature=1.0), dtype="float32")
     assert type(backend.model).__name__ == "LlavaForConditionalGeneration"
     torch.manual_seed(0)
-    batch = backend.generate(prompts, n=n, pixels=pixels)
+    images = [ImagePrompt(ids, px, [], []) for ids, px in zip(prompts, pixels, strict=True)]
+    batch = backend.generate(prompts, n=n, images=images)
 
     def forward(row_pixels):
         ids = torch.from_numpy(np.concatenate([batch.prompt_ids, batch.response_ids], 1))

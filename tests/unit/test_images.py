@@ -76,7 +76,8 @@ def test_images_for_a_text_model_are_refused_and_a_vision_model_takes_them(tmp_p
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"producer": {"backend": "vllm"}}, "backend vllm does not serve it yet: use --backend transformers"),
+        ({"producer": {"backend": "vllm", "stream_prompts": 16}}, "stream_prompts=16: streamed groups carry no images"),
+        ({"run": {"in_flight_weight_updates": True, "max_staleness": 1}}, "in_flight_weight_updates=True: an engine's"),
         ({"algo": "PPO"}, "--algo PPO needs a critic, which is not built over it"),
         ({"consumer": {"lora_rank": 4}}, "LoRA adapters over it are not built: drop --lora-rank"),
         (

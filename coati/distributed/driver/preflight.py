@@ -310,7 +310,9 @@ def check_vision_language_run(cfg: Config, train_model_path: str, inference_mode
     plugin = c.plugin
     vision_language_refusal(
         {
-            f"backend {p.backend} does not serve it yet: use --backend transformers": p.backend != "transformers",
+            f"backend {p.backend} does not read images: use --backend transformers or vllm": not backend_options(
+                p.backend
+            ).IMAGES,
             f"tp_size={plugin.tp_size}, pp_size={plugin.pp_size}, sp_size={plugin.sp_size} and ep_size="
             f"{plugin.ep_size} split it in ways not built for its vision tower: use 1 for each (-tp, -pp, --sp-size, "
             "--ep-size)": max(plugin.tp_size, plugin.pp_size, plugin.sp_size, plugin.ep_size) > 1,
@@ -322,6 +324,11 @@ def check_vision_language_run(cfg: Config, train_model_path: str, inference_mode
             "consumers (ref_procs 0)": bool(lay.ref_procs),
             "a teacher does not read images: drop --teacher-model": cfg.teacher.model is not None,
             "multi-turn environments do not carry images: drop --env": cfg.reward.episodes,
+            f"stream_prompts={p.stream_prompts}: streamed groups carry no images; use rounds (stream_prompts 0)": bool(
+                p.stream_prompts
+            ),
+            "in_flight_weight_updates=True: an engine's cached image embeddings are dropped between batches; leave "
+            "it unset (auto) or false": cfg.run.in_flight_weight_updates is True,
             "raw_prompt has no place for images (the processor's chat template places them): turn raw_prompt off": (
                 cfg.data.raw_prompt
             ),
@@ -406,7 +413,9 @@ def preflight(config: Config, inputs: Inputs | None = None) -> Plan:
         producer_gpu=producers[0].num_gpus > 0,
         consumer_gpu=consumers[0].num_gpus > 0,
     )
-    in_flight = resolve_in_flight(r.in_flight_weight_updates, backend, r.max_staleness, cfg.consumer.lora_rank)
+    in_flight = resolve_in_flight(
+        r.in_flight_weight_updates, backend, r.max_staleness, cfg.consumer.lora_rank, i.processor_path is not None
+    )
     inference_options = backend.engine_options(
         inference_options or {},
         processes=cfg.producer.num_proc_per_producer,
@@ -630,14 +639,17 @@ def check_models(
         )
 
 
-def resolve_in_flight(requested: bool | None, backend, max_staleness: int, lora_rank: int) -> bool:
+def resolve_in_flight(
+    requested: bool | None, backend, max_staleness: int, lora_rank: int, images: bool = False
+) -> bool:
     """``run.in_flight_weight_updates``: as given, or for None (auto) on wherever the run can load pushes mid-batch:
-    an engine that can (``IN_FLIGHT_UPDATES``), producers allowed to run ahead (max_staleness >= 1) and full-weight
-    pushes (a LoRA adapter loads only between batches). An explicit True the run cannot honour is refused later by
-    ``engine_options`` with the reason."""
+    an engine that can (``IN_FLIGHT_UPDATES``), producers allowed to run ahead (max_staleness >= 1), full-weight
+    pushes (a LoRA adapter loads only between batches) and text prompts (``images``: an engine's cached image
+    embeddings are dropped between batches). An explicit True the run cannot honour is refused earlier with the
+    reason."""
     if requested is not None:
         return requested
-    return backend.IN_FLIGHT_UPDATES and max_staleness >= 1 and not lora_rank
+    return backend.IN_FLIGHT_UPDATES and max_staleness >= 1 and not lora_rank and not images
 
 
 def plan_reward_servers(r, nodes: list[dict], producers: list, teacher=None) -> tuple[dict, list]:

@@ -59,7 +59,11 @@ class InferenceBackend(BackendOptions):
         """called by the generating thread between decode steps (engines stepped in this process): the producer
         applies cores lent to it mid-round there"""
 
-    def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+    def generate(
+        self, prompts: list[list[int]], n: int = 1, greedy: bool = False, images: list | None = None
+    ) -> RolloutBatch:
+        """``n`` completions of each prompt (token ids); ``images``: for a vision-language model, each prompt as
+        ``rollout.images.ImagePrompt`` (engines whose options say ``IMAGES``)."""
         raise NotImplementedError
 
     def submit(self, key: int, prompt: list[int], n: int) -> None:

@@ -34,6 +34,8 @@ class BackendOptions:
     """whether the engine applies LoRA pushes (``receive_adapter``)"""
     ROUTES = False
     """whether the engine reports the experts each token was routed to (routing replay)"""
+    IMAGES = False
+    """whether the engine generates from prompts with images (``generate``'s ``images``: a vision-language model)"""
     STREAMS = False
     """whether the engine keeps groups across calls (``submit``, ``collect``, ``withdraw``): a producer then keeps it
     full, adding a prompt as each group finishes, instead of generating rounds to their end"""
@@ -149,6 +151,7 @@ class TransformersOptions(BackendOptions):
     ENGINE = "coati.distributed.inference.transformers_backend:TransformersBackend"
     LORA = True
     ROUTES = True
+    IMAGES = True
     OPTIONS = {
         "device": "torch device (default: cuda when available, else cpu)",
         "dtype": "weights dtype, e.g. bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",

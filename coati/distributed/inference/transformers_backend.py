@@ -84,10 +84,12 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], n: int = 1, greedy: bool = False, pixels: list[dict] | None = None
+        self, prompts: list[list[int]], n: int = 1, greedy: bool = False, images: list | None = None
     ) -> RolloutBatch:
-        """``n`` completions of each prompt; ``pixels``: each prompt's image inputs as its processor made them
-        (``pixel_values`` [images, ...] and whatever else the model's forward takes), for a vision-language model."""
+        """``n`` completions of each prompt; ``images``: a vision-language model's prompts (``ImagePrompt``: each
+        one's image inputs as its processor made them, ``pixel_values`` and whatever else the model's forward
+        takes)."""
+        pixels = [p.pixels for p in images] if images else None
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty")

@@ -52,7 +52,7 @@ from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.inference.engine_outputs import rollout_from_vllm
 from coati.distributed.inference.vllm_options import VLLMOptions, engine_kwargs, on_cuda
 from coati.distributed.model.lora import peft_config, write_adapter
-from coati.distributed.record import RolloutBatch
+from coati.distributed.record import RolloutBatch, attach_pixels
 from coati.distributed.runtime.threads import cores
 from coati.distributed.transport.attest import adapter_fingerprints
 
@@ -122,6 +122,8 @@ class VLLMBackend(InferenceBackend, VLLMOptions):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.engine = self.llm.llm_engine
         self.engine.set_weight_version("0")
+        self.multimodal = bool(self.engine.model_config.is_multimodal_model)
+        """a vision-language model: its encoder's cached image embeddings are dropped with each push"""
         self._engine_lock = threading.Lock()
         self._no_push = threading.Event()
         self._no_push.set()
@@ -137,25 +139,51 @@ class VLLMBackend(InferenceBackend, VLLMOptions):
         self._requests = 0
         """requests added so far: the next request's id is ``coati-{this + 1}``"""
 
-    def _enqueue(self, prompts: list[list[int]], params) -> list[str]:
+    def _enqueue(self, prompts: list[list[int]], params, images: list | None = None) -> list[str]:
         """Add one request per prompt under ids of this backend's own (what the engine's outputs and aborts name),
-        salted with the weights' version; their ids."""
+        salted with the weights' version; their ids. With ``images`` (``ImagePrompt``s) each request is the prompt
+        with one image token per image and its images: the engine expands them itself."""
         from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params.output_kind = RequestOutputKind.FINAL_ONLY
         ids = []
         with self._engine_lock:
-            for prompt in prompts:
+            for i, prompt in enumerate(prompts):
                 self._requests += 1
                 ids.append(f"coati-{self._requests}")
-                request = TokensPrompt(prompt_token_ids=prompt, cache_salt=f"coati-v{self._version}")
+                salt = f"coati-v{self._version}"
+                image = images[i] if images else None
+                if image is not None and image.images:
+                    request = TokensPrompt(
+                        prompt_token_ids=image.text_ids, multi_modal_data={"image": image.images}, cache_salt=salt
+                    )
+                else:
+                    request = TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)
                 self.engine.add_request(ids[-1], request, params, lora_request=self._lora)
         return ids
 
-    def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
-        ids = self._enqueue(prompts, sampling_params(self.generation, n, greedy))
-        return rollout_from_vllm(self._run(ids), prompts, n, self.pad_id, logprobs_valid=True)
+    def _reset_caches(self) -> bool:
+        """Drop what the engine cached under the old weights: its prefixes' keys and values and a vision-language
+        model's image embeddings (computed by its projector, which trains); False when requests still run."""
+        if self.multimodal:
+            self.engine.reset_encoder_cache()
+        return self.llm.reset_prefix_cache()
+
+    def generate(
+        self, prompts: list[list[int]], n: int = 1, greedy: bool = False, images: list | None = None
+    ) -> RolloutBatch:
+        ids = self._enqueue(prompts, sampling_params(self.generation, n, greedy), images)
+        outputs = self._run(ids)
+        if images:  # the engine expanded each image's tokens: as the processor did for the record, or it is refused
+            for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
+                if list(out.prompt_token_ids) != list(prompt):
+                    raise RuntimeError(
+                        f"prompt {i}: vLLM expanded its images into {len(out.prompt_token_ids)} tokens where the "
+                        f"model's processor gives {len(prompt)}; the engine and the trainer would read other prompts"
+                    )
+        batch = rollout_from_vllm(outputs, prompts, n, self.pad_id, logprobs_valid=True)
+        return attach_pixels(batch, [p.pixels for p in images], n) if images else batch
 
     def _run(self, ids: list[str]) -> list:
         """Step the engine until the requests ``ids`` finish (submitted groups run along, and are kept for
@@ -178,7 +206,7 @@ class VLLMBackend(InferenceBackend, VLLMOptions):
         with self._engine_lock:
             if not self.engine.has_unfinished_requests():
                 if self._clear_prefix_cache:
-                    self._clear_prefix_cache = not self.llm.reset_prefix_cache()
+                    self._clear_prefix_cache = not self._reset_caches()
                 if awaited:
                     raise RuntimeError(
                         f"the vLLM engine has no unfinished request but never reported "
@@ -259,7 +287,7 @@ class VLLMBackend(InferenceBackend, VLLMOptions):
                 self._version = version
                 # Cached prefixes hold keys and values of the old weights; with requests running, clear once they end.
                 running = self.engine.has_unfinished_requests()
-                self._clear_prefix_cache = running or not self.llm.reset_prefix_cache()
+                self._clear_prefix_cache = running or not self._reset_caches()
         finally:
             self._no_push.set()
         end = time.perf_counter()
@@ -314,7 +342,7 @@ class VLLMBackend(InferenceBackend, VLLMOptions):
             attest_s = time.perf_counter() - start
             self.engine.set_weight_version(str(version))
             self._version = version
-            self._clear_prefix_cache = not self.llm.reset_prefix_cache()
+            self._clear_prefix_cache = not self._reset_caches()
         return {"version": version, "nbytes": nbytes, "fingerprints": fingerprints, "attest_s": attest_s}
 
     def load_weights(self, weights) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from importlib.util import find_spec
 
 from coati.distributed.inference.hints import INSTALL_HINTS
 from coati.distributed.inference.options import BackendOptions
@@ -39,6 +40,11 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 this list against the installed engine's)"""
 
 
+WITHOUT_TORCHVISION = frozenset({"idefics3", "smolvlm", "paligemma"})
+"""vision-language families whose vLLM 0.32 module imports without torchvision (LLaVA's, Gemma 3's and Qwen-VL's
+import transformers image processors built on it)"""
+
+
 class VLLMOptions(BackendOptions):
     """vLLM's options and the checks the driver runs on them before any actor starts (no vLLM import); the engine
     itself is ``vllm_backend.VLLMBackend``."""
@@ -66,6 +72,7 @@ class VLLMOptions(BackendOptions):
     IN_FLIGHT_UPDATES = True
     LORA = True
     STREAMS = True
+    IMAGES = True
 
     @classmethod
     def check_available(cls) -> None:
@@ -90,6 +97,13 @@ class VLLMOptions(BackendOptions):
     @classmethod
     def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
 
+        family = config.get("model_type")
+        if "vision_config" in config and family not in WITHOUT_TORCHVISION and not find_spec("torchvision"):
+            raise ValueError(
+                f"{where} is a {family} vision-language model, whose vLLM module needs torchvision, which is not "
+                f"installed (vLLM serves {', '.join(sorted(WITHOUT_TORCHVISION))} without it); use the transformers "
+                "backend (-b transformers), or install a torchvision built for this torch"
+            )
         size = head_size(config)
         if not gpu and size is not None and size not in CPU_HEAD_SIZES:
             raise ValueError(

@@ -163,7 +163,7 @@ class WeightSyncExtension:
         stores transposed (GPT-2's Conv1D layers) is held [out, in] here, as ``attest`` fingerprints it."""
 
         model = self.model_runner.model
-        vocab = self.model_config.hf_config.vocab_size
+        vocab = self.model_config.hf_config.get_text_config().vocab_size
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         out: dict[str, tuple[torch.Tensor, list]] = {}
         for module_name, module in model.named_modules():
@@ -193,6 +193,9 @@ class WeightSyncExtension:
                     and hasattr(module, "cpu_linear")
                     and leaf not in ("embed_tokens", "wte")
                 )
+                whole = list(value.shape) if value.ndim > 2 else None  # a convolution's kernel: sampled flattened
+                if whole is not None:
+                    value = value.reshape(value.shape[0], -1)
                 if value.numel() == 0 and through_kernel:
                     width = getattr(module, "input_size_per_partition", None) or module.input_size
                 else:
@@ -212,7 +215,7 @@ class WeightSyncExtension:
                         values = values.split(sizes)[i] if sizes else values
                         if leaf in ("embed_tokens", "lm_head", "wte"):
                             values = values[:vocab]
-                        shape = [values.shape[0], width]
+                        shape = whole or [values.shape[0], width]
                     out[name] = (values, shape)
         return out
 
@@ -224,7 +227,7 @@ class WeightSyncExtension:
         so those are read back through the layer's own kernel: ``cpu_linear(I, ...)`` = W^T, exact in fp32
         (every product is by 1 or 0)."""
         model = self.model_runner.model
-        vocab = self.model_config.hf_config.vocab_size
+        vocab = self.model_config.hf_config.get_text_config().vocab_size
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         out: dict[str, torch.Tensor] = {}
         for module_name, module in model.named_modules():

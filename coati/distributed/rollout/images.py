@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from coati.distributed.model.architectures import is_vision_language, load_config
@@ -194,6 +195,20 @@ def load_processor(path: str):
     return processor
 
 
+@dataclass
+class ImagePrompt:
+    """One vision-language prompt, as each side needs it."""
+
+    ids: list[int]
+    """its token ids with each image's tokens expanded, as the processor renders them (what the record keeps)"""
+    pixels: dict
+    """its image inputs as the processor makes them (numpy arrays; {} without images): what the trainer reads"""
+    text_ids: list[int]
+    """its token ids with one image token per image, for an engine that expands them itself (vLLM)"""
+    images: list
+    """its images, as PIL images"""
+
+
 class ImagePrompts:
     """A vision-language model's prompts: each row rendered by its processor (``render_with_images``) under the run's
     system prompt."""
@@ -201,18 +216,30 @@ class ImagePrompts:
     def __init__(self, processor_path: str, system_prompt: str | None):
         self.processor, self.system_prompt = load_processor(processor_path), system_prompt
 
-    def encode(self, rows: list[dict]) -> tuple[list[list[int]], list[dict]]:
-        """(each row's prompt ids, each row's image inputs: {} for a row without images)."""
-        rendered = [render_with_images(self.processor, row, self.system_prompt) for row in rows]
-        return [ids for ids, _ in rendered], [pixels for _, pixels in rendered]
+    def encode(self, rows: list[dict]) -> list[ImagePrompt]:
+        out = []
+        for row in rows:
+            images = [open_image(item, "a prompt image") for item in row_images(row)]
+            text = prompt_text(self.processor, row, self.system_prompt)
+            ids, pixels = _render(self.processor, text, images)
+            out.append(ImagePrompt(ids, pixels, list(self.processor.tokenizer(text)["input_ids"]), images))
+        return out
+
+
+def prompt_text(processor, row: dict, system_prompt: str | None = None) -> str:
+    """The row's prompt through the processor's chat template, one image token per image."""
+    return processor.apply_chat_template(image_messages(row, system_prompt), add_generation_prompt=True, tokenize=False)
 
 
 def render_with_images(processor, row: dict, system_prompt: str | None = None) -> tuple[list[int], dict]:
     """The row's prompt as the model's processor renders it: (token ids, with each image's tokens expanded; the
     image inputs the model's forward takes, as numpy arrays: ``pixel_values`` and, where the family has them, its
-    sizes or grids)."""
+    sizes, grids or masks)."""
     images = [open_image(item, "a prompt image") for item in row_images(row)]
-    text = processor.apply_chat_template(image_messages(row, system_prompt), add_generation_prompt=True, tokenize=False)
+    return _render(processor, prompt_text(processor, row, system_prompt), images)
+
+
+def _render(processor, text: str, images: list) -> tuple[list[int], dict]:
     rendered = processor(text=[text], images=images or None, return_tensors="np")
     pixels = {k: v for k, v in rendered.items() if k not in ("input_ids", "attention_mask")}
     return rendered["input_ids"][0].tolist(), pixels

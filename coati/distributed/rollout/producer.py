@@ -207,8 +207,8 @@ class Producer:
         pool, or episodes scored by their environment."""
         if self.episodes is None:
             if self.image_prompts is not None:
-                prompts, pixels = self.image_prompts.encode(rows)
-                batch = self.backend.generate(prompts, n, greedy=greedy, pixels=pixels)
+                images = self.image_prompts.encode(rows)
+                batch = self.backend.generate([p.ids for p in images], n, greedy=greedy, images=images)
             else:
                 prompts = [self.prompt_format.encode(self.tokenizer, r) for r in rows]
                 batch = self.backend.generate(prompts, n, greedy=greedy)
