@@ -32,6 +32,18 @@ def reap_browser_orphans() -> None:
             os.waitpid(int(entry), 0)
 
 
+def picture() -> str:
+    """A prompt's picture as a sample carries it: a base64 PNG."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (24, 16), (255, 0, 0)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
 def test_the_report_page_loads_and_every_image_renders(tmp_path):
     reporter = Reporter(
@@ -55,6 +67,7 @@ def test_the_report_page_loads_and_every_image_renders(tmp_path):
             "reference": "3",
             "strict_ok": True,
             "lenient_ok": True,
+            "images": [picture()],  # the prompt's picture, as the model received it
         }
         reporter.on_step(
             {
@@ -98,6 +111,6 @@ def test_the_report_page_loads_and_every_image_renders(tmp_path):
     title = re.search(r"<title>images (\d+)/(\d+)</title>", out.stdout)
     assert title, out.stdout[:2000] + out.stderr[-2000:]
     loaded, total = map(int, title.groups())
-    assert total == len(summary["plots"]) >= 3 and loaded == total, (loaded, total)
+    assert total == len(summary["plots"]) + 1 and len(summary["plots"]) >= 3 and loaded == total, (loaded, total)
     console = [line for line in out.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert not console, console

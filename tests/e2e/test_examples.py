@@ -48,6 +48,10 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
     ]
     if name == "code_humaneval.py":
         args = ["--problems", "8"] + args
+    if name == "vision_shapes.py":  # pictures need a vision-language model
+        from coati.testing import build_tiny_vlm
+
+        args[1] = str(build_tiny_vlm(tmp_path / "vlm"))
     if name == "reward_model.py":  # a tiny reward model of the policy's tokenizer
         from coati.testing import build_tiny_reward_model
 

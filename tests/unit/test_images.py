@@ -156,3 +156,47 @@ def test_image_prompts_render_through_the_model_s_processor(tmp_path):
     assert ids.count(image_id) == 2 * 4  # two images of (28 / 14)^2 patches
     assert processor.tokenizer.decode([i for i in ids if i != image_id]) == "user: How many?\nassistant: "
     assert set(pixels) == {"pixel_values"} and pixels["pixel_values"].shape == (2, 3, 28, 28)
+
+
+def test_the_rows_digest_follows_each_image_s_content_wherever_it_lies(tmp_path):
+    from coati.distributed.rollout.data import rows_digest
+
+    path = tmp_path / "a.png"
+    path.write_bytes(png())
+    rows = [{"prompt": "how many?", "images": [str(path)]}]
+    first = rows_digest(rows)
+    assert rows_digest([{"prompt": "how many?", "images": [png()]}]) == rows_digest(
+        [{"prompt": "how many?", "images": [{"bytes": png()}]}]
+    )
+    path.write_bytes(png(fmt="JPEG"))  # another picture under the same name: other data
+    assert rows_digest(rows) != first
+    pil = [{"prompt": "p", "image": Image.open(io.BytesIO(png())).convert("RGB")}]
+    again = [{"prompt": "p", "image": Image.open(io.BytesIO(png())).convert("RGB")}]
+    assert rows_digest(pil) == rows_digest(again)  # not the objects' addresses
+    parts = [{"messages": [{"role": "user", "content": [{"type": "image", "path": str(path)}]}]}]
+    before = rows_digest(parts)
+    path.write_bytes(png())
+    assert rows_digest(parts) != before
+    assert rows_digest([{"prompt": "q"}]) == rows_digest([{"prompt": "q"}])
+
+
+@pytest.mark.parametrize("arch", ["llava", "idefics3"])
+def test_a_prompt_s_pixels_come_back_as_the_picture_the_model_received(tmp_path, arch):
+    import base64
+
+    from transformers import AutoProcessor
+
+    from coati.distributed.model.pixels import seen_images
+    from coati.distributed.rollout.images import render_with_images
+    from coati.testing import build_tiny_vlm
+
+    processor = AutoProcessor.from_pretrained(build_tiny_vlm(tmp_path / arch, arch=arch))
+    picture = Image.new("RGB", (60, 40), (200, 30, 60))
+    _, pixels = render_with_images(processor, {"prompt": "how many?", "images": [picture]})
+    (seen,) = seen_images(pixels, processor.image_processor)
+    image = Image.open(io.BytesIO(base64.b64decode(seen))).convert("RGB")
+    side = pixels["pixel_values"].shape[-1]
+    assert image.size == (side, side)  # as resized for the model
+    middle = image.getpixel((side // 2, side // 2))
+    assert all(abs(a - b) <= 2 for a, b in zip(middle, (200, 30, 60), strict=True)), middle
+    assert seen_images({}, processor.image_processor) == []

@@ -355,5 +355,5 @@ class Run:
             self.rollouts.buffer.logs.pop(step),
             self.cfg.producer.num_generations,
             self.max_staleness,
-            self.tokenizer,
+            self.model_files,  # a vision-language model's processor: its samples show their images
         )

@@ -65,8 +65,13 @@ def write_report(folder: Path, summary: dict, samples: list[dict], loop_lines: l
         for s in samples:
             verdict = _verdict(s)
             prompt, response = e(str(s.get("prompt", ""))), e(str(s.get("response", "")))
+            pictures = "".join(
+                f'<img alt="prompt image {k}" src="data:image/png;base64,{e(str(data))}">'
+                for k, data in enumerate(s.get("images") or [])
+            )
             parts.append(
-                f"<tr><td><pre>{prompt}</pre></td><td><pre>{response}</pre></td><td>{e(str(s.get('reference', '')))}"
+                f"<tr><td>{pictures}<pre>{prompt}</pre></td><td><pre>{response}</pre></td>"
+                f"<td>{e(str(s.get('reference', '')))}"
                 f"</td><td>{s.get('reward', 0):.3f}</td><td>{verdict}</td></tr>"
             )
         parts.append("</table>")

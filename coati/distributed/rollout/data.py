@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from coati.distributed.checks import check_plain_data, strict_json
-from coati.distributed.rollout.images import with_image_paths
+from coati.distributed.rollout.images import with_image_digests, with_image_paths
 from coati.distributed.rollout.shapes import shape_rows
 
 FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
@@ -150,8 +150,11 @@ def load_rows(
 
 def rows_digest(rows: list[dict]) -> str:
     """A hash of the rows' content (a checkpoint records the training rows' digest: a resume on other data is
-    refused)."""
-    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    refused; the base model's cached evaluation is keyed by the held-out rows'), each image by its pixels' content
+    wherever it lies (a file replaced under the same path is other data)."""
+    return hashlib.sha256(
+        json.dumps([with_image_digests(r) for r in rows], sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
 
 
 def hub_offline() -> bool:

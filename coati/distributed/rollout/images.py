@@ -6,6 +6,7 @@ line naming the row, a missing or unreadable file, an unsupported format and an 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from dataclasses import dataclass
@@ -59,6 +60,50 @@ def with_image_paths(row: dict, folder: Path) -> dict:
             for m in out["messages"]
         ]
     return out
+
+
+def image_digest(item) -> str:
+    """A hash of an image's content: its file's or its bytes' (a PIL image's mode, size and pixels)."""
+    from PIL import Image
+
+    digest = hashlib.sha256()
+    if isinstance(item, Image.Image):
+        digest.update(f"{item.mode}{item.size}".encode())
+        digest.update(item.tobytes())
+        return digest.hexdigest()
+    source = item.get("bytes") if isinstance(item, dict) and item.get("bytes") is not None else item
+    source = source.get("path") if isinstance(source, dict) else source
+    if isinstance(source, str) and os.path.isfile(source):
+        source = Path(source).read_bytes()
+    digest.update(source if isinstance(source, (bytes, bytearray)) else repr(source).encode())
+    return digest.hexdigest()
+
+
+def with_image_digests(row: dict) -> dict:
+    """``row`` with each image (columns and message parts) replaced by ``image_digest`` of it: what identifies the
+    row's content; a row without images comes back as it is."""
+    if not row_images(row):
+        return row
+    out = dict(row)
+    for name in IMAGE_COLUMNS:
+        value = out.get(name)
+        if value is not None:
+            out[name] = [image_digest(v) for v in value] if isinstance(value, (list, tuple)) else image_digest(value)
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [
+            {**m, "content": [_part_digest(p) for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list)
+            else m
+            for m in out["messages"]
+        ]
+    return out
+
+
+def _part_digest(part):
+    if _is_image(part):
+        item = next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None)
+        return {"type": "image", "digest": image_digest(item)}
+    return part
 
 
 def _part_paths(part, absolute):

@@ -15,6 +15,7 @@ import torch
 
 from coati.distributed.algo.distill import teacher_metrics
 from coati.distributed.guards import reward_failures
+from coati.distributed.model.pixels import seen_images
 from coati.distributed.record import RewardStatus, RolloutBatch, call_values, called_rows, group_versions
 
 
@@ -146,17 +147,22 @@ def trained_metrics(step: int, batch, n: int, max_staleness: int) -> dict:
 
 
 def sample_rows(batch, tokenizer, n: int) -> list[dict]:
-    """The first row of the first two trained groups, decoded, with its reward, version and verdicts."""
-    return [
-        {
+    """The first row of the first two trained groups, decoded, with its reward, version and verdicts; with a
+    vision-language model's processor for ``tokenizer``, its prompt's images as the model received them (base64
+    PNGs, ``model.pixels.seen_images``)."""
+    rows = []
+    for i in range(0, min(len(batch), 2 * n), n):
+        row = {
             "prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist()),
             "response": tokenizer.decode(batch.response_ids[i, : batch.response_lengths[i]].tolist()),
             "reward": float(batch.rewards[i]),
             "policy_version": int(batch.policy_version[i]),
             **_verdicts(batch.extras, i),
         }
-        for i in range(0, min(len(batch), 2 * n), n)
-    ]
+        if batch.pixel_index is not None and hasattr(tokenizer, "image_processor"):
+            row["images"] = seen_images(batch.pixels[batch.pixel_index[i]], tokenizer.image_processor)
+        rows.append(row)
+    return rows
 
 
 def _verdicts(ex: dict, i: int) -> dict:

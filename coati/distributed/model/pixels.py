@@ -1,0 +1,37 @@
+"""A processor's pixel inputs back as the pictures the model received (resized, cropped and normalised as its image
+processor made them), for people to look at: the report page shows them beside the sampled completions."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+
+
+def seen_images(pixels: dict, image_processor, max_side: int = 128) -> list[str]:
+    """Each image of one prompt's image inputs (``pixel_values`` [..., C, H, W]; a family's padding images, all
+    masked out in ``pixel_attention_mask``, left out) as a PNG of at most ``max_side`` pixels a side, base64-encoded;
+    [] without pixel values."""
+    from PIL import Image
+
+    values = pixels.get("pixel_values")
+    if values is None:
+        return []
+    values = np.asarray(values, dtype=np.float32)
+    images = values.reshape(-1, *values.shape[-3:])
+    mask = pixels.get("pixel_attention_mask")
+    keep = np.asarray(mask).reshape(len(images), -1).any(-1) if mask is not None else np.ones(len(images), dtype=bool)
+    p = image_processor
+    if getattr(p, "do_normalize", True) and getattr(p, "image_mean", None) is not None:
+        images = images * np.asarray(p.image_std).reshape(-1, 1, 1) + np.asarray(p.image_mean).reshape(-1, 1, 1)
+    if getattr(p, "do_rescale", True):
+        images = images / float(getattr(p, "rescale_factor", 1 / 255))
+    out = []
+    for image in images[keep]:
+        picture = Image.fromarray(np.clip(np.rint(image), 0, 255).astype(np.uint8).transpose(1, 2, 0))
+        picture.thumbnail((max_side, max_side))
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        out.append(base64.b64encode(buffer.getvalue()).decode())
+    return out
