@@ -4,8 +4,9 @@ seeded picture), the answer graded by the math reward.
     python examples/vision_shapes.py -m PATH_TO_VLM [--steps 20] [-b transformers]
 
 PATH_TO_VLM is a local vision-language model folder with its processor (e.g. a SmolVLM or Idefics3 checkpoint;
-LLaVA trains on the transformers engine). The producer renders each prompt with its picture through the model's
-processor, the trainer reads the same pixels, and the vision tower stays frozen (--no-freeze-vision-tower trains it).
+LLaVA trains on the transformers engine); a text-only model is refused before anything starts. The producer renders
+each prompt with its picture through the model's processor, the trainer reads the same pixels, and the vision tower
+stays frozen (--no-freeze-vision-tower trains it).
 """
 
 import argparse
@@ -17,14 +18,11 @@ SYSTEM = "Look at the picture and answer with one number inside \\boxed{}, for e
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("-m", "--model", required=True, help="a local vision-language model folder")
     args, rest = parser.parse_known_args()
     rl_example.main(
         [
             "--algo",
             "GRPO",
-            "-m",
-            args.model,
             "-kl",
             "0",
             "-s",

@@ -52,6 +52,7 @@ def test_example_runs_one_step(ray_cluster, tiny, tmp_path, monkeypatch, name):
         from coati.testing import build_tiny_vlm
 
         args[1] = str(build_tiny_vlm(tmp_path / "vlm"))
+        args[args.index("-mpt") + 1] = "512"  # its positions: 1024
     if name == "reward_model.py":  # a tiny reward model of the policy's tokenizer
         from coati.testing import build_tiny_reward_model
 
