@@ -228,3 +228,36 @@ def test_the_vision_tower_is_frozen_unless_asked_to_train(tmp_path):
         tower = [v for n, v in trains.items() if "vision_tower" in n]
         assert tower and all(v is not freeze for v in tower)
         assert all(v for n, v in trains.items() if "vision_tower" not in n)
+
+
+def test_prompts_with_unlike_image_counts_share_a_pass_as_each_alone(tmp_path):
+    """Idefics3 holds image inputs [prompts, images, ...]: a prompt with one picture and one with two go in one pass
+    (the first padded with an all-zero image, which the model drops), each row's log-probs as in a pass of its own."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from coati.distributed.record import attach_pixels
+    from coati.distributed.rollout.images import render_with_images
+    from coati.distributed.trainer.forward import row_tensors
+    from coati.testing import build_tiny_vlm
+
+    path = build_tiny_vlm(tmp_path / "vlm", arch="idefics3")
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    red, blue = Image.new("RGB", (40, 30), (255, 0, 0)), Image.new("RGB", (30, 40), (0, 0, 255))
+    rendered = [
+        render_with_images(processor, {"prompt": "one", "images": [red]}),
+        render_with_images(processor, {"prompt": "two", "images": [red, blue]}),
+    ]
+    assert rendered[0][1]["pixel_values"].shape[1] == 1 and rendered[1][1]["pixel_values"].shape[1] == 2
+    batch = attach_pixels(
+        batch_from_responses([r[0] for r in rendered], 1, [[5, 6], [7, 8, 9]], None, [True] * 2, pad_id=0),
+        [r[1] for r in rendered],
+        1,
+    )
+    with torch.no_grad():
+        both, _ = sequence_logprobs(model, **row_tensors(batch, np.arange(2), torch.device("cpu")))
+        for i in range(2):
+            alone, _ = sequence_logprobs(model, **row_tensors(batch, np.array([i]), torch.device("cpu")))
+            r = int(batch.response_lengths[i])
+            torch.testing.assert_close(both[i, :r], alone[0, :r], rtol=0, atol=1e-5)

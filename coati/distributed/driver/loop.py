@@ -200,14 +200,14 @@ class Run:
         total = horizon(self.cfg.run.num_episodes * self.plan.steps_per_episode, max_steps)
         history, evals = [], []
         tolerance = self._gap_tolerance()
+        if self.offload_trainers:  # the evaluation before training and the first rollouts have the accelerators too
+            self.actors.offload_trainers()
         # With a held-out set: before training, at the end, and every eval_interval steps when that is > 0.
         if self.plan.eval_dataset and self.progress.start_step == 0:
             predictions = self._evaluate_base(evals)
             check_declared(evals[-1])
             if on_step is not None:
                 on_step({**evals[-1], "eval_samples": predictions} if predictions else dict(evals[-1]))
-        if self.offload_trainers:  # the first rollouts have the accelerators to themselves too
-            self.actors.offload_trainers()
         limit, started = self.cfg.run.time_limit_s, time.monotonic()
         for step in range(self.progress.start_step + 1, total + 1):
             if step == self.progress.start_step + 1:

@@ -20,6 +20,7 @@ from coati.distributed.inference.options import TransformersOptions
 from coati.distributed.model import attention, lora, routing
 from coati.distributed.model.architectures import auto_model_class
 from coati.distributed.model.checkpoint_format import to_checkpoint
+from coati.distributed.model.pixels import concat_padded
 from coati.distributed.record import RolloutBatch, attach_pixels, batch_from_responses, left_pad
 from coati.distributed.transport.attest import adapter_fingerprints, fingerprints, sample, transposed_weights
 from coati.distributed.transport.wire_layout import flatten_parameters
@@ -163,7 +164,7 @@ class TransformersBackend(InferenceBackend, TransformersOptions):
         dtype = self.weight_dtype() or torch.float32
         out = {}
         for k in names:
-            value = torch.cat([torch.as_tensor(p[k]) for p in pixels if p for _ in range(n)]).to(self.device)
+            value = concat_padded([torch.as_tensor(p[k]) for p in pixels if p for _ in range(n)]).to(self.device)
             out[k] = value.to(dtype) if value.is_floating_point() else value
         return out
 

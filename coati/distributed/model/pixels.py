@@ -35,3 +35,20 @@ def seen_images(pixels: dict, image_processor, max_side: int = 128) -> list[str]
         picture.save(buffer, format="PNG")
         out.append(base64.b64encode(buffer.getvalue()).decode())
     return out
+
+
+def concat_padded(values: list):
+    """Image inputs of several prompts as one forward's: concatenated along the first dimension, the other dimensions
+    zero-padded to the largest where prompts differ (Idefics3's [prompts, images, ...] with unlike image counts: an
+    all-zero image is padding to the model, its mask all False)."""
+    import torch
+
+    shape = [max(v.shape[d] for v in values) for d in range(1, values[0].ndim)]
+    if all(list(v.shape[1:]) == shape for v in values):
+        return torch.cat(values)
+    padded = []
+    for v in values:
+        grown = v.new_zeros((v.shape[0], *shape))
+        grown[(slice(None), *(slice(0, n) for n in v.shape[1:]))] = v
+        padded.append(grown)
+    return torch.cat(padded)

@@ -31,8 +31,8 @@ def row_images(row: dict) -> list:
     for message in row.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and part.get("type") == "image":
-                out.append(next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None))
+            if _is_image(part):
+                out.append(_part_image(part))
     return out
 
 
@@ -47,14 +47,20 @@ def with_image_paths(row: dict, folder: Path) -> dict:
             return {**item, "path": absolute(item["path"])}
         return item
 
+    return _map_images(row, absolute, lambda part: _part_paths(part, absolute))
+
+
+def _map_images(row: dict, item, part) -> dict:
+    """``row`` with ``item`` applied to each image of its image columns and ``part`` to each image part of its
+    messages."""
     out = dict(row)
     for name in IMAGE_COLUMNS:
         value = out.get(name)
         if value is not None:
-            out[name] = [absolute(v) for v in value] if isinstance(value, list) else absolute(value)
+            out[name] = [item(v) for v in value] if isinstance(value, (list, tuple)) else item(value)
     if isinstance(out.get("messages"), list):
         out["messages"] = [
-            {**m, "content": [_part_paths(p, absolute) for p in m["content"]]}
+            {**m, "content": [part(p) if _is_image(p) else p for p in m["content"]]}
             if isinstance(m, dict) and isinstance(m.get("content"), list)
             else m
             for m in out["messages"]
@@ -84,32 +90,16 @@ def with_image_digests(row: dict) -> dict:
     row's content; a row without images comes back as it is."""
     if not row_images(row):
         return row
-    out = dict(row)
-    for name in IMAGE_COLUMNS:
-        value = out.get(name)
-        if value is not None:
-            out[name] = [image_digest(v) for v in value] if isinstance(value, (list, tuple)) else image_digest(value)
-    if isinstance(out.get("messages"), list):
-        out["messages"] = [
-            {**m, "content": [_part_digest(p) for p in m["content"]]}
-            if isinstance(m, dict) and isinstance(m.get("content"), list)
-            else m
-            for m in out["messages"]
-        ]
-    return out
+    return _map_images(row, image_digest, lambda part: {"type": "image", "digest": image_digest(_part_image(part))})
 
 
-def _part_digest(part):
-    if _is_image(part):
-        item = next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None)
-        return {"type": "image", "digest": image_digest(item)}
-    return part
+def _part_image(part: dict):
+    """An image part's image (``image``, ``path`` or ``url``, the first given)."""
+    return next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None)
 
 
 def _part_paths(part, absolute):
-    if isinstance(part, dict) and part.get("type") == "image":
-        return {k: absolute(v) if k in ("image", "path") else v for k, v in part.items()}
-    return part
+    return {k: absolute(v) if k in ("image", "path") else v for k, v in part.items()}
 
 
 def open_image(item, where: str):
@@ -184,7 +174,7 @@ def vision_language_refusal(settings: dict[str, bool], model_path: str) -> None:
         if asked:
             raise ValueError(
                 f"model {model_path} is a vision-language model, which coati trains with data parallelism and ZeRO "
-                f"on the transformers engine; {setting}"
+                f"on the transformers and vLLM engines; {setting}"
             )
 
 

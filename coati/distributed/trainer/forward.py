@@ -8,6 +8,7 @@ import torch
 
 from coati.distributed.algo.logprobs import logprobs_and_entropy
 from coati.distributed.guards import all_finite
+from coati.distributed.model.pixels import concat_padded
 
 
 def model_inputs(prompt_ids, prompt_mask, response_ids, response_mask) -> dict[str, torch.Tensor]:
@@ -67,7 +68,7 @@ def image_inputs(images: list[dict] | None, step: int = 1) -> dict[str, torch.Te
     chosen = [i for i in (images or [])[::step] if i]
     if not chosen:
         return {}
-    return {k: torch.cat([i[k] for i in chosen]) for k in chosen[0]}
+    return {k: concat_padded([i[k] for i in chosen]) for k in chosen[0]}
 
 
 def token_budget_chunks(prompt_lens, response_lens, unit: int, budget: int, shared: bool) -> list[slice]:
