@@ -200,3 +200,18 @@ def test_a_prompt_s_pixels_come_back_as_the_picture_the_model_received(tmp_path,
     middle = image.getpixel((side // 2, side // 2))
     assert all(abs(a - b) <= 2 for a, b in zip(middle, (200, 30, 60), strict=True)), middle
     assert seen_images({}, processor.image_processor) == []
+
+
+def test_a_vision_language_family_vllm_cannot_import_here_is_refused_naming_torchvision():
+    from importlib.util import find_spec
+
+    from coati.distributed.inference.vllm_options import VLLMOptions
+
+    llava = {"model_type": "llava", "vision_config": {}, "text_config": {"hidden_size": 256, "num_attention_heads": 4}}
+    idefics3 = {**llava, "model_type": "idefics3"}
+    VLLMOptions.check_model(idefics3, "model m", {}, gpu=False)  # its vLLM module imports without torchvision
+    if find_spec("torchvision") is None:
+        with pytest.raises(ValueError, match="is a llava vision-language model, whose vLLM module needs torchvision"):
+            VLLMOptions.check_model(llava, "model m", {}, gpu=False)
+    else:
+        VLLMOptions.check_model(llava, "model m", {}, gpu=False)
