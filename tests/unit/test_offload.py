@@ -141,9 +141,9 @@ def test_the_optimizer_scan_reaches_nested_stores_and_leaves_modules_alone():
 @pytest.mark.gpu
 def test_parking_gives_the_accelerator_memory_back_and_the_steps_stay_the_same():
     a, b, stats, model = parked_and_restored(CUDA, copy_on_cpu=False)
-    assert a == b
-    for s in stats:
-        assert s["bytes"] > 0 and s["parked_bytes"] < 0.05 * s["resident_bytes"], s
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=0)  # kernels may differ in summation order between buffers
+    for s in stats:  # what moved is given back (the straight trainer beside it stays)
+        assert s["bytes"] > 0 and s["resident_bytes"] - s["parked_bytes"] >= 0.95 * s["bytes"], s
     assert next(model.parameters()).device == CUDA
     big = torch.nn.Linear(4096, 4096).to(CUDA)
     opt = torch.optim.AdamW(big.parameters())
