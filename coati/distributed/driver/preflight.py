@@ -183,9 +183,8 @@ def check_inputs(config: Config) -> Inputs:
                 f"model {path} has vocab_size={vocab} but its tokenizer has {len(tokenizer)} tokens: sampled ids past "
                 "the vocabulary would crash generation; resize the model's embeddings or use its own tokenizer"
             )
-    processor_path = files.tokenizer_path if is_vision_language(load_config(files.train_model_path)) else None
-    if processor_path is not None:  # prompts are as long as the processor renders them, image tokens included
-        processor = load_processor(processor_path)
+    if files.processor_path is not None:  # prompts are as long as the processor renders them, image tokens included
+        processor = load_processor(files.processor_path)
         system = files.prompt_format.system_prompt
         encode = lambda row: render_with_images(processor, row, system)[0]  # noqa: E731
     else:
@@ -225,7 +224,7 @@ def check_inputs(config: Config) -> Inputs:
         per_run,
         files.critic_model_path,
         files.teacher_model_path,
-        processor_path,
+        files.processor_path,
     )
 
 
@@ -245,6 +244,8 @@ class Files:
     """the critic's starting weights (None: no critic)"""
     teacher_model_path: str | None = None
     """the teacher's folder (None: no teacher)"""
+    processor_path: str | None = None
+    """the folder whose processor renders prompts with their images (``Inputs.processor_path``)"""
 
 
 def check_files(config: Config) -> Files:
@@ -273,8 +274,10 @@ def check_files(config: Config) -> Files:
     images = check_images(rows, "training set", limit) + check_images(eval_rows, "eval set", limit)
     if images:
         check_image_model(train_model_path, images)
+    processor_path = None
     if is_vision_language(load_config(train_model_path)):
         check_vision_language_run(cfg, train_model_path, inference_model_path)
+        processor_path = tokenizer_path
     if inference_model_path != train_model_path:
         check_model_files(inference_model_path, "inference model")
     critic_model_path = None
@@ -301,6 +304,7 @@ def check_files(config: Config) -> Files:
         (rows, eval_rows),
         critic_model_path,
         teacher_path,
+        processor_path,
     )
 
 

@@ -10,7 +10,7 @@ from importlib.util import find_spec
 
 from coati.distributed.inference.hints import INSTALL_HINTS
 from coati.distributed.inference.options import BackendOptions
-from coati.distributed.model.architectures import expert_width, head_size
+from coati.distributed.model.architectures import expert_width, head_size, is_vision_language
 
 CPU_KV_CACHE_GIB = 1.0
 CPU_BLOCK_SIZE = 32
@@ -98,7 +98,7 @@ class VLLMOptions(BackendOptions):
     def check_model(cls, config: dict, where: str, options: Mapping, gpu: bool) -> None:
 
         family = config.get("model_type")
-        if "vision_config" in config and family not in WITHOUT_TORCHVISION and not find_spec("torchvision"):
+        if is_vision_language(config) and family not in WITHOUT_TORCHVISION and not find_spec("torchvision"):
             raise ValueError(
                 f"{where} is a {family} vision-language model, whose vLLM module needs torchvision, which is not "
                 f"installed (vLLM serves {', '.join(sorted(WITHOUT_TORCHVISION))} without it); use the transformers "

@@ -29,9 +29,12 @@ def load_config(path: str) -> dict:
     return json.loads(file.read_text()) if file.exists() else {}
 
 
-def is_vision_language(config: dict) -> bool:
-    """Whether the folder's model reads images: a vision tower's config beside its text model's."""
-    return "vision_config" in config
+def is_vision_language(config) -> bool:
+    """Whether a model reads images: its config (a folder's config.json, or a loaded transformers config) holds a
+    vision tower's beside its text model's."""
+    if isinstance(config, dict):  # a folder's config.json
+        return "vision_config" in config
+    return getattr(config, "vision_config", None) is not None  # a loaded transformers config
 
 
 def auto_model_class(path: str):
@@ -47,7 +50,7 @@ def model_classes(config) -> dict:
     image-text-to-text one for a vision-language model, else the causal-LM one."""
     from transformers.models.auto import modeling_auto
 
-    if getattr(config, "vision_config", None) is not None:
+    if is_vision_language(config):
         return modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
     return modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING
 

@@ -13,6 +13,7 @@ import torch
 from coati.distributed.algo import router_losses
 from coati.distributed.inference.config import GenerationConfig
 from coati.distributed.model import routing
+from coati.distributed.model.architectures import is_vision_language
 from coati.distributed.record import RolloutBatch
 from coati.distributed.trainer import expert_parallel, sequence_parallel
 from coati.distributed.trainer.config import ConsumerConfig
@@ -73,7 +74,7 @@ class Passes:
         # The recompute keeps no KV cache; sequence parallelism splits whole rows (a cache's responses are not)
         cache = () if self.cfg.gradient_checkpointing or self.cfg.plugin.sp_size > 1 else ("prompt_cache",)
         # a vision-language model places its image tokens by its own positions and masks, which packing replaces
-        packed = self.engine.sdpa and not hasattr(causal_lm(self.engine.model).config, "vision_config")
+        packed = self.engine.sdpa and not is_vision_language(causal_lm(self.engine.model).config)
         return ("rows", *cache, *(("packed",) if packed else ()))
 
     def tensors(self, batch: RolloutBatch, rows, trim: bool = True) -> dict[str, torch.Tensor]:

@@ -75,10 +75,9 @@ def transposed_weights(config) -> frozenset[str]:
     by building the model on the meta device (no memory, no values)."""
     from transformers.pytorch_utils import Conv1D
 
-    from coati.distributed.model.architectures import model_classes
+    from coati.distributed.model.checkpoint_format import meta_model
 
-    with torch.device("meta"):
-        model = model_classes(config)[type(config)](config)
+    model = meta_model(config)
     return frozenset(f"{name}.weight" for name, module in model.named_modules() if isinstance(module, Conv1D))
 
 
