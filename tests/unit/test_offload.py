@@ -5,7 +5,7 @@ On a CPU nothing moves unless asked to copy (which runs the re-pointing here); o
 import pytest
 import torch
 
-from coati.distributed.trainer.offload import Residency, move_storages, reloaded, resident, state_tensors
+from coati.distributed.trainer.offload import Residency, move_storages, resident, state_tensors
 from coati.distributed.transport.wire_layout import flatten_parameters
 
 CUDA = torch.device("cuda", 0)
@@ -74,9 +74,8 @@ def test_the_optimizer_state_is_found_and_moved():
     found = {id(t) for t in state_tensors([model], optimizer)}
     assert states and all(id(t) in found for t in states)
     home = Residency(torch.device("cpu"), lambda: [model], lambda: optimizer)
-    home.copy = True
     ptrs = [t.data_ptr() for t in states]
-    assert home.park()["bytes"] > 0
+    assert home.park(copy=True)["bytes"] > 0
     assert all(t.data_ptr() != p for t, p in zip(states, ptrs, strict=True))
 
 
@@ -88,11 +87,10 @@ def parked_and_restored(device, copy_on_cpu):
     opt_a = torch.optim.AdamW(straight.parameters(), lr=1e-2)
     opt_b = torch.optim.AdamW(parked.parameters(), lr=1e-2)
     home = Residency(device, lambda: [parked], lambda: opt_b)
-    home.copy = copy_on_cpu
     stats = []
 
     def cycle():
-        stats.append(home.park())
+        stats.append(home.park(copy_on_cpu))
         home.ensure()
 
     return train(straight, opt_a, 4), train(parked, opt_b, 4, between=cycle), stats, parked
@@ -109,11 +107,10 @@ def test_resident_methods_move_parked_states_back_and_report_it_once():
         def __init__(self):
             self.model = tiny_model()
             self.residency = Residency(torch.device("cpu"), lambda: [self.model], lambda: None)
-            self.reload_s = None
 
         @resident
         def step(self):
-            return reloaded({"loss": 1.0}, self)
+            return self.residency.reloaded({"loss": 1.0})
 
     c = Consumer()
     assert c.step() == {"loss": 1.0}  # never parked: no reload reported

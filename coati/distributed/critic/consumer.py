@@ -16,7 +16,7 @@ from coati.distributed.runtime.liveness import start_heartbeat
 from coati.distributed.runtime.startup import mark, marks
 from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.engine import build_engine
-from coati.distributed.trainer.offload import Residency, reloaded, resident
+from coati.distributed.trainer.offload import Residency, resident
 
 
 class CriticConsumer:
@@ -44,7 +44,6 @@ class CriticConsumer:
         self.step = CriticStep(self.engine, p.trainer, p.algorithm, p.generation, self.threads)
         e = self.engine
         self.residency = Residency(e.device, lambda: (e.model.unwrap(),), lambda: e.optimizer)
-        self.reload_s: float | None = None
         mark("ready")
         return {**self.engine.describe(), "startup": marks()}
 
@@ -63,12 +62,11 @@ class CriticConsumer:
     ) -> dict:
         with self.threads.running(call, threads):
             metrics = self.step.run(batch, total_steps or self.step.step_count + 1)
-        return reloaded(metrics, self, "time/critic_reload")
+        return self.residency.reloaded(metrics, "time/critic_reload")
 
     def offload(self, copy: bool = False) -> dict:
         """Park the critic's weights and optimizer states in host memory (``GRPOConsumer.offload``)."""
-        self.residency.copy = copy
-        return self.residency.park()
+        return self.residency.park(copy)
 
     @resident
     def weights(self) -> dict[str, torch.Tensor]:

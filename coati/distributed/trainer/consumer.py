@@ -17,7 +17,7 @@ from coati.distributed.runtime.liveness import start_heartbeat
 from coati.distributed.runtime.startup import mark, marks
 from coati.distributed.runtime.threads import ThreadLease
 from coati.distributed.trainer.engine import build_engine
-from coati.distributed.trainer.offload import Residency, reloaded, resident
+from coati.distributed.trainer.offload import Residency, resident
 from coati.distributed.trainer.passes import Passes
 from coati.distributed.trainer.plan import TrainerPlan
 from coati.distributed.trainer.step import StepRunner, batch_advantages
@@ -65,8 +65,6 @@ class GRPOConsumer:
         self.sender = WeightSender(self.engine, self.cfg)
         e = self.engine
         self.residency = Residency(e.device, lambda: (e.model.unwrap(), e.ref_model), lambda: e.optimizer)
-        self.reload_s: float | None = None
-        """seconds spent moving parked states back since the last training step reported them (None: none moved)"""
         mark("ready")
         return {
             **self.engine.describe(),
@@ -101,7 +99,7 @@ class GRPOConsumer:
             return {}
         with self.threads.running(call, threads):  # cores go back to the producers with the step's end
             metrics = self.runner.run(batch, total_steps or self.runner.step_count + 1)
-        return reloaded(metrics, self)
+        return self.residency.reloaded(metrics)
 
     @resident
     def experience(self, batch: RolloutBatch, threads: int | None = None, call: int | None = None) -> dict | None:
@@ -146,8 +144,7 @@ class GRPOConsumer:
     def offload(self, copy: bool = False) -> dict:
         """Park the weights, gradients, optimizer states and reference in host memory until the next call that needs
         them (``run.offload_trainers``; ``Residency.park``; ``copy``: copied even on a CPU trainer, and back)."""
-        self.residency.copy = copy
-        return self.residency.park()
+        return self.residency.park(copy)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
 

@@ -109,20 +109,24 @@ class Residency:
         self._modules, self._optimizer = modules, optimizer
         """callables giving the modules and the optimizer as they are at the time of the move"""
         self._parked: list[torch.Tensor] | None = None
-        self.copy = False
-        """move even what already lies where it goes (a copy in host memory on a CPU trainer: the re-pointing runs
-        where nothing else would move)"""
+        self._copy = False
+        """the parked states were copied even where they already lay, and go back the same way"""
+        self.reload_s: float | None = None
+        """seconds spent moving parked states back since the last training step reported them (None: none moved;
+        ``reloaded``)"""
 
     @property
     def parked(self) -> bool:
         return self._parked is not None
 
-    def park(self) -> dict:
+    def park(self, copy: bool = False) -> dict:
         """Move the states on the device to host memory; returns the bytes moved, the seconds and the accelerator
-        memory held before and after (0 bytes moved on a CPU trainer)."""
+        memory held before and after (0 bytes moved on a CPU trainer). ``copy``: move even what already lies in host
+        memory (a copy on a CPU trainer: the re-pointing runs where nothing else would move)."""
         start, before = time.perf_counter(), accelerator_bytes(self.device)
         if self._parked is None:
-            self._parked = move_storages(state_tensors(self._modules(), self._optimizer()), HOST, self.copy)
+            self._copy = copy
+            self._parked = move_storages(state_tensors(self._modules(), self._optimizer()), HOST, copy)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         return {
@@ -133,33 +137,32 @@ class Residency:
         }
 
     def ensure(self) -> float | None:
-        """Move what ``park`` moved back to the device; returns the seconds it took (None when resident)."""
+        """Move what ``park`` moved back to the device (the seconds add up in ``reload_s``); returns the seconds it
+        took (None when resident)."""
         if self._parked is None:
             return None
         start = time.perf_counter()
-        move_storages(self._parked, self.device, self.copy)
+        move_storages(self._parked, self.device, self._copy)
         self._parked = None
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.reload_s = (self.reload_s or 0.0) + seconds
+        return seconds
+
+    def reloaded(self, metrics: dict, key: str = "time/trainer_reload") -> dict:
+        """A training step's ``metrics`` with the seconds spent moving parked states back since the last step (as
+        ``key``, only when they were parked)."""
+        if self.reload_s is None:
+            return metrics
+        seconds, self.reload_s = self.reload_s, None
+        return {**metrics, key: seconds}
 
 
 def resident(method):
-    """A consumer method that reads or trains the states: parked ones move back first (the seconds add up in the
-    consumer's ``reload_s`` until its next training step reports them, ``reloaded``)."""
+    """A consumer method that reads or trains the states: parked ones (its ``residency``'s) move back first."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        seconds = self.residency.ensure()
-        if seconds is not None:
-            self.reload_s = (self.reload_s or 0.0) + seconds
+        self.residency.ensure()
         return method(self, *args, **kwargs)
 
     return wrapper
-
-
-def reloaded(metrics: dict, consumer, key: str = "time/trainer_reload") -> dict:
-    """A training step's ``metrics`` with the seconds its consumer spent moving parked states back since the last
-    step (as ``key``, only when they were parked)."""
-    if consumer.reload_s is None:
-        return metrics
-    seconds, consumer.reload_s = consumer.reload_s, None
-    return {**metrics, key: seconds}
