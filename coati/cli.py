@@ -23,8 +23,10 @@ of the config tree (coati/distributed/config/tree.py); `--config FILE` loads a Y
 override the file. `--address` joins an existing Ray cluster; nothing else changes."""
 
 
-def train(argv=None, prog: str = "coati train") -> dict:
-    """Parse the command line and run the job (or print its config, or its plan); returns the run's summary."""
+def train(argv=None, prog: str = "coati train", refused_starts: list | None = None) -> dict:
+    """Parse the command line and run the job (or print its config, or its plan); returns the run's summary. A local
+    cluster starts once the input files are checked, beside the slower checks; a run refused meanwhile stops it, or,
+    given ``refused_starts``, leaves it there for the caller to stop once it has said why (the command line)."""
     import yaml
 
     from coati.distributed.config.cli import parse_command
@@ -42,12 +44,27 @@ def train(argv=None, prog: str = "coati train") -> dict:
         print(yaml.safe_dump(plan, sort_keys=False), end="")
         return plan
     from coati.distributed.driver.preflight import check_inputs  # without torch: a mistake ends before it loads
+    from coati.distributed.driver.ray_start import EarlyStart, local_cluster
     from coati.distributed.driver.reporting import end_account, phase
 
     phase("checking the inputs")
+    early: list[EarlyStart] = []
+
+    def files_checked() -> None:
+        if local_cluster(config.run.address):
+            early.append(EarlyStart())
+
     try:
-        inputs = check_inputs(config)
-        run_job = start_ray_importing_driver(config.run.address)
+        try:
+            inputs = check_inputs(config, files_checked)
+        except BaseException:
+            if refused_starts is None:
+                for start in early:
+                    start.stop()
+            else:
+                refused_starts.extend(early)
+            raise
+        run_job = start_ray_importing_driver(config.run.address, early[0] if early else None)
         summary = run_job(config, inputs)
     finally:
         end_account()  # a run refused before its launch leaves no phase to the next run of this process
@@ -81,15 +98,21 @@ def resumed(config, actions: set, argv: list, prog: str):
     return dataclasses.replace(config, run=run), actions
 
 
-def start_ray_importing_driver(address: str | None):
+def start_ray_importing_driver(address: str | None, early=None):
     """Start (or join) Ray while another thread imports the driver (torch, transformers, ColossalAI: seconds of one
-    core each, where Ray's start mostly waits for its processes); returns the driver's ``run_job``."""
+    core each, where Ray's start mostly waits for its processes); returns the driver's ``run_job``. ``early``: a local
+    cluster already starting (an ``EarlyStart``): the driver imports, then waits for it."""
     import importlib
     import threading
 
     from coati.distributed.driver.ray_start import start_ray
     from coati.distributed.driver.reporting import phase
 
+    if early is not None:
+        job = importlib.import_module("coati.distributed.driver.job")
+        phase("starting Ray")  # what is left of its start once the inputs are checked and the driver imported
+        early.wait()
+        return job.run_job
     imported: list = []
     importer = threading.Thread(
         target=lambda: imported.append(importlib.import_module("coati.distributed.driver.job")), daemon=True
@@ -161,12 +184,13 @@ def train_cli(argv=None, prog: str = "coati train") -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    refused_starts: list = []  # a local cluster a refused run had begun to start: stopped once the error is out
     try:
-        return 0 if train(argv, prog) else 1
+        return 0 if train(argv, prog, refused_starts) else 1
     except (ValueError, KeyError, FileNotFoundError) as e:
         if debug:
             raise
-        print(console_safe(f"{prog}: error: {e.args[0] if e.args else repr(e)}"), file=sys.stderr)
+        print(console_safe(f"{prog}: error: {e.args[0] if e.args else repr(e)}"), file=sys.stderr, flush=True)
         return 2
     except (EngineMismatch, RewardFailure, RunError) as e:
         if debug:
@@ -178,6 +202,9 @@ def train_cli(argv=None, prog: str = "coati train") -> int:
             raise
         print(f"\n{prog}: interrupted; {resume_hint(argv, prog)}", file=sys.stderr)
         return 130
+    finally:
+        for start in refused_starts:
+            start.stop()
 
 
 # ---- run folders -------------------------------------------------------------------------------------------------

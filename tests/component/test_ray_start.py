@@ -38,3 +38,52 @@ def test_a_local_cluster_keeps_its_folder_and_token_to_its_user():
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+EARLY = """
+import json, sys, threading, ray
+from coati import cli
+from coati.distributed.driver import preflight
+seen = {}
+def slow_check(reward):  # the last of the checks after the files: Ray starts beside them
+    seen["starting"] = any(t.name == "coati-ray-start" and t.is_alive() for t in threading.enumerate())
+    raise ValueError("refused by the last check")
+preflight.check_sandbox = slow_check
+starts = []
+try:
+    cli.train(sys.argv[1:], "coati train", starts)
+except ValueError as e:
+    seen["error"] = str(e)
+seen["starts"] = len(starts)
+starts[0].wait()
+seen["up"] = ray.is_initialized()
+seen["session"] = ray._private.worker._global_node.get_session_dir_path()
+starts[0].stop()
+seen["after_stop"] = ray.is_initialized()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.background
+def test_a_local_cluster_starts_while_the_slower_checks_run_and_a_refusal_stops_it(tmp_path):
+    """Once the input files are checked, the local cluster starts on a thread of its own beside the tokenizer's and
+    data's checks; a run refused by a later check hands it back, and stopping it shuts the cluster down."""
+    from coati.testing import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model")
+    (tmp_path / "data.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
+    root = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(COATI_RAY_ROOT=root, HF_HUB_OFFLINE="1")
+        args = ["-m", str(model), "-b", "transformers", "-d", str(tmp_path / "data.jsonl"), "-sd", str(tmp_path)]
+        proc = subprocess.run(
+            [sys.executable, "-c", EARLY, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert seen["error"] == "refused by the last check" and seen["starting"] and seen["starts"] == 1
+        assert seen["up"] and Path(seen["session"]).is_relative_to(root) and not seen["after_stop"]
+        assert "SIGTERM handler is not set" not in proc.stderr and "Started a local Ray" not in proc.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -13,5 +13,5 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda *a, **k: None)
     import coati.distributed.driver.preflight as preflight
 
-    monkeypatch.setattr(job, "check_inputs", lambda config: None)
-    monkeypatch.setattr(preflight, "check_inputs", lambda config: None)
+    monkeypatch.setattr(job, "check_inputs", lambda config, files_checked=None: None)
+    monkeypatch.setattr(preflight, "check_inputs", lambda config, files_checked=None: None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coati.default_model import default_model_path
@@ -155,14 +156,17 @@ class Plan(Inputs):
     """where the reference servers run (``layout.ref_procs``; none: each consumer holds the reference)"""
 
 
-def check_inputs(config: Config) -> Inputs:
+def check_inputs(config: Config, files_checked: Callable[[], None] | None = None) -> Inputs:
     """Every check of the run's inputs (models, tokenizer, data, rewards, batch arithmetic, backend options, the
     sandbox): none needs Ray, so a command line's mistakes end before Ray starts. The cluster's address is checked
     first (a connection: milliseconds), then what reads files (``check_files``), then what needs the tokenizer
-    (transformers takes seconds to import)."""
+    (transformers takes seconds to import); ``files_checked`` is called between the two (the command line starts a
+    local cluster there, beside the slower checks)."""
     if config.run.address:
         check_address(config.run.address)
     files = check_files(config)
+    if files_checked is not None:
+        files_checked()
     cfg, (rows, eval_rows) = config, files.rows
     from transformers import AutoConfig, AutoTokenizer  # after the file checks: a wrong path ends in a second
 

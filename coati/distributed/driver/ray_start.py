@@ -27,13 +27,94 @@ def start_ray(address: str | None) -> None:
     else:
         root = private_root()
         private_token(root)
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            num_cpus=max(os.cpu_count() or 2, 4),
-            log_to_driver=False,
-            _temp_dir=os.path.join(root, "ray"),
-        )
+        init_local(root)
+
+
+def init_local(root: str) -> None:
+    """A local cluster of this job's own under ``root`` (Ray's own start-up lines left out: coati says its phases)."""
+    import logging
+
+    import ray
+
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        num_cpus=max(os.cpu_count() or 2, 4),
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        _temp_dir=os.path.join(root, "ray"),
+    )
+
+
+def local_cluster(address: str | None) -> bool:
+    """Whether ``start_ray(address)`` starts a local cluster (no address, not a submitted job's driver)."""
+    import ray
+
+    return (
+        not address
+        and not (os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"))
+        and (not ray.is_initialized())
+    )
+
+
+class EarlyStart:
+    """A local cluster started on a thread of its own while the caller goes on (the command line checks the model,
+    tokenizer and data meanwhile: seconds of one core, where Ray's start mostly waits for its processes).
+
+    The thread stays alive until the cluster is stopped: the kernel ends the processes Ray starts with the thread
+    that started them (Ray sets their parent-death signal), so a thread that returned would take the cluster with
+    it. ``wait`` raises what the start raised; ``stop`` (also at exit: a run refused meanwhile prints its error
+    first) waits for the start to end and shuts the cluster down."""
+
+    def __init__(self):
+        import atexit
+        import signal
+        import sys
+        import threading
+
+        root = private_root()
+        private_token(root)  # on this thread: the token's variables are set before any other thread reads them
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # what ray.init sets on this thread
+        self.error: BaseException | None = None
+        self.up, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(root,), name="coati-ray-start", daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)
+
+    def _hold(self, root: str) -> None:
+        import logging
+
+        quiet = _NotMainThread()
+        logging.getLogger("ray._private.worker").addFilter(quiet)  # its SIGTERM handler: set above, on the main one
+        try:
+            init_local(root)
+        except BaseException as e:  # noqa: BLE001 (handed to the waiting thread)
+            self.error = e
+        finally:
+            logging.getLogger("ray._private.worker").removeFilter(quiet)
+            self.up.set()
+        self.release.wait()
+
+    def wait(self) -> None:
+        self.up.wait()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        import ray
+
+        self.up.wait()
+        if self.error is None and ray.is_initialized():
+            ray.shutdown()
+        self.release.set()
+
+
+class _NotMainThread:
+    """Leaves out Ray's warning that a driver started off the main thread sets no SIGTERM handler."""
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("SIGTERM handler is not set")
 
 
 ROOT_ENV = "COATI_RAY_ROOT"
