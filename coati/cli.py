@@ -127,13 +127,16 @@ def start_ray_importing_driver(address: str | None, early=None):
 
 
 def print_summary(summary: dict, run_dir: str, eval_rows: str = "held-out") -> None:
-    from coati.distributed.driver.reporting import describe_loop, describe_startup
+    from coati.distributed.driver.reporting import describe_loop, describe_startup, describe_wall
 
     evals = summary["evals"]
     print(f"\n{summary['steps']} steps in {summary['wall_s'] / 60:.1f} min; outputs in {os.path.abspath(run_dir)}/")
     first = summary.get("startup", {}).get("first_step_s")
     if first is not None:
         print(f"first training step done {first:.0f} s after the command started")
+    wall = describe_wall(summary.get("wall", {}))
+    if wall:
+        print(wall)
     for line in describe_startup(summary.get("startup", {})):
         print(line)
     for line in describe_loop(summary["loop"]):

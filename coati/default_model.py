@@ -20,6 +20,8 @@ from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("COATI_CACHE", Path.home() / ".cache" / "coati"))
+MODEL_DIR = "SmolLM2-135M-Instruct"
+"""the converted model's folder under the cache"""
 STAMP = "coati_conversion.json"
 CONVERSION = 3
 """bumped whenever the conversion changes; older cached folders are converted again"""
@@ -39,7 +41,7 @@ def gguf_path() -> Path:
 
 def default_model_path(cache: Path | None = None) -> str:
     """Path of the converted SmolLM2-135M-Instruct folder, converting on first use (~20 s)."""
-    target = Path(cache or CACHE) / "SmolLM2-135M-Instruct"
+    target = Path(cache or CACHE) / MODEL_DIR
     if is_current(target):
         return str(target)
     import json

@@ -232,6 +232,28 @@ def test_the_start_up_account_times_each_phase_and_the_first_step(tmp_path, monk
     assert STARTUP == []  # the next run reports its own
 
 
+def test_the_wall_account_splits_the_command_into_install_conversion_start_up_steps_and_the_rest(monkeypatch):
+    from coati.distributed.driver.reporting import CONVERTING, INSTALL_ENV, loop_phase, wall_account
+
+    phases = [("checking the inputs", 0.4), (CONVERTING, 1.0), ("checking the inputs: the rest", 21.0)]
+    phases += [("first weight push", 40.0), (loop_phase(1), 44.0), ("first step trained", 60.0)]
+    monkeypatch.setenv(INSTALL_ENV, "212.5")
+    wall = wall_account(phases, steps_s=200.0, command_s=270.0)
+    assert wall == {
+        "command_s": 270.0,
+        "install_s": 212.5,
+        "conversion_s": 20.0,
+        "startup_s": 44.0,
+        "steps_s": 200.0,
+        "other_s": 26.0,
+        "wall_over_steps": 1.35,
+    }
+    monkeypatch.delenv(INSTALL_ENV)
+    later = wall_account([phases[0], *phases[3:]], steps_s=200.0, command_s=250.0)
+    assert "install_s" not in later and "conversion_s" not in later and later["wall_over_steps"] == 1.25
+    assert wall_account(phases[:4], steps_s=None, command_s=41.0) == {"command_s": 41.0, "conversion_s": 20.0}
+
+
 def test_a_later_run_of_the_same_process_counts_its_start_up_from_its_own_start(tmp_path):
     """A script that launches several runs: the first run's account counts from the process's start, each later
     run's from its own first phase (it counted from the process's start, so a run that took 20 s reported its first

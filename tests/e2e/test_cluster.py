@@ -81,6 +81,12 @@ def test_a_job_on_three_nodes_leaves_its_outputs_where_documented(tmp_path):
         assert 0 < marks[0] and marks == sorted(marks) and marks[-1] < startup["first_step_s"], a
         assert a["imports_s"] > 1 and a["engine_s"] > 0 and a["setup_s"] >= a["engine_s"], a  # torch alone is > 1 s
         assert f"start-up of {a['actor']}: imports {a['imports_s']:.1f} s, engine {a['engine_s']:.1f} s" in out.stdout
+    # The wall account: start-up to the loop's first step, the steps, the rest; they add up to the command's time.
+    wall = json.loads((run / "summary.json").read_text())["wall"]
+    assert wall["steps_s"] == pytest.approx(loop["totals"]["loop_s"], abs=0.01) and 0 < wall["startup_s"]
+    assert wall["startup_s"] < startup["first_step_s"] and wall["other_s"] > 0  # the evaluations are outside
+    assert wall["startup_s"] + wall["steps_s"] + wall["other_s"] == pytest.approx(wall["command_s"], abs=0.05)
+    assert f"wall time {wall['command_s']:.0f} s: start-up {wall['startup_s']:.0f} s, steps" in out.stdout
     evals = json.loads((run / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/count"] == 4 for e in evals)
     assert "plots/kl.png" not in files  # DAPO's beta is 0: no KL is measured, none is drawn

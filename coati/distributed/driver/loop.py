@@ -35,7 +35,7 @@ from coati.distributed.driver.checkpoint import (
 )
 from coati.distributed.driver.experience import ExperienceMaker
 from coati.distributed.driver.preflight import Plan, horizon
-from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, actors_started, phase
+from coati.distributed.driver.reporting import FIRST_STEP_TRAINED, actors_started, loop_phase, phase
 from coati.distributed.driver.rollouts import Progress, Rollouts
 from coati.distributed.guards import RewardFailure, check_engine_trainer_gap, gap_tolerance
 from coati.distributed.loggers.metrics import check_declared
@@ -211,7 +211,7 @@ class Run:
         limit, started = self.cfg.run.time_limit_s, time.monotonic()
         for step in range(self.progress.start_step + 1, total + 1):
             if step == self.progress.start_step + 1:
-                phase(f"step {step}: first rollouts and training")
+                phase(loop_phase(step))
             metrics = self._step(step, total)
             if step == self.progress.start_step + 1:
                 phase(FIRST_STEP_TRAINED)  # the start-up account ends here, before any evaluation after the step

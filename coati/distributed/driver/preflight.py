@@ -232,6 +232,19 @@ def check_inputs(config: Config, files_checked: Callable[[], None] | None = None
     )
 
 
+def embedded_model() -> str:
+    """The embedded model's folder, its first conversion on this machine marked as a start-up phase of its own."""
+    from coati.default_model import CACHE, MODEL_DIR, is_current
+    from coati.distributed.driver.reporting import CONVERTING, phase
+
+    if is_current(CACHE / MODEL_DIR):
+        return default_model_path()
+    phase(CONVERTING)
+    path = default_model_path()
+    phase("checking the inputs: the rest")
+    return path
+
+
 @dataclass
 class Files:
     """What ``check_files`` resolved: the model folders, the datasets and their rows."""
@@ -269,7 +282,7 @@ def check_files(config: Config) -> Files:
         if eval_rows:
             check_reward_inputs(cfg, eval_rows, "eval set")
     check_counts(cfg, len(rows))
-    train_model_path = resolve_model_path(m.path or default_model_path(), "train model")
+    train_model_path = resolve_model_path(m.path or embedded_model(), "train model")
     inference_model_path = resolve_model_path(m.inference_path or train_model_path, "inference model")
     tokenizer_path = resolve_model_path(m.tokenizer_path or train_model_path, "tokenizer")
     backend_options(cfg.producer.backend).check_options(m.inference_options or {})

@@ -8,6 +8,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -110,6 +111,52 @@ the progress bar by a reporter, otherwise at INFO level"""
 FIRST_STEP_TRAINED = "first step trained"
 """the phase the loop marks when its first step has trained and pushed (before any evaluation after it): the end of
 the start-up account (``first_step_s``)"""
+
+LOOP_STARTS = ": first rollouts and training"
+"""the end of the phase the loop marks as its first step begins (``step N: first rollouts and training``)"""
+CONVERTING = "converting the embedded model (once on this machine)"
+"""the phase of the embedded model's first conversion on a machine (preflight marks it)"""
+INSTALL_ENV = "COATI_INSTALL_S"
+"""seconds ``make run`` spent installing before the command (the Makefile sets it; the run's wall account keeps it)"""
+
+
+def loop_phase(step: int) -> str:
+    return f"step {step}{LOOP_STARTS}"
+
+
+def wall_account(phases: list[tuple[str, float]], steps_s: float | None, command_s: float) -> dict:
+    """Where a run's time from the command went: the install before it (``make run``), the embedded model's
+    conversion, start-up (the command to the loop's first step, the conversion included), the steps themselves,
+    and the rest (evaluations, checkpoints, the final export and report), with the whole over the steps."""
+    out: dict = {"command_s": round(command_s, 2)}
+    try:
+        out["install_s"] = float(os.environ[INSTALL_ENV])
+    except (KeyError, ValueError):
+        pass
+    at = [t for _, t in phases]
+    for i, (message, t) in enumerate(phases):
+        if message == CONVERTING:
+            out["conversion_s"] = round((at[i + 1] if i + 1 < len(at) else command_s) - t, 2)
+    loop_start = next((t for message, t in phases if message.endswith(LOOP_STARTS)), None)
+    if loop_start is not None and steps_s:
+        out.update(startup_s=loop_start, steps_s=round(steps_s, 2))
+        out["other_s"] = round(command_s - loop_start - steps_s, 2)
+        out["wall_over_steps"] = round(command_s / steps_s, 3)
+    return out
+
+
+def describe_wall(wall: dict) -> str | None:
+    """The line a run's end prints of its wall account (None without steps)."""
+    if "steps_s" not in wall:
+        return None
+    conversion = f" (the embedded model's conversion {wall['conversion_s']:.0f} s)" if "conversion_s" in wall else ""
+    install = f"; install before it {wall['install_s']:.0f} s" if "install_s" in wall else ""
+    return (
+        f"wall time {wall['command_s']:.0f} s: start-up {wall['startup_s']:.0f} s{conversion}, steps "
+        f"{wall['steps_s']:.0f} s, evaluations, checkpoints and export {wall['other_s']:.0f} s "
+        f"({wall['wall_over_steps']:.2f}x the steps){install}"
+    )
+
 
 ACTOR_SPANS = {"imports_s": ("process", "imported"), "engine_s": ("setup", "engine"), "setup_s": ("setup", "ready")}
 """an actor's start-up spans: its process's start to its class's imports done (Ray's worker and the imports), its
@@ -342,18 +389,20 @@ class Reporter:
         evals = self.earlier_evals + list(result.get("evals", []))
         (self.out / "evals.json").write_text(json.dumps(evals, indent=2))
         plots = plot_history(self.history, self.out / "plots", evals)
+        loop = loop_summary(self.history)
         summary = {
             "steps": len(self.history),
             "run_folder": str(self.out.resolve()),
             "started_at": self.started_at,
             "finished_at": _now(),
             "wall_s": time.perf_counter() - self.start,
-            "loop": loop_summary(self.history),
+            "loop": loop,
             "startup": {
                 "phases": [{"phase": m, "at_s": t} for m, t in STARTUP],
                 "actors": list(ACTOR_STARTUP),
                 "first_step_s": self.first_step_s,
             },
+            "wall": wall_account(STARTUP, loop["totals"].get("loop_s"), since_account_start()),
             # (counted from the process's start for its first run, else from the run's own first phase)
             "evals": evals,
             "final_model": result.get("final_model"),
