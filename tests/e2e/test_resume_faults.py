@@ -1,6 +1,7 @@
 """Resume restores everything; faults end the run with the actor named; bad input never starts an actor."""
 
 import json
+import os
 import re
 import time
 
@@ -127,12 +128,21 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_export_resumes_to_exp
 
 
 def actor_pids(kind: str) -> list[int]:
-    """The pids of this machine's Ray actor processes of ``kind`` (Producer, GRPOConsumer), by their title."""
+    """The pids of this test session's Ray actor processes of ``kind`` (Producer, GRPOConsumer), by their title: only
+    those below this pytest process, not below another one (the suite's background process runs runs of its own, and
+    killing one of its actors failed both its test and this one)."""
     import psutil
 
-    return [
-        p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(f"ray::{kind}")
-    ]
+    def ours(proc) -> bool:
+        for parent in proc.parents():
+            if parent.pid == os.getpid():
+                return True
+            if "pytest" in " ".join(parent.cmdline()):
+                return False
+        return False
+
+    titled = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(f"ray::{kind}")]
+    return [p.pid for p in titled if ours(p)]
 
 
 def test_kill_9s_at_fixed_points_train_every_group_once_with_the_uninterrupted_losses(
