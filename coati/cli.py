@@ -207,7 +207,7 @@ def train_cli(argv=None, prog: str = "coati train") -> int:
         return 130
     finally:
         for start in refused_starts:
-            start.stop()
+            start.stop(wait=False)  # the error is out; a cluster still starting ends with this process
 
 
 # ---- run folders -------------------------------------------------------------------------------------------------

@@ -87,3 +87,43 @@ def test_a_local_cluster_starts_while_the_slower_checks_run_and_a_refusal_stops_
         assert "SIGTERM handler is not set" not in proc.stderr and "Started a local Ray" not in proc.stderr
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+REFUSED = """
+import sys
+from coati import cli
+from coati.distributed.driver import preflight
+def refuse(reward):
+    raise ValueError("refused by the last check")
+preflight.check_sandbox = refuse
+sys.exit(cli.train_cli(sys.argv[1:]))
+"""
+
+
+@pytest.mark.background
+def test_a_refusal_while_the_cluster_starts_prints_one_line_and_leaves_no_process(tmp_path):
+    """The command line refused by a check after the files, with its local cluster still starting: the error is the
+    one line printed, and once the command has exited no process of that cluster is left (they end with it)."""
+    from coati.testing import build_tiny_model
+    from tests.helpers import wait_until
+
+    model = build_tiny_model(tmp_path / "model")
+    (tmp_path / "data.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
+    root = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(COATI_RAY_ROOT=root, HF_HUB_OFFLINE="1")
+        args = ["-m", str(model), "-b", "transformers", "-d", str(tmp_path / "data.jsonl"), "-sd", str(tmp_path)]
+        proc = subprocess.run(
+            [sys.executable, "-c", REFUSED, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines() == ["coati train: error: refused by the last check"], proc.stderr
+        assert Path(root, "ray").is_dir()  # the cluster had begun to start
+
+        def left() -> str:
+            return subprocess.run(["pgrep", "-af", root], capture_output=True, text=True).stdout
+
+        wait_until(lambda: not left(), timeout_s=20, what="the refused run's cluster processes ending")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

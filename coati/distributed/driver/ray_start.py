@@ -63,8 +63,9 @@ class EarlyStart:
 
     The thread stays alive until the cluster is stopped: the kernel ends the processes Ray starts with the thread
     that started them (Ray sets their parent-death signal), so a thread that returned would take the cluster with
-    it. ``wait`` raises what the start raised; ``stop`` (also at exit: a run refused meanwhile prints its error
-    first) waits for the start to end and shuts the cluster down."""
+    it. ``wait`` raises what the start raised; ``stop`` waits for the start to end and shuts the cluster down, or,
+    told not to wait (at exit, and after a refusal the command line has printed), shuts down a cluster that is up
+    and leaves one still starting to end with the process: its processes get the parent-death signal then."""
 
     def __init__(self):
         import atexit
@@ -80,7 +81,7 @@ class EarlyStart:
         self.up, self.release = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._hold, args=(root,), name="coati-ray-start", daemon=True)
         self.thread.start()
-        atexit.register(self.stop)
+        atexit.register(self.stop, wait=False)
 
     def _hold(self, root: str) -> None:
         import logging
@@ -101,10 +102,13 @@ class EarlyStart:
         if self.error is not None:
             raise self.error
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         import ray
 
-        self.up.wait()
+        if wait:
+            self.up.wait()
+        elif not self.up.is_set():
+            return  # still starting: the process's exit ends it (the thread is held, so not before)
         if self.error is None and ray.is_initialized():
             ray.shutdown()
         self.release.set()
