@@ -64,22 +64,27 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.background
-def test_a_local_cluster_starts_while_the_slower_checks_run_and_a_refusal_stops_it(tmp_path):
-    """Once the input files are checked, the local cluster starts on a thread of its own beside the tokenizer's and
-    data's checks; a run refused by a later check hands it back, and stopping it shuts the cluster down."""
+def run_with_a_late_refusal(script: str, tmp_path: Path, root: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh process, given a tiny model's command line whose local cluster lives under ``root``."""
     from coati.testing import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model")
     (tmp_path / "data.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(COATI_RAY_ROOT=root, HF_HUB_OFFLINE="1")
+    args = ["-m", str(model), "-b", "transformers", "-d", str(tmp_path / "data.jsonl"), "-sd", str(tmp_path)]
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+
+
+@pytest.mark.background
+def test_a_local_cluster_starts_while_the_slower_checks_run_and_a_refusal_stops_it(tmp_path):
+    """Once the input files are checked, the local cluster starts on a thread of its own beside the tokenizer's and
+    data's checks; a run refused by a later check hands it back, and stopping it shuts the cluster down."""
     root = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        env.update(COATI_RAY_ROOT=root, HF_HUB_OFFLINE="1")
-        args = ["-m", str(model), "-b", "transformers", "-d", str(tmp_path / "data.jsonl"), "-sd", str(tmp_path)]
-        proc = subprocess.run(
-            [sys.executable, "-c", EARLY, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
-        )
+        proc = run_with_a_late_refusal(EARLY, tmp_path, root)
         assert proc.returncode == 0, proc.stderr[-3000:]
         seen = json.loads(proc.stdout.strip().splitlines()[-1])
         assert seen["error"] == "refused by the last check" and seen["starting"] and seen["starts"] == 1
@@ -104,19 +109,11 @@ sys.exit(cli.train_cli(sys.argv[1:]))
 def test_a_refusal_while_the_cluster_starts_prints_one_line_and_leaves_no_process(tmp_path):
     """The command line refused by a check after the files, with its local cluster still starting: the error is the
     one line printed, and once the command has exited no process of that cluster is left (they end with it)."""
-    from coati.testing import build_tiny_model
     from tests.helpers import wait_until
 
-    model = build_tiny_model(tmp_path / "model")
-    (tmp_path / "data.jsonl").write_text("".join(f'{{"prompt": "q{i}", "gt_answer": "1"}}\n' for i in range(8)))
     root = tempfile.mkdtemp(prefix="cr-", dir="/tmp")
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        env.update(COATI_RAY_ROOT=root, HF_HUB_OFFLINE="1")
-        args = ["-m", str(model), "-b", "transformers", "-d", str(tmp_path / "data.jsonl"), "-sd", str(tmp_path)]
-        proc = subprocess.run(
-            [sys.executable, "-c", REFUSED, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
-        )
+        proc = run_with_a_late_refusal(REFUSED, tmp_path, root)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert proc.stderr.strip().splitlines() == ["coati train: error: refused by the last check"], proc.stderr
         assert Path(root, "ray").is_dir()  # the cluster had begun to start
