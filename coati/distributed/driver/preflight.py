@@ -234,10 +234,10 @@ def check_inputs(config: Config, files_checked: Callable[[], None] | None = None
 
 def embedded_model() -> str:
     """The embedded model's folder, its first conversion on this machine marked as a start-up phase of its own."""
-    from coati.default_model import CACHE, MODEL_DIR, is_current
+    from coati.default_model import default_model_folder, is_current
     from coati.distributed.driver.reporting import CONVERTING, phase
 
-    if is_current(CACHE / MODEL_DIR):
+    if is_current(default_model_folder()):
         return default_model_path()
     phase(CONVERTING)
     path = default_model_path()

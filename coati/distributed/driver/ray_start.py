@@ -22,12 +22,22 @@ def start_ray(address: str | None) -> None:
         address = own_cluster_address()
     if address:
         ray.init(address=address)
-    elif os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"):
+    elif submitted_job():
         ray.init()  # the submitted job's cluster, with the job's runtime environment
     else:
-        root = private_root()
-        private_token(root)
-        init_local(root)
+        init_local(local_root())
+
+
+def submitted_job() -> bool:
+    """Whether this process is a submitted Ray job's driver (``ray job submit``): its cluster is the job's."""
+    return bool(os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"))
+
+
+def local_root() -> str:
+    """The private folder a local cluster lives under, with its token set up (``private_root``, ``private_token``)."""
+    root = private_root()
+    private_token(root)
+    return root
 
 
 def init_local(root: str) -> None:
@@ -50,11 +60,7 @@ def local_cluster(address: str | None) -> bool:
     """Whether ``start_ray(address)`` starts a local cluster (no address, not a submitted job's driver)."""
     import ray
 
-    return (
-        not address
-        and not (os.environ.get(JOB_DRIVER_ENV) and os.environ.get("RAY_ADDRESS"))
-        and (not ray.is_initialized())
-    )
+    return not address and not submitted_job() and not ray.is_initialized()
 
 
 class EarlyStart:
@@ -73,8 +79,7 @@ class EarlyStart:
         import sys
         import threading
 
-        root = private_root()
-        private_token(root)  # on this thread: the token's variables are set before any other thread reads them
+        root = local_root()  # on this thread: the token's variables are set before any other thread reads them
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # what ray.init sets on this thread
         self.error: BaseException | None = None

@@ -133,10 +133,9 @@ def wall_account(phases: list[tuple[str, float]], steps_s: float | None, command
         out["install_s"] = float(os.environ[INSTALL_ENV])
     except (KeyError, ValueError):
         pass
-    at = [t for _, t in phases]
-    for i, (message, t) in enumerate(phases):
-        if message == CONVERTING:
-            out["conversion_s"] = round((at[i + 1] if i + 1 < len(at) else command_s) - t, 2)
+    for (message, t), (_, after) in zip(phases, [*phases[1:], ("the end", command_s)], strict=False):
+        if message == CONVERTING:  # until the phase after it
+            out["conversion_s"] = round(after - t, 2)
     loop_start = next((t for message, t in phases if message.endswith(LOOP_STARTS)), None)
     if loop_start is not None and steps_s:
         out.update(startup_s=loop_start, steps_s=round(steps_s, 2))
